@@ -1,0 +1,73 @@
+"""Word-frequency counting: pre-tokenize each corpus shard, count pieces, reduce to one table.
+
+A counts table is Parquet with two columns, ``piece`` (binary: the piece's UTF-8 bytes,
+or raw bytes) and ``count`` (int64), sorted by piece: the same corpus always gives the
+same file, whatever the number of shards or workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline_lib.corpus import iter_shard_batches
+from pipeline_lib.fsio import InputError
+from pipeline_lib.patterns import PATTERNS
+from pipeline_lib.tokenizer import PieceCounts
+
+COUNTS_KIND = "counts"
+COUNTS_FILE = "counts.parquet"
+COUNTS_SCHEMA = pa.schema([("piece", pa.binary()), ("count", pa.int64())])
+CODE_MODULES = ("pipeline_lib.counting", "pipeline_lib.corpus", "pipeline_lib.bpe_reference", "pipeline_lib.patterns")
+
+
+@dataclass(frozen=True)
+class CountConfig:
+    pattern: str = "cl100k"  # split pattern: gpt2 | cl100k | o200k
+
+    def __post_init__(self):
+        if self.pattern not in PATTERNS:
+            raise InputError(f"unknown pattern {self.pattern!r}; choose one of {sorted(PATTERNS)}")
+
+    def params(self) -> dict:
+        return asdict(self)
+
+
+def count_documents(batches: Iterable[Sequence[bytes]], pattern: str) -> tuple[list[bytes], np.ndarray]:
+    counter = PieceCounts(pattern)
+    for docs in batches:
+        counter.add_documents(docs)
+    return counter.to_arrays()
+
+
+def count_shard(shard_path: str, pattern: str) -> tuple[list[bytes], np.ndarray]:
+    """Piece counts of one Parquet text shard, sorted by piece."""
+    return count_documents(iter_shard_batches(shard_path), pattern)
+
+
+def write_counts(path: str, pieces: Sequence[bytes], counts: np.ndarray) -> None:
+    table = pa.table({"piece": pa.array(pieces, pa.binary()), "count": pa.array(counts, pa.int64())}, schema=COUNTS_SCHEMA)
+    pq.write_table(table, path, compression="zstd")
+
+
+def read_counts(path: str) -> tuple[list[bytes], np.ndarray]:
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"{path}: not a readable counts file ({e})") from e
+    if table.schema.names != ["piece", "count"]:
+        raise InputError(f"{path}: expected columns ['piece', 'count'], found {table.schema.names}")
+    return table.column("piece").to_pylist(), table.column("count").to_numpy()
+
+
+def reduce_counts(paths: Iterable[str], pattern: str) -> tuple[list[bytes], np.ndarray]:
+    """Sum several counts tables into one, sorted by piece."""
+    total = PieceCounts(pattern)
+    for path in paths:
+        pieces, counts = read_counts(path)
+        total.add_counts(pieces, counts)
+    return total.to_arrays()

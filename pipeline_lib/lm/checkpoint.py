@@ -1,0 +1,316 @@
+"""Checkpoints: crash-safe directories of safetensors + JSON, no pickle.
+
+Layout of ``out_dir``::
+
+    ckpt_000500/
+        model.safetensors        weights (tied lm_head stored once), GPTConfig in metadata
+        optimizer.safetensors    optimizer state tensors ("state.<param idx>.<name>")
+        optimizer.json           optimizer param_groups and non-tensor state
+        trainer_state.json       step, configs, lr, history, data identity
+        rng_state.safetensors    torch CPU / CUDA generator states, per rank
+        rng_state.json           python `random` states, per rank
+        data_state.json          data position: step + numpy sampler state per rank
+        checkpoint.json          completion marker, written LAST: sizes + sha256 of the above
+
+A checkpoint is written into a temporary sibling directory, each file fsync'd, the marker
+last, and then `os.replace`d to ``ckpt_<step>``; only after that are old checkpoints
+pruned to the newest `keep_last`, so a crash at any point leaves the previous complete
+checkpoint untouched. Discovery (`latest_checkpoint`) ignores directories without a
+valid marker; loading verifies every file's size and sha256 and names the bad file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from pipeline_lib.lm.config import GPTConfig
+from pipeline_lib.lm.model import GPT
+
+CHECKPOINT_FORMAT = "tokenmill.lm-checkpoint/1"
+WEIGHTS_FORMAT = "tokenmill.gpt/1"
+MARKER = "checkpoint.json"
+_CKPT_RE = re.compile(r"^ckpt_(\d+)$")
+_TIED_KEYS = ("lm_head.weight",)  # == transformer.wte.weight
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, truncated or corrupt."""
+
+
+# -- discovery ---------------------------------------------------------------------------
+
+
+def _read_marker(ckpt_dir: Path) -> dict[str, Any]:
+    mpath = ckpt_dir / MARKER
+    try:
+        marker = json.loads(mpath.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{mpath}: missing — the checkpoint is incomplete") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{mpath}: not valid JSON ({e}) — the checkpoint is corrupt") from e
+    if not isinstance(marker, dict) or marker.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{mpath}: not a {CHECKPOINT_FORMAT} marker")
+    if not isinstance(marker.get("files"), dict) or not isinstance(marker.get("step"), int):
+        raise CheckpointError(f"{mpath}: malformed marker (needs 'step' and 'files')")
+    return marker
+
+
+def list_checkpoints(out_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """Complete checkpoints in out_dir as (step, path), oldest first."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return []
+    found = []
+    for p in out.iterdir():
+        m = _CKPT_RE.match(p.name)
+        if not m or not p.is_dir():
+            continue
+        try:
+            marker = _read_marker(p)
+        except CheckpointError:
+            continue  # incomplete or corrupt marker: not a checkpoint
+        if marker["step"] != int(m.group(1)):
+            continue
+        found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
+    ckpts = list_checkpoints(out_dir)
+    return ckpts[-1][1] if ckpts else None
+
+
+# -- writing -----------------------------------------------------------------------------
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def model_state_tensors(model: GPT) -> dict[str, torch.Tensor]:
+    """The model's state dict for safetensors: tied weights once, contiguous, on CPU."""
+    return {
+        k: v.detach().contiguous().cpu()
+        for k, v in model.state_dict().items()
+        if k not in _TIED_KEYS
+    }
+
+
+def weights_bytes(model: GPT) -> bytes:
+    meta = {"format": WEIGHTS_FORMAT, "gpt_config": json.dumps(model.config.to_dict())}
+    return st_save(model_state_tensors(model), metadata=meta)
+
+
+def optimizer_files(optimizer: torch.optim.Optimizer) -> tuple[bytes, bytes]:
+    """(optimizer.safetensors, optimizer.json) contents."""
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {}
+    for idx, st in sd["state"].items():
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                tensors[f"state.{idx}.{k}"] = v.detach().contiguous().cpu()
+            else:
+                scalars[f"{idx}.{k}"] = v
+    meta = {"type": type(optimizer).__name__, "param_groups": sd["param_groups"], "scalars": scalars}
+    return st_save(tensors), _json_bytes(meta)
+
+
+def write_checkpoint(
+    out_dir: str | os.PathLike[str],
+    step: int,
+    files: dict[str, bytes],
+    keep_last: int,
+) -> Path:
+    """Write `files` (name -> contents) as ckpt_<step> crash-safely, then prune to keep_last."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / f"ckpt_{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-ckpt_{step:06d}-", dir=out))
+    try:
+        listing = {}
+        for name, data in files.items():
+            if name == MARKER:
+                raise ValueError(f"{MARKER} is reserved")
+            with open(tmp / name, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            listing[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        marker = {"format": CHECKPOINT_FORMAT, "step": step, "files": listing}
+        with open(tmp / MARKER, "wb") as f:  # completion marker, last
+            f.write(_json_bytes(marker))
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if final.exists():  # a leftover (incomplete) directory of the same step: move it aside
+            trash = Path(tempfile.mkdtemp(prefix=f".old-ckpt_{step:06d}-", dir=out))
+            os.replace(final, trash / final.name)
+            os.replace(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for _, old in list_checkpoints(out)[:-keep_last]:
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+@dataclass
+class Checkpoint:
+    """A verified checkpoint directory; file contents are read on demand."""
+
+    path: Path
+    step: int
+    marker: dict[str, Any]
+
+    def file(self, name: str) -> Path:
+        if name not in self.marker["files"]:
+            raise CheckpointError(f"{self.path / MARKER}: does not list {name}")
+        return self.path / name
+
+    def json(self, name: str) -> Any:
+        p = self.file(name)
+        try:
+            return json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+            raise CheckpointError(f"{p}: cannot read JSON ({e})") from e
+
+    def tensors(self, name: str) -> dict[str, torch.Tensor]:
+        p = self.file(name)
+        try:
+            return st_load(p.read_bytes())
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{p}: cannot read safetensors ({e})") from e
+
+    def model_config(self) -> GPTConfig:
+        return read_weights_config(self.file("model.safetensors"))
+
+
+def open_checkpoint(ckpt_dir: str | os.PathLike[str], verify: bool = True) -> Checkpoint:
+    """Check the marker and every listed file (existence, size, and sha256 if verify)."""
+    path = Path(ckpt_dir)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: checkpoint directory not found")
+    marker = _read_marker(path)
+    for name, info in marker["files"].items():
+        p = path / name
+        if not p.is_file():
+            raise CheckpointError(f"{p}: missing from the checkpoint")
+        size = p.stat().st_size
+        if size != info.get("bytes"):
+            raise CheckpointError(
+                f"{p}: {size} bytes but the checkpoint marker says {info.get('bytes')} (truncated or corrupt)"
+            )
+        if verify:
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            if h.hexdigest() != info.get("sha256"):
+                raise CheckpointError(f"{p}: sha256 mismatch with the checkpoint marker (corrupt)")
+    return Checkpoint(path=path, step=int(marker["step"]), marker=marker)
+
+
+def read_weights_config(path: str | os.PathLike[str]) -> GPTConfig:
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n <= 0 or n > 100_000_000:
+                raise ValueError(f"bad header length {n}")
+            header = json.loads(f.read(n))
+        meta = header.get("__metadata__") or {}
+        if meta.get("format") != WEIGHTS_FORMAT:
+            raise ValueError(f"metadata format is {meta.get('format')!r}, expected {WEIGHTS_FORMAT!r}")
+        return GPTConfig.from_dict(json.loads(meta["gpt_config"]))
+    except FileNotFoundError:
+        raise CheckpointError(f"{p}: file not found") from None
+    except (ValueError, KeyError, UnicodeDecodeError, OSError) as e:
+        raise CheckpointError(f"{p}: not a {WEIGHTS_FORMAT} safetensors file ({e})") from e
+
+
+def load_weights_into(model: GPT, path: str | os.PathLike[str]) -> None:
+    p = Path(path)
+    try:
+        state = st_load(p.read_bytes())
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{p}: cannot read safetensors ({e})") from e
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k not in _TIED_KEYS]
+    if missing or unexpected:
+        raise CheckpointError(f"{p}: weights do not fit the model (missing {missing}, unexpected {unexpected})")
+
+
+def load_optimizer_into(optimizer: torch.optim.Optimizer, ckpt: Checkpoint) -> None:
+    meta = ckpt.json("optimizer.json")
+    tensors = ckpt.tensors("optimizer.safetensors")
+    if meta.get("type") != type(optimizer).__name__:
+        raise CheckpointError(f"{ckpt.file('optimizer.json')}: optimizer is {meta.get('type')}, not {type(optimizer).__name__}")
+    state: dict[int, dict[str, Any]] = {}
+    for key, t in tensors.items():
+        _, idx, name = key.split(".", 2)
+        state.setdefault(int(idx), {})[name] = t
+    for key, v in meta.get("scalars", {}).items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = v
+    groups = meta["param_groups"]
+    for g in groups:
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+    try:
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"{ckpt.file('optimizer.json')}: does not fit the optimizer ({e})") from e
+
+
+def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu", verify: bool = True) -> GPT:
+    """A GPT in eval mode from a checkpoint dir, an out_dir (its latest complete checkpoint)
+    or a model.safetensors file."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / MARKER).exists() and _CKPT_RE.match(p.name) is None:
+            latest = latest_checkpoint(p)
+            if latest is None:
+                raise CheckpointError(f"{p}: no complete checkpoint (ckpt_*/{MARKER}) found")
+            p = latest
+        ckpt = open_checkpoint(p, verify=verify)
+        weights = ckpt.file("model.safetensors")
+    else:
+        weights = p
+    model = GPT(read_weights_config(weights))
+    load_weights_into(model, weights)
+    return model.to(device).eval()

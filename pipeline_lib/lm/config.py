@@ -1,0 +1,242 @@
+"""Configuration of the GPT language model and of its training run.
+
+Both are frozen dataclasses, validated on creation, and round-trip through plain
+dicts (`to_dict` / `from_dict`) so they can live in JSON next to a checkpoint.
+
+`preset(name, **overrides)` gives a complete `TrainConfig`:
+
+* ``tiny``      — a toy model for tests and smoke runs (trains in seconds on a CPU).
+* ``small``     — the CPU default: trains on tiny Shakespeare in a couple of minutes
+  on 2 cores.
+* ``gpt2-124m`` — the GPT-2 small architecture with an llm.c-style schedule for one GPU.
+
+`vocab_size` is normally left as None: `train` takes it from the token manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int | None = None  # None: taken from the token manifest when training
+    block_size: int = 256  # context length in tokens
+    n_layer: int = 6  # transformer blocks
+    n_head: int = 6  # attention heads per block; must divide n_embd
+    n_embd: int = 384  # residual stream width
+    dropout: float = 0.0  # on embeddings, attention probabilities and residual branches
+    bias: bool = False  # biases in Linear and LayerNorm (GPT-2 had them; a bit faster without)
+
+    def __post_init__(self) -> None:
+        _check(
+            self.vocab_size is None or (_is_int(self.vocab_size) and self.vocab_size >= 2),
+            f"GPTConfig.vocab_size must be None or an int >= 2, got {self.vocab_size!r}",
+        )
+        for name in ("block_size", "n_layer", "n_head", "n_embd"):
+            v = getattr(self, name)
+            _check(_is_int(v) and v >= 1, f"GPTConfig.{name} must be a positive int, got {v!r}")
+        _check(
+            self.n_embd % self.n_head == 0,
+            f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})",
+        )
+        _check(
+            isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0,
+            f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}",
+        )
+        _check(isinstance(self.bias, bool), f"GPTConfig.bias must be a bool, got {self.bias!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def with_vocab(self, vocab_size: int) -> GPTConfig:
+        return dataclasses.replace(self, vocab_size=vocab_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        _check(not unknown, f"unknown GPTConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: GPTConfig = field(default_factory=GPTConfig)  # architecture
+    # -- batch: tokens per optimizer step = batch_size * block_size * grad_accum_steps * world_size
+    batch_size: int = 12  # micro-batch of windows per rank
+    grad_accum_steps: int = 1  # micro-steps per optimizer step (loss is divided by it)
+    # -- schedule: linear warmup to learning_rate, cosine decay to min_lr at lr_decay_steps
+    max_steps: int = 2000  # optimizer steps in the whole run
+    learning_rate: float = 1e-3  # peak learning rate
+    min_lr: float = 1e-4  # floor of the cosine decay
+    warmup_steps: int = 100  # linear warmup steps
+    lr_decay_steps: int | None = None  # None: decay over max_steps
+    # -- AdamW
+    weight_decay: float = 0.1  # applied to >= 2-D parameters only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    # -- data
+    val_fraction: float = 0.1  # per shard, tail (at a document boundary) held out for val
+    seed: int = 1337  # model init, dropout and data sampling (offset per DDP rank)
+    # -- evaluation, logging, checkpoints (intervals in optimizer steps)
+    eval_interval: int = 250  # also evaluated at step 0 and at the last step
+    eval_iters: int = 20  # val micro-batches per evaluation (per rank)
+    log_interval: int = 10  # history/log entry every this many steps
+    ckpt_interval: int = 500  # also checkpointed at the last step
+    keep_last: int = 3  # complete checkpoints kept in out_dir (oldest removed first)
+    resume: bool = False  # continue from the latest complete checkpoint in out_dir
+    # -- hardware
+    device: str = "auto"  # auto: cuda, else mps, else cpu; or "cuda:1" etc.
+    dtype: str = "auto"  # autocast dtype; auto: bfloat16 on cuda, float32 elsewhere
+    compile: bool = False  # torch.compile the model
+    peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None: look up the GPU
+    verify_shards: bool = False  # sha256 every shard file against the manifest at start
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, dict):  # convenience: accept a plain dict
+            object.__setattr__(self, "model", GPTConfig.from_dict(self.model))
+        _check(isinstance(self.model, GPTConfig), "TrainConfig.model must be a GPTConfig")
+        for name in ("batch_size", "grad_accum_steps", "max_steps", "eval_iters", "keep_last"):
+            v = getattr(self, name)
+            _check(_is_int(v) and v >= 1, f"TrainConfig.{name} must be a positive int, got {v!r}")
+        for name in ("eval_interval", "log_interval", "ckpt_interval"):
+            v = getattr(self, name)
+            _check(_is_int(v) and v >= 1, f"TrainConfig.{name} must be a positive int, got {v!r}")
+        _check(
+            _is_int(self.warmup_steps) and self.warmup_steps >= 0,
+            f"TrainConfig.warmup_steps must be an int >= 0, got {self.warmup_steps!r}",
+        )
+        _check(
+            self.lr_decay_steps is None
+            or (_is_int(self.lr_decay_steps) and self.lr_decay_steps > self.warmup_steps),
+            "TrainConfig.lr_decay_steps must be None or an int > warmup_steps, "
+            f"got {self.lr_decay_steps!r}",
+        )
+        _check(self.learning_rate > 0, f"TrainConfig.learning_rate must be > 0, got {self.learning_rate!r}")
+        _check(
+            0 <= self.min_lr <= self.learning_rate,
+            f"TrainConfig.min_lr must be in [0, learning_rate], got {self.min_lr!r}",
+        )
+        _check(self.weight_decay >= 0, f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay!r}")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "TrainConfig.beta1/beta2 must be in [0, 1)")
+        _check(self.grad_clip >= 0, f"TrainConfig.grad_clip must be >= 0, got {self.grad_clip!r}")
+        _check(
+            0 <= self.val_fraction < 1,
+            f"TrainConfig.val_fraction must be in [0, 1), got {self.val_fraction!r}",
+        )
+        _check(_is_int(self.seed) and self.seed >= 0, f"TrainConfig.seed must be an int >= 0, got {self.seed!r}")
+        dev = self.device.split(":")[0] if isinstance(self.device, str) else None
+        _check(dev in DEVICES, f"TrainConfig.device must be one of {DEVICES} (optionally 'cuda:N'), got {self.device!r}")
+        _check(self.dtype in DTYPES, f"TrainConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _check(isinstance(self.compile, bool), "TrainConfig.compile must be a bool")
+        _check(isinstance(self.resume, bool), "TrainConfig.resume must be a bool")
+        _check(
+            self.peak_flops is None or self.peak_flops > 0,
+            f"TrainConfig.peak_flops must be None or > 0, got {self.peak_flops!r}",
+        )
+
+    @property
+    def decay_steps(self) -> int:
+        return self.lr_decay_steps if self.lr_decay_steps is not None else self.max_steps
+
+    def replace(self, **overrides: Any) -> TrainConfig:
+        """Copy with overrides; GPTConfig field names (n_layer, dropout, ...) go to `model`."""
+        model_fields = {f.name for f in dataclasses.fields(GPTConfig)}
+        model_kw = {k: overrides.pop(k) for k in list(overrides) if k in model_fields}
+        train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+        unknown = set(overrides) - train_fields
+        _check(not unknown, f"unknown config fields: {sorted(unknown)}")
+        model = dataclasses.replace(overrides.pop("model", self.model), **model_kw)
+        return dataclasses.replace(self, model=model, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        d = dict(d)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        _check(not unknown, f"unknown TrainConfig fields: {sorted(unknown)}")
+        if "model" in d:
+            d["model"] = GPTConfig.from_dict(d["model"])
+        return cls(**d)
+
+
+PRESETS: dict[str, TrainConfig] = {
+    # Toy: 2 layers x 64 wide, 64-token context. ~0.1M params + embeddings. For tests.
+    "tiny": TrainConfig(
+        model=GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=64, dropout=0.0),
+        batch_size=8,
+        max_steps=200,
+        learning_rate=3e-3,
+        min_lr=3e-4,
+        warmup_steps=10,
+        weight_decay=0.0,
+        eval_interval=50,
+        eval_iters=4,
+        log_interval=10,
+        ckpt_interval=100,
+    ),
+    # CPU default (nanoGPT's "shakespeare on a laptop" recipe, sized for 2 cores):
+    # 4 layers x 128 wide, 128-token context, ~0.8M params + embeddings.
+    "small": TrainConfig(
+        model=GPTConfig(block_size=128, n_layer=4, n_head=4, n_embd=128, dropout=0.0),
+        batch_size=16,
+        max_steps=1000,
+        learning_rate=2e-3,
+        min_lr=2e-4,
+        warmup_steps=50,
+        weight_decay=0.1,
+        eval_interval=250,
+        eval_iters=20,
+        log_interval=25,
+        ckpt_interval=500,
+    ),
+    # GPT-2 small (124M with the 50257 GPT-2 vocab), llm.c-style: ~0.5M tokens per step
+    # (16 x 1024 x 32 micro-steps on one GPU; divide grad_accum_steps by the world size),
+    # 10B tokens = 19073 steps, bf16 autocast, compiled.
+    "gpt2-124m": TrainConfig(
+        model=GPTConfig(block_size=1024, n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=True),
+        batch_size=16,
+        grad_accum_steps=32,
+        max_steps=19073,
+        learning_rate=6e-4,
+        min_lr=6e-5,
+        warmup_steps=700,
+        weight_decay=0.1,
+        eval_interval=250,
+        eval_iters=20,
+        log_interval=1,
+        ckpt_interval=1000,
+        compile=True,
+    ),
+}
+
+
+def preset(name: str, **overrides: Any) -> TrainConfig:
+    """A named preset with overrides (TrainConfig or GPTConfig field names)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides)

@@ -1,0 +1,334 @@
+"""Token shards on local disk: validation, train/val split by document, random windows.
+
+A token directory (written by the tokenize stage) holds::
+
+    manifest.json                {"kind": "tokens", "version": ..., "meta": {"format":
+                                  "tokenmill.tokens/1", "dtype": "uint16", "vocab_size": ...,
+                                  "separator": {...} | null, "shards": [...], "totals": {...}}}
+    shard_000000.npy             flat 1-D <u2 (vocab <= 65536) or <u4 token ids
+    shard_000000.idx.npy         <u8 cumulative document end offsets (last = n_tokens)
+
+Shards are memory-mapped, never read whole. Every file is checked before it is trusted
+(header dtype/shape, file size = header + n * itemsize, index monotone and ending at
+n_tokens); any problem raises `ShardError` naming the file.
+
+Split: in each shard the tail starting at the document boundary nearest
+(1 - val_fraction) of its tokens is validation, the head is training. Windows of
+block_size + 1 tokens are drawn uniformly from inside one region, so they cross document
+boundaries only through the separator tokens that are in the stream, never a shard or
+train/val boundary.
+
+The sampler's only state is its numpy Generator; `state()` / `set_state()` give it as
+JSON, which together with the step number is the data position of a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TOKENS_FORMAT = "tokenmill.tokens/1"
+_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+_IDX_DTYPE = np.dtype("<u8")
+
+
+class ShardError(ValueError):
+    """A token directory, manifest or shard file is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str
+    path: Path  # <name>.npy
+    idx_path: Path  # <name>.idx.npy
+    n_tokens: int
+    n_docs: int
+    n_bytes: int | None
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class Region:
+    """Tokens [start, stop) of shard number `shard`."""
+
+    shard: int
+    start: int
+    stop: int
+
+    @property
+    def n_tokens(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Split:
+    train: list[Region]
+    val: list[Region]
+    messages: list[str] = field(default_factory=list)  # human-readable warnings
+
+    @property
+    def n_train_tokens(self) -> int:
+        return sum(r.n_tokens for r in self.train)
+
+    @property
+    def n_val_tokens(self) -> int:
+        return sum(r.n_tokens for r in self.val)
+
+
+def _read_npy_header(path: Path, dtype: np.dtype, length: int | None) -> tuple[int, int]:
+    """Check a .npy header; return (data offset, n elements). Raises ShardError naming path."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, file_dtype = np.lib.format.read_array_header_1_0(f)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, file_dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ShardError(f"{path}: unsupported .npy version {version}")
+            offset = f.tell()
+    except FileNotFoundError:
+        raise ShardError(f"{path}: file not found") from None
+    except ShardError:
+        raise
+    except Exception as e:  # bad magic, garbled header, short file
+        raise ShardError(f"{path}: not a valid .npy file ({e})") from e
+    if file_dtype != dtype:
+        raise ShardError(f"{path}: dtype {file_dtype.str} but expected {dtype.str}")
+    if len(shape) != 1:
+        raise ShardError(f"{path}: expected a 1-D array, got shape {shape}")
+    n = int(shape[0])
+    if length is not None and n != length:
+        raise ShardError(f"{path}: holds {n} elements but the manifest says {length}")
+    expected = offset + n * dtype.itemsize
+    actual = os.path.getsize(path)
+    if actual != expected:
+        raise ShardError(
+            f"{path}: file is {actual} bytes but header + {n} x {dtype.itemsize} bytes = {expected} "
+            f"({'truncated' if actual < expected else 'trailing garbage'})"
+        )
+    return offset, n
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class TokenShards:
+    """A validated, memory-mapped token directory."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], verify_hashes: bool = False) -> None:
+        self.data_dir = Path(data_dir)
+        mpath = self.data_dir / "manifest.json"
+        try:
+            manifest = json.loads(mpath.read_text())
+        except FileNotFoundError:
+            raise ShardError(f"{mpath}: file not found (is {self.data_dir} a token directory?)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ShardError(f"{mpath}: not valid JSON ({e})") from e
+        self.manifest: dict[str, Any] = manifest
+        try:
+            meta = manifest["meta"]
+            fmt = meta.get("format")
+            if fmt != TOKENS_FORMAT:
+                raise ShardError(f"{mpath}: meta.format is {fmt!r}, expected {TOKENS_FORMAT!r}")
+            if manifest.get("kind", "tokens") != "tokens":
+                raise ShardError(f"{mpath}: kind is {manifest.get('kind')!r}, expected 'tokens'")
+            dtype_name = meta["dtype"]
+            if dtype_name not in _DTYPES:
+                raise ShardError(f"{mpath}: meta.dtype {dtype_name!r} is not one of {sorted(_DTYPES)}")
+            self.dtype = _DTYPES[dtype_name]
+            self.vocab_size = int(meta["vocab_size"])
+            if self.vocab_size < 2 or self.vocab_size - 1 > np.iinfo(self.dtype).max:
+                raise ShardError(f"{mpath}: vocab_size {self.vocab_size} does not fit dtype {dtype_name}")
+            sep = meta.get("separator")
+            self.separator_id: int | None = None if sep is None else int(sep["id"])
+            self.separator_token: str | None = None if sep is None else sep.get("token")
+            if self.separator_id is not None and not 0 <= self.separator_id < self.vocab_size:
+                raise ShardError(f"{mpath}: separator id {self.separator_id} outside vocab {self.vocab_size}")
+            shards_meta = meta["shards"]
+            if not shards_meta:
+                raise ShardError(f"{mpath}: meta.shards is empty")
+            self.shards: list[ShardInfo] = []
+            for s in shards_meta:
+                name = str(s["name"])
+                if "/" in name or "\\" in name or name.startswith("."):
+                    raise ShardError(f"{mpath}: bad shard name {name!r}")
+                nb = s.get("n_bytes")
+                self.shards.append(
+                    ShardInfo(
+                        name=name,
+                        path=self.data_dir / f"{name}.npy",
+                        idx_path=self.data_dir / f"{name}.idx.npy",
+                        n_tokens=int(s["n_tokens"]),
+                        n_docs=int(s["n_docs"]),
+                        n_bytes=None if nb is None else int(nb),
+                        sha256=s.get("sha256"),
+                    )
+                )
+        except ShardError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise ShardError(f"{mpath}: malformed manifest ({type(e).__name__}: {e})") from e
+        self.version: str | None = manifest.get("version")
+
+        self._tokens: list[np.ndarray] = []
+        self._doc_ends: list[np.ndarray] = []
+        for info in self.shards:
+            _, n = _read_npy_header(info.path, self.dtype, info.n_tokens)
+            if verify_hashes and info.sha256:
+                digest = _sha256(info.path)
+                if digest != info.sha256:
+                    raise ShardError(f"{info.path}: sha256 {digest} does not match the manifest's {info.sha256}")
+            if n == 0:
+                tokens = np.zeros(0, dtype=self.dtype)  # an empty file cannot be mapped
+            else:
+                try:
+                    tokens = np.load(info.path, mmap_mode="r", allow_pickle=False)
+                except Exception as e:
+                    raise ShardError(f"{info.path}: cannot memory-map ({e})") from e
+            _read_npy_header(info.idx_path, _IDX_DTYPE, info.n_docs)
+            try:
+                ends = np.load(info.idx_path, allow_pickle=False).astype(np.int64)
+            except Exception as e:
+                raise ShardError(f"{info.idx_path}: cannot read ({e})") from e
+            if len(ends) and (ends[0] < 0 or np.any(np.diff(ends) < 0)):
+                raise ShardError(f"{info.idx_path}: document end offsets are not non-decreasing")
+            last = int(ends[-1]) if len(ends) else 0
+            if last != n:
+                raise ShardError(f"{info.idx_path}: last document end is {last} but the shard holds {n} tokens")
+            self._tokens.append(tokens)
+            self._doc_ends.append(ends)
+
+    # -- accessors -----------------------------------------------------------------------
+
+    def tokens(self, i: int) -> np.ndarray:
+        return self._tokens[i]
+
+    def doc_ends(self, i: int) -> np.ndarray:
+        return self._doc_ends[i]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.shards)
+
+    @property
+    def n_bytes(self) -> int | None:
+        totals = self.manifest["meta"].get("totals") or {}
+        if totals.get("n_bytes") is not None:
+            return int(totals["n_bytes"])
+        if all(s.n_bytes is not None for s in self.shards):
+            return sum(int(s.n_bytes) for s in self.shards)  # type: ignore[arg-type]
+        return None
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        """Average UTF-8 bytes per token over the whole directory (separators count as 0)."""
+        nb, nt = self.n_bytes, self.n_tokens
+        return nb / nt if nb is not None and nt > 0 else None
+
+    # -- split ---------------------------------------------------------------------------
+
+    def split(self, val_fraction: float, window: int) -> Split:
+        """Split every shard at the document boundary nearest (1 - val_fraction) of its tokens.
+
+        `window` (block_size + 1) is used only to warn about regions too short to sample.
+        """
+        train: list[Region] = []
+        val: list[Region] = []
+        for i, info in enumerate(self.shards):
+            n = info.n_tokens
+            if n == 0:
+                continue
+            boundaries = np.concatenate([[0], self._doc_ends[i]])
+            target = (1.0 - val_fraction) * n
+            b = int(boundaries[np.argmin(np.abs(boundaries - target))])
+            if val_fraction == 0:
+                b = n
+            if b > 0:
+                train.append(Region(i, 0, b))
+            if b < n:
+                val.append(Region(i, b, n))
+        messages: list[str] = []
+        usable_val = [r for r in val if r.n_tokens >= window]
+        if val_fraction > 0 and not val:
+            messages.append(
+                f"val split is EMPTY: in every shard of {self.data_dir} the document boundary nearest "
+                f"{1 - val_fraction:.0%} of its tokens is the shard's end (too few documents per shard). "
+                "Val loss and bits/byte will not be computed; use shards with more documents, "
+                "or val_fraction=0 to silence this."
+            )
+        elif val and not usable_val:
+            messages.append(
+                f"val split is UNUSABLE: its {sum(r.n_tokens for r in val)} tokens lie in regions shorter "
+                f"than one window of {window} tokens (block_size + 1). Val loss and bits/byte will not "
+                "be computed; use a larger val_fraction or a smaller block_size."
+            )
+        return Split(train=train, val=usable_val, messages=messages)
+
+
+class WindowSampler:
+    """Uniform random windows of `window` tokens from a list of regions, seeded and resumable."""
+
+    def __init__(
+        self,
+        shards: TokenShards,
+        regions: list[Region],
+        window: int,
+        batch_size: int,
+        seed: int | list[int],
+    ) -> None:
+        self.shards = shards
+        self.window = window
+        self.batch_size = batch_size
+        self.regions = [r for r in regions if r.n_tokens >= window]
+        if not self.regions:
+            raise ShardError(
+                f"{shards.data_dir}: no region holds a full window of {window} tokens "
+                f"(block_size + 1); regions: {[r.n_tokens for r in regions]}"
+            )
+        counts = np.array([r.n_tokens - window + 1 for r in self.regions], dtype=np.int64)
+        self._cum = np.cumsum(counts)  # window starts, cumulative over regions
+        self.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed)))
+
+    @property
+    def n_windows(self) -> int:
+        return int(self._cum[-1])
+
+    def next_batch(self) -> np.ndarray:
+        """(batch_size, window) int64 token ids."""
+        picks = self.rng.integers(0, self.n_windows, size=self.batch_size)
+        which = np.searchsorted(self._cum, picks, side="right")
+        out = np.empty((self.batch_size, self.window), dtype=np.int64)
+        vocab = self.shards.vocab_size
+        for row, (p, w) in enumerate(zip(picks, which)):
+            r = self.regions[w]
+            offset = int(p - (self._cum[w - 1] if w > 0 else 0))
+            start = r.start + offset
+            out[row] = self.shards.tokens(r.shard)[start : start + self.window]
+            if out[row].max() >= vocab:
+                bad = int(out[row].max())
+                raise ShardError(
+                    f"{self.shards.shards[r.shard].path}: token id {bad} near offset {start} "
+                    f"is >= vocab_size {vocab}"
+                )
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able generator state (PCG64's 128-bit ints are plain Python ints)."""
+        return self.rng.bit_generator.state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if state.get("bit_generator") != "PCG64":
+            raise ValueError(f"sampler state is for {state.get('bit_generator')!r}, expected 'PCG64'")
+        self.rng.bit_generator.state = state

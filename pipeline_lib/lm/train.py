@@ -1,0 +1,602 @@
+"""The training loop: one function, `train`, read top to bottom.
+
+    setup (distributed, device, data, model, optimizer, resume)
+    eval at step 0
+    for each optimizer step:
+        lr from the schedule (linear warmup, cosine to min_lr)
+        grad_accum_steps micro-steps: sample windows, forward under autocast, loss/steps, backward
+        (DDP: gradients all-reduced only on the last micro-step, via no_sync on the others)
+        clip grads to grad_clip, AdamW step
+        log (train loss, lr, tokens/s, MFU); eval (val loss, bits/byte); checkpoint
+
+Distributed: launched by torchrun (RANK / WORLD_SIZE / LOCAL_RANK in the environment) the
+process group is created here (NCCL on CUDA, else gloo); if the caller already created
+one it is used as is. Data and dropout seeds are offset by rank; only rank 0 logs and
+writes checkpoints (after gathering every rank's RNG and sampler state).
+
+Exact resume: a checkpoint after step k holds the weights, the optimizer state, the step,
+the torch / python RNG states and the numpy sampler state of every rank. Evaluation uses
+its own freshly seeded sampler and no dropout, so it consumes no training randomness; a
+run resumed from step k therefore continues bitwise like the uninterrupted run (on CPU).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import random
+import time
+import warnings
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors.torch import save as st_save
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from pipeline_lib.lm.checkpoint import (
+    _json_bytes,
+    latest_checkpoint,
+    load_optimizer_into,
+    load_weights_into,
+    open_checkpoint,
+    optimizer_files,
+    weights_bytes,
+    write_checkpoint,
+)
+from pipeline_lib.lm.config import TrainConfig
+from pipeline_lib.lm.data import Region, TokenShards, WindowSampler
+from pipeline_lib.lm.model import GPT
+
+LogFn = Callable[[str], None]
+EventFn = Callable[[dict[str, Any]], None]
+
+# Dense bf16 tensor-core peak FLOP/s by GPU name (first substring match wins).
+PEAK_FLOPS_BF16: list[tuple[str, float]] = [
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("H200", 989e12),
+    ("GH200", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+]
+
+
+@dataclass
+class TrainResult:
+    final_train_loss: float | None  # mean loss of the last optimizer step
+    final_val_loss: float | None  # last evaluation (None if there is no val split)
+    val_bpb: float | None  # bits per byte at the last evaluation
+    steps: int  # optimizer steps completed (including those before a resume)
+    tokens_per_s: float | None  # training throughput of this invocation, all ranks
+    history: list[dict[str, Any]]  # {step, train_loss, val_loss, val_bpb, lr, tokens_per_s, mfu}
+    checkpoint_dir: str | None  # the last checkpoint written / resumed from
+    n_params: int = 0
+    mfu: float | None = None  # model FLOPs utilisation of this invocation (CUDA only)
+    device: str = "cpu"
+    messages: list[str] = field(default_factory=list)  # warnings (e.g. empty val split)
+
+
+# -- small pieces ------------------------------------------------------------------------
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to learning_rate over warmup_steps, then cosine decay to min_lr."""
+    if step < cfg.warmup_steps:
+        return cfg.learning_rate * (step + 1) / (cfg.warmup_steps + 1)
+    if step >= cfg.decay_steps:
+        return cfg.min_lr
+    ratio = (step - cfg.warmup_steps) / (cfg.decay_steps - cfg.warmup_steps)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
+    return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
+
+
+def bits_per_byte(nats: float, n_bytes: float) -> float:
+    """Total cross entropy in nats over some tokens -> bits per byte of the text they encode."""
+    if n_bytes <= 0:
+        raise ValueError(f"bits_per_byte needs a positive byte count, got {n_bytes}")
+    return nats / (math.log(2) * n_bytes)
+
+
+def resolve_device(name: str = "auto", local_rank: int | None = None) -> torch.device:
+    """auto: CUDA if available, else MPS, else CPU. Under DDP "cuda" means cuda:LOCAL_RANK."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            name = "cuda"
+        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            name = "mps"
+        else:
+            name = "cpu"
+    if name == "cuda" and local_rank is not None:
+        name = f"cuda:{local_rank}"
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} requested but CUDA is not available")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def peak_flops_for(device: torch.device) -> float | None:
+    """Peak dense bf16 FLOP/s of a CUDA device from `PEAK_FLOPS_BF16`; None elsewhere."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_FLOPS_BF16:
+        if key in name:
+            return flops
+    return None
+
+
+@dataclass
+class _Dist:
+    enabled: bool = False
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    owns_group: bool = False  # we created the process group and must destroy it
+
+
+def _setup_dist(cfg: TrainConfig) -> _Dist:
+    if dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank()
+        return _Dist(True, rank, dist.get_world_size(), int(os.environ.get("LOCAL_RANK", rank)), False)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
+        use_cuda = torch.cuda.is_available() and not cfg.device.startswith(("cpu", "mps"))
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if use_cuda:
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        return _Dist(True, dist.get_rank(), dist.get_world_size(), local_rank, True)
+    return _Dist()
+
+
+def _gather_bytes(data: bytes, d: _Dist, device: torch.device) -> list[bytes]:
+    """Every rank's `data`, in rank order (collective; all ranks must call it)."""
+    if not d.enabled:
+        return [data]
+    dev = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    n = torch.tensor([len(data)], dtype=torch.int64, device=dev)
+    sizes = [torch.zeros_like(n) for _ in range(d.world_size)]
+    dist.all_gather(sizes, n)
+    width = int(max(int(s.item()) for s in sizes))
+    buf = torch.zeros(width, dtype=torch.uint8, device=dev)
+    if data:
+        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+    outs = [torch.zeros_like(buf) for _ in range(d.world_size)]
+    dist.all_gather(outs, buf)
+    return [bytes(o[: int(s.item())].cpu().numpy().tobytes()) for o, s in zip(outs, sizes)]
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def _rank_rng_state(sampler: WindowSampler, device: torch.device) -> dict[str, Any]:
+    py = random.getstate()
+    return {
+        "torch_cpu": _b64(torch.get_rng_state()),
+        "torch_cuda": _b64(torch.cuda.get_rng_state(device)) if device.type == "cuda" else None,
+        "python": [py[0], list(py[1]), py[2]],
+        "sampler": sampler.state(),
+    }
+
+
+def _to_batch(arr: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    t = torch.from_numpy(arr)
+    if device.type == "cuda":
+        t = t.pin_memory().to(device, non_blocking=True)
+    elif device.type != "cpu":
+        t = t.to(device)
+    return t[:, :-1], t[:, 1:]
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    shards: TokenShards,
+    regions: list[Region],
+    *,
+    block_size: int,
+    batch_size: int,
+    eval_iters: int,
+    seed: int | list[int],
+    device: torch.device,
+    autocast: Callable[[], Any] = nullcontext,
+    token_byte_lengths: torch.Tensor | None = None,
+    bytes_per_token: float | None = None,
+    d: _Dist | None = None,
+) -> dict[str, float | None]:
+    """Mean val loss (nats/token) and bits per byte over eval_iters seeded batches.
+
+    bits/byte = sum of nats / (ln 2 * bytes the target tokens encode), the bytes from
+    `token_byte_lengths[target]` or, without it, n_targets * manifest bytes/token.
+    Summed over ranks under DDP.
+    """
+    sampler = WindowSampler(shards, regions, block_size + 1, batch_size, seed=seed)
+    was_training = model.training
+    model.eval()
+    nats = torch.zeros((), dtype=torch.float64, device=device)
+    n_bytes = torch.zeros((), dtype=torch.float64, device=device)
+    n_tok = 0
+    for _ in range(eval_iters):
+        x, y = _to_batch(sampler.next_batch(), device)
+        with autocast():
+            _, loss = model(x, y, reduction="sum")
+        nats += loss.double()
+        n_tok += y.numel()
+        if token_byte_lengths is not None:
+            n_bytes += token_byte_lengths[y].sum().double()
+    stats = torch.stack([nats, torch.tensor(float(n_tok), dtype=torch.float64, device=device), n_bytes])
+    if d is not None and d.enabled:
+        if dist.get_backend() != "nccl":
+            stats = stats.cpu()
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+    model.train(was_training)
+    total_nats, total_tok, total_bytes = (float(v) for v in stats.cpu())
+    if token_byte_lengths is None:
+        total_bytes = total_tok * bytes_per_token if bytes_per_token else 0.0
+    return {
+        "val_loss": total_nats / total_tok,
+        "val_bpb": bits_per_byte(total_nats, total_bytes) if total_bytes > 0 else None,
+        "val_tokens": total_tok,
+        "val_bytes": total_bytes,
+    }
+
+
+def _fmt(entry: dict[str, Any], max_steps: int) -> str:
+    parts = [f"step {entry['step']:>6}/{max_steps}"]
+    if entry.get("train_loss") is not None:
+        parts.append(f"train loss {entry['train_loss']:.4f}")
+    if entry.get("val_loss") is not None:
+        bpb = entry.get("val_bpb")
+        parts.append(f"val loss {entry['val_loss']:.4f}" + (f" bpb {bpb:.4f}" if bpb is not None else ""))
+    parts.append(f"lr {entry['lr']:.2e}")
+    if entry.get("tokens_per_s") is not None:
+        parts.append(f"{entry['tokens_per_s']:,.0f} tok/s")
+    if entry.get("mfu") is not None:
+        parts.append(f"mfu {entry['mfu']:.1%}")
+    return " | ".join(parts)
+
+
+# -- the loop ----------------------------------------------------------------------------
+
+
+def train(
+    train_config: TrainConfig,
+    data_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    token_byte_lengths: np.ndarray | None = None,
+    log: LogFn | None = None,
+    on_eval: EventFn | None = None,
+    on_step: EventFn | None = None,
+    resume: bool | None = None,
+) -> TrainResult:
+    """Train a GPT on the token directory `data_dir`, checkpointing into `out_dir`.
+
+    token_byte_lengths: optional (vocab_size,) array of UTF-8 byte lengths per token id
+    (0 for the separator), for exact bits/byte; else the manifest's bytes/token is used.
+    log(str) gets progress lines (rank 0; default print); on_eval(entry) each evaluation
+    and on_step(entry) each step, after that step's checkpoint (rank 0).
+    resume: overrides train_config.resume — continue from out_dir's latest complete checkpoint.
+    """
+    d = _setup_dist(train_config)
+    try:
+        return _train(
+            train_config,
+            Path(data_dir),
+            Path(out_dir),
+            token_byte_lengths,
+            log or print,
+            on_eval,
+            on_step,
+            train_config.resume if resume is None else resume,
+            d,
+        )
+    finally:
+        if d.owns_group:
+            dist.destroy_process_group()
+
+
+def _train(
+    cfg: TrainConfig,
+    data_dir: Path,
+    out_dir: Path,
+    token_byte_lengths: np.ndarray | None,
+    log: LogFn,
+    on_eval: EventFn | None,
+    on_step: EventFn | None,
+    resume: bool,
+    d: _Dist,
+) -> TrainResult:
+    master = d.rank == 0
+    emit: LogFn = log if master else (lambda _msg: None)
+    messages: list[str] = []
+
+    # -- device and precision
+    device = resolve_device(cfg.device, d.local_rank if d.enabled else None)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
+
+    def autocast() -> Any:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+    # -- data
+    shards = TokenShards(data_dir, verify_hashes=cfg.verify_shards)
+    mcfg = cfg.model
+    if mcfg.vocab_size is None:
+        mcfg = mcfg.with_vocab(shards.vocab_size)
+    elif mcfg.vocab_size < shards.vocab_size:
+        raise ValueError(
+            f"GPTConfig.vocab_size {mcfg.vocab_size} is smaller than the data's vocab_size {shards.vocab_size}"
+        )
+    window = mcfg.block_size + 1
+    split = shards.split(cfg.val_fraction, window)
+    for m in split.messages:
+        messages.append(m)
+        emit(f"WARNING: {m}")
+        if master:
+            warnings.warn(m, stacklevel=3)
+    train_sampler = WindowSampler(shards, split.train, window, cfg.batch_size, seed=[cfg.seed, d.rank, 0])
+    has_val = bool(split.val)
+    tbl: torch.Tensor | None = None
+    if token_byte_lengths is not None:
+        arr = np.asarray(token_byte_lengths)
+        if arr.ndim != 1 or arr.shape[0] < shards.vocab_size or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(
+                f"token_byte_lengths must be a 1-D integer array of length >= vocab_size "
+                f"{shards.vocab_size}, got dtype {arr.dtype} shape {arr.shape}"
+            )
+        if (arr < 0).any():
+            raise ValueError("token_byte_lengths must be >= 0")
+        tbl = torch.as_tensor(arr.astype(np.int64), device=device)
+    elif has_val and shards.bytes_per_token is None:
+        messages.append("no token_byte_lengths and no n_bytes in the manifest: val bits/byte unavailable")
+
+    # -- checkpoint to resume from
+    ckpt = None
+    latest = latest_checkpoint(out_dir)
+    if latest is not None and not resume:
+        raise ValueError(
+            f"{out_dir} already holds checkpoint {latest.name}; pass resume=True to continue it "
+            "or use an empty out_dir"
+        )
+    if resume:
+        if latest is None:
+            emit(f"resume: no complete checkpoint in {out_dir}; starting from scratch")
+        else:
+            ckpt = open_checkpoint(latest)
+
+    # -- model and optimizer (same init on every rank; DDP broadcasts rank 0's anyway)
+    torch.manual_seed(cfg.seed + d.rank)
+    random.seed(cfg.seed + d.rank)
+    raw_model = GPT(mcfg).to(device)
+    optimizer = raw_model.configure_optimizer(
+        cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), fused=device.type == "cuda"
+    )
+    start_step = 0
+    history: list[dict[str, Any]] = []
+    if ckpt is not None:
+        saved = ckpt.model_config()
+        if saved != mcfg:
+            raise ValueError(f"{ckpt.path}: checkpoint model {saved} differs from the requested {mcfg}")
+        load_weights_into(raw_model, ckpt.file("model.safetensors"))
+        load_optimizer_into(optimizer, ckpt)
+        state = ckpt.json("trainer_state.json")
+        start_step, history = int(state["step"]), list(state["history"])
+        if state.get("data", {}).get("version") != shards.version:
+            m = f"resume: data version {shards.version!r} differs from the checkpoint's {state['data'].get('version')!r}"
+            messages.append(m)
+            emit(f"WARNING: {m}")
+    model: torch.nn.Module = raw_model
+    if cfg.compile:
+        model = torch.compile(model)
+    eval_model = model
+    if d.enabled:
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    if ckpt is not None:  # restore randomness last, after everything that may consume it
+        data_state = ckpt.json("data_state.json")
+        rng_json = ckpt.json("rng_state.json")
+        rng_t = ckpt.tensors("rng_state.safetensors")
+        if data_state.get("world_size") == d.world_size:
+            train_sampler.set_state(data_state["samplers"][d.rank])
+            torch.set_rng_state(rng_t[f"rank{d.rank}.torch_cpu"])
+            if device.type == "cuda" and f"rank{d.rank}.torch_cuda" in rng_t:
+                torch.cuda.set_rng_state(rng_t[f"rank{d.rank}.torch_cuda"], device)
+            py = rng_json["python"][d.rank]
+            random.setstate((py[0], tuple(py[1]), py[2]))
+        else:
+            m = (
+                f"resume: world size changed ({data_state.get('world_size')} -> {d.world_size}); "
+                "data order and dropout are re-seeded, so the run is not an exact continuation"
+            )
+            messages.append(m)
+            emit(f"WARNING: {m}")
+            train_sampler = WindowSampler(
+                shards, split.train, window, cfg.batch_size, seed=[cfg.seed, d.rank, 0, start_step]
+            )
+            torch.manual_seed(cfg.seed + d.rank + 7919 * start_step)
+
+    n_params = raw_model.num_params()
+    tokens_per_step = cfg.batch_size * mcfg.block_size * cfg.grad_accum_steps * d.world_size
+    flops_per_token = raw_model.flops_per_token()
+    peak = cfg.peak_flops or peak_flops_for(device)
+    emit(
+        f"device {device} ({'bf16 autocast' if use_bf16 else 'fp32'}{', compiled' if cfg.compile else ''}"
+        f"{f', DDP x{d.world_size}' if d.enabled else ''}) | {n_params / 1e6:.2f}M params | "
+        f"data {shards.n_tokens:,} tokens: train {split.n_train_tokens:,} / val {split.n_val_tokens:,} | "
+        f"{tokens_per_step:,} tokens/step"
+        + (f" | resuming at step {start_step} from {ckpt.path}" if ckpt is not None else "")
+    )
+
+    def run_eval() -> dict[str, Any]:
+        return evaluate(
+            eval_model,
+            shards,
+            split.val,
+            block_size=mcfg.block_size,
+            batch_size=cfg.batch_size,
+            eval_iters=cfg.eval_iters,
+            seed=[cfg.seed, d.rank, 1],
+            device=device,
+            autocast=autocast,
+            token_byte_lengths=tbl,
+            bytes_per_token=shards.bytes_per_token,
+            d=d,
+        )
+
+    def save(step: int) -> Path | None:
+        blobs = _gather_bytes(json.dumps(_rank_rng_state(train_sampler, device)).encode(), d, device)
+        path = None
+        if master:
+            ranks = [json.loads(b) for b in blobs]
+            rng_tensors = {}
+            for r, st in enumerate(ranks):
+                rng_tensors[f"rank{r}.torch_cpu"] = _unb64(st["torch_cpu"])
+                if st["torch_cuda"] is not None:
+                    rng_tensors[f"rank{r}.torch_cuda"] = _unb64(st["torch_cuda"])
+            opt_tensors, opt_json = optimizer_files(optimizer)
+            files = {
+                "model.safetensors": weights_bytes(raw_model),
+                "optimizer.safetensors": opt_tensors,
+                "optimizer.json": opt_json,
+                "trainer_state.json": _json_bytes(
+                    {
+                        "step": step,
+                        "lr": lr_at(step, cfg),
+                        "train_config": cfg.to_dict(),
+                        "model_config": mcfg.to_dict(),
+                        "world_size": d.world_size,
+                        "tokens_per_step": tokens_per_step,
+                        "data": {
+                            "dir": str(data_dir),
+                            "version": shards.version,
+                            "vocab_size": shards.vocab_size,
+                            "n_tokens": shards.n_tokens,
+                            "separator_id": shards.separator_id,
+                        },
+                        "history": history,
+                    }
+                ),
+                "rng_state.safetensors": st_save(rng_tensors),
+                "rng_state.json": _json_bytes(
+                    {"world_size": d.world_size, "python": [st["python"] for st in ranks]}
+                ),
+                "data_state.json": _json_bytes(
+                    {
+                        "step": step,
+                        "world_size": d.world_size,
+                        "seed": cfg.seed,
+                        "samplers": [st["sampler"] for st in ranks],
+                    }
+                ),
+            }
+            path = write_checkpoint(out_dir, step, files, cfg.keep_last)
+            emit(f"checkpoint {path}")
+        if d.enabled:
+            dist.barrier()
+        return path
+
+    last_ckpt: Path | None = ckpt.path if ckpt is not None else None
+    if start_step == 0 and has_val:
+        entry = {"step": 0, "train_loss": None, "lr": lr_at(0, cfg), "tokens_per_s": None, "mfu": None}
+        entry.update({k: v for k, v in run_eval().items() if k in ("val_loss", "val_bpb")})
+        history.append(entry)
+        emit(_fmt(entry, cfg.max_steps))
+        if master and on_eval is not None:
+            on_eval(dict(entry))
+
+    # -- train
+    model.train()
+    step = start_step
+    timed_tokens, timed_s = 0, 0.0
+    while step < cfg.max_steps:
+        lr = lr_at(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(cfg.grad_accum_steps):
+            x, y = _to_batch(train_sampler.next_batch(), device)
+            last_micro = micro == cfg.grad_accum_steps - 1
+            sync = model.no_sync() if (d.enabled and not last_micro) else nullcontext()
+            with sync:
+                with autocast():
+                    _, loss = model(x, y)
+                loss = loss / cfg.grad_accum_steps
+                loss.backward()
+            loss_sum += loss.detach()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if d.enabled:
+            if dist.get_backend() != "nccl":
+                loss_sum = loss_sum.cpu()
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+            loss_sum = loss_sum / d.world_size
+        train_loss = float(loss_sum.item())  # waits for the device
+        dt = time.perf_counter() - t0
+        step += 1
+        if not math.isfinite(train_loss):
+            raise FloatingPointError(f"non-finite training loss {train_loss} at step {step}")
+        if step > start_step + 1 or cfg.max_steps - start_step == 1:  # skip the warm-up step
+            timed_tokens += tokens_per_step
+            timed_s += dt
+        tps = tokens_per_step / dt
+        entry = {
+            "step": step,
+            "train_loss": train_loss,
+            "val_loss": None,
+            "val_bpb": None,
+            "lr": lr,
+            "tokens_per_s": tps,
+            "mfu": flops_per_token * tps / (peak * d.world_size) if peak else None,
+        }
+        last = step == cfg.max_steps
+        evaluated = False
+        if has_val and (step % cfg.eval_interval == 0 or last):
+            entry.update({k: v for k, v in run_eval().items() if k in ("val_loss", "val_bpb")})
+            evaluated = True
+        if step % cfg.log_interval == 0 or evaluated or last:
+            history.append(entry)
+            emit(_fmt(entry, cfg.max_steps))
+        if evaluated and master and on_eval is not None:
+            on_eval(dict(entry))
+        if step % cfg.ckpt_interval == 0 or last:
+            last_ckpt = save(step) or last_ckpt
+        if master and on_step is not None:
+            on_step(dict(entry))
+
+    tokens_per_s = timed_tokens / timed_s if timed_s > 0 else None
+    train_entries = [h for h in history if h.get("train_loss") is not None]
+    val_entries = [h for h in history if h.get("val_loss") is not None]
+    return TrainResult(
+        final_train_loss=train_entries[-1]["train_loss"] if train_entries else None,
+        final_val_loss=val_entries[-1]["val_loss"] if val_entries else None,
+        val_bpb=val_entries[-1]["val_bpb"] if val_entries else None,
+        steps=step,
+        tokens_per_s=tokens_per_s,
+        history=history,
+        checkpoint_dir=str(last_ckpt) if last_ckpt is not None else None,
+        n_params=n_params,
+        mfu=flops_per_token * tokens_per_s / (peak * d.world_size) if (peak and tokens_per_s) else None,
+        device=str(device),
+        messages=messages,
+    )

@@ -1,0 +1,282 @@
+"""The pipeline's stages as plain functions over an `ArtifactStore`: no Prefect here.
+
+Each stage reads its inputs by `VersionRef`, writes one versioned output and returns its
+ref. A stage whose output version already exists returns at once; mapped stages (one
+call per shard) write into the output's staging area with a completion marker per shard,
+so a killed run resumes with the shards it had not finished.
+
+    download_corpus -> shard_corpus -> count_shard* -> reduce_counts -> learn_tokenizer
+        -> encode_shard* -> publish_tokens -> (lm training, in pipeline_lib.lm)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pipeline_lib import counting, token_shards
+from pipeline_lib.corpus import CORPUS_KIND, CorpusConfig, download_corpus, shard_corpus  # noqa: F401  (re-exported)
+from pipeline_lib.counting import COUNTS_FILE, COUNTS_KIND, CountConfig
+from pipeline_lib.fsio import InputError
+from pipeline_lib.store import ArtifactStore, FileInfo, VersionRef, version_id
+from pipeline_lib.token_shards import TOKENS_FORMAT, TOKENS_KIND, EncodeConfig, token_dtype
+from pipeline_lib.tokenizer import ENDOFTEXT, Tokenizer
+from pipeline_lib.version import code_version
+
+TOKENIZER_KIND = "tokenizer"
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    vocab_size: int = 4096  # total ids: 256 bytes + merges + special tokens
+    special_tokens: tuple[str, ...] = (ENDOFTEXT,)  # appended after the merges, in this order
+    min_frequency: int = 2  # stop merging when the best pair occurs fewer times
+
+    def __post_init__(self):
+        if self.vocab_size < 256 + len(self.special_tokens):
+            raise InputError(f"vocab_size={self.vocab_size} is too small: need at least 256 + {len(self.special_tokens)} special token(s)")
+        if self.vocab_size > 1 << 31:
+            raise InputError(f"vocab_size={self.vocab_size} is too large")
+        if len(set(self.special_tokens)) != len(self.special_tokens):
+            raise InputError(f"duplicate special tokens in {self.special_tokens}")
+        if self.min_frequency < 1:
+            raise InputError("min_frequency must be at least 1")
+
+    def params(self) -> dict[str, Any]:
+        return {**asdict(self), "special_tokens": list(self.special_tokens)}
+
+
+def _code(modules: Sequence[str]) -> str:
+    return code_version(*modules)
+
+
+# --------------------------------------------------------------------------- counting
+def counts_version(corpus: VersionRef, config: CountConfig) -> str:
+    return version_id(COUNTS_KIND, {"corpus": corpus.key}, config.params(), _code(counting.CODE_MODULES))
+
+
+def corpus_shards(store: ArtifactStore, corpus: VersionRef) -> list[dict[str, Any]]:
+    return store.manifest(corpus.kind, corpus.version)["meta"]["shards"]
+
+
+def count_shard(store: ArtifactStore, corpus: VersionRef, shard: int, config: CountConfig) -> dict[str, Any]:
+    """Count one corpus shard into the counts version's staging area (skips a finished shard)."""
+    version = counts_version(corpus, config)
+    if store.exists(COUNTS_KIND, version):
+        return {"shard": shard, "cached": True}
+    staging = store.stage(COUNTS_KIND, version)
+    unit = f"shard_{shard:06d}"
+    done = staging.done(unit)
+    if done is not None:
+        return done
+    info = corpus_shards(store, corpus)[shard]
+    path = os.path.join(store.local_dir(corpus.kind, corpus.version), info["file"])
+    pieces, counts = counting.count_shard(path, config.pattern)
+    with staging.open_write(f"parts/{unit}.parquet") as tmp:
+        counting.write_counts(tmp, pieces, counts)
+    record = {"shard": shard, "n_pieces": len(pieces), "n_occurrences": int(counts.sum()), "n_docs": info["n_docs"], "n_bytes": info["n_bytes"]}
+    staging.mark_done(unit, record)
+    return record
+
+
+def reduce_counts(store: ArtifactStore, corpus: VersionRef, config: CountConfig) -> VersionRef:
+    """Sum the per-shard counts into ``counts.parquet`` and publish the counts version."""
+    version = counts_version(corpus, config)
+    if store.exists(COUNTS_KIND, version):
+        return store.ref(COUNTS_KIND, version)
+    staging = store.stage(COUNTS_KIND, version)
+    shards = corpus_shards(store, corpus)
+    records = []
+    for i in range(len(shards)):
+        record = staging.done(f"shard_{i:06d}")
+        if record is None:
+            raise InputError(f"counts of corpus shard {i} are missing: run count_shard for every shard first")
+        records.append(record)
+    parts = [staging.local_path(f"parts/shard_{i:06d}.parquet") for i in range(len(shards))] if store.local else None
+    if parts is None:
+        tmpdir = tempfile.mkdtemp(prefix="tokenmill-counts-")
+        parts = []
+        for i in range(len(shards)):
+            p = os.path.join(tmpdir, f"{i}.parquet")
+            with open(p, "wb") as f:
+                f.write(staging.read_bytes(f"parts/shard_{i:06d}.parquet"))
+            parts.append(p)
+    pieces, counts = counting.reduce_counts(parts, config.pattern)
+    with staging.open_write(COUNTS_FILE) as tmp:
+        counting.write_counts(tmp, pieces, counts)
+        files = {COUNTS_FILE: _file_info(tmp)}
+    for i in range(len(shards)):
+        name = f"parts/shard_{i:06d}.parquet"
+        if store.local:
+            os.unlink(staging.local_path(name))
+        else:
+            store.fs.rm(f"{staging.path}/{name}")
+    if store.local:
+        os.rmdir(staging.local_path("parts"))
+    meta = {
+        "pattern": config.pattern,
+        "n_pieces": len(pieces),
+        "n_occurrences": int(counts.sum()),
+        "shards": records,
+        "top_pieces": [[p.decode("utf-8", "replace"), int(c)] for p, c in sorted(zip(pieces, counts.tolist()), key=lambda x: -x[1])[:20]],
+    }
+    return store.publish(staging, files=files, parents={"corpus": corpus}, params=config.params(), code_version=_code(counting.CODE_MODULES), meta=meta)
+
+
+def _file_info(path: str) -> FileInfo:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return FileInfo(os.path.getsize(path), h.hexdigest())
+
+
+# --------------------------------------------------------------------------- merges
+TOKENIZER_MODULES = ("pipeline_lib.tokenizer", "pipeline_lib.bpe_reference", "pipeline_lib.stages")
+
+
+def learn_tokenizer(
+    store: ArtifactStore,
+    counts: VersionRef,
+    config: TokenizerConfig,
+    progress: Callable[[int, int], None] | None = None,
+) -> VersionRef:
+    """Learn merges from a counts version; publish the tokenizer files."""
+    code = _code(TOKENIZER_MODULES)
+    version = version_id(TOKENIZER_KIND, {"counts": counts.key}, config.params(), code)
+    if store.exists(TOKENIZER_KIND, version):
+        return store.ref(TOKENIZER_KIND, version)
+    cmeta = store.manifest(counts.kind, counts.version)
+    path = os.path.join(store.local_dir(counts.kind, counts.version), COUNTS_FILE)
+    pieces, cnt = counting.read_counts(path)
+    tok = Tokenizer.train(
+        dict(zip(pieces, cnt.tolist())), config.vocab_size, pattern=cmeta["meta"]["pattern"],
+        special_tokens=config.special_tokens, min_frequency=config.min_frequency, progress=progress,
+    )
+    staging = store.stage(TOKENIZER_KIND, version)
+    files = {}
+    for name, data in tokenizer_files(tok).items():
+        files[name] = staging.put_bytes(name, data)
+    by_id = {i: b for b, i in tok.mergeable_ranks.items()}
+    merges = tok.merges or []
+    longest = sorted(tok.mergeable_ranks, key=lambda b: (-len(b), b))[:10]
+    meta = {
+        **tok.metadata(),
+        "n_merges": len(merges),
+        "requested_vocab_size": config.vocab_size,
+        "first_merges": [by_id[m[2]].decode("utf-8", "replace") for m in merges[:10]],
+        "last_merges": [by_id[m[2]].decode("utf-8", "replace") for m in merges[-10:]],
+        "longest_tokens": [b.decode("utf-8", "replace") for b in longest],
+    }
+    return store.publish(staging, files=files, parents={"counts": counts}, params=config.params(), code_version=code, meta=meta)
+
+
+def tokenizer_files(tok: Tokenizer) -> dict[str, bytes]:
+    from pipeline_lib.tokenizer import META_FILE, RANKS_FILE
+
+    return {RANKS_FILE: tok.ranks_text(), META_FILE: json.dumps(tok.metadata(), indent=2, ensure_ascii=False).encode()}
+
+
+def load_tokenizer(store: ArtifactStore, ref: VersionRef) -> Tokenizer:
+    return Tokenizer.load(store.local_dir(ref.kind, ref.version))
+
+
+# --------------------------------------------------------------------------- encoding
+def tokens_version(corpus: VersionRef, tokenizer: VersionRef, config: EncodeConfig) -> str:
+    return version_id(TOKENS_KIND, {"corpus": corpus.key, "tokenizer": tokenizer.key}, config.params(), _code(token_shards.CODE_MODULES))
+
+
+def encode_shard(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef, shard: int, config: EncodeConfig) -> dict[str, Any]:
+    """Encode one corpus shard into the tokens version's staging area (skips a finished shard)."""
+    version = tokens_version(corpus, tokenizer, config)
+    if store.exists(TOKENS_KIND, version):
+        return {"shard": shard, "cached": True}
+    staging = store.stage(TOKENS_KIND, version)
+    unit = f"shard_{shard:06d}"
+    done = staging.done(unit)
+    if done is not None:
+        return done
+    from pipeline_lib.corpus import iter_shard_batches
+
+    tok = load_tokenizer(store, tokenizer)
+    info = corpus_shards(store, corpus)[shard]
+    src = os.path.join(store.local_dir(corpus.kind, corpus.version), info["file"])
+    with staging.open_write(f"{unit}.npy") as tokens_tmp, staging.open_write(f"{unit}.idx.npy") as index_tmp:
+        stats = token_shards.encode_documents(tok, iter_shard_batches(src), tokens_tmp, index_tmp + ".npy", config, unit)
+        os.replace(index_tmp + ".npy", index_tmp)
+        tokens_info, index_info = _file_info(tokens_tmp), _file_info(index_tmp)
+    record = {
+        **asdict(stats),
+        "shard": shard,
+        "sha256": tokens_info.sha256,
+        "files": {f"{unit}.npy": asdict(tokens_info), f"{unit}.idx.npy": asdict(index_info)},
+    }
+    staging.mark_done(unit, record)
+    return record
+
+
+def publish_tokens(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef, config: EncodeConfig) -> VersionRef:
+    """Check every encoded shard and publish the tokens version with its manifest."""
+    version = tokens_version(corpus, tokenizer, config)
+    if store.exists(TOKENS_KIND, version):
+        return store.ref(TOKENS_KIND, version)
+    staging = store.stage(TOKENS_KIND, version)
+    tmeta = store.manifest(tokenizer.kind, tokenizer.version)["meta"]
+    n = len(corpus_shards(store, corpus))
+    records = []
+    for i in range(n):
+        record = staging.done(f"shard_{i:06d}")
+        if record is None:
+            raise InputError(f"shard {i} of {corpus.key} is not encoded yet: run encode_shard for every shard first")
+        records.append(record)
+    vocab_size = tmeta["vocab_size"]
+    sep = None
+    if config.separator is not None:
+        sep = {"token": config.separator, "id": tmeta["special_tokens"][config.separator], "placement": config.placement}
+    files = {name: FileInfo(**fi) for r in records for name, fi in r["files"].items()}
+    meta = {
+        "format": TOKENS_FORMAT,
+        "dtype": token_dtype(vocab_size).name,
+        "vocab_size": vocab_size,
+        "separator": sep,
+        "tokenizer": {"version": tokenizer.key, "ranks_sha256": tmeta["ranks_sha256"], "pattern": tmeta["pattern"]},
+        "shards": [{k: r[k] for k in ("name", "n_tokens", "n_docs", "n_bytes", "sha256")} for r in records],
+        "totals": {k: int(sum(r[k] for r in records)) for k in ("n_tokens", "n_docs", "n_bytes")},
+    }
+    if store.local:
+        token_shards.check_shards(staging.path, meta, deep=False)
+    return store.publish(staging, files=files, parents={"corpus": corpus, "tokenizer": tokenizer}, params=config.params(), code_version=_code(token_shards.CODE_MODULES), meta=meta)
+
+
+def compression_summary(tokens_meta: dict[str, Any], corpus_meta: dict[str, Any]) -> dict[str, float]:
+    totals = tokens_meta["totals"]
+    n_sep = totals["n_docs"] if tokens_meta.get("separator") else 0
+    n_text_tokens = max(1, totals["n_tokens"] - n_sep)
+    return {
+        "bytes_per_token": totals["n_bytes"] / n_text_tokens,
+        "tokens": totals["n_tokens"],
+        "bytes": totals["n_bytes"],
+        "docs": totals["n_docs"],
+    }
+
+
+def shard_table(tokens_meta: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for s in tokens_meta["shards"]:
+        n_text = s["n_tokens"] - (s["n_docs"] if tokens_meta.get("separator") else 0)
+        rows.append({
+            "shard": s["name"], "docs": s["n_docs"], "bytes": s["n_bytes"], "tokens": s["n_tokens"],
+            "bytes/token": round(s["n_bytes"] / max(1, n_text), 3),
+        })
+    return rows
+
+
+__all__ = [
+    "CorpusConfig", "CountConfig", "EncodeConfig", "TokenizerConfig", "download_corpus", "shard_corpus",
+    "count_shard", "reduce_counts", "learn_tokenizer", "encode_shard", "publish_tokens", "load_tokenizer",
+]

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 TOKENS_FORMAT = "tokenmill.tokens/1"
-_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4"), "<u2": np.dtype("<u2"), "<u4": np.dtype("<u4")}
 _IDX_DTYPE = np.dtype("<u8")
 
 

@@ -1,0 +1,173 @@
+"""Command line: ``python -m pipeline_lib.lm {train,sample} ...``.
+
+    python -m pipeline_lib.lm train --data TOKENS_DIR --out RUN_DIR [--preset small] [--steps N]
+        [--device auto|cpu|cuda|mps] [--resume] [--tokenizer TOK_DIR] ...
+    torchrun --nproc_per_node 8 -m pipeline_lib.lm train --preset gpt2-124m --data ... --out ...
+    python -m pipeline_lib.lm sample --ckpt RUN_DIR --tokenizer TOK_DIR --prompt "ROMEO:" \\
+        --temperature 0.8 --top-k 50
+
+`train` writes checkpoints, ``loss.png`` and ``metrics.json`` into --out. `sample` loads the
+latest complete checkpoint of --ckpt (or that checkpoint directory) and prints the prompt
+and its continuation; without --tokenizer give --prompt-ids and get ids back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# CLI flag -> config field (TrainConfig or GPTConfig).
+_OVERRIDES = {
+    "steps": "max_steps",
+    "batch_size": "batch_size",
+    "grad_accum": "grad_accum_steps",
+    "lr": "learning_rate",
+    "min_lr": "min_lr",
+    "warmup": "warmup_steps",
+    "weight_decay": "weight_decay",
+    "eval_interval": "eval_interval",
+    "eval_iters": "eval_iters",
+    "log_interval": "log_interval",
+    "ckpt_interval": "ckpt_interval",
+    "keep_last": "keep_last",
+    "val_fraction": "val_fraction",
+    "seed": "seed",
+    "device": "device",
+    "dtype": "dtype",
+    "block_size": "block_size",
+    "n_layer": "n_layer",
+    "n_head": "n_head",
+    "n_embd": "n_embd",
+    "dropout": "dropout",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline_lib.lm", description="tokenmill GPT language model")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="train (or resume) a GPT on a token-shard directory")
+    t.add_argument("--data", required=True, help="token directory (manifest.json + shard_*.npy)")
+    t.add_argument("--out", required=True, help="run directory for checkpoints and reports")
+    t.add_argument("--preset", default="small", help="tiny | small | gpt2-124m (default small)")
+    t.add_argument("--steps", type=int, help="max optimizer steps")
+    t.add_argument("--device", help="auto | cpu | cuda | cuda:N | mps")
+    t.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
+    t.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
+    t.add_argument("--compile", dest="compile", action="store_true", default=None, help="torch.compile")
+    t.add_argument("--no-compile", dest="compile", action="store_false")
+    t.add_argument("--batch-size", type=int)
+    t.add_argument("--grad-accum", type=int)
+    t.add_argument("--lr", type=float)
+    t.add_argument("--min-lr", type=float)
+    t.add_argument("--warmup", type=int)
+    t.add_argument("--weight-decay", type=float)
+    t.add_argument("--eval-interval", type=int)
+    t.add_argument("--eval-iters", type=int)
+    t.add_argument("--log-interval", type=int)
+    t.add_argument("--ckpt-interval", type=int)
+    t.add_argument("--keep-last", type=int)
+    t.add_argument("--val-fraction", type=float)
+    t.add_argument("--seed", type=int)
+    t.add_argument("--block-size", type=int)
+    t.add_argument("--n-layer", type=int)
+    t.add_argument("--n-head", type=int)
+    t.add_argument("--n-embd", type=int)
+    t.add_argument("--dropout", type=float)
+    bpb = t.add_mutually_exclusive_group()
+    bpb.add_argument("--tokenizer", help="tokenizer dir/URL: exact bits/byte from its token byte lengths")
+    bpb.add_argument("--token-byte-lengths", help=".npy of per-token UTF-8 byte lengths")
+    t.add_argument("--no-report", action="store_true", help="skip loss.png / metrics.json")
+
+    s = sub.add_parser("sample", help="generate text from a checkpoint")
+    s.add_argument("--ckpt", required=True, help="run directory (latest checkpoint) or a ckpt_* directory")
+    s.add_argument("--tokenizer", help="tokenizer dir/URL (pipeline_lib.Tokenizer.load)")
+    s.add_argument("--prompt", default="", help="prompt text (empty: start from the separator)")
+    s.add_argument("--prompt-ids", help="comma-separated prompt ids instead of text (no tokenizer needed)")
+    s.add_argument("--max-new-tokens", type=int, default=200)
+    s.add_argument("--temperature", type=float, default=0.8)
+    s.add_argument("--top-k", type=int, default=200)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--device", default="cpu")
+    return p
+
+
+def _load_tokenizer(path: str):  # noqa: ANN202 - imported lazily: only text I/O needs it
+    try:
+        from pipeline_lib import Tokenizer
+    except ImportError:
+        from pipeline_lib.tokenizer import Tokenizer
+    return Tokenizer.load(path)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pipeline_lib.lm.config import preset
+    from pipeline_lib.lm.report import write_loss_plot, write_metrics
+    from pipeline_lib.lm.train import train
+
+    overrides = {field: getattr(args, flag) for flag, field in _OVERRIDES.items() if getattr(args, flag) is not None}
+    if args.compile is not None:
+        overrides["compile"] = args.compile
+    cfg = preset(args.preset, **overrides)
+    lengths = None
+    if args.token_byte_lengths:
+        lengths = np.load(args.token_byte_lengths, allow_pickle=False)
+    elif args.tokenizer:
+        lengths = _load_tokenizer(args.tokenizer).token_byte_lengths()
+    result = train(cfg, args.data, args.out, token_byte_lengths=lengths, resume=args.resume)
+    if int(os.environ.get("RANK", "0")) == 0:
+        if not args.no_report:
+            png = write_loss_plot(result.history, Path(args.out) / "loss.png", title=f"GPT ({args.preset})")
+            mpath = write_metrics(result, Path(args.out) / "metrics.json")
+            print(f"wrote {png} and {mpath}")
+        summary = {k: getattr(result, k) for k in ("final_train_loss", "final_val_loss", "val_bpb", "steps", "tokens_per_s", "checkpoint_dir")}
+        print(json.dumps(summary))
+    return 0
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    from pipeline_lib.lm.checkpoint import load_model, latest_checkpoint, open_checkpoint
+    from pipeline_lib.lm.sample import sample
+
+    model = load_model(args.ckpt, device=args.device)
+    tok = None
+    if args.tokenizer:
+        tok = _load_tokenizer(args.tokenizer)
+    if args.prompt_ids:
+        ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+    elif args.prompt:
+        if tok is None:
+            raise SystemExit("--prompt needs --tokenizer (or give --prompt-ids)")
+        ids = [int(i) for i in tok.encode(args.prompt, allowed_special="all")]
+    else:  # start a fresh document from the separator recorded with the checkpoint
+        ckpt_dir = Path(args.ckpt)
+        if not (ckpt_dir / "checkpoint.json").exists():
+            ckpt_dir = latest_checkpoint(ckpt_dir) or ckpt_dir
+        state = open_checkpoint(ckpt_dir, verify=False).json("trainer_state.json")
+        sep = state.get("data", {}).get("separator_id")
+        if sep is None:
+            raise SystemExit("empty prompt and the training data had no separator: give --prompt")
+        ids = [int(sep)]
+    top_k = args.top_k if args.top_k and args.top_k > 0 else None
+    new = sample(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=top_k, seed=args.seed)
+    if tok is None:
+        print(",".join(str(i) for i in ids + new))
+    else:
+        sys.stdout.write(tok.decode(ids + new) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.cmd == "train":
+        return _cmd_train(args)
+    return _cmd_sample(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

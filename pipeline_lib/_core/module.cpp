@@ -1,5 +1,354 @@
+// Python bindings of the compiled core: pipeline_lib._tokcore
+//
+// Everything long-running drops the GIL (nb::gil_scoped_release). Inputs handed to a
+// GIL-free section are either immutable bytes objects the caller holds, or copied first.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "counter.h"
+#include "encode.h"
+#include "pretokenize.h"
+#include "train.h"
+
 namespace nb = nanobind;
+using namespace tokcore;
+
+namespace {
+
+// ---- helpers -----------------------------------------------------------------------------
+
+void check_pattern(int pattern) {
+    if (pattern < 0 || pattern >= kNumPatterns)
+        throw nb::value_error(("unknown pattern id " + std::to_string(pattern) +
+                               "; expected one of PATTERN_IDS.values() (0 gpt2, 1 cl100k, 2 o200k)")
+                                  .c_str());
+}
+
+const uint8_t* bytes_ptr(const nb::bytes& b) { return reinterpret_cast<const uint8_t*>(b.c_str()); }
+
+// A 1-d NumPy array that owns `v`.
+template <class T>
+nb::ndarray<nb::numpy, T, nb::ndim<1>> numpy_1d(std::vector<T>&& v) {
+    auto* heap = new std::vector<T>(std::move(v));
+    nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+    return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
+}
+
+// Contiguous 1-d array of dtype `dtype` from any array-like (lists included), via NumPy.
+template <class T>
+nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu> as_array(nb::handle obj, const char* dtype,
+                                                                        const char* what) {
+    nb::module_ np = nb::module_::import_("numpy");
+    nb::object arr = np.attr("ascontiguousarray")(obj, nb::arg("dtype") = dtype);
+    if (nb::cast<int>(arr.attr("ndim")) != 1)
+        throw nb::value_error((std::string(what) + " must be one-dimensional").c_str());
+    return nb::cast<nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>>(arr);
+}
+
+// Pointers and lengths of a sequence of bytes objects; `keep` holds references to them so
+// they stay alive while the GIL is released.
+void collect_bytes(nb::handle seq, std::vector<nb::object>& keep, std::vector<const uint8_t*>& ptrs,
+                   std::vector<size_t>& lens, const char* what) {
+    nb::object fast = nb::steal(PySequence_Fast(seq.ptr(), "expected a sequence of bytes"));
+    if (!fast.is_valid()) throw nb::python_error();
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast.ptr());
+    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+    keep.reserve(keep.size() + n);
+    ptrs.reserve(ptrs.size() + n);
+    lens.reserve(lens.size() + n);
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        PyObject* it = items[k];
+        if (!PyBytes_Check(it))
+            throw nb::type_error((std::string(what) + "[" + std::to_string(k) + "] is not bytes").c_str());
+        keep.push_back(nb::borrow(it));
+        ptrs.push_back(reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(it)));
+        lens.push_back(static_cast<size_t>(PyBytes_GET_SIZE(it)));
+    }
+}
+
+nb::list bytes_list(const uint8_t* base, const std::vector<size_t>& ends) {
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(ends.size()));
+    if (!list) throw nb::python_error();
+    size_t b = 0;
+    for (size_t k = 0; k < ends.size(); ++k) {
+        PyObject* piece = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(base + b),
+                                                    static_cast<Py_ssize_t>(ends[k] - b));
+        if (!piece) {
+            Py_DECREF(list);
+            throw nb::python_error();
+        }
+        PyList_SET_ITEM(list, static_cast<Py_ssize_t>(k), piece);
+        b = ends[k];
+    }
+    return nb::steal<nb::list>(list);
+}
+
+// ---- split -------------------------------------------------------------------------------
+
+nb::list split_py(nb::bytes data, int pattern) {
+    check_pattern(pattern);
+    const uint8_t* p = bytes_ptr(data);
+    const size_t n = data.size();
+    std::vector<size_t> ends;
+    {
+        nb::gil_scoped_release release;
+        pretok::split_with(p, n, pattern, [&](size_t, size_t e) { ends.push_back(e); });
+    }
+    return bytes_list(p, ends);
+}
+
+// ---- PieceCounter ------------------------------------------------------------------------
+
+struct PieceCounter {
+    explicit PieceCounter(int pattern) : core((check_pattern(pattern), pattern)) {}
+    PieceCounterCore core;
+    std::mutex mu;  // the GIL is released while counting; serialize concurrent calls
+};
+
+void counter_add(PieceCounter& self, nb::bytes data) {
+    const uint8_t* p = bytes_ptr(data);
+    const size_t n = data.size();
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(self.mu);
+    self.core.add(p, n);
+}
+
+void counter_add_batch(PieceCounter& self, nb::handle docs) {
+    std::vector<nb::object> keep;
+    std::vector<const uint8_t*> ptrs;
+    std::vector<size_t> lens;
+    collect_bytes(docs, keep, ptrs, lens, "docs");
+    {
+        nb::gil_scoped_release release;
+        std::lock_guard<std::mutex> lock(self.mu);
+        for (size_t k = 0; k < ptrs.size(); ++k) self.core.add(ptrs[k], lens[k]);
+    }
+}
+
+void counter_add_counts(PieceCounter& self, nb::handle pieces, nb::handle counts_obj) {
+    std::vector<nb::object> keep;
+    std::vector<const uint8_t*> ptrs;
+    std::vector<size_t> lens;
+    collect_bytes(pieces, keep, ptrs, lens, "pieces");
+    auto counts = as_array<int64_t>(counts_obj, "int64", "counts");
+    if (counts.shape(0) != ptrs.size()) throw nb::value_error("pieces and counts must have the same length");
+    const int64_t* c = counts.data();
+    {
+        nb::gil_scoped_release release;
+        std::lock_guard<std::mutex> lock(self.mu);
+        for (size_t k = 0; k < ptrs.size(); ++k) self.core.add_count(ptrs[k], lens[k], c[k]);
+    }
+}
+
+nb::tuple counter_to_arrays(PieceCounter& self) {
+    std::vector<uint32_t> order;
+    std::vector<int64_t> counts;
+    {
+        nb::gil_scoped_release release;
+        std::lock_guard<std::mutex> lock(self.mu);
+        order = self.core.sorted_order();
+        counts.reserve(order.size());
+        for (uint32_t k : order) counts.push_back(self.core.map().entries()[k].value);
+    }
+    std::lock_guard<std::mutex> lock(self.mu);  // uncontended unless another thread adds
+    const auto& map = self.core.map();
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(order.size()));
+    if (!list) throw nb::python_error();
+    for (size_t i = 0; i < order.size(); ++i) {
+        const auto& e = map.entries()[order[i]];
+        PyObject* b = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(map.key_data(e)), e.len);
+        if (!b) {
+            Py_DECREF(list);
+            throw nb::python_error();
+        }
+        PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), b);
+    }
+    return nb::make_tuple(nb::steal<nb::list>(list), numpy_1d(std::move(counts)));
+}
+
+// ---- learn_merges ------------------------------------------------------------------------
+
+nb::ndarray<nb::numpy, int32_t, nb::ndim<2>> learn_merges_py(nb::handle pieces, nb::handle counts_obj,
+                                                             int64_t n_merges, int64_t min_frequency,
+                                                             nb::object progress) {
+    if (n_merges < 0) throw nb::value_error("n_merges must be >= 0");
+    TrainInput in;
+    {
+        std::vector<nb::object> keep;
+        std::vector<const uint8_t*> ptrs;
+        std::vector<size_t> lens;
+        collect_bytes(pieces, keep, ptrs, lens, "pieces");
+        auto counts = as_array<int64_t>(counts_obj, "int64", "counts");
+        if (counts.shape(0) != ptrs.size()) throw nb::value_error("pieces and counts must have the same length");
+        size_t total = 0;
+        for (size_t l : lens) total += l;
+        in.bytes.resize(total);
+        in.offsets.resize(ptrs.size() + 1);
+        size_t off = 0;
+        for (size_t k = 0; k < ptrs.size(); ++k) {
+            in.offsets[k] = off;
+            std::memcpy(in.bytes.data() + off, ptrs[k], lens[k]);
+            off += lens[k];
+        }
+        in.offsets[ptrs.size()] = off;
+        in.counts.assign(counts.data(), counts.data() + ptrs.size());
+    }
+    ProgressFn fn;
+    if (!progress.is_none()) {
+        fn = [&progress](size_t done, size_t total) {
+            nb::gil_scoped_acquire acquire;
+            progress(done, total);
+        };
+    }
+    std::vector<int32_t> rows;
+    {
+        nb::gil_scoped_release release;
+        try {
+            rows = learn_merges(in, static_cast<size_t>(n_merges), min_frequency, fn);
+        } catch (const std::invalid_argument& e) {
+            nb::gil_scoped_acquire acquire;
+            throw nb::value_error(e.what());
+        }
+    }
+    auto* heap = new std::vector<int32_t>(std::move(rows));
+    nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
+    return nb::ndarray<nb::numpy, int32_t, nb::ndim<2>>(heap->data(), {heap->size() / 3, size_t{3}}, owner);
+}
+
+// ---- Encoder -----------------------------------------------------------------------------
+
+struct Encoder {
+    std::unique_ptr<EncoderCore> core;
+};
+
+void encoder_init(Encoder* self, nb::handle tokens, nb::handle ranks_obj, int pattern) {
+    check_pattern(pattern);
+    std::vector<nb::object> keep;
+    std::vector<const uint8_t*> ptrs;
+    std::vector<size_t> lens;
+    collect_bytes(tokens, keep, ptrs, lens, "tokens");
+    auto ranks = as_array<uint32_t>(ranks_obj, "uint32", "ranks");
+    if (ranks.shape(0) != ptrs.size()) throw nb::value_error("tokens and ranks must have the same length");
+    std::vector<std::string> toks(ptrs.size());
+    for (size_t k = 0; k < ptrs.size(); ++k) toks[k].assign(reinterpret_cast<const char*>(ptrs[k]), lens[k]);
+    std::vector<uint32_t> rk(ranks.data(), ranks.data() + ptrs.size());
+    new (self) Encoder();
+    try {
+        nb::gil_scoped_release release;
+        self->core = std::make_unique<EncoderCore>(toks, rk, pattern);
+    } catch (const std::invalid_argument& e) {
+        self->~Encoder();
+        throw nb::value_error(e.what());
+    } catch (...) {
+        self->~Encoder();
+        throw;
+    }
+}
+
+nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::bytes data) {
+    const uint8_t* p = bytes_ptr(data);
+    const size_t n = data.size();
+    std::vector<uint32_t> out;
+    {
+        nb::gil_scoped_release release;
+        out.reserve(n / 4 + 16);
+        auto cache = self.core->acquire_cache();
+        self.core->encode(p, n, out, cache.get());
+        self.core->release_cache(std::move(cache));
+    }
+    return numpy_1d(std::move(out));
+}
+
+nb::tuple encoder_encode_batch(Encoder& self, nb::handle docs, int num_threads) {
+    std::vector<nb::object> keep;
+    std::vector<const uint8_t*> ptrs;
+    std::vector<size_t> lens;
+    collect_bytes(docs, keep, ptrs, lens, "docs");
+    std::vector<uint32_t> ids;
+    std::vector<uint64_t> offsets;
+    {
+        nb::gil_scoped_release release;
+        self.core->encode_batch(ptrs, lens, num_threads, ids, offsets);
+    }
+    return nb::make_tuple(numpy_1d(std::move(ids)), numpy_1d(std::move(offsets)));
+}
+
+nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode_piece(Encoder& self, nb::bytes piece) {
+    const uint8_t* p = bytes_ptr(piece);
+    const size_t n = piece.size();
+    std::vector<uint32_t> out;
+    {
+        nb::gil_scoped_release release;
+        self.core->encode_piece(p, n, out);
+    }
+    return numpy_1d(std::move(out));
+}
+
+nb::bytes encoder_decode(Encoder& self, nb::handle ids_obj) {
+    auto ids = as_array<uint32_t>(ids_obj, "uint32", "ids");
+    std::string out;
+    size_t bad = 0;
+    bool ok;
+    {
+        nb::gil_scoped_release release;
+        ok = self.core->decode(ids.data(), ids.shape(0), out, &bad);
+    }
+    if (!ok)
+        throw nb::value_error(("invalid token id " + std::to_string(ids.data()[bad]) + " at position " +
+                               std::to_string(bad) + " (vocab_size " + std::to_string(self.core->vocab_size()) +
+                               ")")
+                                  .c_str());
+    return nb::bytes(out.data(), out.size());
+}
+
+}  // namespace
+
 NB_MODULE(_tokcore, m) {
-    m.attr("CORE_VERSION") = "0";
+    m.doc() = "tokenmill compiled core: pre-tokenize, count, learn BPE merges, encode/decode.";
+    m.attr("CORE_VERSION") = "1";
+    nb::dict ids;
+    ids["gpt2"] = static_cast<int>(kGpt2);
+    ids["cl100k"] = static_cast<int>(kCl100k);
+    ids["o200k"] = static_cast<int>(kO200k);
+    m.attr("PATTERN_IDS") = ids;
+
+    m.def("split", &split_py, nb::arg("data"), nb::arg("pattern"),
+          "Pre-tokenization pieces of UTF-8 bytes (valid or not) with a pattern id.");
+
+    nb::class_<PieceCounter>(m, "PieceCounter", "Counts pre-tokenization pieces over documents.")
+        .def(nb::init<int>(), nb::arg("pattern"))
+        .def("add", &counter_add, nb::arg("data"), "Split one document and count its pieces (GIL released).")
+        .def("add_batch", &counter_add_batch, nb::arg("docs"), "add() for many documents (GIL released).")
+        .def("add_counts", &counter_add_counts, nb::arg("pieces"), nb::arg("counts"),
+             "Add counts for pieces (the reduce step).")
+        .def("__len__", [](PieceCounter& self) {
+            std::lock_guard<std::mutex> lock(self.mu);
+            return self.core.size();
+        })
+        .def_prop_ro("total", [](PieceCounter& self) {
+            std::lock_guard<std::mutex> lock(self.mu);
+            return self.core.total();
+        }, "Sum of all counts.")
+        .def("to_arrays", &counter_to_arrays,
+             "(pieces, counts): pieces sorted by bytes ascending, counts as int64.");
+
+    m.def("learn_merges", &learn_merges_py, nb::arg("pieces"), nb::arg("counts"), nb::arg("n_merges"),
+          nb::arg("min_frequency") = 1, nb::arg("progress") = nb::none(),
+          "BPE merges (left_id, right_id, merged_id) as an int32 array of shape (m, 3); "
+          "equal to bpe_reference.learn_merges(dict(zip(pieces, counts)), ...).");
+
+    nb::class_<Encoder>(m, "Encoder", "tiktoken-style BPE encoder over a split pattern.")
+        .def("__init__", &encoder_init, nb::arg("tokens"), nb::arg("ranks"), nb::arg("pattern"))
+        .def("encode_ordinary", &encoder_encode, nb::arg("data"), "Encode bytes (no special tokens).")
+        .def("encode_ordinary_batch", &encoder_encode_batch, nb::arg("docs"), nb::arg("num_threads") = 0,
+             "Encode documents on threads: (ids uint32, offsets uint64 of len(docs) + 1).")
+        .def("encode_piece", &encoder_encode_piece, nb::arg("piece"), "BPE of one piece (no splitting).")
+        .def("decode", &encoder_decode, nb::arg("ids"), "Bytes of the ids; ValueError on an unknown id.")
+        .def_prop_ro("vocab_size", [](Encoder& self) { return self.core->vocab_size(); });
 }

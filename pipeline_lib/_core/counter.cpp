@@ -1,0 +1,40 @@
+#include "counter.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "pretokenize.h"
+
+namespace tokcore {
+
+PieceCounterCore::PieceCounterCore(int pattern) : pattern_(pattern), map_(1 << 12) {}
+
+void PieceCounterCore::add(const uint8_t* data, size_t n) {
+    int64_t pieces = 0;
+    pretok::split_with(data, n, pattern_, [&](size_t b, size_t e) {
+        ++map_.get_or_insert(data + b, e - b, int64_t{0});
+        ++pieces;
+    });
+    total_ += pieces;
+}
+
+void PieceCounterCore::add_count(const uint8_t* piece, size_t n, int64_t count) {
+    map_.get_or_insert(piece, n, int64_t{0}) += count;
+    total_ += count;
+}
+
+std::vector<uint32_t> PieceCounterCore::sorted_order() const {
+    const auto& es = map_.entries();
+    std::vector<uint32_t> order(es.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<uint32_t>(k);
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        const auto& ea = es[a];
+        const auto& eb = es[b];
+        const size_t m = std::min(ea.len, eb.len);
+        const int c = m ? std::memcmp(map_.key_data(ea), map_.key_data(eb), m) : 0;
+        return c != 0 ? c < 0 : ea.len < eb.len;
+    });
+    return order;
+}
+
+}  // namespace tokcore

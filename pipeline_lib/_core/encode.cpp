@@ -1,0 +1,313 @@
+#include "encode.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <stdexcept>
+#include <thread>
+
+#include "pretokenize.h"
+
+namespace tokcore {
+
+namespace {
+// Pieces up to this many bytes use the simple O(n^2) array merge (tiktoken's shape, fast for
+// short pieces); longer ones a linked list + min-heap, O(n log n).
+constexpr size_t kSmallPiece = 128;
+}  // namespace
+
+EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks,
+                         int pattern)
+    : pattern_(pattern), vocab_(tokens.size() + 16) {
+    if (tokens.size() != ranks.size())
+        throw std::invalid_argument("tokens and ranks must have the same length");
+    uint32_t max_rank = 0;
+    for (uint32_t r : ranks) {
+        if (r == kNone) throw std::invalid_argument("rank 4294967295 is reserved");
+        max_rank = std::max(max_rank, r);
+    }
+    vocab_size_ = tokens.empty() ? 0 : static_cast<size_t>(max_rank) + 1;
+    tok_off_.assign(vocab_size_, 0);
+    tok_len_.assign(vocab_size_, kNone);
+    size_t total = 0;
+    for (const auto& t : tokens) total += t.size();
+    tok_bytes_.reserve(total);
+
+    for (size_t k = 0; k < tokens.size(); ++k) {
+        const std::string& t = tokens[k];
+        const uint32_t r = ranks[k];
+        if (t.empty()) throw std::invalid_argument("empty token in the vocabulary");
+        if (tok_len_[r] != kNone)
+            throw std::invalid_argument("rank " + std::to_string(r) + " is given to two tokens");
+        bool inserted = false;
+        vocab_.get_or_insert(reinterpret_cast<const uint8_t*>(t.data()), t.size(), r, &inserted);
+        if (!inserted) throw std::invalid_argument("duplicate token bytes in the vocabulary");
+        tok_off_[r] = tok_bytes_.size();
+        tok_len_[r] = static_cast<uint32_t>(t.size());
+        tok_bytes_ += t;
+    }
+    for (int b = 0; b < 256; ++b) {
+        const uint8_t byte = static_cast<uint8_t>(b);
+        const uint32_t* r = vocab_.find(&byte, 1);
+        if (!r) throw std::invalid_argument("single byte " + std::to_string(b) + " is not in the vocabulary");
+        byte_rank_[b] = *r;
+    }
+
+    // (left, right) -> merged for every token and split point where both halves are tokens.
+    size_t n_pairs_guess = 0;
+    for (const auto& t : tokens) n_pairs_guess += t.size() > 1 ? 2 : 0;
+    pairs_.reset(n_pairs_guess);
+    for (size_t k = 0; k < tokens.size(); ++k) {
+        const auto* p = reinterpret_cast<const uint8_t*>(tokens[k].data());
+        const size_t n = tokens[k].size();
+        for (size_t cut = 1; cut < n; ++cut) {
+            const uint32_t* l = vocab_.find(p, cut);
+            if (!l) continue;
+            const uint32_t* r = vocab_.find(p + cut, n - cut);
+            if (!r) continue;
+            pairs_.get_or_insert((static_cast<uint64_t>(*l) << 32) | *r, ranks[k]);
+        }
+    }
+}
+
+void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
+    if (n == 0) return;
+    if (n == 1) {
+        out.push_back(byte_rank_[p[0]]);
+        return;
+    }
+    if (n <= kSmallPiece)
+        bpe_small(p, n, out);
+    else
+        bpe_large(p, n, out);
+}
+
+void EncoderCore::bpe_small(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
+    uint32_t tok[kSmallPiece];
+    uint32_t rk[kSmallPiece];  // rk[k]: rank of merging tok[k] with tok[k + 1], kNone if none
+    size_t m = n;
+    for (size_t k = 0; k < n; ++k) tok[k] = byte_rank_[p[k]];
+    for (size_t k = 0; k + 1 < m; ++k) rk[k] = merged(tok[k], tok[k + 1]);
+    while (m > 1) {
+        uint32_t best = kNone;
+        size_t at = 0;
+        for (size_t k = 0; k + 1 < m; ++k) {
+            if (rk[k] < best) {
+                best = rk[k];
+                at = k;
+            }
+        }
+        if (best == kNone) break;
+        tok[at] = best;
+        // drop element at + 1; rk[at + 1 ..] shift down with it
+        const size_t tail = m - at - 2;
+        std::memmove(tok + at + 1, tok + at + 2, tail * sizeof(uint32_t));
+        std::memmove(rk + at + 1, rk + at + 2, tail * sizeof(uint32_t));
+        --m;
+        if (at + 1 < m) rk[at] = merged(tok[at], tok[at + 1]);
+        if (at > 0) rk[at - 1] = merged(tok[at - 1], tok[at]);
+    }
+    out.insert(out.end(), tok, tok + m);
+}
+
+void EncoderCore::bpe_large(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
+    // Nodes are the original byte positions; a merged node keeps its left position, so list
+    // order is position order and (rank, position) orders candidates "lowest rank, leftmost".
+    // A heap entry (rank, k) is live iff rk[k] == rank (dead nodes have rk = kNone).
+    const uint32_t end = static_cast<uint32_t>(n);
+    std::vector<uint32_t> tok(n), nxt(n), prv(n), rk(n);
+    std::vector<uint64_t> heap;
+    heap.reserve(n);
+    for (size_t k = 0; k < n; ++k) {
+        tok[k] = byte_rank_[p[k]];
+        nxt[k] = static_cast<uint32_t>(k + 1);
+        prv[k] = k == 0 ? kNone : static_cast<uint32_t>(k - 1);
+    }
+    for (size_t k = 0; k < n; ++k) {
+        rk[k] = k + 1 < n ? merged(tok[k], tok[k + 1]) : kNone;
+        if (rk[k] != kNone) heap.push_back((static_cast<uint64_t>(rk[k]) << 32) | k);
+    }
+    const auto cmp = std::greater<uint64_t>();
+    std::make_heap(heap.begin(), heap.end(), cmp);
+    while (!heap.empty()) {
+        const uint64_t top = heap.front();
+        std::pop_heap(heap.begin(), heap.end(), cmp);
+        heap.pop_back();
+        const uint32_t r = static_cast<uint32_t>(top >> 32);
+        const uint32_t k = static_cast<uint32_t>(top);
+        if (rk[k] != r) continue;  // stale
+        const uint32_t j = nxt[k];
+        tok[k] = r;
+        rk[j] = kNone;
+        nxt[k] = nxt[j];
+        if (nxt[k] != end) prv[nxt[k]] = k;
+        rk[k] = nxt[k] != end ? merged(tok[k], tok[nxt[k]]) : kNone;
+        if (rk[k] != kNone) {
+            heap.push_back((static_cast<uint64_t>(rk[k]) << 32) | k);
+            std::push_heap(heap.begin(), heap.end(), cmp);
+        }
+        const uint32_t pk = prv[k];
+        if (pk != kNone) {
+            rk[pk] = merged(tok[pk], tok[k]);
+            if (rk[pk] != kNone) {
+                heap.push_back((static_cast<uint64_t>(rk[pk]) << 32) | pk);
+                std::push_heap(heap.begin(), heap.end(), cmp);
+            }
+        }
+    }
+    for (uint32_t k = 0; k != end; k = nxt[k]) out.push_back(tok[k]);
+}
+
+void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out) const {
+    if (n == 0) return;
+    if (const uint32_t* r = vocab_.find(piece, n)) {
+        out.push_back(*r);
+        return;
+    }
+    bpe(piece, n, out);
+}
+
+void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const {
+    pretok::split_with(data, n, pattern_, [&](size_t b, size_t e) {
+        const uint8_t* p = data + b;
+        const size_t len = e - b;
+        if (len == 1) {
+            out.push_back(byte_rank_[*p]);
+            return;
+        }
+        const uint64_t h = hash_bytes(p, len);
+        if (const uint32_t* r = vocab_.find(p, len, h)) {
+            out.push_back(*r);
+            return;
+        }
+        if (cache == nullptr || len > PieceCache::kMaxPieceBytes) {
+            bpe(p, len, out);
+            return;
+        }
+        if (const PieceCache::Span* s = cache->map.find(p, len, h)) {
+            out.insert(out.end(), cache->ids.begin() + s->off, cache->ids.begin() + s->off + s->len);
+            return;
+        }
+        const size_t before = out.size();
+        bpe(p, len, out);
+        if (cache->map.size() >= PieceCache::kMaxEntries || cache->ids.size() >= PieceCache::kMaxIds)
+            cache->clear();
+        const PieceCache::Span span{static_cast<uint32_t>(cache->ids.size()),
+                                    static_cast<uint32_t>(out.size() - before)};
+        cache->ids.insert(cache->ids.end(), out.begin() + before, out.end());
+        cache->map.get_or_insert(p, len, h, span);
+    });
+}
+
+void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
+                               int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets) {
+    const size_t nd = docs.size();
+    offsets.assign(nd + 1, 0);
+    ids.clear();
+    if (nd == 0) return;
+
+    // Chunks of consecutive documents of about kChunkBytes each, handed out dynamically.
+    constexpr size_t kChunkBytes = size_t{1} << 18;
+    std::vector<size_t> chunk_start{0};
+    size_t acc = 0;
+    for (size_t d = 0; d < nd; ++d) {
+        acc += lens[d] + 16;
+        if (acc >= kChunkBytes && d + 1 < nd) {
+            chunk_start.push_back(d + 1);
+            acc = 0;
+        }
+    }
+    chunk_start.push_back(nd);
+    const size_t nchunks = chunk_start.size() - 1;
+
+    size_t nt = num_threads > 0 ? static_cast<size_t>(num_threads)
+                                : std::max<size_t>(1, std::thread::hardware_concurrency());
+    nt = std::min(nt, nchunks);
+
+    std::vector<std::vector<uint32_t>> chunk_ids(nchunks);
+    std::vector<uint64_t> doc_count(nd, 0);
+    std::atomic<size_t> next{0};
+    std::exception_ptr error;
+    std::mutex error_mu;
+
+    auto worker = [&]() {
+        std::unique_ptr<PieceCache> cache;
+        try {
+            cache = acquire_cache();
+            for (size_t c; (c = next.fetch_add(1)) < nchunks;) {
+                std::vector<uint32_t>& out = chunk_ids[c];
+                for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) {
+                    const size_t before = out.size();
+                    encode(docs[d], lens[d], out, cache.get());
+                    doc_count[d] = out.size() - before;
+                }
+            }
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(error_mu);
+            if (!error) error = std::current_exception();
+            next.store(nchunks);
+        }
+        if (cache) release_cache(std::move(cache));
+    };
+
+    if (nt <= 1) {
+        worker();
+    } else {
+        std::vector<std::thread> threads;
+        threads.reserve(nt - 1);
+        for (size_t t = 0; t + 1 < nt; ++t) threads.emplace_back(worker);
+        worker();
+        for (auto& th : threads) th.join();
+    }
+    if (error) std::rethrow_exception(error);
+
+    size_t total = 0;
+    for (const auto& v : chunk_ids) total += v.size();
+    ids.reserve(total);
+    for (auto& v : chunk_ids) {
+        ids.insert(ids.end(), v.begin(), v.end());
+        std::vector<uint32_t>().swap(v);
+    }
+    for (size_t d = 0; d < nd; ++d) offsets[d + 1] = offsets[d] + doc_count[d];
+}
+
+bool EncoderCore::decode(const uint32_t* ids, size_t m, std::string& out, size_t* bad_index) const {
+    size_t total = 0;
+    for (size_t k = 0; k < m; ++k) {
+        const uint32_t id = ids[k];
+        if (id >= vocab_size_ || tok_len_[id] == kNone) {
+            *bad_index = k;
+            return false;
+        }
+        total += tok_len_[id];
+    }
+    out.resize(total);
+    char* dst = out.data();
+    for (size_t k = 0; k < m; ++k) {
+        const uint32_t len = tok_len_[ids[k]];
+        std::memcpy(dst, tok_bytes_.data() + tok_off_[ids[k]], len);
+        dst += len;
+    }
+    return true;
+}
+
+std::unique_ptr<PieceCache> EncoderCore::acquire_cache() {
+    {
+        std::lock_guard<std::mutex> lock(pool_mu_);
+        if (!pool_.empty()) {
+            auto c = std::move(pool_.back());
+            pool_.pop_back();
+            return c;
+        }
+    }
+    return std::make_unique<PieceCache>();
+}
+
+void EncoderCore::release_cache(std::unique_ptr<PieceCache> cache) {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (pool_.size() < 64) pool_.push_back(std::move(cache));
+}
+
+}  // namespace tokcore

@@ -1,0 +1,91 @@
+// Encoder: split text with a pattern, then byte-pair-encode each piece with a tiktoken-style
+// vocabulary (token bytes -> rank, where the rank is also the token id).
+//
+// Per piece, exactly as bpe_reference.bpe_piece / tiktoken:
+//   1. the whole piece is a token -> that token;
+//   2. otherwise start from single bytes and repeatedly merge the adjacent pair whose
+//      concatenation has the lowest rank (leftmost on ties) until no adjacent pair is a token.
+// Parts are always tokens, so step 2 runs on ids with a (left id, right id) -> merged id map,
+// built from the vocabulary by trying every split point of every token.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "hashing.h"
+
+namespace tokcore {
+
+// Bounded cache of piece -> ids for pieces that are not a single token.
+struct PieceCache {
+    struct Span {
+        uint32_t off;
+        uint32_t len;
+    };
+    BytesMap<Span> map{1 << 12};
+    std::vector<uint32_t> ids;
+
+    static constexpr size_t kMaxEntries = size_t{1} << 16;
+    static constexpr size_t kMaxIds = size_t{1} << 21;
+    static constexpr size_t kMaxPieceBytes = 256;
+
+    void clear() {
+        map.reset(1 << 12);
+        ids.clear();
+    }
+};
+
+class EncoderCore {
+public:
+    static constexpr uint32_t kNone = 0xFFFFFFFFu;
+
+    // tokens[k] (bytes) has rank ranks[k]. Throws std::invalid_argument on a malformed
+    // vocabulary (duplicate bytes or ranks, empty token, missing single byte).
+    EncoderCore(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks, int pattern);
+
+    int pattern() const { return pattern_; }
+    size_t vocab_size() const { return vocab_size_; }
+
+    // Append the ids of `data` (split + BPE) to `out`.
+    void encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const;
+    // Append the ids of a single piece (whole-piece lookup, then BPE; no splitting).
+    void encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out) const;
+    // Encode many documents with `num_threads` threads (0 = hardware concurrency).
+    // ids are concatenated in document order; offsets has docs+1 cumulative entries.
+    void encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
+                      int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets);
+
+    // Bytes of the ids; returns false and the index of the first unknown id on failure.
+    bool decode(const uint32_t* ids, size_t m, std::string& out, size_t* bad_index) const;
+
+    // Piece caches are pooled so that concurrent callers never share one.
+    std::unique_ptr<PieceCache> acquire_cache();
+    void release_cache(std::unique_ptr<PieceCache> cache);
+
+private:
+    void bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
+    void bpe_small(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
+    void bpe_large(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
+    uint32_t merged(uint32_t left, uint32_t right) const {
+        const uint32_t* v = pairs_.find((static_cast<uint64_t>(left) << 32) | right);
+        return v ? *v : kNone;
+    }
+
+    int pattern_;
+    size_t vocab_size_ = 0;
+    BytesMap<uint32_t> vocab_;           // token bytes -> rank
+    U64Map<uint32_t> pairs_;             // (left << 32 | right) -> merged rank
+    std::vector<uint64_t> tok_off_;      // by rank: offset into tok_bytes_
+    std::vector<uint32_t> tok_len_;      // by rank: length, kNone = no such token
+    std::string tok_bytes_;
+    uint32_t byte_rank_[256];
+
+    std::mutex pool_mu_;
+    std::vector<std::unique_ptr<PieceCache>> pool_;
+};
+
+}  // namespace tokcore

@@ -1,0 +1,294 @@
+// Hand-written pre-tokenizers for the three split patterns of pipeline_lib/patterns.py.
+//
+// Each `*_piece(s, n, i)` returns the end of the regex match that starts at byte i, i.e.
+// what `regex.findall` would produce there. None of the patterns can fail to match a
+// non-empty remainder, so the pieces tile the input. Every decision below is annotated
+// with the alternative of the pattern it implements; comments use
+//   L = \p{L}, N = \p{N}, S = \s, "other" = [^\s\p{L}\p{N}]
+//   Up = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], Lo = [\p{Ll}\p{Lm}\p{Lo}\p{M}]   (o200k)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "unicode.h"
+
+namespace tokcore {
+
+enum PatternId : int { kGpt2 = 0, kCl100k = 1, kO200k = 2 };
+constexpr int kNumPatterns = 3;
+
+namespace pretok {
+
+constexpr size_t npos = static_cast<size_t>(-1);
+
+inline bool is_other(uint8_t f) { return (f & (kFlagL | kFlagN | kFlagS)) == 0; }
+inline bool is_crlf(uint32_t cp) { return cp == '\r' || cp == '\n'; }
+
+// End of the maximal run, starting at i, of characters whose flags have any bit of `mask`.
+inline size_t run_any(const uint8_t* s, size_t n, size_t i, uint8_t mask) {
+    while (i < n) {
+        const uint8_t b = s[i];
+        if (b < 0x80) {
+            if (!(ascii_flags(b) & mask)) break;
+            ++i;
+        } else {
+            const Char c = decode_multibyte(s, n, i);
+            if (!(c.flags & mask)) break;
+            i += c.len;
+        }
+    }
+    return i;
+}
+
+// End of the maximal run of "other" characters ([^\s\p{L}\p{N}]) starting at i.
+inline size_t run_other(const uint8_t* s, size_t n, size_t i) {
+    while (i < n) {
+        const Char c = char_at(s, n, i);
+        if (!is_other(c.flags)) break;
+        i += c.len;
+    }
+    return i;
+}
+
+// A maximal run of whitespace starting at i (s[i] is whitespace).
+struct WsRun {
+    size_t end;         // first byte after the run
+    size_t last_start;  // start of the run's last character
+    size_t crlf_end;    // end of the run's last \r or \n, or npos
+    bool multi;         // run has at least two characters
+};
+
+inline WsRun ws_run(const uint8_t* s, size_t n, size_t i) {
+    WsRun r{i, i, npos, false};
+    size_t count = 0;
+    while (i < n) {
+        const Char c = char_at(s, n, i);
+        if (!(c.flags & kFlagS)) break;
+        if (is_crlf(c.cp)) r.crlf_end = i + 1;
+        r.last_start = i;
+        i += c.len;
+        ++count;
+    }
+    r.end = i;
+    r.multi = count >= 2;
+    return r;
+}
+
+// Case-insensitive contraction after an apostrophe at s[i]:
+// '(?i:[sdmt]|ll|ve|re) -- the same set as o200k's (?i:'s|'t|'re|'ve|'m|'ll|'d).
+// Returns the end of the match or npos.
+inline size_t contraction_ci(const uint8_t* s, size_t n, size_t i) {
+    if (i >= n || s[i] != '\'' || i + 1 >= n) return npos;
+    const Char d = char_at(s, n, i + 1);
+    const char x = contraction_letter(d);
+    if (x == 0) return npos;
+    const size_t j = i + 1 + d.len;
+    if (x == 's' || x == 'd' || x == 'm' || x == 't') return j;
+    if (j >= n) return npos;
+    const char y = contraction_letter(char_at(s, n, j));
+    if ((x == 'l' && y == 'l') || (x == 'v' && y == 'e') || (x == 'r' && y == 'e'))
+        return j + char_at(s, n, j).len;
+    return npos;
+}
+
+// Whitespace alternatives shared by GPT-2 and cl100k (cl100k adds \s*[\r\n]):
+//   \s++$        the run reaches the end of the text: take all of it
+//   \s*[\r\n]    (cl100k only) up to and including the run's last \r or \n
+//   \s+(?!\S)    a run of >= 2 characters gives back its last one
+//   \s           otherwise a single character
+inline size_t whitespace_piece(const uint8_t* s, size_t n, size_t i, bool crlf_alt) {
+    const WsRun r = ws_run(s, n, i);
+    if (r.end == n) return n;
+    if (crlf_alt && r.crlf_end != npos) return r.crlf_end;
+    if (r.multi) return r.last_start;
+    return r.end;
+}
+
+// GPT-2:  '(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s
+inline size_t gpt2_piece(const uint8_t* s, size_t n, size_t i) {
+    // '(?:[sdmt]|ll|ve|re) -- case-sensitive, ASCII only
+    if (s[i] == '\'' && i + 1 < n) {
+        const uint8_t b = s[i + 1];
+        if (b == 's' || b == 'd' || b == 'm' || b == 't') return i + 2;
+        if (i + 2 < n) {
+            const uint8_t b2 = s[i + 2];
+            if ((b == 'l' && b2 == 'l') || (b == 'v' && b2 == 'e') || (b == 'r' && b2 == 'e')) return i + 3;
+        }
+    }
+    Char c = char_at(s, n, i);
+    size_t j = i;
+    // " ?" -- a space joins a following letter / number / other run
+    if (c.cp == ' ' && i + 1 < n) {
+        const Char d = char_at(s, n, i + 1);
+        if (!(d.flags & kFlagS)) {
+            c = d;
+            j = i + 1;
+        }
+    }
+    if (c.flags & kFlagL) return run_any(s, n, j + c.len, kFlagL);  //  ?\p{L}++
+    if (c.flags & kFlagN) return run_any(s, n, j + c.len, kFlagN);  //  ?\p{N}++
+    if (!(c.flags & kFlagS)) return run_other(s, n, j + c.len);     //  ?[^\s\p{L}\p{N}]++
+    return whitespace_piece(s, n, i, false);
+}
+
+// cl100k:  '(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+
+//          | ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s
+inline size_t cl100k_piece(const uint8_t* s, size_t n, size_t i) {
+    if (s[i] == '\'') {
+        const size_t e = contraction_ci(s, n, i);
+        if (e != npos) return e;
+    }
+    const Char c = char_at(s, n, i);
+    // [^\r\n\p{L}\p{N}]?+\p{L}++
+    if (c.flags & kFlagL) return run_any(s, n, i + c.len, kFlagL);
+    if (!(c.flags & kFlagN) && !is_crlf(c.cp) && i + c.len < n) {
+        const Char d = char_at(s, n, i + c.len);
+        if (d.flags & kFlagL) return run_any(s, n, i + c.len + d.len, kFlagL);
+    }
+    // \p{N}{1,3}+
+    if (c.flags & kFlagN) {
+        size_t j = i + c.len;
+        for (int k = 1; k < 3 && j < n; ++k) {
+            const Char d = char_at(s, n, j);
+            if (!(d.flags & kFlagN)) break;
+            j += d.len;
+        }
+        return j;
+    }
+    //  ?[^\s\p{L}\p{N}]++[\r\n]*+
+    {
+        Char e = c;
+        size_t j = i;
+        if (c.cp == ' ' && i + 1 < n) {
+            const Char d = char_at(s, n, i + 1);
+            if (is_other(d.flags)) {
+                e = d;
+                j = i + 1;
+            }
+        }
+        if (is_other(e.flags)) {
+            size_t k = run_other(s, n, j + e.len);
+            while (k < n && (s[k] == '\r' || s[k] == '\n')) ++k;
+            return k;
+        }
+    }
+    return whitespace_piece(s, n, i, true);
+}
+
+// o200k contraction suffix (?i:'s|'t|'re|'ve|'m|'ll|'d)? at position r.
+inline size_t o200k_suffix(const uint8_t* s, size_t n, size_t r) {
+    const size_t e = contraction_ci(s, n, r);
+    return e == npos ? r : e;
+}
+
+// [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:...)? at p, with backtracking:
+// Up* takes its maximal run [p, q); if the next character is Lo, Lo+ runs on from there.
+// Otherwise Up* gives characters back until one that is also Lo (Lm/Lo/M) can be Lo+'s
+// single character: the last Lo-class character of the run.
+inline size_t o200k_letters_lower(const uint8_t* s, size_t n, size_t p) {
+    size_t q = p, last_lo_end = npos;
+    while (q < n) {
+        const Char d = char_at(s, n, q);
+        if (!(d.flags & kFlagUp)) break;
+        q += d.len;
+        if (d.flags & kFlagLo) last_lo_end = q;
+    }
+    if (q < n) {
+        const Char d = char_at(s, n, q);
+        if (d.flags & kFlagLo) return o200k_suffix(s, n, run_any(s, n, q + d.len, kFlagLo));
+    }
+    if (last_lo_end != npos) return o200k_suffix(s, n, last_lo_end);
+    return npos;
+}
+
+// [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:...)? at p.
+inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
+    if (p >= n) return npos;
+    const Char d = char_at(s, n, p);
+    if (!(d.flags & kFlagUp)) return npos;
+    const size_t q = run_any(s, n, p + d.len, kFlagUp);
+    return o200k_suffix(s, n, run_any(s, n, q, kFlagLo));
+}
+
+// o200k (no possessive quantifiers; the regex backtracks):
+//   [^\r\n\p{L}\p{N}]?[Up]*[Lo]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?
+//  |[^\r\n\p{L}\p{N}]?[Up]+[Lo]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?
+//  |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+inline size_t o200k_piece(const uint8_t* s, size_t n, size_t i) {
+    const Char c = char_at(s, n, i);
+    // The optional prefix is tried first (greedy), then without it.
+    const bool prefix = !(c.flags & (kFlagL | kFlagN)) && !is_crlf(c.cp);
+    const bool lettery = (c.flags & (kFlagUp | kFlagLo)) != 0;
+    size_t r;
+    if (prefix && i + c.len < n && (r = o200k_letters_lower(s, n, i + c.len)) != npos) return r;
+    if (lettery && (r = o200k_letters_lower(s, n, i)) != npos) return r;
+    if (prefix && i + c.len < n && (r = o200k_letters_upper(s, n, i + c.len)) != npos) return r;
+    if (lettery && (r = o200k_letters_upper(s, n, i)) != npos) return r;
+    // \p{N}{1,3}
+    if (c.flags & kFlagN) {
+        size_t j = i + c.len;
+        for (int k = 1; k < 3 && j < n; ++k) {
+            const Char d = char_at(s, n, j);
+            if (!(d.flags & kFlagN)) break;
+            j += d.len;
+        }
+        return j;
+    }
+    //  ?[^\s\p{L}\p{N}]+[\r\n/]*
+    {
+        Char e = c;
+        size_t j = i;
+        if (c.cp == ' ' && i + 1 < n) {
+            const Char d = char_at(s, n, i + 1);
+            if (is_other(d.flags)) {
+                e = d;
+                j = i + 1;
+            }
+        }
+        if (is_other(e.flags)) {
+            size_t k = run_other(s, n, j + e.len);
+            while (k < n && (s[k] == '\r' || s[k] == '\n' || s[k] == '/')) ++k;
+            return k;
+        }
+    }
+    // \s*[\r\n]+ : \s* backs off to the run's last \r/\n, [\r\n]+ takes just that one.
+    // \s+(?!\S) : the whole run at the end of text, else all but its last character.
+    // \s+       : a single whitespace character followed by non-space.
+    const WsRun w = ws_run(s, n, i);
+    if (w.crlf_end != npos) return w.crlf_end;
+    if (w.end == n) return n;
+    if (w.multi) return w.last_start;
+    return w.end;
+}
+
+template <class Emit>
+inline void split_with(const uint8_t* s, size_t n, int pattern, Emit&& emit) {
+    size_t i = 0;
+    switch (pattern) {
+        case kGpt2:
+            while (i < n) {
+                const size_t e = gpt2_piece(s, n, i);
+                emit(i, e);
+                i = e;
+            }
+            break;
+        case kCl100k:
+            while (i < n) {
+                const size_t e = cl100k_piece(s, n, i);
+                emit(i, e);
+                i = e;
+            }
+            break;
+        default:
+            while (i < n) {
+                const size_t e = o200k_piece(s, n, i);
+                emit(i, e);
+                i = e;
+            }
+            break;
+    }
+}
+
+}  // namespace pretok
+}  // namespace tokcore

@@ -1,0 +1,277 @@
+// learn_merges, the fast way, with the reference's exact rules:
+//
+// * words: the distinct pieces as flat int32 id arrays (merged in place), with counts;
+// * pair stats: (left << 32 | right) -> PairInfo {weighted count, occurrences, words};
+//   counted once up front, then updated incrementally: a merge touches only the words on
+//   the merged pair's word list (a list that may hold stale or repeated entries; they are
+//   skipped when used);
+// * selection: a max-heap of (count, pair) ordered by count, ties by the smallest
+//   (left bytes, right bytes). Entries are refreshed lazily: a popped entry whose count is
+//   out of date is dropped (and re-pushed with the current count if that is lower; any
+//   pair whose count grows gets a fresh entry when it grows), so the first up-to-date entry
+//   popped is the reference's `min(stats, key=(-count, left bytes, right bytes))`.
+// * a pair whose merged bytes already are a token reuses that token's id.
+//
+// "Occurrences" are tracked next to the weighted count so that a pair that only occurs in
+// pieces of count 0 still exists for the reference (stats[pair] == 0 is a candidate).
+#include "train.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "hashing.h"
+
+namespace tokcore {
+
+namespace {
+
+struct PairInfo {
+    int64_t count = 0;  // sum of word counts over occurrences
+    int64_t occ = 0;    // number of occurrences
+    int32_t left = 0, right = 0;
+    uint32_t touched = 0xFFFFFFFFu;  // merge step that last increased it
+    std::vector<uint32_t> words;     // words that contain / contained it
+};
+
+struct HeapEntry {
+    int64_t count;
+    uint32_t pair;
+};
+
+class Trainer {
+public:
+    Trainer(const TrainInput& in, int64_t min_frequency) : min_frequency_(min_frequency) {
+        tokens_.reserve(256 + 1024);
+        for (int b = 0; b < 256; ++b) {
+            tokens_.emplace_back(1, static_cast<char>(b));
+            const uint8_t byte = static_cast<uint8_t>(b);
+            id_of_.get_or_insert(&byte, 1, b);
+        }
+        build_words(in);
+        count_pairs();
+    }
+
+    std::vector<int32_t> run(size_t n_merges, const ProgressFn& progress, size_t every) {
+        std::vector<int32_t> out;
+        out.reserve(std::min<size_t>(n_merges, 1 << 20) * 3);
+        size_t done = 0, reported = 0;
+        while (done < n_merges) {
+            const int64_t best = select();
+            if (best < 0) break;
+            if (pairs_[best].count < min_frequency_) break;
+            const uint32_t pi = static_cast<uint32_t>(best);
+            const int32_t a = pairs_[pi].left, b = pairs_[pi].right;
+            const int32_t x = token_for(a, b);
+            out.push_back(a);
+            out.push_back(b);
+            out.push_back(x);
+            apply(pi, a, b, x, static_cast<uint32_t>(done));
+            ++done;
+            if (progress && every && done % every == 0) {
+                progress(done, n_merges);
+                reported = done;
+            }
+        }
+        if (progress && reported != done) progress(done, n_merges);
+        return out;
+    }
+
+private:
+    // ---- setup -----------------------------------------------------------------------
+    void build_words(const TrainInput& in) {
+        const size_t np = in.counts.size();
+        BytesMap<uint32_t> seen(np / 2 + 16);
+        for (size_t k = 0; k < np; ++k) {
+            if (in.counts[k] < 0) throw std::invalid_argument("counts must be >= 0");
+            const uint64_t b = in.offsets[k], e = in.offsets[k + 1];
+            if (e - b < 2) continue;  // no pairs
+            bool inserted = false;
+            uint32_t& w = seen.get_or_insert(in.bytes.data() + b, e - b,
+                                             static_cast<uint32_t>(freq_.size()), &inserted);
+            if (!inserted) {  // duplicate piece: the last count wins
+                freq_[w] = in.counts[k];
+                continue;
+            }
+            start_.push_back(sym_.size());
+            len_.push_back(static_cast<uint32_t>(e - b));
+            freq_.push_back(in.counts[k]);
+            for (uint64_t i = b; i < e; ++i) sym_.push_back(in.bytes[i]);
+        }
+        stamp_.assign(freq_.size(), 0xFFFFFFFFu);
+    }
+
+    void count_pairs() {
+        pair_index_.reset(freq_.size() + 1024);
+        for (uint32_t w = 0; w < freq_.size(); ++w) {
+            const int32_t* s = sym_.data() + start_[w];
+            for (uint32_t i = 0; i + 1 < len_[w]; ++i) add(s[i], s[i + 1], w, freq_[w], 0xFFFFFFFEu);
+        }
+        heap_.reserve(pairs_.size());
+        for (uint32_t p = 0; p < pairs_.size(); ++p)
+            if (pairs_[p].occ > 0) heap_.push_back({pairs_[p].count, p});
+        std::make_heap(heap_.begin(), heap_.end(), Lower{this});
+    }
+
+    // ---- pair bookkeeping ------------------------------------------------------------
+    uint32_t pair_id(int32_t l, int32_t r) {
+        bool inserted = false;
+        const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(r);
+        uint32_t& idx = pair_index_.get_or_insert(key, static_cast<uint32_t>(pairs_.size()), &inserted);
+        if (inserted) {
+            pairs_.emplace_back();
+            pairs_.back().left = l;
+            pairs_.back().right = r;
+        }
+        return idx;
+    }
+
+    void add(int32_t l, int32_t r, uint32_t w, int64_t f, uint32_t step) {
+        const uint32_t p = pair_id(l, r);
+        PairInfo& P = pairs_[p];
+        P.count += f;
+        P.occ += 1;
+        if (P.words.empty() || P.words.back() != w) P.words.push_back(w);
+        if (P.touched != step) {
+            P.touched = step;
+            touched_.push_back(p);
+        }
+    }
+
+    void remove(int32_t l, int32_t r, int64_t f) {
+        const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(r);
+        PairInfo& P = pairs_[*pair_index_.find(key)];
+        P.count -= f;
+        P.occ -= 1;
+    }
+
+    // ---- selection -------------------------------------------------------------------
+    int compare_bytes(int32_t x, int32_t y) const {
+        if (x == y) return 0;
+        const std::string& a = tokens_[x];
+        const std::string& b = tokens_[y];
+        const size_t m = std::min(a.size(), b.size());
+        const int c = m ? std::memcmp(a.data(), b.data(), m) : 0;
+        if (c != 0) return c;
+        return a.size() < b.size() ? -1 : (a.size() > b.size() ? 1 : 0);
+    }
+
+    // Heap order: "lower priority than". Higher count wins; ties: smaller bytes win.
+    struct Lower {
+        const Trainer* t;
+        bool operator()(const HeapEntry& u, const HeapEntry& v) const {
+            if (u.count != v.count) return u.count < v.count;
+            const PairInfo& pu = t->pairs_[u.pair];
+            const PairInfo& pv = t->pairs_[v.pair];
+            int c = t->compare_bytes(pu.left, pv.left);
+            if (c == 0) c = t->compare_bytes(pu.right, pv.right);
+            return c > 0;
+        }
+    };
+
+    void push(const HeapEntry& e) {
+        heap_.push_back(e);
+        std::push_heap(heap_.begin(), heap_.end(), Lower{this});
+    }
+    void pop() {
+        std::pop_heap(heap_.begin(), heap_.end(), Lower{this});
+        heap_.pop_back();
+    }
+
+    // Best live pair (left on the heap), or -1 if no pair exists.
+    int64_t select() {
+        while (!heap_.empty()) {
+            const HeapEntry top = heap_.front();
+            const PairInfo& P = pairs_[top.pair];
+            if (P.occ == 0) {
+                pop();
+                continue;
+            }
+            if (top.count != P.count) {
+                pop();
+                if (P.count < top.count) push({P.count, top.pair});
+                continue;
+            }
+            return top.pair;
+        }
+        return -1;
+    }
+
+    // ---- merging ---------------------------------------------------------------------
+    int32_t token_for(int32_t a, int32_t b) {
+        std::string merged = tokens_[a] + tokens_[b];
+        bool inserted = false;
+        int32_t& id = id_of_.get_or_insert(reinterpret_cast<const uint8_t*>(merged.data()), merged.size(),
+                                          static_cast<int32_t>(tokens_.size()), &inserted);
+        if (inserted) tokens_.push_back(std::move(merged));
+        return id;
+    }
+
+    void apply(uint32_t pi, int32_t a, int32_t b, int32_t x, uint32_t step) {
+        std::vector<uint32_t> words;
+        words.swap(pairs_[pi].words);
+        touched_.clear();
+        for (uint32_t w : words) {
+            if (stamp_[w] == step) continue;
+            stamp_[w] = step;
+            merge_word(w, a, b, x, step);
+        }
+        for (uint32_t p : touched_) {
+            const PairInfo& P = pairs_[p];
+            if (P.occ > 0) push({P.count, p});
+        }
+    }
+
+    void merge_word(uint32_t w, int32_t a, int32_t b, int32_t x, uint32_t step) {
+        int32_t* s = sym_.data() + start_[w];
+        const uint32_t n = len_[w];
+        uint32_t i = 0;
+        while (i + 1 < n && !(s[i] == a && s[i + 1] == b)) ++i;
+        if (i + 1 >= n) return;  // stale entry
+        const int64_t f = freq_[w];
+        uint32_t o = i;
+        while (i < n) {
+            if (i + 1 < n && s[i] == a && s[i + 1] == b) {
+                if (o > 0) {
+                    remove(s[o - 1], a, f);
+                    add(s[o - 1], x, w, f, step);
+                }
+                remove(a, b, f);
+                if (i + 2 < n) {
+                    remove(b, s[i + 2], f);
+                    add(x, s[i + 2], w, f, step);
+                }
+                s[o++] = x;
+                i += 2;
+            } else {
+                s[o++] = s[i++];
+            }
+        }
+        len_[w] = o;
+    }
+
+    int64_t min_frequency_;
+    std::vector<std::string> tokens_;  // id -> bytes
+    BytesMap<int32_t> id_of_;          // bytes -> id
+    std::vector<int32_t> sym_;         // all words, flat
+    std::vector<uint64_t> start_;      // word -> offset into sym_
+    std::vector<uint32_t> len_;        // word -> current length
+    std::vector<int64_t> freq_;        // word -> count
+    std::vector<uint32_t> stamp_;      // word -> last merge step that visited it
+    U64Map<uint32_t> pair_index_;      // (left, right) -> index into pairs_
+    std::vector<PairInfo> pairs_;
+    std::vector<HeapEntry> heap_;
+    std::vector<uint32_t> touched_;
+};
+
+}  // namespace
+
+std::vector<int32_t> learn_merges(const TrainInput& input, size_t n_merges, int64_t min_frequency,
+                                  const ProgressFn& progress, size_t progress_every) {
+    if (n_merges == 0) return {};
+    Trainer t(input, min_frequency);
+    return t.run(n_merges, progress, progress_every);
+}
+
+}  // namespace tokcore

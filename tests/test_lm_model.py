@@ -1,0 +1,101 @@
+"""GPT model and configs: shapes, causality, weight tying, GPT-2 init, accounting."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from pipeline_lib.lm import GPT, PRESETS, GPTConfig, TrainConfig, preset
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Toy models gain nothing from intra-op threads, and on a busy 2-core box spinning
+    OpenMP threads make them many times slower; restore the setting afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def small_model(**kw):
+    cfg = GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, **kw)
+    torch.manual_seed(0)
+    return GPT(cfg)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="divisible"):
+        GPTConfig(n_embd=30, n_head=4)
+    with pytest.raises(ValueError, match="dropout"):
+        GPTConfig(dropout=1.0)
+    with pytest.raises(ValueError, match="block_size"):
+        GPTConfig(block_size=0)
+    with pytest.raises(ValueError, match="min_lr"):
+        TrainConfig(learning_rate=1e-3, min_lr=1e-2)
+    with pytest.raises(ValueError, match="device"):
+        TrainConfig(device="tpu")
+    with pytest.raises(ValueError, match="unknown preset"):
+        preset("huge")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        GPTConfig().n_layer = 3  # type: ignore[misc]
+    cfg = preset("tiny", max_steps=7, dropout=0.2)
+    assert cfg.max_steps == 7 and cfg.model.dropout == 0.2
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    assert set(PRESETS) >= {"tiny", "small", "gpt2-124m"}
+
+
+def test_forward_shapes_and_initial_loss():
+    m = small_model()
+    idx = torch.randint(0, 50, (3, 16))
+    logits, loss = m(idx, torch.randint(0, 50, (3, 16)))
+    assert logits.shape == (3, 16, 50)
+    assert abs(loss.item() - math.log(50)) < 0.1  # near-uniform at init
+    logits, loss = m(idx)
+    assert logits.shape == (3, 1, 50) and loss is None
+    with pytest.raises(ValueError, match="block_size"):
+        m(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_causal():
+    m = small_model().eval()
+    a = torch.randint(0, 50, (1, 16))
+    b = a.clone()
+    b[0, 10:] = (b[0, 10:] + 1) % 50  # change the future only
+    la, _ = m(a, a)
+    lb, _ = m(b, b)
+    torch.testing.assert_close(la[0, :10], lb[0, :10], rtol=0, atol=1e-6)
+    assert not torch.allclose(la[0, 10:], lb[0, 10:])
+
+
+def test_weight_tying_and_gpt2_init():
+    m = small_model()
+    assert m.lm_head.weight is m.transformer.wte.weight
+    std = 0.02 / math.sqrt(2 * 2)
+    for name, p in m.named_parameters():
+        if name.endswith("c_proj.weight"):
+            assert abs(p.std().item() - std) < std * 0.25
+        elif name.endswith("c_fc.weight"):
+            assert abs(p.std().item() - 0.02) < 0.005
+    mb = small_model(bias=True)
+    assert all(torch.all(p == 0) for n, p in mb.named_parameters() if n.endswith("attn.c_attn.bias"))
+
+
+def test_gpt2_124m_param_count_and_flops():
+    cfg = PRESETS["gpt2-124m"].model.with_vocab(50257)
+    with torch.device("meta"):
+        m = GPT(cfg)
+    assert m.num_params(non_embedding=False) == 124_439_808  # GPT-2 small
+    assert m.num_params() == 123_653_376  # nanoGPT's "123.65M"
+    assert m.flops_per_token() == 6 * 123_653_376 + 12 * 12 * 768 * 1024
+
+
+def test_weight_decay_groups():
+    m = small_model(bias=True)
+    opt = m.configure_optimizer(0.1, 1e-3, (0.9, 0.95))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    n = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    assert n == m.num_params(non_embedding=False)

@@ -156,7 +156,11 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
         sources_meta = [{k: f[k] for k in ("url", "name", "size", "sha256")} for f in fetched]
         return store.publish(
             staging, files=files, params={"content": content}, code_version=code,
-            meta={"sources": sources_meta, "n_bytes": sum(f["size"] for f in fetched)},
+            meta={
+                "sources": sources_meta,
+                "n_bytes": sum(f["size"] for f in fetched),
+                "fingerprint": source_fingerprint(config.sources, **config.storage_options),
+            },
         )
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -251,6 +255,7 @@ def open_source(path: str, name: str, cap: int) -> Iterator[BinaryIO]:
 class DecodeStats:
     documents: int = 0
     bytes: int = 0
+    chars: int = 0
     replaced_documents: int = 0
     skipped_documents: int = 0
     empty_documents: int = 0
@@ -337,6 +342,7 @@ def _emit(text: str, stats: DecodeStats) -> Iterator[str]:
         return
     stats.documents += 1
     stats.bytes += len(text.encode("utf-8"))
+    stats.chars += len(text)
     yield text
 
 
@@ -445,6 +451,7 @@ def shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) ->
         "shards": shards,
         "n_docs": stats.documents,
         "n_bytes": stats.bytes,
+        "n_chars": stats.chars,
         "replaced_documents": stats.replaced_documents,
         "skipped_documents": stats.skipped_documents,
         "empty_documents": stats.empty_documents,

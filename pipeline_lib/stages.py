@@ -253,7 +253,7 @@ def publish_tokens(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionR
     return store.publish(staging, files=files, parents={"corpus": corpus, "tokenizer": tokenizer}, params=config.params(), code_version=_code(token_shards.CODE_MODULES), meta=meta)
 
 
-def compression_summary(tokens_meta: dict[str, Any], corpus_meta: dict[str, Any]) -> dict[str, float]:
+def compression_summary(tokens_meta: dict[str, Any]) -> dict[str, float]:
     totals = tokens_meta["totals"]
     n_sep = totals["n_docs"] if tokens_meta.get("separator") else 0
     n_text_tokens = max(1, totals["n_tokens"] - n_sep)

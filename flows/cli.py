@@ -1,0 +1,407 @@
+"""`tokenmill`: the command line.
+
+    tokenmill run                       # the whole chain on the bundled corpus, store ./artifacts
+    tokenmill run --corpus 's3://bucket/data/*.jsonl.zst' --store s3://bucket/tm --vocab-size 32768
+    tokenmill tokenizer train|encode|export
+    tokenmill encode --tokenizer REF    # encode a corpus with an existing tokenizer
+    tokenmill lm train|sample
+    tokenmill versions | show REF | verify REF | gc
+    tokenmill serve                     # run the deployments (schedules) from this process
+
+A REF names a version in the store: ``kind/version``, a unique version-id prefix, or
+``latest:KIND``. Commands that run flows use Prefect's API when PREFECT_API_URL is set,
+else a temporary local one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from pipeline_lib.fsio import InputError
+
+DEFAULT_STORE = "./artifacts"
+
+
+# --------------------------------------------------------------------------- helpers
+def _storage_options(pairs: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise InputError(f"--storage-option {pair!r}: expected KEY=VALUE")
+        k, v = pair.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    if "endpoint_url" in out:  # s3fs takes it inside client_kwargs
+        out.setdefault("client_kwargs", {})["endpoint_url"] = out.pop("endpoint_url")
+    return out
+
+
+def _store(args):
+    from pipeline_lib.store import ArtifactStore
+
+    return ArtifactStore(args.store, **_storage_options(args.storage_option))
+
+
+def _resolve(store, ref: str, kind: str | None = None) -> tuple[str, str]:
+    if ref.startswith("latest"):
+        k = ref.split(":", 1)[1] if ":" in ref else kind
+        if not k:
+            raise InputError("use latest:KIND, e.g. latest:tokenizer")
+        m = store.latest(k)
+        if m is None:
+            raise InputError(f"no {k} version in {store.url}")
+        return k, m["version"]
+    k, v = store.find(ref)
+    if kind and k != kind:
+        raise InputError(f"{ref} is a {k} version, not {kind}")
+    if not store.exists(k, v):
+        raise InputError(f"{k}/{v} is not a published version in {store.url}")
+    return k, v
+
+
+def _ref_dict(store, kind: str, version: str) -> dict[str, str]:
+    from tasks.common import ref_dict
+
+    return ref_dict(store.ref(kind, version))
+
+
+def _load_tokenizer(args):
+    from pipeline_lib.tokenizer import META_FILE, Tokenizer
+
+    if os.path.isdir(args.tokenizer) and os.path.exists(os.path.join(args.tokenizer, META_FILE)):
+        return Tokenizer.load(args.tokenizer)
+    store = _store(args)
+    k, v = _resolve(store, args.tokenizer, "tokenizer")
+    return Tokenizer.load(store.local_dir(k, v))
+
+
+def _runner(args):
+    from flows.runners import make_task_runner
+
+    return make_task_runner(args.runner, args.workers, args.dask_address)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    print("\n== tokenmill: artifacts ==")
+    for k, v in summary["artifacts"].items():
+        print(f"  {k:<11} {v}")
+    print("== headline figures ==")
+    for k, v in summary["figures"].items():
+        print(f"  {k:<16} {v}")
+    if summary.get("sample"):
+        print("== sample ==")
+        print(summary["sample"])
+
+
+# --------------------------------------------------------------------------- commands
+def cmd_run(args) -> int:
+    from flows.pipeline import tokenmill_pipeline
+
+    overrides = {k: getattr(args, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size") if getattr(args, k) is not None}
+    flow = tokenmill_pipeline.with_options(task_runner=_runner(args))
+    summary = flow(
+        corpus=args.corpus, store=args.store, shards=args.shards, documents=args.documents,
+        text_field=args.text_field, errors=args.errors, pattern=args.pattern, vocab_size=args.vocab_size,
+        special_tokens=args.special_token, min_frequency=args.min_frequency, separator=args.separator or None,
+        lm_preset=args.lm_preset, lm_steps=args.lm_steps, device=args.device, seed=args.seed,
+        model_overrides=overrides or None, train_model=not args.no_lm,
+        storage_options=_storage_options(args.storage_option) or None,
+    )
+    _print_summary(summary)
+    return 0
+
+
+def cmd_tokenizer_train(args) -> int:
+    from flows.pipeline import corpus_flow, tokenizer_flow
+
+    so = _storage_options(args.storage_option) or None
+    corpus = corpus_flow(corpus=args.corpus, store=args.store, shards=args.shards, documents=args.documents, text_field=args.text_field, errors=args.errors, storage_options=so)
+    tok = tokenizer_flow.with_options(task_runner=_runner(args))(
+        corpus, store=args.store, pattern=args.pattern, vocab_size=args.vocab_size,
+        special_tokens=args.special_token, min_frequency=args.min_frequency, storage_options=so,
+    )
+    print(f"tokenizer {tok['kind']}/{tok['version']} -> {tok['uri']}")
+    if args.out:
+        from pipeline_lib.tokenizer import Tokenizer
+
+        store = _store(args)
+        Tokenizer.load(store.local_dir(tok["kind"], tok["version"])).save(args.out)
+        print(f"saved to {args.out}")
+    return 0
+
+
+def cmd_tokenizer_encode(args) -> int:
+    tok = _load_tokenizer(args)
+    text = args.text if args.text is not None else open(args.input, encoding="utf-8", errors="surrogateescape").read()
+    ids = tok.encode(text, allowed_special=set(args.allow_special or []))
+    if args.output:
+        import numpy as np
+
+        np.save(args.output, ids, allow_pickle=False)
+        print(f"{len(ids)} tokens -> {args.output}")
+    else:
+        print(" ".join(map(str, ids.tolist())))
+    return 0
+
+
+def cmd_tokenizer_export(args) -> int:
+    tok = _load_tokenizer(args)
+    if args.format == "hf":
+        tok.to_hf_json(args.out)
+    else:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "wb") as f:
+            f.write(tok.ranks_text())
+    print(f"{args.format} export -> {args.out}")
+    return 0
+
+
+def cmd_encode(args) -> int:
+    from flows.pipeline import corpus_flow, encode_flow
+
+    store = _store(args)
+    so = _storage_options(args.storage_option) or None
+    k, v = _resolve(store, args.tokenizer, "tokenizer")
+    corpus = corpus_flow(corpus=args.corpus, store=args.store, shards=args.shards, documents=args.documents, text_field=args.text_field, errors=args.errors, storage_options=so)
+    tokens = encode_flow.with_options(task_runner=_runner(args))(corpus, _ref_dict(store, k, v), store=args.store, separator=args.separator or None, storage_options=so)
+    print(f"tokens {tokens['kind']}/{tokens['version']} -> {tokens['uri']}")
+    return 0
+
+
+def cmd_lm_train(args) -> int:
+    from flows.pipeline import lm_flow
+
+    store = _store(args)
+    tk, tv = _resolve(store, args.tokens, "tokens")
+    parent = store.manifest(tk, tv)["parents"]["tokenizer"].split("/")
+    overrides = {k: getattr(args, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size") if getattr(args, k) is not None}
+    model = lm_flow(
+        _ref_dict(store, tk, tv), _ref_dict(store, *parent), store=args.store, preset=args.lm_preset,
+        steps=args.lm_steps, device=args.device, seed=args.seed, model_overrides=overrides or None,
+        storage_options=_storage_options(args.storage_option) or None,
+    )
+    m = store.manifest(model["kind"], model["version"])["meta"]
+    print(f"model {model['kind']}/{model['version']} -> {model['uri']}")
+    print(json.dumps(m["metrics"], indent=2, default=str))
+    return 0
+
+
+def cmd_lm_sample(args) -> int:
+    from pipeline_lib.lm import load_model, sample
+    from pipeline_lib.tokenizer import Tokenizer
+
+    store = _store(args)
+    mk, mv = _resolve(store, args.model, "model")
+    tok_key = store.manifest(mk, mv)["parents"]["tokenizer"].split("/")
+    tok = Tokenizer.load(store.local_dir(*tok_key))
+    model = load_model(os.path.join(store.local_dir(mk, mv), "model.safetensors"))
+    sep = tok.special_tokens.get("<|endoftext|>")
+    prompt = tok.encode_ordinary(args.prompt).tolist() if args.prompt else [sep if sep is not None else 10]
+    ids = sample(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    print(args.prompt + tok.decode(ids))
+    return 0
+
+
+def cmd_versions(args) -> int:
+    store = _store(args)
+    rows = store.list(args.kind)
+    if not rows:
+        print(f"no versions in {store.url}")
+        return 0
+    print(f"{'kind':<10} {'version':<21} {'created':<26} parents / key figures")
+    for m in rows:
+        parents = ",".join(f"{k}={v.split('/')[-1][:8]}" for k, v in m["parents"].items())
+        print(f"{m['kind']:<10} {m['version']:<21} {m['created']:<26} {parents} {_headline(m)}")
+    return 0
+
+
+def _headline(m: dict[str, Any]) -> str:
+    meta = m.get("meta", {})
+    if m["kind"] == "tokenizer":
+        return f"vocab={meta.get('vocab_size')} pattern={meta.get('pattern')}"
+    if m["kind"] == "tokens":
+        return f"tokens={meta.get('totals', {}).get('n_tokens')} dtype={meta.get('dtype')}"
+    if m["kind"] == "corpus":
+        return f"docs={meta.get('n_docs')} bytes={meta.get('n_bytes')} shards={len(meta.get('shards', []))}"
+    if m["kind"] == "model":
+        return f"val_loss={meta.get('metrics', {}).get('final_val_loss')}"
+    if m["kind"] == "counts":
+        return f"pieces={meta.get('n_pieces')}"
+    return f"bytes={meta.get('n_bytes')}"
+
+
+def cmd_show(args) -> int:
+    store = _store(args)
+    k, v = _resolve(store, args.ref)
+    print(json.dumps(store.manifest(k, v), indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    store = _store(args)
+    k, v = _resolve(store, args.ref)
+    m = store.verify(k, v)
+    if k == "tokens" and store.local:
+        from pipeline_lib.token_shards import check_shards
+
+        check_shards(store.local_dir(k, v), m["meta"])
+    print(f"{k}/{v}: {len(m['files'])} files OK")
+    return 0
+
+
+def cmd_gc(args) -> int:
+    removed = _store(args).gc(dry_run=args.dry_run)
+    for path in removed:
+        print(("would remove " if args.dry_run else "removed ") + path)
+    print(f"{len(removed)} unpublished item(s)")
+    return 0
+
+
+def cmd_export_nanogpt(args) -> int:
+    from pipeline_lib.token_shards import export_nanogpt
+
+    store = _store(args)
+    k, v = _resolve(store, args.tokens, "tokens")
+    written = export_nanogpt(store.local_dir(k, v), store.manifest(k, v)["meta"], args.out, args.val_fraction)
+    print(f"train.bin: {written['train']:,} tokens, val.bin: {written['val']:,} tokens -> {args.out}")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from deployments.serve import serve
+
+    serve(store=args.store, corpus=args.corpus)
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+def _add_store(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", default=DEFAULT_STORE, help="artifact store URL or path (default: %(default)s)")
+    p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option for the store and corpus, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable)")
+
+
+def _add_corpus(p: argparse.ArgumentParser, documents: str = "paragraph") -> None:
+    p.add_argument("--corpus", action="append", metavar="URL", help="corpus file URL or glob (repeatable; default: the bundled tiny Shakespeare)")
+    p.add_argument("--shards", type=int, default=2, help="corpus shards, processed in parallel (default: %(default)s)")
+    p.add_argument("--documents", choices=("line", "paragraph", "file"), default=documents, help="what a document is in a text file (default: %(default)s)")
+    p.add_argument("--text-field", default="text", help="JSONL field / Parquet column with the text (default: %(default)s)")
+    p.add_argument("--errors", choices=("replace", "skip-document", "fail"), default="replace", help="invalid UTF-8 policy (default: %(default)s)")
+
+
+def _add_runner(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=0, help="parallel workers for mapped stages (default: all cores)")
+    p.add_argument("--runner", choices=("threads", "processes", "dask"), default="threads", help="Prefect task runner (default: %(default)s)")
+    p.add_argument("--dask-address", help="existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (with --runner dask)")
+
+
+def _add_tokenizer(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vocab-size", type=int, default=4096, help="total ids incl. 256 bytes and special tokens (default: %(default)s)")
+    p.add_argument("--pattern", choices=("gpt2", "cl100k", "o200k"), default="cl100k", help="pre-tokenization split pattern (default: %(default)s)")
+    p.add_argument("--special-token", action="append", metavar="TOKEN", help="special token (repeatable; default: <|endoftext|>)")
+    p.add_argument("--min-frequency", type=int, default=2, help="stop merging below this pair count (default: %(default)s)")
+
+
+def _add_lm(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lm-preset", choices=("tiny", "small", "gpt2-124m"), default="small", help="model size and recipe (default: %(default)s)")
+    p.add_argument("--lm-steps", type=int, default=600, help="optimizer steps (default: %(default)s)")
+    p.add_argument("--device", default="auto", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N, mps")
+    p.add_argument("--seed", type=int, default=1337, help="seed for model init, dropout and data order (default: %(default)s)")
+    for name in ("n-layer", "n-head", "n-embd", "block-size", "batch-size"):
+        p.add_argument(f"--{name}", type=int, help=f"override the preset's {name.replace('-', '_')}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenmill", description="Raw text -> byte-level BPE tokenizer -> token shards -> GPT, as versioned Prefect flows.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run the whole pipeline (default: bundled tiny Shakespeare into ./artifacts)")
+    _add_store(p), _add_corpus(p), _add_tokenizer(p), _add_lm(p), _add_runner(p)
+    p.add_argument("--separator", default="<|endoftext|>", help="document separator token; '' for none (default: %(default)s)")
+    p.add_argument("--no-lm", action="store_true", help="stop after the token shards")
+    p.set_defaults(func=cmd_run)
+
+    tp = sub.add_parser("tokenizer", help="train, use and export tokenizers").add_subparsers(dest="sub", required=True)
+    p = tp.add_parser("train", help="count and learn merges from a corpus")
+    _add_store(p), _add_corpus(p), _add_tokenizer(p), _add_runner(p)
+    p.add_argument("--out", help="also save the tokenizer files into this directory")
+    p.set_defaults(func=cmd_tokenizer_train)
+    p = tp.add_parser("encode", help="encode text with a tokenizer")
+    _add_store(p)
+    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store or a saved tokenizer directory")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text")
+    src.add_argument("--input", help="text file to encode")
+    p.add_argument("--output", help="write ids as .npy instead of printing")
+    p.add_argument("--allow-special", action="append", metavar="TOKEN", help="special token allowed in the text")
+    p.set_defaults(func=cmd_tokenizer_encode)
+    p = tp.add_parser("export", help="export to HF tokenizer.json or a .tiktoken ranks file")
+    _add_store(p)
+    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store or a saved tokenizer directory")
+    p.add_argument("--format", choices=("hf", "tiktoken"), required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_tokenizer_export)
+
+    p = sub.add_parser("encode", help="encode a corpus into token shards with an existing tokenizer")
+    _add_store(p), _add_corpus(p), _add_runner(p)
+    p.add_argument("--tokenizer", default="latest:tokenizer", help="tokenizer REF (default: %(default)s)")
+    p.add_argument("--separator", default="<|endoftext|>")
+    p.set_defaults(func=cmd_encode)
+
+    lp = sub.add_parser("lm", help="train and sample the language model").add_subparsers(dest="sub", required=True)
+    p = lp.add_parser("train", help="train a GPT on a tokens version")
+    _add_store(p), _add_lm(p)
+    p.add_argument("--tokens", default="latest:tokens", help="tokens REF (default: %(default)s)")
+    p.set_defaults(func=cmd_lm_train)
+    p = lp.add_parser("sample", help="generate text from a trained model")
+    _add_store(p)
+    p.add_argument("--model", default="latest:model", help="model REF (default: %(default)s)")
+    p.add_argument("--prompt", default="")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(func=cmd_lm_sample)
+
+    p = sub.add_parser("versions", help="list the versions in a store")
+    _add_store(p)
+    p.add_argument("--kind", help="only this kind (raw, corpus, counts, tokenizer, tokens, model)")
+    p.set_defaults(func=cmd_versions)
+    for name, func, helptext in (("show", cmd_show, "print a version's manifest"), ("verify", cmd_verify, "re-hash a version's files against its manifest")):
+        p = sub.add_parser(name, help=helptext)
+        _add_store(p)
+        p.add_argument("ref", help="kind/version, a version prefix, or latest:KIND")
+        p.set_defaults(func=func)
+    p = sub.add_parser("gc", help="remove unpublished leftovers (staging areas, versions without a manifest)")
+    _add_store(p)
+    p.add_argument("--dry-run", action="store_true")
+    p.set_defaults(func=cmd_gc)
+    p = sub.add_parser("export-nanogpt", help="write nanoGPT's train.bin / val.bin from a tokens version")
+    _add_store(p)
+    p.add_argument("--tokens", default="latest:tokens")
+    p.add_argument("--out", required=True)
+    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.set_defaults(func=cmd_export_nanogpt)
+    p = sub.add_parser("serve", help="serve the scheduled deployments from this process (needs a Prefect server)")
+    _add_store(p)
+    p.add_argument("--corpus", action="append", metavar="URL")
+    p.set_defaults(func=cmd_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as e:
+        print(f"tokenmill: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

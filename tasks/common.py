@@ -1,0 +1,45 @@
+"""Shared pieces of the Prefect tasks: store handles, cache keys, artifact helpers.
+
+Tasks are thin: they resolve the store, call one `pipeline_lib.stages` function and return
+a small JSON-able reference. Their cache keys are the output's version id (which already
+hashes the inputs' versions, the stage config and the code version), and a key only
+counts as a hit while the store still holds what it points to.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from pipeline_lib.store import ArtifactStore, VersionRef
+
+
+@functools.lru_cache(maxsize=16)
+def _store(url: str, options_key: tuple) -> ArtifactStore:
+    return ArtifactStore(url, **dict(options_key))
+
+
+def store_of(url: str, storage_options: dict[str, Any] | None = None) -> ArtifactStore:
+    return _store(url, tuple(sorted((storage_options or {}).items())))
+
+
+def to_ref(ref: dict[str, str] | VersionRef) -> VersionRef:
+    return ref if isinstance(ref, VersionRef) else VersionRef(**ref)
+
+
+def ref_dict(ref: VersionRef) -> dict[str, str]:
+    return {"kind": ref.kind, "version": ref.version, "uri": ref.uri, "manifest_sha256": ref.manifest_sha256}
+
+
+def checked_key(key: str, present: bool) -> str:
+    """The cache key, after forgetting any cached result whose output the store lost.
+
+    Prefect would otherwise return the cached reference to a version that is gone (the
+    store was wiped, or a different store path was given), and the next task would fail.
+    """
+    if not present:
+        from prefect.settings import PREFECT_LOCAL_STORAGE_PATH
+
+        (Path(PREFECT_LOCAL_STORAGE_PATH.value()).expanduser() / key).unlink(missing_ok=True)
+    return key

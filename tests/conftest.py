@@ -1,0 +1,38 @@
+"""Shared fixtures. Prefect state goes to a per-session temp dir, never ~/.prefect."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+
+_PREFECT_TMP = tempfile.mkdtemp(prefix="tokenmill-tests-prefect-")
+os.environ.setdefault("PREFECT_HOME", _PREFECT_TMP)
+os.environ["PREFECT_LOCAL_STORAGE_PATH"] = os.path.join(_PREFECT_TMP, "storage")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+import pytest  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHAKESPEARE = ROOT / "pipeline_lib" / "data" / "tinyshakespeare.txt"
+MULTILINGUAL = ROOT / "tests" / "data" / "multilingual.txt"
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A temporary Prefect API and database for the whole session (starting one costs ~9 s)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def shakespeare_text() -> str:
+    return SHAKESPEARE.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def multilingual_text() -> str:
+    return MULTILINGUAL.read_text(encoding="utf-8")

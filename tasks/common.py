@@ -9,6 +9,7 @@ counts as a hit while the store still holds what it points to.
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,13 @@ def ref_dict(ref: VersionRef) -> dict[str, str]:
     return {"kind": ref.kind, "version": ref.version, "uri": ref.uri, "manifest_sha256": ref.manifest_sha256}
 
 
-def checked_key(key: str, present: bool) -> str:
-    """The cache key, after forgetting any cached result whose output the store lost.
+def checked_key(store: ArtifactStore, key: str, present: bool) -> str:
+    """The cache key (per store), after forgetting a cached result whose output the store lost.
 
     Prefect would otherwise return the cached reference to a version that is gone (the
-    store was wiped, or a different store path was given), and the next task would fail.
+    store was wiped), and the next task would fail.
     """
+    key = f"{key}-{hashlib.sha256(store.url.encode()).hexdigest()[:8]}"
     if not present:
         from prefect.settings import PREFECT_LOCAL_STORAGE_PATH
 

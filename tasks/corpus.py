@@ -21,7 +21,7 @@ def _download_key(context, parameters: dict[str, Any]) -> str:
     key = hashlib.sha256(json.dumps([fingerprint, code_version("pipeline_lib.corpus")], sort_keys=True).encode()).hexdigest()[:20]
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
     present = any(m["meta"].get("fingerprint") == fingerprint for m in store.list(corpus_lib.RAW_KIND))
-    return checked_key(f"download-{key}", present)
+    return checked_key(store, f"download-{key}", present)
 
 
 @task(name="download_corpus", retries=2, retry_delay_seconds=2, cache_key_fn=_download_key, persist_result=True, result_serializer="json")
@@ -39,7 +39,7 @@ def _shard_key(context, parameters: dict[str, Any]) -> str:
     cfg: CorpusConfig = parameters["config"]
     version = version_id(corpus_lib.CORPUS_KIND, {"raw": raw.key}, cfg.shard_params(), code_version("pipeline_lib.corpus"))
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
-    return checked_key(f"shard-{version}", store.exists(corpus_lib.CORPUS_KIND, version))
+    return checked_key(store, f"shard-{version}", store.exists(corpus_lib.CORPUS_KIND, version))
 
 
 @task(name="shard_corpus", cache_key_fn=_shard_key, persist_result=True, result_serializer="json")

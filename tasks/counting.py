@@ -17,7 +17,7 @@ def _count_key(context, parameters: dict[str, Any]) -> str:
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
     unit = f"shard_{parameters['shard']:06d}"
     present = store.exists(COUNTS_KIND, version) or store.stage(COUNTS_KIND, version).done(unit) is not None
-    return checked_key(f"count-{version}-{unit}", present)
+    return checked_key(store, f"count-{version}-{unit}", present)
 
 
 @task(name="count_words", cache_key_fn=_count_key, persist_result=True, result_serializer="json")
@@ -31,7 +31,7 @@ def _reduce_key(context, parameters: dict[str, Any]) -> str:
     corpus, cfg = to_ref(parameters["corpus"]), parameters["config"]
     version = stages.counts_version(corpus, cfg)
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
-    return checked_key(f"reduce-{version}", store.exists(COUNTS_KIND, version))
+    return checked_key(store, f"reduce-{version}", store.exists(COUNTS_KIND, version))
 
 
 @task(name="reduce_counts", cache_key_fn=_reduce_key, persist_result=True, result_serializer="json")

@@ -18,7 +18,7 @@ def _encode_key(context, parameters: dict[str, Any]) -> str:
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
     unit = f"shard_{parameters['shard']:06d}"
     present = store.exists(TOKENS_KIND, version) or store.stage(TOKENS_KIND, version).done(unit) is not None
-    return checked_key(f"encode-{version}-{unit}", present)
+    return checked_key(store, f"encode-{version}-{unit}", present)
 
 
 @task(name="encode_shard", cache_key_fn=_encode_key, persist_result=True, result_serializer="json")
@@ -33,7 +33,7 @@ def _manifest_key(context, parameters: dict[str, Any]) -> str:
     corpus, tok, cfg = to_ref(parameters["corpus"]), to_ref(parameters["tokenizer"]), parameters["config"]
     version = stages.tokens_version(corpus, tok, cfg)
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
-    return checked_key(f"tokens-{version}", store.exists(TOKENS_KIND, version))
+    return checked_key(store, f"tokens-{version}", store.exists(TOKENS_KIND, version))
 
 
 @task(name="write_token_manifest", cache_key_fn=_manifest_key, persist_result=True, result_serializer="json")

@@ -13,9 +13,11 @@
 namespace tokcore {
 
 namespace {
-// Pieces up to this many bytes use the simple O(n^2) array merge (tiktoken's shape, fast for
-// short pieces); longer ones a linked list + min-heap, O(n log n).
+// Pieces up to kSmallPiece bytes use the simple O(n^2) array merge (tiktoken's shape, fast
+// for short pieces); up to kHugePiece a linked list + binary min-heap, O(n log n); longer
+// ones a linked list + bucket queue by rank (see bpe_huge), close to linear.
 constexpr size_t kSmallPiece = 128;
+constexpr size_t kHugePiece = size_t{1} << 16;
 }  // namespace
 
 EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks,
@@ -80,8 +82,10 @@ void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out) co
     }
     if (n <= kSmallPiece)
         bpe_small(p, n, out);
-    else
+    else if (n <= kHugePiece)
         bpe_large(p, n, out);
+    else
+        bpe_huge(p, n, out);
 }
 
 void EncoderCore::bpe_small(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
@@ -112,52 +116,173 @@ void EncoderCore::bpe_small(const uint8_t* p, size_t n, std::vector<uint32_t>& o
     out.insert(out.end(), tok, tok + m);
 }
 
-void EncoderCore::bpe_large(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
-    // Nodes are the original byte positions; a merged node keeps its left position, so list
-    // order is position order and (rank, position) orders candidates "lowest rank, leftmost".
-    // A heap entry (rank, k) is live iff rk[k] == rank (dead nodes have rk = kNone).
-    const uint32_t end = static_cast<uint32_t>(n);
-    std::vector<uint32_t> tok(n), nxt(n), prv(n), rk(n);
-    std::vector<uint64_t> heap;
-    heap.reserve(n);
-    for (size_t k = 0; k < n; ++k) {
-        tok[k] = byte_rank_[p[k]];
-        nxt[k] = static_cast<uint32_t>(k + 1);
-        prv[k] = k == 0 ? kNone : static_cast<uint32_t>(k - 1);
+namespace {
+
+// A byte position of a piece being merged. Nodes are the original byte positions; a merged
+// node keeps its left position, so list order is position order and (rank, position)
+// orders candidates "lowest rank, then leftmost". rk is the rank of merging the node with
+// its right neighbour (kNone if none, or if the node was merged away): a queued candidate
+// (rank, k) is live iff nodes[k].rk == rank.
+struct Node {
+    uint32_t tok, nxt, prv, rk;
+};
+
+// One (rank << 32 | position) binary min-heap.
+class HeapQueue {
+public:
+    explicit HeapQueue(size_t n) { heap_.reserve(n); }
+    void push(uint32_t r, uint32_t k) {
+        heap_.push_back((static_cast<uint64_t>(r) << 32) | k);
+        if (heapified_) std::push_heap(heap_.begin(), heap_.end(), std::greater<uint64_t>());
     }
-    for (size_t k = 0; k < n; ++k) {
-        rk[k] = k + 1 < n ? merged(tok[k], tok[k + 1]) : kNone;
-        if (rk[k] != kNone) heap.push_back((static_cast<uint64_t>(rk[k]) << 32) | k);
+    void start(const Node*) {
+        std::make_heap(heap_.begin(), heap_.end(), std::greater<uint64_t>());
+        heapified_ = true;
     }
-    const auto cmp = std::greater<uint64_t>();
-    std::make_heap(heap.begin(), heap.end(), cmp);
-    while (!heap.empty()) {
-        const uint64_t top = heap.front();
-        std::pop_heap(heap.begin(), heap.end(), cmp);
+    bool pop(uint32_t& r, uint32_t& k) {
+        if (heap_.empty()) return false;
+        const uint64_t top = heap_.front();
+        std::pop_heap(heap_.begin(), heap_.end(), std::greater<uint64_t>());
+        heap_.pop_back();
+        r = static_cast<uint32_t>(top >> 32);
+        k = static_cast<uint32_t>(top);
+        return true;
+    }
+
+private:
+    std::vector<uint64_t> heap_;
+    bool heapified_ = false;
+};
+
+// Candidates of one rank: positions, popped smallest first. Positions mostly arrive in
+// increasing order (a pass over a lower rank's candidates runs left to right), so they go
+// to a sorted run that pops in O(1); the rest go to a min-heap.
+struct RankBucket {
+    std::vector<uint32_t> run;
+    size_t head = 0;
+    std::vector<uint32_t> heap;  // min-heap (std::greater)
+    bool queued = false;         // rank is in the queue of ranks
+
+    bool empty() const { return head == run.size() && heap.empty(); }
+    void push(uint32_t pos) {
+        if (head == run.size()) {
+            run.clear();
+            head = 0;
+            run.push_back(pos);
+        } else if (pos > run.back()) {
+            run.push_back(pos);
+        } else {
+            heap.push_back(pos);
+            std::push_heap(heap.begin(), heap.end(), std::greater<uint32_t>());
+        }
+    }
+    template <class T>
+    uint32_t pop(const T* prefetch_base) {
+        if (head < run.size() && (heap.empty() || run[head] < heap.front())) {
+            // candidates are popped in position order: fetch the node a few pops ahead
+            if (head + 16 < run.size()) __builtin_prefetch(prefetch_base + run[head + 16]);
+            return run[head++];
+        }
+        std::pop_heap(heap.begin(), heap.end(), std::greater<uint32_t>());
+        const uint32_t v = heap.back();
         heap.pop_back();
-        const uint32_t r = static_cast<uint32_t>(top >> 32);
-        const uint32_t k = static_cast<uint32_t>(top);
-        if (rk[k] != r) continue;  // stale
-        const uint32_t j = nxt[k];
-        tok[k] = r;
-        rk[j] = kNone;
-        nxt[k] = nxt[j];
-        if (nxt[k] != end) prv[nxt[k]] = k;
-        rk[k] = nxt[k] != end ? merged(tok[k], tok[nxt[k]]) : kNone;
-        if (rk[k] != kNone) {
-            heap.push_back((static_cast<uint64_t>(rk[k]) << 32) | k);
-            std::push_heap(heap.begin(), heap.end(), cmp);
+        return v;
+    }
+};
+
+// A bucket per rank plus a min-heap of the ranks whose bucket may be non-empty: popping
+// the smallest rank's smallest position is the (rank, position) order of HeapQueue, with
+// O(1) work for most candidates.
+class BucketQueue {
+public:
+    explicit BucketQueue(size_t vocab_size) : bucket_of_(vocab_size, EncoderCore::kNone) {}
+    void push(uint32_t r, uint32_t k) {
+        uint32_t& b = bucket_of_[r];
+        if (b == EncoderCore::kNone) {
+            b = static_cast<uint32_t>(buckets_.size());
+            buckets_.emplace_back();
         }
-        const uint32_t pk = prv[k];
-        if (pk != kNone) {
-            rk[pk] = merged(tok[pk], tok[k]);
-            if (rk[pk] != kNone) {
-                heap.push_back((static_cast<uint64_t>(rk[pk]) << 32) | pk);
-                std::push_heap(heap.begin(), heap.end(), cmp);
-            }
+        RankBucket& bk = buckets_[b];
+        bk.push(k);
+        if (!bk.queued) {
+            bk.queued = true;
+            ranks_.push_back(r);
+            std::push_heap(ranks_.begin(), ranks_.end(), std::greater<uint32_t>());
         }
     }
-    for (uint32_t k = 0; k != end; k = nxt[k]) out.push_back(tok[k]);
+    void start(const Node* nodes) { nodes_ = nodes; }
+    bool pop(uint32_t& r, uint32_t& k) {
+        while (!ranks_.empty()) {
+            r = ranks_.front();
+            RankBucket& bk = buckets_[bucket_of_[r]];
+            if (!bk.empty()) {
+                k = bk.pop(nodes_);
+                return true;
+            }
+            bk.queued = false;
+            std::pop_heap(ranks_.begin(), ranks_.end(), std::greater<uint32_t>());
+            ranks_.pop_back();
+        }
+        return false;
+    }
+
+private:
+    const Node* nodes_ = nullptr;
+    std::vector<uint32_t> bucket_of_;
+    std::vector<RankBucket> buckets_;
+    std::vector<uint32_t> ranks_;
+};
+
+}  // namespace
+
+template <class Queue>
+void EncoderCore::bpe_linked(const uint8_t* p, size_t n, Queue& queue, std::vector<uint32_t>& out) const {
+    const uint32_t end = static_cast<uint32_t>(n);
+    std::vector<Node> nodes(n);
+    for (size_t k = 0; k < n; ++k) {
+        nodes[k].tok = byte_rank_[p[k]];
+        nodes[k].nxt = static_cast<uint32_t>(k + 1);
+        nodes[k].prv = k == 0 ? kNone : static_cast<uint32_t>(k - 1);
+    }
+    for (size_t k = 0; k < n; ++k) {
+        const uint32_t r = k + 1 < n ? merged(nodes[k].tok, nodes[k + 1].tok) : kNone;
+        nodes[k].rk = r;
+        if (r != kNone) queue.push(r, static_cast<uint32_t>(k));
+    }
+    queue.start(nodes.data());
+    uint32_t r, k;
+    while (queue.pop(r, k)) {
+        Node& a = nodes[k];
+        if (a.rk != r) continue;  // stale candidate
+        Node& b = nodes[a.nxt];
+        a.tok = r;
+        b.rk = kNone;
+        a.nxt = b.nxt;
+        if (a.nxt != end) {
+            Node& c = nodes[a.nxt];
+            c.prv = k;
+            a.rk = merged(r, c.tok);
+            if (a.rk != kNone) queue.push(a.rk, k);
+        } else {
+            a.rk = kNone;
+        }
+        if (a.prv != kNone) {
+            Node& z = nodes[a.prv];
+            z.rk = merged(z.tok, r);
+            if (z.rk != kNone) queue.push(z.rk, a.prv);
+        }
+    }
+    for (uint32_t i = 0; i != end; i = nodes[i].nxt) out.push_back(nodes[i].tok);
+}
+
+void EncoderCore::bpe_large(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
+    HeapQueue queue(n);
+    bpe_linked(p, n, queue, out);
+}
+
+void EncoderCore::bpe_huge(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
+    BucketQueue queue(vocab_size_);
+    bpe_linked(p, n, queue, out);
 }
 
 void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out) const {

@@ -70,6 +70,9 @@ private:
     void bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
     void bpe_small(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
     void bpe_large(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
+    void bpe_huge(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
+    template <class Queue>
+    void bpe_linked(const uint8_t* p, size_t n, Queue& queue, std::vector<uint32_t>& out) const;
     uint32_t merged(uint32_t left, uint32_t right) const {
         const uint32_t* v = pairs_.find((static_cast<uint64_t>(left) << 32) | right);
         return v ? *v : kNone;

@@ -176,8 +176,7 @@ public:
     void reset(size_t expected = 16) {
         size_t cap = 16;
         while (cap < expected * 2) cap <<= 1;
-        keys_.assign(cap, kEmpty);
-        vals_.assign(cap, V{});
+        slots_.assign(cap, Slot{kEmpty, V{}});
         mask_ = cap - 1;
         size_ = 0;
     }
@@ -186,9 +185,9 @@ public:
 
     const V* find(uint64_t key) const {
         for (size_t i = hash_u64(key) & mask_;; i = (i + 1) & mask_) {
-            const uint64_t k = keys_[i];
-            if (k == key) return &vals_[i];
-            if (k == kEmpty) return nullptr;
+            const Slot& s = slots_[i];
+            if (s.key == key) return &s.val;
+            if (s.key == kEmpty) return nullptr;
         }
     }
     V* find(uint64_t key) { return const_cast<V*>(static_cast<const U64Map*>(this)->find(key)); }
@@ -196,52 +195,51 @@ public:
     V& get_or_insert(uint64_t key, const V& init, bool* inserted = nullptr) {
         size_t i = hash_u64(key) & mask_;
         for (;; i = (i + 1) & mask_) {
-            const uint64_t k = keys_[i];
+            const uint64_t k = slots_[i].key;
             if (k == key) {
                 if (inserted) *inserted = false;
-                return vals_[i];
+                return slots_[i].val;
             }
             if (k == kEmpty) break;
         }
         if (inserted) *inserted = true;
-        if ((size_ + 1) * 2 > keys_.size()) {
+        if ((size_ + 1) * 2 > slots_.size()) {
             grow();
             i = hash_u64(key) & mask_;
-            while (keys_[i] != kEmpty) i = (i + 1) & mask_;
+            while (slots_[i].key != kEmpty) i = (i + 1) & mask_;
         }
-        keys_[i] = key;
-        vals_[i] = init;
+        slots_[i] = Slot{key, init};
         ++size_;
-        return vals_[i];
+        return slots_[i].val;
     }
 
     template <class F>
     void for_each(F&& f) const {
-        for (size_t i = 0; i < keys_.size(); ++i)
-            if (keys_[i] != kEmpty) f(keys_[i], vals_[i]);
+        for (const Slot& s : slots_)
+            if (s.key != kEmpty) f(s.key, s.val);
     }
 
 private:
+    struct Slot {
+        uint64_t key;
+        V val;
+    };
+
     void grow() {
-        std::vector<uint64_t> old_keys;
-        std::vector<V> old_vals;
-        old_keys.swap(keys_);
-        old_vals.swap(vals_);
-        const size_t cap = old_keys.size() * 2;
-        keys_.assign(cap, kEmpty);
-        vals_.assign(cap, V{});
+        std::vector<Slot> old;
+        old.swap(slots_);
+        const size_t cap = old.size() * 2;
+        slots_.assign(cap, Slot{kEmpty, V{}});
         mask_ = cap - 1;
-        for (size_t j = 0; j < old_keys.size(); ++j) {
-            if (old_keys[j] == kEmpty) continue;
-            size_t i = hash_u64(old_keys[j]) & mask_;
-            while (keys_[i] != kEmpty) i = (i + 1) & mask_;
-            keys_[i] = old_keys[j];
-            vals_[i] = old_vals[j];
+        for (const Slot& s : old) {
+            if (s.key == kEmpty) continue;
+            size_t i = hash_u64(s.key) & mask_;
+            while (slots_[i].key != kEmpty) i = (i + 1) & mask_;
+            slots_[i] = s;
         }
     }
 
-    std::vector<uint64_t> keys_;
-    std::vector<V> vals_;
+    std::vector<Slot> slots_;
     size_t mask_ = 0;
     size_t size_ = 0;
 };

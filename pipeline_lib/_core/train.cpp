@@ -80,34 +80,47 @@ public:
 
 private:
     // ---- setup -----------------------------------------------------------------------
+    // Strictly increasing pieces (PieceCounter.to_arrays order) cannot repeat.
+    static bool strictly_sorted(const TrainInput& in) {
+        for (size_t k = 1; k < in.counts.size(); ++k) {
+            const uint64_t a0 = in.offsets[k - 1], a1 = in.offsets[k], b1 = in.offsets[k + 1];
+            const size_t la = a1 - a0, lb = b1 - a1, m = std::min(la, lb);
+            const int c = m ? std::memcmp(in.bytes.data() + a0, in.bytes.data() + a1, m) : 0;
+            if (c > 0 || (c == 0 && la >= lb)) return false;
+        }
+        return true;
+    }
+
     void build_words(const TrainInput& in) {
         const size_t np = in.counts.size();
-        BytesMap<uint32_t> seen(np / 2 + 16);
+        const bool unique = strictly_sorted(in);
+        BytesMap<uint32_t> seen(unique ? 16 : np / 2 + 16);
         for (size_t k = 0; k < np; ++k) {
             if (in.counts[k] < 0) throw std::invalid_argument("counts must be >= 0");
             const uint64_t b = in.offsets[k], e = in.offsets[k + 1];
             if (e - b < 2) continue;  // no pairs
-            bool inserted = false;
-            uint32_t& w = seen.get_or_insert(in.bytes.data() + b, e - b,
-                                             static_cast<uint32_t>(freq_.size()), &inserted);
-            if (!inserted) {  // duplicate piece: the last count wins
-                freq_[w] = in.counts[k];
-                continue;
+            if (!unique) {
+                bool inserted = false;
+                uint32_t& w = seen.get_or_insert(in.bytes.data() + b, e - b,
+                                                 static_cast<uint32_t>(words_.size()), &inserted);
+                if (!inserted) {  // duplicate piece: the last count wins
+                    words_[w].freq = in.counts[k];
+                    continue;
+                }
             }
-            start_.push_back(sym_.size());
-            len_.push_back(static_cast<uint32_t>(e - b));
-            freq_.push_back(in.counts[k]);
+            words_.push_back(Word{sym_.size(), static_cast<uint32_t>(e - b), 0xFFFFFFFFu, in.counts[k]});
             for (uint64_t i = b; i < e; ++i) sym_.push_back(in.bytes[i]);
         }
-        stamp_.assign(freq_.size(), 0xFFFFFFFFu);
     }
 
     void count_pairs() {
-        pair_index_.reset(freq_.size() + 1024);
-        for (uint32_t w = 0; w < freq_.size(); ++w) {
-            const int32_t* s = sym_.data() + start_[w];
-            for (uint32_t i = 0; i + 1 < len_[w]; ++i) add(s[i], s[i + 1], w, freq_[w], 0xFFFFFFFEu);
+        pair_index_.reset(words_.size() + 1024);
+        for (uint32_t w = 0; w < words_.size(); ++w) {
+            const Word& wd = words_[w];
+            const int32_t* s = sym_.data() + wd.start;
+            for (uint32_t i = 0; i + 1 < wd.len; ++i) add(s[i], s[i + 1], w, wd.freq, 0xFFFFFFFEu);
         }
+        touched_.clear();
         heap_.reserve(pairs_.size());
         for (uint32_t p = 0; p < pairs_.size(); ++p)
             if (pairs_[p].occ > 0) heap_.push_back({pairs_[p].count, p});
@@ -212,11 +225,18 @@ private:
         std::vector<uint32_t> words;
         words.swap(pairs_[pi].words);
         touched_.clear();
-        for (uint32_t w : words) {
-            if (stamp_[w] == step) continue;
-            stamp_[w] = step;
+        const size_t nw = words.size();
+        for (size_t k = 0; k < nw; ++k) {
+            // the word lists are mostly in increasing word order; fetch a little ahead
+            if (k + 16 < nw) __builtin_prefetch(&words_[words[k + 16]]);
+            if (k + 8 < nw) __builtin_prefetch(sym_.data() + words_[words[k + 8]].start);
+            const uint32_t w = words[k];
+            if (words_[w].stamp == step) continue;
+            words_[w].stamp = step;
             merge_word(w, a, b, x, step);
         }
+        pairs_[pi].count = 0;  // every occurrence of the pair was merged
+        pairs_[pi].occ = 0;
         for (uint32_t p : touched_) {
             const PairInfo& P = pairs_[p];
             if (P.occ > 0) push({P.count, p});
@@ -224,12 +244,12 @@ private:
     }
 
     void merge_word(uint32_t w, int32_t a, int32_t b, int32_t x, uint32_t step) {
-        int32_t* s = sym_.data() + start_[w];
-        const uint32_t n = len_[w];
+        int32_t* s = sym_.data() + words_[w].start;
+        const uint32_t n = words_[w].len;
         uint32_t i = 0;
         while (i + 1 < n && !(s[i] == a && s[i + 1] == b)) ++i;
         if (i + 1 >= n) return;  // stale entry
-        const int64_t f = freq_[w];
+        const int64_t f = words_[w].freq;
         uint32_t o = i;
         while (i < n) {
             if (i + 1 < n && s[i] == a && s[i + 1] == b) {
@@ -237,7 +257,7 @@ private:
                     remove(s[o - 1], a, f);
                     add(s[o - 1], x, w, f, step);
                 }
-                remove(a, b, f);
+                // (a, b) itself: all its occurrences go; apply() zeroes it at the end
                 if (i + 2 < n) {
                     remove(b, s[i + 2], f);
                     add(x, s[i + 2], w, f, step);
@@ -248,17 +268,20 @@ private:
                 s[o++] = s[i++];
             }
         }
-        len_[w] = o;
+        words_[w].len = o;
     }
 
     int64_t min_frequency_;
     std::vector<std::string> tokens_;  // id -> bytes
     BytesMap<int32_t> id_of_;          // bytes -> id
+    struct Word {
+        uint64_t start;  // offset into sym_
+        uint32_t len;    // current length (merges shrink words in place)
+        uint32_t stamp;  // last merge step that visited the word
+        int64_t freq;    // count
+    };
     std::vector<int32_t> sym_;         // all words, flat
-    std::vector<uint64_t> start_;      // word -> offset into sym_
-    std::vector<uint32_t> len_;        // word -> current length
-    std::vector<int64_t> freq_;        // word -> count
-    std::vector<uint32_t> stamp_;      // word -> last merge step that visited it
+    std::vector<Word> words_;
     U64Map<uint32_t> pair_index_;      // (left, right) -> index into pairs_
     std::vector<PairInfo> pairs_;
     std::vector<HeapEntry> heap_;

@@ -309,7 +309,7 @@ def _add_tokenizer(p: argparse.ArgumentParser) -> None:
 
 def _add_lm(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lm-preset", choices=("tiny", "small", "gpt2-124m"), default="small", help="model size and recipe (default: %(default)s)")
-    p.add_argument("--lm-steps", type=int, default=600, help="optimizer steps (default: %(default)s)")
+    p.add_argument("--lm-steps", type=int, default=400, help="optimizer steps (default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N, mps")
     p.add_argument("--seed", type=int, default=1337, help="seed for model init, dropout and data order (default: %(default)s)")
     for name in ("n-layer", "n-head", "n-embd", "block-size", "batch-size"):

@@ -141,7 +141,7 @@ def tokenmill_pipeline(
     separator: str | None = "<|endoftext|>",
     placement: str = "append",
     lm_preset: str = "small",
-    lm_steps: int | None = 600,
+    lm_steps: int | None = 400,
     device: str = "auto",
     seed: int = 1337,
     model_overrides: dict[str, Any] | None = None,

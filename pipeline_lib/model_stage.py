@@ -89,6 +89,7 @@ def train_language_model(
         write_loss_plot(result.history, plot)
         files["loss.png"] = staging.put_file("loss.png", plot)
         summary = metrics(result)
+        summary.pop("checkpoint_dir", None)  # a work path that is gone once published
         docs = {
             "metrics.json": summary,
             "history.json": result.history,

@@ -391,6 +391,15 @@ def test_vocab_size_and_decode_errors(real, learned):
     with pytest.raises(ValueError, match="4294967295"):
         enc.decode(np.array([4294967295], np.uint32))
     assert enc.decode([9906, 1917]) == b"Hello world"  # any integer sequence converts
+    assert enc.decode(np.array([9906, 1917], np.int64)) == b"Hello world"
+    with pytest.raises(ValueError, match="-1"):
+        enc.decode([9906, -1])  # no wrap-around
+    with pytest.raises(ValueError, match="4294967301"):
+        enc.decode(np.array([9906, 2**32 + 5], np.int64))
+    with pytest.raises(TypeError):
+        enc.decode([1.5])
+    with pytest.raises(ValueError):
+        enc.decode(np.zeros((2, 2), np.uint32))
 
     ranks = {bytes([i]): i for i in range(256)}
     ranks[b"ab"] = 300  # ids 256..299 do not exist

@@ -4,6 +4,7 @@
 // GIL-free section are either immutable bytes objects the caller holds, or copied first.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 
 #include <memory>
 #include <mutex>
@@ -291,16 +292,45 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode_piece(Encoder& self
 }
 
 nb::bytes encoder_decode(Encoder& self, nb::handle ids_obj) {
-    auto ids = as_array<uint32_t>(ids_obj, "uint32", "ids");
+    // uint32 arrays decode directly; any other integer array-like is range-checked first so
+    // that e.g. -1 or 2**32 + 5 is reported instead of wrapping around.
+    nb::module_ np = nb::module_::import_("numpy");
+    nb::object arr = np.attr("asarray")(ids_obj);
+    if (nb::cast<int>(arr.attr("ndim")) != 1) throw nb::value_error("ids must be one-dimensional");
+    const size_t m = nb::cast<size_t>(arr.attr("size"));
+    std::vector<uint32_t> converted;
+    nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> ids;
+    const uint32_t* data = nullptr;
+    if (arr.attr("dtype").equal(np.attr("uint32"))) {
+        ids = as_array<uint32_t>(arr, "uint32", "ids");
+        data = ids.data();
+    } else if (m > 0) {
+        const std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
+        if (kind != "i" && kind != "u") throw nb::type_error("ids must be integers");
+        auto wide = as_array<int64_t>(np.attr("clip")(arr, -1, int64_t{1} << 40), "int64", "ids");
+        converted.resize(m);
+        for (size_t k = 0; k < m; ++k) {
+            const int64_t v = wide.data()[k];
+            if (v < 0 || v >= static_cast<int64_t>(self.core->vocab_size())) {
+                nb::object orig = arr[nb::int_(k)];
+                throw nb::value_error(("invalid token id " + nb::cast<std::string>(nb::str(orig)) +
+                                       " at position " + std::to_string(k) + " (vocab_size " +
+                                       std::to_string(self.core->vocab_size()) + ")")
+                                          .c_str());
+            }
+            converted[k] = static_cast<uint32_t>(v);
+        }
+        data = converted.data();
+    }
     std::string out;
     size_t bad = 0;
-    bool ok;
-    {
+    bool ok = true;
+    if (m > 0) {
         nb::gil_scoped_release release;
-        ok = self.core->decode(ids.data(), ids.shape(0), out, &bad);
+        ok = self.core->decode(data, m, out, &bad);
     }
     if (!ok)
-        throw nb::value_error(("invalid token id " + std::to_string(ids.data()[bad]) + " at position " +
+        throw nb::value_error(("invalid token id " + std::to_string(data[bad]) + " at position " +
                                std::to_string(bad) + " (vocab_size " + std::to_string(self.core->vocab_size()) +
                                ")")
                                   .c_str());

@@ -273,6 +273,17 @@ def cmd_export_nanogpt(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from flows.pipeline import report_flow
+
+    sizes = [int(v) for v in args.vocab_sizes.split(",")]
+    ref = report_flow(corpus=args.corpus, store=args.store, shards=max(2, args.shards), documents=args.documents, pattern=args.pattern, vocab_sizes=sizes, storage_options=_storage_options(args.storage_option) or None)
+    store = _store(args)
+    print(store.read_bytes(ref["kind"], ref["version"], "report.md").decode())
+    print(f"plot: {store.uri(ref['kind'], ref['version'], 'compression.png')}")
+    return 0
+
+
 def cmd_serve(args) -> int:
     from deployments.serve import serve
 
@@ -387,6 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.set_defaults(func=cmd_export_nanogpt)
+    p = sub.add_parser("report", help="compression vs vocabulary size, fertility per language, notable tokens")
+    _add_store(p), _add_corpus(p)
+    p.set_defaults(shards=10)
+    p.add_argument("--pattern", choices=("gpt2", "cl100k", "o200k"), default="cl100k")
+    p.add_argument("--vocab-sizes", default="256,300,491,512,1024,2048,4096,8192,16384,32768", help="comma-separated (default: %(default)s)")
+    p.set_defaults(func=cmd_report)
     p = sub.add_parser("serve", help="serve the scheduled deployments from this process (needs a Prefect server)")
     _add_store(p)
     p.add_argument("--corpus", action="append", metavar="URL")

@@ -26,6 +26,7 @@ from tasks.corpus import download_corpus, shard_corpus
 from tasks.counting import count_words, reduce_counts
 from tasks.encoding import encode_shard, write_token_manifest
 from tasks.lm import train_lm
+from tasks.report import tokenizer_report
 from tasks.tokenizer import learn_merges
 
 DEFAULT_STORE = "./artifacts"
@@ -124,6 +125,22 @@ def lm_flow(
     """Train the GPT on a tokens version."""
     cfg = lm_config(preset, steps, device, seed, **(model_overrides or {}))
     return train_lm(store, tokens_ref, tokenizer_ref, cfg, storage_options)
+
+
+@flow(name="tokenmill-report")
+def report_flow(
+    corpus: list[str] | None = None,
+    store: str = DEFAULT_STORE,
+    shards: int = 10,
+    documents: str = "paragraph",
+    pattern: str = "cl100k",
+    vocab_sizes: list[int] | None = None,
+    storage_options: dict | None = None,
+) -> dict[str, str]:
+    """The seeds' questions on any corpus: compression vs vocabulary size, fertility per language."""
+    corpus_ref = corpus_flow(corpus, store, shards, documents, storage_options=storage_options)
+    sizes = vocab_sizes or [256, 300, 491, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+    return tokenizer_report(store, corpus_ref, pattern, sizes, storage_options)
 
 
 @flow(name="tokenmill-pipeline")

@@ -1,0 +1,24 @@
+"""Prefect task: the tokenizer report (compression curve, fertility, notable tokens)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from pipeline_lib import report as report_lib
+from tasks.common import ref_dict, store_of, to_ref
+
+
+@task(name="tokenizer_report")
+def tokenizer_report(store_url: str, corpus: dict[str, str], pattern: str, vocab_sizes: list[int], storage_options: dict | None = None) -> dict[str, str]:
+    store = store_of(store_url, storage_options)
+    ref = report_lib.tokenizer_report(store, to_ref(corpus), pattern, vocab_sizes)
+    report = json.loads(store.read_bytes(ref.kind, ref.version, "report.json"))
+    png = base64.b64encode(store.read_bytes(ref.kind, ref.version, "compression.png")).decode()
+    md = store.read_bytes(ref.kind, ref.version, "report.md").decode()
+    create_markdown_artifact(key="tokenizer-report", markdown=f"![compression](data:image/png;base64,{png})\n\n{md}", description="Compression vs vocabulary size, fertility per language")
+    create_table_artifact(key="compression-curve", table=[{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in report["compression"]], description="Held-out compression per vocabulary size")
+    return ref_dict(ref)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
 
 from pipeline_lib import stages
 from pipeline_lib.counting import COUNTS_KIND, CountConfig
@@ -40,4 +41,12 @@ def reduce_counts(store_url: str, corpus: dict[str, str], config: CountConfig, s
     ref = stages.reduce_counts(store, to_ref(corpus), config)
     meta = store.manifest(ref.kind, ref.version)["meta"]
     get_run_logger().info("counts: %s distinct pieces, %s occurrences (%s pattern)", f"{meta['n_pieces']:,}", f"{meta['n_occurrences']:,}", meta["pattern"])
+    create_table_artifact(
+        key="word-counts",
+        table=[
+            {"shard": r["shard"], "docs": r["n_docs"], "bytes": r["n_bytes"], "pieces": r["n_occurrences"], "distinct pieces": r["n_pieces"]}
+            for r in meta["shards"]
+        ] + [{"shard": "all", "docs": sum(r["n_docs"] for r in meta["shards"]), "bytes": sum(r["n_bytes"] for r in meta["shards"]), "pieces": meta["n_occurrences"], "distinct pieces": meta["n_pieces"]}],
+        description=f"Counts {ref.version}: pre-tokenized pieces per corpus shard ({meta['pattern']} pattern)",
+    )
     return ref_dict(ref)

@@ -1,0 +1,295 @@
+"""Deployments against a real local Prefect server, and failures as the UI shows them.
+
+One `prefect server start` per module (tests/prefect_server.py: own PREFECT_HOME, free
+port on 127.0.0.1). `tokenmill serve` registers the deployments of deployments/serve.py
+and runs a triggered pipeline run; `prefect deploy` from deployments/prefect.yaml plus a
+`process` worker does the same. The module takes ~75 s on a loaded 2-core machine
+(server start ~17-25 s of it). Failure behaviour is read back from the API the UI
+reads: a bad corpus URL fails `download_corpus` after its retries with our message, and a
+run killed mid-encoding resumes with the finished shards Cached.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, os.path.dirname(__file__))
+from prefect_server import PrefectServer, flow_runs, free_port, stop_process, task_runs, task_states, wait_for_deployment  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAKESPEARE = ROOT / "pipeline_lib" / "data" / "tinyshakespeare.txt"
+TINY = {"vocab_size": 300, "shards": 2, "train_model": False}
+RUN_TIMEOUT = 240  # seconds for one tiny triggered run, generous for a loaded 2-core machine
+
+
+# ----------------------------------------------------------------------------- no server
+def _yaml_deployments() -> list[dict]:
+    return yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())["deployments"]
+
+
+def _flow_of(entrypoint: str) -> str:
+    return entrypoint.rsplit(":", 1)[1]
+
+
+def test_prefect_yaml_mirrors_serve_specs():
+    from deployments import entrypoints
+    from deployments.serve import TIMEZONE, WORK_POOL, deployment_specs
+
+    specs = {(s.flow, s.name): s for s in deployment_specs("/s", ["/c.txt"])}
+    docs = {(_flow_of(d["entrypoint"]), d["name"]): d for d in _yaml_deployments()}
+    assert set(docs) == set(specs)
+    for key, d in docs.items():
+        spec = specs[key]
+        assert d["entrypoint"] == spec.entrypoint and _flow_of(d["entrypoint"]) in entrypoints.FLOWS
+        assert d["work_pool"]["name"] == WORK_POOL
+        crons = [(s["cron"], s["timezone"]) for s in d.get("schedules") or []]
+        assert crons == ([(spec.cron, TIMEZONE)] if spec.cron else []), key
+        # Same parameter names, same fixed values; store/corpus/storage_options come from
+        # the deploy-time settings step in the YAML and from serve()'s arguments.
+        params = d["parameters"]
+        templated = {k for k, v in params.items() if isinstance(v, str) and v.startswith("{{ settings.")}
+        assert set(params) - {"storage_options"} == set(spec.parameters), key
+        assert {k: v for k, v in params.items() if k not in templated} == {k: v for k, v in spec.parameters.items() if k not in templated}, key
+        assert set(d["tags"]) == set(spec.tags)
+        env = d["work_pool"].get("job_variables", {}).get("env", {})
+        assert env.get("TOKENMILL_RUNNER") == spec.runner
+
+
+def test_deploy_settings_step(monkeypatch, tmp_path):
+    from deployments.steps import settings
+
+    for var in ("TOKENMILL_STORE", "TOKENMILL_CORPUS", "TOKENMILL_STORAGE_OPTIONS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert settings() == {"store": str(tmp_path / "artifacts"), "corpus": None, "storage_options": None}
+    monkeypatch.setenv("TOKENMILL_STORE", "s3://bucket/tm")
+    monkeypatch.setenv("TOKENMILL_CORPUS", "a.txt 'https://example.org/b c.txt'")
+    monkeypatch.setenv("TOKENMILL_STORAGE_OPTIONS", '{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}')
+    out = settings()
+    assert out["store"] == "s3://bucket/tm"
+    assert out["corpus"] == [str(tmp_path / "a.txt"), "https://example.org/b c.txt"]
+    assert out["storage_options"] == {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}
+
+
+def test_serve_refuses_without_server(monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from deployments.serve import serve
+    from pipeline_lib.fsio import InputError
+
+    with temporary_settings(updates={PREFECT_API_URL: None}), pytest.raises(InputError, match="prefect server start"):
+        serve("/tmp/never-used")
+
+
+def test_runner_from_env():
+    from prefect.task_runners import ThreadPoolTaskRunner
+    from prefect_dask import DaskTaskRunner
+
+    from flows.runners import runner_from_env
+    from pipeline_lib.fsio import InputError
+
+    assert isinstance(runner_from_env({}), ThreadPoolTaskRunner)
+    assert runner_from_env({"TOKENMILL_WORKERS": "3"})._max_workers == 3
+    r = runner_from_env({"TOKENMILL_RUNNER": "dask", "TOKENMILL_DASK_ADDRESS": "tcp://10.0.0.5:8786"})
+    assert isinstance(r, DaskTaskRunner) and r.address == "tcp://10.0.0.5:8786"
+    with pytest.raises(InputError, match="TOKENMILL_RUNNER=dask"):
+        runner_from_env({"TOKENMILL_DASK_ADDRESS": "tcp://10.0.0.5:8786"})
+    with pytest.raises(InputError, match="expected an integer"):
+        runner_from_env({"TOKENMILL_WORKERS": "many"})
+
+
+# ----------------------------------------------------------------------------- server
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with PrefectServer(tmp_path_factory.mktemp("prefect-server")) as s:
+        with s.settings():
+            yield s
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("corpus") / "shakespeare_head.txt"
+    path.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:120_000], encoding="utf-8")
+    return str(path)
+
+
+_SERVE: dict[str, subprocess.Popen] = {}
+
+
+@pytest.fixture(scope="module")
+def served(server, small_corpus, tmp_path_factory):
+    """`tokenmill serve` running against the server; yields its store path."""
+    store = str(tmp_path_factory.mktemp("served-store"))
+    proc = server.spawn(
+        [sys.executable, "-m", "flows.cli", "serve", "--store", store, "--corpus", small_corpus], "serve",
+        env=server.client_env(PREFECT_RUNNER_POLL_FREQUENCY="1"), cwd=str(ROOT),
+    )
+    _SERVE["proc"] = proc
+    for name in ("tokenmill-pipeline/on-demand", "tokenmill-lm/on-demand"):  # first and last registered
+        wait_for_deployment(name, timeout=120, proc=proc, log=lambda: server.log_tail("serve"))
+    yield store
+    stop_process(proc)
+
+
+def _trigger(name: str, **parameters):
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(name, parameters=parameters, timeout=RUN_TIMEOUT, poll_interval=1, as_subflow=False)
+    assert run.state is not None and run.state.is_final(), f"{name}: still {run.state} after {RUN_TIMEOUT} s"
+    return run
+
+
+def test_serve_registers_scheduled_deployments(served):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("tokenmill-pipeline/nightly-tokenize")
+        weekly = client.read_deployment_by_name("tokenmill-pipeline/weekly-retrain")
+    assert [(s.schedule.cron, s.schedule.timezone) for s in nightly.schedules] == [("0 2 * * *", "UTC")]
+    assert [(s.schedule.cron, s.schedule.timezone) for s in weekly.schedules] == [("0 3 * * 0", "UTC")]
+    assert nightly.parameters["store"] == served and nightly.parameters["train_model"] is False
+    assert nightly.parameters["vocab_size"] == 32768
+    assert weekly.parameters["train_model"] is True
+
+
+def test_served_triggered_pipeline_completes(served, server):
+    from pipeline_lib import ArtifactStore
+
+    run = _trigger("tokenmill-pipeline/on-demand", **TINY)
+    assert run.state.is_completed(), f"{run.state}\n{server.log_tail('serve')}"
+    states = task_states(run.id)
+    assert states["encode_shard"] == ["Completed"] * 2 and states["count_words"] == ["Completed"] * 2, states
+    assert "train_lm" not in states
+    store = ArtifactStore(served)
+    assert {m["kind"] for m in store.list()} == {"raw", "corpus", "counts", "tokenizer", "tokens"}
+    tok = store.latest("tokenizer")
+    assert tok["meta"]["vocab_size"] == 300
+
+
+def test_bad_corpus_url_fails_download_after_retries(served, server):
+    bad = f"http://127.0.0.1:{free_port()}/missing-corpus.txt"  # nothing listens there
+    run = _trigger("tokenmill-pipeline/on-demand", corpus=[bad], **TINY)
+    assert run.state.is_failed(), run.state
+    (download,) = [t for t in task_runs(run.id) if t.name.startswith("download_corpus")]
+    assert download.state.name == "Failed"
+    assert download.run_count == 3  # the first try and retries=2
+    assert "missing-corpus.txt" in download.state.message and "no such file" in download.state.message, download.state.message
+    # Each failed try was visible as AwaitingRetry in the task run's history.
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        history = [s.name for s in client.read_task_run_states(download.id)]
+    assert history.count("AwaitingRetry") == 2, history
+    assert "InputError" in run.state.message or "missing-corpus.txt" in (run.state.message or ""), run.state.message
+
+
+def _logs(flow_run_id) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        return [log.message for log in client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)]
+
+
+_CRASH_SCRIPT = textwrap.dedent("""
+    import os, signal, sys, threading
+    from prefect.task_runners import ThreadPoolTaskRunner
+    from flows.pipeline import tokenmill_pipeline
+    from pipeline_lib import stages
+
+    corpus, store, crash_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if crash_after >= 0:
+        real, done, lock = stages.encode_shard, [], threading.Lock()
+
+        def encode_then_crash(*args, **kwargs):
+            with lock:
+                if len(done) >= crash_after:
+                    os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no cleanup, no final state
+            record = real(*args, **kwargs)
+            with lock:
+                done.append(record["shard"])
+            return record
+
+        stages.encode_shard = encode_then_crash
+    # One thread: the shards are encoded one after the other, so exactly `crash_after` finish.
+    flow = tokenmill_pipeline.with_options(task_runner=ThreadPoolTaskRunner(max_workers=1))
+    flow(corpus=[corpus], store=store, shards=4, vocab_size=300, train_model=False)
+""")
+
+
+def test_crash_mid_encoding_resumes_from_finished_shards(server, small_corpus, tmp_path):
+    store = str(tmp_path / "store")
+    env = server.client_env()
+
+    def run(crash_after: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _CRASH_SCRIPT, small_corpus, store, str(crash_after)],
+                              env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+
+    first = run(2)
+    assert first.returncode == -9, first.stdout[-3000:] + first.stderr[-3000:]
+    crashed = flow_runs("tokenmill-pipeline")[0]
+    (staging,) = [p for p in (Path(store) / "tokens" / ".staging").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    done = sorted(os.listdir(staging / "_done"))
+    assert done == ["shard_000000.json", "shard_000001.json"], done
+    second = run(-1)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    resumed = flow_runs("tokenmill-pipeline")[0]
+    assert resumed.id != crashed.id and resumed.state.is_completed()
+    states = task_states(resumed.id)
+    assert sorted(states["encode_shard"]) == ["Cached", "Cached", "Completed", "Completed"], states
+    for name in ("download_corpus", "shard_corpus", "reduce_counts", "learn_merges"):
+        assert states[name] == ["Cached"], (name, states)
+    assert states["count_words"] == ["Cached"] * 4, states
+    # The shards encoded again are the two that had not finished (their log lines say so).
+    encoded = sorted(m.split(":")[0] for m in _logs(resumed.id) if m.startswith("shard ") and "tokens for" in m)
+    assert encoded == ["shard 2", "shard 3"], encoded
+    # Nothing marks the killed run Crashed by itself (no process was left to report it):
+    # the UI keeps it Running until a zombie-detection automation runs (docs/operations.md).
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(crashed.id).state.name == "Running"
+
+
+# ----------------------------------------------------------------------------- prefect deploy
+def test_prefect_deploy_and_process_worker_run(server, small_corpus, tmp_path):
+    """`prefect deploy` from deployments/prefect.yaml + a process worker run a triggered run."""
+    if "proc" in _SERVE:  # the served deployments have the same names: stop the server-side runner
+        stop_process(_SERVE.pop("proc"))
+    store = str(tmp_path / "store")
+    env = server.client_env(TOKENMILL_STORE=store, TOKENMILL_CORPUS=small_corpus, PREFECT_WORKER_QUERY_SECONDS="1")
+    prefect = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
+    for argv in (prefect + ["work-pool", "create", "tokenmill", "--type", "process", "--overwrite"],
+                 prefect + ["deploy", "--all", "--prefect-file", "deployments/prefect.yaml"]):
+        done = subprocess.run(argv, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("tokenmill-pipeline/nightly-tokenize")
+    assert nightly.work_pool_name == "tokenmill" and nightly.parameters["store"] == store
+    assert nightly.parameters["corpus"] == [small_corpus]
+    assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
+    t0 = time.monotonic()
+    worker = server.spawn(prefect + ["worker", "start", "--pool", "tokenmill", "--type", "process"], "worker", env=env, cwd=str(ROOT))
+    try:
+        run = _trigger("tokenmill-pipeline/nightly-tokenize", vocab_size=300, shards=2)
+        assert run.state.is_completed(), f"{run.state}\n{server.log_tail('worker')}"
+        assert run.work_pool_name == "tokenmill"
+        print(f"worker start -> run Completed: {time.monotonic() - t0:.1f} s")
+    finally:
+        stop_process(worker)  # needs the second signal: SIGINT, then SIGTERM, then SIGKILL
+    assert worker.poll() is not None
+    states = task_states(run.id)
+    assert states["encode_shard"] == ["Completed"] * 2, states
+    from pipeline_lib import ArtifactStore
+
+    assert ArtifactStore(store).latest("tokens") is not None

@@ -100,12 +100,44 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- commands
+class _ProgressBars:
+    """Rich progress bars fed by the tasks running in this process."""
+
+    def __init__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bars = Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+        self.ids: dict[str, int] = {}
+
+    def __call__(self, name: str, *, done=None, advance=0, total=None) -> None:
+        if name not in self.ids:
+            self.ids[name] = self.bars.add_task(name, total=total)
+        self.bars.update(self.ids[name], completed=done, advance=advance or None, total=total)
+
+    def __enter__(self):
+        from tasks.common import add_progress_listener
+
+        add_progress_listener(self)
+        self.bars.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.bars.stop()
+
+
 def cmd_run(args) -> int:
     from flows.pipeline import tokenmill_pipeline
 
     overrides = {k: getattr(args, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size") if getattr(args, k) is not None}
     flow = tokenmill_pipeline.with_options(task_runner=_runner(args))
-    summary = flow(
+    with _ProgressBars():
+        summary = _run_pipeline(flow, args, overrides)
+    _print_summary(summary)
+    return 0
+
+
+def _run_pipeline(flow, args, overrides):
+    return flow(
         corpus=args.corpus, store=args.store, shards=args.shards, documents=args.documents,
         text_field=args.text_field, errors=args.errors, pattern=args.pattern, vocab_size=args.vocab_size,
         special_tokens=args.special_token, min_frequency=args.min_frequency, separator=args.separator or None,
@@ -113,8 +145,6 @@ def cmd_run(args) -> int:
         model_overrides=overrides or None, train_model=not args.no_lm,
         storage_options=_storage_options(args.storage_option) or None,
     )
-    _print_summary(summary)
-    return 0
 
 
 def cmd_tokenizer_train(args) -> int:

@@ -42,6 +42,7 @@ def train_language_model(
     *,
     log: Callable[[str], None] | None = None,
     on_eval: Callable[[dict[str, Any]], None] | None = None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
     n_samples: int = 2,
     sample_tokens: int = 160,
 ) -> VersionRef:
@@ -63,7 +64,7 @@ def train_language_model(
     data_dir = store.local_dir(tokens.kind, tokens.version)
     result = train(
         train_config, data_dir, workdir, token_byte_lengths=tok.token_byte_lengths(),
-        log=log, on_eval=on_eval, resume=True,
+        log=log, on_eval=on_eval, on_step=on_step, resume=True,
     )
     if result.checkpoint_dir is None:
         raise RuntimeError(f"training wrote no checkpoint into {workdir}")

@@ -45,3 +45,18 @@ def checked_key(store: ArtifactStore, key: str, present: bool) -> str:
 
         (Path(PREFECT_LOCAL_STORAGE_PATH.value()).expanduser() / key).unlink(missing_ok=True)
     return key
+
+
+# Progress listeners: the CLI registers a progress-bar renderer; tasks report to it (and to
+# Prefect's progress artifacts where a run should show it in the UI).
+_LISTENERS: list = []
+
+
+def add_progress_listener(fn) -> None:
+    """Register `fn(name, done=..., advance=..., total=...)`, called as work advances in this process."""
+    _LISTENERS.append(fn)
+
+
+def progress(name: str, *, done: float | None = None, advance: float = 0, total: float | None = None) -> None:
+    for fn in list(_LISTENERS):
+        fn(name, done=done, advance=advance, total=total)

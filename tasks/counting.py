@@ -9,7 +9,7 @@ from prefect.artifacts import create_table_artifact
 
 from pipeline_lib import stages
 from pipeline_lib.counting import COUNTS_KIND, CountConfig
-from tasks.common import checked_key, ref_dict, store_of, to_ref
+from tasks.common import checked_key, progress, ref_dict, store_of, to_ref
 
 
 def _count_key(context, parameters: dict[str, Any]) -> str:
@@ -25,6 +25,7 @@ def _count_key(context, parameters: dict[str, Any]) -> str:
 def count_words(store_url: str, corpus: dict[str, str], shard: int, config: CountConfig, storage_options: dict | None = None) -> dict[str, Any]:
     record = stages.count_shard(store_of(store_url, storage_options), to_ref(corpus), shard, config)
     get_run_logger().info("shard %d: %s distinct pieces", shard, f"{record.get('n_pieces', 0):,}")
+    progress("count_words (shards)", advance=1, total=len(stages.corpus_shards(store_of(store_url, storage_options), to_ref(corpus))))
     return record
 
 

@@ -9,7 +9,7 @@ from prefect.artifacts import create_table_artifact
 
 from pipeline_lib import stages
 from pipeline_lib.token_shards import TOKENS_KIND, EncodeConfig
-from tasks.common import checked_key, ref_dict, store_of, to_ref
+from tasks.common import checked_key, progress, ref_dict, store_of, to_ref
 
 
 def _encode_key(context, parameters: dict[str, Any]) -> str:
@@ -26,6 +26,7 @@ def encode_shard(store_url: str, corpus: dict[str, str], tokenizer: dict[str, st
     record = stages.encode_shard(store_of(store_url, storage_options), to_ref(corpus), to_ref(tokenizer), shard, config)
     if "n_tokens" in record:
         get_run_logger().info("shard %d: %s tokens for %s bytes", shard, f"{record['n_tokens']:,}", f"{record['n_bytes']:,}")
+    progress("encode_shard (shards)", advance=1, total=len(stages.corpus_shards(store_of(store_url, storage_options), to_ref(corpus))))
     return record
 
 

@@ -9,7 +9,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
 
 from pipeline_lib.model_stage import MODEL_KIND, model_version, train_language_model
-from tasks.common import checked_key, ref_dict, store_of, to_ref
+from tasks.common import checked_key, progress, ref_dict, store_of, to_ref
 
 
 def _lm_key(context, parameters: dict[str, Any]) -> str:
@@ -27,7 +27,10 @@ def train_lm(store_url: str, tokens: dict[str, str], tokenizer: dict[str, str], 
     def on_eval(event: dict[str, Any]) -> None:
         update_progress_artifact(progress_id, progress=100.0 * event["step"] / max(1, config.max_steps))
 
-    ref = train_language_model(store, to_ref(tokens), to_ref(tokenizer), config, log=logger.info, on_eval=on_eval)
+    def on_step(event: dict[str, Any]) -> None:
+        progress("train_lm (steps)", done=event["step"], total=config.max_steps)
+
+    ref = train_language_model(store, to_ref(tokens), to_ref(tokenizer), config, log=logger.info, on_eval=on_eval, on_step=on_step)
     update_progress_artifact(progress_id, progress=100.0)
     manifest = store.manifest(ref.kind, ref.version)
     m = manifest["meta"]["metrics"]

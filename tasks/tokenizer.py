@@ -11,7 +11,7 @@ from pipeline_lib import stages
 from pipeline_lib.stages import TOKENIZER_KIND, TOKENIZER_MODULES, TokenizerConfig
 from pipeline_lib.store import version_id
 from pipeline_lib.version import code_version
-from tasks.common import checked_key, ref_dict, store_of, to_ref
+from tasks.common import checked_key, progress, ref_dict, store_of, to_ref
 
 
 def _merges_key(context, parameters: dict[str, Any]) -> str:
@@ -26,10 +26,12 @@ def learn_merges(store_url: str, counts: dict[str, str], config: TokenizerConfig
     logger = get_run_logger()
     store = store_of(store_url, storage_options)
 
-    def progress(done: int, total: int) -> None:
-        logger.info("merges: %d / %d", done, total)
+    def on_merges(done: int, total: int) -> None:
+        progress("learn_merges", done=done, total=total)
+        if done % 10_000 < 1000:
+            logger.info("merges: %d / %d", done, total)
 
-    ref = stages.learn_tokenizer(store, to_ref(counts), config, progress=progress)
+    ref = stages.learn_tokenizer(store, to_ref(counts), config, progress=on_merges)
     meta = store.manifest(ref.kind, ref.version)["meta"]
     logger.info("tokenizer: %d ids (%d merges) -> %s", meta["vocab_size"], meta["n_merges"], ref.uri)
     create_markdown_artifact(

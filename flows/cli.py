@@ -442,10 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipeline_lib.store import StoreError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except InputError as e:
+    except (InputError, StoreError) as e:
         print(f"tokenmill: error: {e}", file=sys.stderr)
         return 2
 

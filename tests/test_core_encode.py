@@ -188,7 +188,7 @@ def test_real_vocab_random_alphabets_match_tiktoken(real, name):
 
 @pytest.mark.parametrize("name", ["cl100k", "o200k"])
 def test_long_pieces_match_tiktoken(real, name):
-    """Pieces long enough for the heap path (> 128 B) and the bucket path (> 64 KiB)."""
+    """Pieces long enough for the heap path (> 64 B) and the bucket path (> 64 KiB)."""
     _, enc, tk = real[name]
     rng = random.Random(7)
     for n in [129, 1000, 5000, 70000, 300000]:
@@ -305,7 +305,7 @@ def test_encode_piece_all_paths_match_reference(learned):
     """Short (array), long (heap) pieces against bpe_reference.bpe_piece; every length class."""
     ranks, enc, tk = learned["cl100k"]
     rng = random.Random(5)
-    for n in list(range(1, 40)) + [127, 128, 129, 130, 200, 700, 2000]:
+    for n in list(range(1, 40)) + [63, 64, 65, 127, 128, 129, 130, 200, 700, 2000]:
         for alphabet in [b"et", b"etaoin", b"the ", b"e"]:
             piece = bytes(rng.choice(alphabet) for _ in range(n))
             assert enc.encode_piece(piece).tolist() == ref.bpe_piece(piece, ranks), (n, alphabet)

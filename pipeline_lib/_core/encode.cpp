@@ -16,7 +16,7 @@ namespace {
 // Pieces up to kSmallPiece bytes use the simple O(n^2) array merge (tiktoken's shape, fast
 // for short pieces); up to kHugePiece a linked list + binary min-heap, O(n log n); longer
 // ones a linked list + bucket queue by rank (see bpe_huge), close to linear.
-constexpr size_t kSmallPiece = 128;
+constexpr size_t kSmallPiece = 64;
 constexpr size_t kHugePiece = size_t{1} << 16;
 }  // namespace
 
@@ -127,10 +127,20 @@ struct Node {
     uint32_t tok, nxt, prv, rk;
 };
 
+// Per-thread scratch nodes, reused by the pieces a thread encodes.
+std::vector<Node>& scratch_nodes() {
+    thread_local std::vector<Node> nodes;
+    return nodes;
+}
+
 // One (rank << 32 | position) binary min-heap.
 class HeapQueue {
 public:
-    explicit HeapQueue(size_t n) { heap_.reserve(n); }
+    // `storage` is scratch space reused across calls (cleared here).
+    HeapQueue(std::vector<uint64_t>& storage, size_t n) : heap_(storage) {
+        heap_.clear();
+        heap_.reserve(n);
+    }
     void push(uint32_t r, uint32_t k) {
         heap_.push_back((static_cast<uint64_t>(r) << 32) | k);
         if (heapified_) std::push_heap(heap_.begin(), heap_.end(), std::greater<uint64_t>());
@@ -150,7 +160,7 @@ public:
     }
 
 private:
-    std::vector<uint64_t> heap_;
+    std::vector<uint64_t>& heap_;
     bool heapified_ = false;
 };
 
@@ -238,7 +248,8 @@ private:
 template <class Queue>
 void EncoderCore::bpe_linked(const uint8_t* p, size_t n, Queue& queue, std::vector<uint32_t>& out) const {
     const uint32_t end = static_cast<uint32_t>(n);
-    std::vector<Node> nodes(n);
+    std::vector<Node>& nodes = scratch_nodes();
+    nodes.resize(n);
     for (size_t k = 0; k < n; ++k) {
         nodes[k].tok = byte_rank_[p[k]];
         nodes[k].nxt = static_cast<uint32_t>(k + 1);
@@ -273,10 +284,12 @@ void EncoderCore::bpe_linked(const uint8_t* p, size_t n, Queue& queue, std::vect
         }
     }
     for (uint32_t i = 0; i != end; i = nodes[i].nxt) out.push_back(nodes[i].tok);
+    if (nodes.capacity() > kHugePiece) std::vector<Node>().swap(nodes);  // do not keep huge scratch
 }
 
 void EncoderCore::bpe_large(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
-    HeapQueue queue(n);
+    thread_local std::vector<uint64_t> heap_storage;
+    HeapQueue queue(heap_storage, n);
     bpe_linked(p, n, queue, out);
 }
 

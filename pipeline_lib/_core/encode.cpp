@@ -72,6 +72,21 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
             pairs_.get_or_insert((static_cast<uint64_t>(*l) << 32) | *r, ranks[k]);
         }
     }
+    // Bloom filter: ~8 bits per pair, both probe bits in one 64-bit word.
+    size_t words = 64;
+    while (words * 64 < pairs_.size() * 8) words <<= 1;
+    bloom_.assign(words, 0);
+    bloom_mask_ = words - 1;
+    pairs_.for_each([&](uint64_t key, uint32_t) {
+        const uint64_t h = hash_u64(key);
+        bloom_[(h >> 12) & bloom_mask_] |= (uint64_t{1} << (h & 63)) | (uint64_t{1} << ((h >> 6) & 63));
+    });
+    byte_pairs_.assign(65536, kNone);
+    for (int a = 0; a < 256; ++a)
+        for (int b = 0; b < 256; ++b) {
+            const uint32_t* v = pairs_.find((static_cast<uint64_t>(byte_rank_[a]) << 32) | byte_rank_[b]);
+            if (v) byte_pairs_[(a << 8) | b] = *v;
+        }
 }
 
 void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
@@ -93,7 +108,7 @@ void EncoderCore::bpe_small(const uint8_t* p, size_t n, std::vector<uint32_t>& o
     uint32_t rk[kSmallPiece];  // rk[k]: rank of merging tok[k] with tok[k + 1], kNone if none
     size_t m = n;
     for (size_t k = 0; k < n; ++k) tok[k] = byte_rank_[p[k]];
-    for (size_t k = 0; k + 1 < m; ++k) rk[k] = merged(tok[k], tok[k + 1]);
+    for (size_t k = 0; k + 1 < m; ++k) rk[k] = merged_bytes(p[k], p[k + 1]);
     while (m > 1) {
         uint32_t best = kNone;
         size_t at = 0;
@@ -256,7 +271,7 @@ void EncoderCore::bpe_linked(const uint8_t* p, size_t n, Queue& queue, std::vect
         nodes[k].prv = k == 0 ? kNone : static_cast<uint32_t>(k - 1);
     }
     for (size_t k = 0; k < n; ++k) {
-        const uint32_t r = k + 1 < n ? merged(nodes[k].tok, nodes[k + 1].tok) : kNone;
+        const uint32_t r = k + 1 < n ? merged_bytes(p[k], p[k + 1]) : kNone;
         nodes[k].rk = r;
         if (r != kNone) queue.push(r, static_cast<uint32_t>(k));
     }

@@ -73,15 +73,29 @@ private:
     void bpe_huge(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
     template <class Queue>
     void bpe_linked(const uint8_t* p, size_t n, Queue& queue, std::vector<uint32_t>& out) const;
+    // Merged rank of two adjacent tokens, or kNone. Most lookups are either pairs of single
+    // bytes (a direct table) or pairs that are not a token at all (rejected by a small
+    // Bloom filter that stays in cache); the rest go to the hash map.
     uint32_t merged(uint32_t left, uint32_t right) const {
-        const uint32_t* v = pairs_.find((static_cast<uint64_t>(left) << 32) | right);
+        const uint64_t key = (static_cast<uint64_t>(left) << 32) | right;
+        const uint64_t h = hash_u64(key);
+        const uint64_t word = bloom_[(h >> 12) & bloom_mask_];
+        const uint64_t bits = (uint64_t{1} << (h & 63)) | (uint64_t{1} << ((h >> 6) & 63));
+        if ((word & bits) != bits) return kNone;
+        const uint32_t* v = pairs_.find(key);
         return v ? *v : kNone;
+    }
+    uint32_t merged_bytes(uint8_t left, uint8_t right) const {
+        return byte_pairs_[(static_cast<uint32_t>(left) << 8) | right];
     }
 
     int pattern_;
     size_t vocab_size_ = 0;
     BytesMap<uint32_t> vocab_;           // token bytes -> rank
     U64Map<uint32_t> pairs_;             // (left << 32 | right) -> merged rank
+    std::vector<uint64_t> bloom_;        // Bloom filter of the keys of pairs_ (2 bits per key)
+    uint64_t bloom_mask_ = 0;
+    std::vector<uint32_t> byte_pairs_;   // (byte << 8 | byte) -> merged rank of the two byte tokens
     std::vector<uint64_t> tok_off_;      // by rank: offset into tok_bytes_
     std::vector<uint32_t> tok_len_;      // by rank: length, kNone = no such token
     std::string tok_bytes_;

@@ -1,18 +1,30 @@
 """Corpus ingestion: fetch sources through fsspec, read documents, split into Parquet shards.
 
-Sources are URLs or globs (``file://``, ``https://``, ``s3://``, ``memory://``, plain
-paths) of ``.txt``, ``.jsonl`` or ``.parquet`` files, optionally ``.gz``, ``.bz2``, ``.xz``
-or ``.zst`` compressed. Everything streams: memory is bounded by the largest document,
-not by the corpus.
+Sources are URLs or globs (``file://``, ``https://``, ``s3://``, ``gs://``, ``memory://``,
+plain paths) of ``.txt``, ``.jsonl`` or ``.parquet`` files; text and JSONL files may be
+``.gz``, ``.bz2``, ``.xz`` or ``.zst`` compressed (by extension). Everything streams:
+memory is bounded by the largest document (a few times its size), not by the corpus.
+
+`download_corpus` copies the sources byte for byte into a ``raw`` version whose id is the
+hash of their contents (each source's size and sha256 are in the manifest), so a retried
+or repeated download lands on the same version. `shard_corpus` reads the raw version and
+writes ``n_shards`` Parquet text shards of about equal bytes, split at document
+boundaries, as a ``corpus`` version.
 
 A document is a line, a paragraph or a whole file for text files (`CorpusConfig.documents`),
-a record for JSONL and a row for Parquet. Bytes that are not UTF-8 are replaced, or skip
-their document, or fail the run (`CorpusConfig.errors`); the counts go in the manifest.
+a record for JSONL (`text_field`) and a row for Parquet (`text_field` column). Documents
+are handled as UTF-8 bytes: NUL and other control bytes are kept (the tokenizer is
+byte-level). Bytes that are not UTF-8 are replaced by U+FFFD, or skip their document, or
+fail the run (`CorpusConfig.errors`); the counts go in the manifest. A source that looks
+binary, a truncated or corrupt archive, or one that decompresses past `max_source_bytes`
+(a decompression bomb) stops the run with an `InputError` naming the file, and nothing
+is published.
 """
 
 from __future__ import annotations
 
 import bz2
+import codecs
 import contextlib
 import gzip
 import hashlib
@@ -20,8 +32,10 @@ import io
 import json
 import lzma
 import os
+import re
 import shutil
 import tempfile
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
@@ -30,24 +44,44 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline_lib.fsio import InputError, filesystem
-from pipeline_lib.store import ArtifactStore, FileInfo, VersionRef, version_id
+from pipeline_lib.fsio import InputError, filesystem, hash_file, protocol_of
+from pipeline_lib.store import STAGING_DIR, TMP_DIR, ArtifactStore, FileInfo, VersionRef, version_id
 from pipeline_lib.version import code_version
 
 RAW_KIND = "raw"
 CORPUS_KIND = "corpus"
 DEFAULT_CORPUS = os.path.join(os.path.dirname(__file__), "data", "tinyshakespeare.txt")
 _COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
-_FORMATS = (".txt", ".text", ".md", ".jsonl", ".json", ".parquet")
+_FORMATS = (".txt", ".text", ".md", ".jsonl", ".ndjson", ".json", ".parquet")
 _SNIFF_BYTES = 1 << 16
-_BATCH_BYTES = 8 << 20
+_BATCH_BYTES = 8 << 20  # Parquet row group / write batch
+_BATCH_DOCS = 1 << 16
+_COPY_CHUNK = 8 << 20
+_BIG_DOC = 4 << 20  # documents above this are validated in slices and written on their own
+# Magic numbers of common binary formats that are not text (compressed ones are handled
+# by extension; a compressed file without its extension is refused here).
+_BINARY_MAGIC = {
+    b"\x7fELF": "an ELF executable",
+    b"\x89PNG": "a PNG image",
+    b"\xff\xd8\xff": "a JPEG image",
+    b"GIF8": "a GIF image",
+    b"%PDF": "a PDF document",
+    b"PK\x03\x04": "a ZIP archive",
+    b"\x1f\x8b": "gzip data (name it .gz)",
+    b"BZh": "bzip2 data (name it .bz2)",
+    b"\xfd7zXZ\x00": "xz data (name it .xz)",
+    b"\x28\xb5\x2f\xfd": "zstd data (name it .zst)",
+    b"PAR1": "a Parquet file (name it .parquet)",
+    b"\x93NUMPY": "a NumPy array",
+    b"SQLite format 3\x00": "an SQLite database",
+}
 
 
 @dataclass(frozen=True)
 class CorpusConfig:
     """How to read and shard a corpus."""
 
-    sources: tuple[str, ...] = (DEFAULT_CORPUS,)  # URLs or globs
+    sources: tuple[str, ...] = (DEFAULT_CORPUS,)  # URLs or globs (a single string is accepted)
     documents: str = "line"  # text files: "line" | "paragraph" | "file"
     text_field: str = "text"  # JSONL field / Parquet column holding the text
     errors: str = "replace"  # invalid UTF-8: "replace" | "skip-document" | "fail"
@@ -56,21 +90,35 @@ class CorpusConfig:
     storage_options: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
-        if not self.sources:
+        sources = self.sources
+        if isinstance(sources, (str, os.PathLike)):
+            sources = (sources,)
+        try:
+            sources = tuple(os.fspath(s) for s in sources)
+        except TypeError:
+            raise InputError(f"sources={self.sources!r}: give a path, URL or glob, or a list of them") from None
+        object.__setattr__(self, "sources", sources)
+        if not self.sources or not all(self.sources):
             raise InputError("no corpus sources given")
         if self.documents not in ("line", "paragraph", "file"):
             raise InputError(f"documents={self.documents!r}: choose line, paragraph or file")
         if self.errors not in ("replace", "skip-document", "fail"):
             raise InputError(f"errors={self.errors!r}: choose replace, skip-document or fail")
-        if not 1 <= self.n_shards <= 100_000:
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise InputError(f"text_field={self.text_field!r}: give the JSONL field / Parquet column with the text")
+        if not isinstance(self.n_shards, int) or not 1 <= self.n_shards <= 100_000:
             raise InputError(f"n_shards={self.n_shards}: must be between 1 and 100000")
-        if self.max_source_bytes <= 0:
-            raise InputError("max_source_bytes must be positive")
+        if not isinstance(self.max_source_bytes, int) or self.max_source_bytes <= 0:
+            raise InputError("max_source_bytes must be a positive number of bytes")
 
     def shard_params(self) -> dict[str, Any]:
-        """The parameters that decide the shards' content (part of their version id)."""
+        """The parameters that decide the shards' content (part of their version id).
+
+        `max_source_bytes` is not one of them: a run either stays under it and writes the
+        same shards, or fails.
+        """
         p = asdict(self)
-        del p["sources"], p["storage_options"]
+        del p["sources"], p["storage_options"], p["max_source_bytes"]
         return p
 
 
@@ -84,25 +132,42 @@ def _split_name(name: str) -> tuple[str, str]:
     return fmt, comp
 
 
+def _redact(url: str) -> str:
+    """A URL without credentials or query string, for manifests and messages."""
+    if "://" not in url:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 def expand_sources(sources: tuple[str, ...], **storage_options: Any) -> list[str]:
     """Expand globs; each source must name at least one file."""
+    if isinstance(sources, str):
+        sources = (sources,)
     urls: list[str] = []
     for src in sources:
         fs, path = filesystem(src, **storage_options)
-        if any(ch in path for ch in "*?["):
-            hits = sorted(fs.glob(path))
+        globbing = protocol_of(fs) not in ("http", "https") and any(ch in path for ch in "*?[")
+        if globbing:
+            try:
+                hits = sorted(h for h in fs.glob(path) if not fs.isdir(h))
+            except OSError as e:
+                raise InputError(f"corpus source {_redact(src)!r}: cannot list it ({e})") from e
             if not hits:
-                raise InputError(f"corpus source {src!r} matches no files")
+                raise InputError(f"corpus source {_redact(src)!r} matches no files")
             urls.extend(fs.unstrip_protocol(h) if "://" in src else h for h in hits)
         else:
             try:
                 info = fs.info(path)
             except FileNotFoundError:
-                raise InputError(f"corpus source {src!r}: no such file") from None
+                raise InputError(f"corpus source {_redact(src)!r}: no such file") from None
             except OSError as e:
-                raise InputError(f"corpus source {src!r}: cannot reach it ({e})") from e
+                raise InputError(f"corpus source {_redact(src)!r}: cannot reach it ({e})") from e
             if info.get("type") == "directory":
-                raise InputError(f"corpus source {src!r} is a directory; give files or a glob like {src.rstrip('/')}/*.txt")
+                raise InputError(f"corpus source {_redact(src)!r} is a directory; give files or a glob like {src.rstrip('/')}/*.txt")
             urls.append(src)
     return urls
 
@@ -114,17 +179,42 @@ def source_fingerprint(sources: tuple[str, ...], **storage_options: Any) -> list
         fs, path = filesystem(url, **storage_options)
         info = fs.info(path)
         out.append({
-            "url": url,
+            "url": _redact(url),
             "size": info.get("size"),
             "stamp": str(info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or info.get("last_modified") or ""),
         })
     return out
 
 
+def _source_name(url: str, i: int) -> str:
+    """A store-safe file name for source number `i` that keeps its extensions."""
+    path = urllib.parse.urlsplit(url).path if "://" in url else url
+    base = os.path.basename(path.rstrip("/")) or "source"
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", base)
+    safe = re.sub(r"\.{2,}", ".", safe).strip(".") or "source"
+    if len(safe) > 150:  # keep the tail: it holds the format and compression extensions
+        safe = safe[-150:].lstrip(".")
+    return f"{i:05d}_{safe}"
+
+
+def _scratch_dir(store: ArtifactStore, kind: str) -> str | None:
+    """A temp dir on the store's own disk (so publishing is a rename), or None for remote."""
+    if not store.local:
+        return None
+    path = f"{store.root}/{kind}/{STAGING_DIR}/{TMP_DIR}"
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
-    """Copy the sources into the store as a `raw` version, content-addressed by their sha256."""
+    """Copy the sources into the store as a `raw` version, content-addressed by their sha256.
+
+    Streams each source in bounded chunks while hashing it. Idempotent: a retry (or a
+    second run) downloads again and lands on the same version id, which is published
+    once; a killed download leaves only temp files that `gc` removes.
+    """
     urls = expand_sources(config.sources, **config.storage_options)
-    tmpdir = tempfile.mkdtemp(prefix="tokenmill-download-")
+    tmpdir = tempfile.mkdtemp(prefix="tokenmill-download-", dir=_scratch_dir(store, RAW_KIND))
     try:
         fetched = []
         for i, url in enumerate(urls):
@@ -133,17 +223,20 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
             h, size = hashlib.sha256(), 0
             try:
                 with fs.open(path, "rb") as src, open(local, "wb") as dst:
-                    while chunk := src.read(8 << 20):
+                    while chunk := src.read(_COPY_CHUNK):
                         h.update(chunk)
                         size += len(chunk)
                         dst.write(chunk)
+                    dst.flush()
+                    os.fsync(dst.fileno())
             except FileNotFoundError:
-                raise InputError(f"corpus source {url!r}: no such file") from None
-            base = os.path.basename(path.rstrip("/")) or "source"
-            safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in base).strip(".") or "source"
-            fetched.append({"url": url, "local": local, "name": f"{i:05d}_{safe}", "size": size, "sha256": h.hexdigest()})
+                raise InputError(f"corpus source {_redact(url)!r}: no such file") from None
+            except IsADirectoryError:
+                raise InputError(f"corpus source {_redact(url)!r} is a directory") from None
+            fetched.append({"url": _redact(url), "local": local, "name": _source_name(url, i), "size": size, "sha256": h.hexdigest()})
         if sum(f["size"] for f in fetched) == 0:
-            raise InputError(f"the corpus {list(config.sources)} is empty (0 bytes)")
+            shown = ", ".join(repr(_redact(u)) for u in urls[:5]) + (" ..." if len(urls) > 5 else "")
+            raise InputError(f"the corpus is empty: {shown} hold 0 bytes")
         content = [{"name": f["name"], "sha256": f["sha256"]} for f in fetched]
         code = code_version("pipeline_lib.corpus")
         version = version_id(RAW_KIND, {}, {"content": content}, code)
@@ -153,6 +246,8 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
         files: dict[str, FileInfo] = {}
         for f in fetched:
             files[f"sources/{f['name']}"] = staging.put_file(f"sources/{f['name']}", f["local"], move=True)
+            if files[f"sources/{f['name']}"] != FileInfo(f["size"], f["sha256"]):
+                raise InputError(f"corpus source {f['url']!r} changed on local disk while it was being stored")
         sources_meta = [{k: f[k] for k in ("url", "name", "size", "sha256")} for f in fetched]
         return store.publish(
             staging, files=files, params={"content": content}, code_version=code,
@@ -166,7 +261,7 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-# --------------------------------------------------------------------------- documents
+# --------------------------------------------------------------------------- reading sources
 class _CappedReader(io.RawIOBase):
     """Counts decompressed bytes and refuses to go past the cap (zip-bomb guard)."""
 
@@ -179,12 +274,17 @@ class _CappedReader(io.RawIOBase):
     def readinto(self, b) -> int:
         try:
             data = self.inner.read(len(b))
-        except (EOFError, OSError, lzma.LZMAError) as e:
+        except InputError:
+            raise
+        except (EOFError, OSError, lzma.LZMAError, ValueError) as e:
             raise InputError(f"{self.name}: corrupt or truncated archive ({e})") from e
         n = len(data)
         self.n += n
         if self.n > self.cap:
-            raise InputError(f"{self.name}: decompresses to more than {self.cap:,} bytes (max_source_bytes); refusing a possible decompression bomb")
+            raise InputError(
+                f"{self.name}: decompresses to more than {self.cap:,} bytes (max_source_bytes); "
+                "refusing a possible decompression bomb"
+            )
         b[:n] = data
         return n
 
@@ -192,8 +292,8 @@ class _CappedReader(io.RawIOBase):
 class _ZstdReader(io.RawIOBase):
     """Streaming zstd decompression that notices truncation (zstandard's reader does not).
 
-    Compressed input goes in small pieces so one read can never inflate far past the cap:
-    a 1 KiB piece of RLE blocks expands to at most tens of MB.
+    Compressed input goes in 1 KiB pieces so one step can never inflate far past the cap:
+    a 1 KiB piece of RLE blocks expands to at most ~32 MB.
     """
 
     def __init__(self, raw: BinaryIO, name: str):
@@ -202,14 +302,14 @@ class _ZstdReader(io.RawIOBase):
         self._zstd = zstandard
         self.raw, self.name = raw, name
         self.d = zstandard.ZstdDecompressor().decompressobj()
-        self.pending = b""
+        self.pending = memoryview(b"")
         self.started = False
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b) -> int:
-        while not self.pending:
+        while not len(self.pending):
             chunk = self.raw.read(1024)
             if not chunk:
                 if self.started and not self.d.eof:
@@ -217,16 +317,17 @@ class _ZstdReader(io.RawIOBase):
                 return 0
             self.started = True
             try:
-                self.pending = self.d.decompress(chunk)
+                out = self.d.decompress(chunk)
                 while self.d.eof and self.d.unused_data:
                     rest = self.d.unused_data
                     self.d = self._zstd.ZstdDecompressor().decompressobj()
-                    self.pending += self.d.decompress(rest)
+                    out += self.d.decompress(rest)
             except self._zstd.ZstdError as e:
                 raise InputError(f"{self.name}: corrupt zstd archive ({e})") from e
             if self.d.eof:
                 self.d = self._zstd.ZstdDecompressor().decompressobj()
                 self.started = False
+            self.pending = memoryview(out)
         n = min(len(b), len(self.pending))
         b[:n] = self.pending[:n]
         self.pending = self.pending[n:]
@@ -234,10 +335,14 @@ class _ZstdReader(io.RawIOBase):
 
 
 @contextlib.contextmanager
-def open_source(path: str, name: str, cap: int) -> Iterator[BinaryIO]:
+def open_source(path: str, name: str, cap: int) -> Iterator[io.BufferedReader]:
     """Open a local source file, decompressing by extension, with the size cap."""
     _, comp = _split_name(name)
-    with open(path, "rb") as raw:
+    try:
+        raw = open(path, "rb")
+    except FileNotFoundError:
+        raise InputError(f"{name}: missing ({path})") from None
+    with raw:
         if comp == ".gz":
             inner: BinaryIO = gzip.GzipFile(fileobj=raw)
         elif comp == ".bz2":
@@ -257,11 +362,28 @@ class DecodeStats:
     bytes: int = 0
     chars: int = 0
     replaced_documents: int = 0
-    skipped_documents: int = 0
+    invalid_bytes: int = 0  # bytes replaced by U+FFFD (policy "replace")
+    skipped_documents: int = 0  # documents dropped for invalid UTF-8 (policy "skip-document")
     empty_documents: int = 0
 
+    def add(self, other: DecodeStats) -> None:
+        for k, v in asdict(other).items():
+            setattr(self, k, getattr(self, k) + v)
 
-def _decode(data: bytes, errors: str, where: str, stats: DecodeStats) -> str | None:
+
+_INVALID = [0]
+
+
+def _count_replace(e: UnicodeDecodeError) -> tuple[str, int]:
+    _INVALID[0] += e.end - e.start
+    return "\ufffd", e.end
+
+
+codecs.register_error("tokenmill-count-replace", _count_replace)
+
+
+def _decode_policy(data: bytes, errors: str, where: str, stats: DecodeStats) -> str | None:
+    """`data` as text, applying the invalid-UTF-8 policy (counts replaced / skipped)."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -270,54 +392,147 @@ def _decode(data: bytes, errors: str, where: str, stats: DecodeStats) -> str | N
         if errors == "skip-document":
             stats.skipped_documents += 1
             return None
+        _INVALID[0] = 0
+        text = data.decode("utf-8", "tokenmill-count-replace")
         stats.replaced_documents += 1
-        return data.decode("utf-8", "replace")
+        stats.invalid_bytes += _INVALID[0]
+        return text
+
+
+def _check_utf8(data: bytes, errors: str, where: str, stats: DecodeStats) -> bytes | None:
+    """`data` if it is UTF-8; else per the policy: repaired bytes, None (skip) or an error."""
+    n_chars = _utf8_chars(data)
+    if n_chars is None:
+        text = _decode_policy(data, errors, where, stats)
+        if text is None:
+            return None
+        data = text.encode("utf-8")
+        n_chars = len(text)
+    return _counted(data, n_chars, stats)
+
+
+def _utf8_chars(data: bytes) -> int | None:
+    """Characters in `data` if it is valid UTF-8, else None; big documents are checked in
+    slices so no str of their full size is ever built."""
+    if len(data) <= _BIG_DOC:
+        try:
+            return len(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(data)
+    n = 0
+    try:
+        for start in range(0, len(data), _BIG_DOC):
+            n += len(decoder.decode(view[start : start + _BIG_DOC], final=start + _BIG_DOC >= len(data)))
+    except UnicodeDecodeError:
+        return None
+    return n
+
+
+def _check_str(text: str, errors: str, where: str, stats: DecodeStats) -> bytes | None:
+    """UTF-8 bytes of a str from JSON (which can hold lone surrogates UTF-8 cannot carry)."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        if errors == "fail":
+            raise InputError(f"{where}: lone surrogate {text[e.start]!r} at character {e.start}, not encodable as UTF-8; use errors='replace' or 'skip-document'") from None
+        if errors == "skip-document":
+            stats.skipped_documents += 1
+            return None
+        # Join valid surrogate pairs, replace lone ones with U+FFFD (the tokenizer's rule).
+        fixed = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        stats.replaced_documents += 1
+        stats.invalid_bytes += sum(1 for ch in text if "\ud800" <= ch <= "\udfff") - 2 * (len(text) - len(fixed))
+        text, data = fixed, fixed.encode("utf-8")
+    return _counted(data, len(text), stats)
+
+
+def _counted(data: bytes, n_chars: int, stats: DecodeStats) -> bytes | None:
+    if not data:
+        stats.empty_documents += 1
+        return None
+    stats.documents += 1
+    stats.bytes += len(data)
+    stats.chars += n_chars
+    return data
 
 
 def _sniff_binary(head: bytes, name: str) -> None:
+    """Refuse a file that is not text: a known binary signature, many NULs or non-UTF-8.
+
+    A few NUL or control bytes in text are fine (kept, the tokenizer is byte-level).
+    """
     if not head:
         return
+    for magic, what in _BINARY_MAGIC.items():
+        if head.startswith(magic):
+            raise InputError(f"{name}: looks like {what}, not text")
     nul = head.count(0)
     invalid = len(head) - len(head.decode("utf-8", "ignore").encode("utf-8"))
-    if nul > len(head) // 100 + 1 or invalid > len(head) // 10 + 4:
-        raise InputError(f"{name}: looks like a binary file, not text ({nul} NUL and {invalid} non-UTF-8 bytes in the first {len(head)} bytes)")
+    if len(head) >= 4 and (invalid > len(head) // 10 + 4 or nul > len(head) * 3 // 10):
+        hint = " (UTF-16 text? convert it to UTF-8)" if head[:2] in (b"\xff\xfe", b"\xfe\xff") or head[1::2].count(0) > len(head) // 4 else ""
+        raise InputError(f"{name}: looks like a binary file, not text ({nul} NUL and {invalid} non-UTF-8 bytes in the first {len(head):,} bytes){hint}")
 
 
-def iter_documents(path: str, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[str]:
-    """Yield the documents of one local source file as text."""
-    fmt, _ = _split_name(name)
+def _iter_docs(path: str, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[tuple[bytes, int]]:
+    """(document UTF-8 bytes, source bytes consumed so far) for one local source file."""
+    fmt, comp = _split_name(name)
     if fmt == ".parquet":
+        if comp:
+            raise InputError(f"{name}: a compressed Parquet file; Parquet compresses internally, store it as plain .parquet")
         yield from _iter_parquet(path, name, config, stats)
         return
+    errors = config.errors
+    pos = 0
     with open_source(path, name, config.max_source_bytes) as f:
         _sniff_binary(f.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], name)
-        if fmt in (".jsonl", ".json"):
+        if fmt in (".jsonl", ".ndjson", ".json"):
+            field = config.text_field
             for lineno, line in enumerate(f, start=1):
+                pos += len(line)
+                if lineno == 1 and line.startswith(codecs.BOM_UTF8):
+                    line = line[len(codecs.BOM_UTF8) :]
                 if not line.strip():
                     continue
-                text = _decode(line, config.errors, f"{name}:{lineno}", stats)
+                text = _decode_policy(line, errors, f"{name}:{lineno}", stats)
                 if text is None:
                     continue
                 try:
                     record = json.loads(text)
                 except json.JSONDecodeError as e:
-                    raise InputError(f"{name}:{lineno}: not valid JSON ({e.msg})") from None
-                if not isinstance(record, dict) or config.text_field not in record:
-                    raise InputError(f"{name}:{lineno}: record has no {config.text_field!r} field (set text_field to the field holding the text)")
-                value = record[config.text_field]
+                    raise InputError(f"{name}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+                if not isinstance(record, dict):
+                    raise InputError(f"{name}:{lineno}: expected a JSON object per line, found {type(record).__name__}")
+                if field not in record:
+                    raise InputError(f"{name}:{lineno}: record has no {field!r} field (fields: {sorted(record)[:10]}); set text_field to the field holding the text")
+                value = record[field]
+                if value is None:
+                    stats.empty_documents += 1
+                    continue
                 if not isinstance(value, str):
-                    raise InputError(f"{name}:{lineno}: field {config.text_field!r} is {type(value).__name__}, not text")
-                yield from _emit(value, stats)
+                    raise InputError(f"{name}:{lineno}: field {field!r} is {type(value).__name__}, not text")
+                data = _check_str(value, errors, f"{name}:{lineno}", stats)
+                if data is not None:
+                    yield data, pos
         elif config.documents == "file":
-            text = _decode(f.read(), config.errors, name, stats)
-            if text is not None:
-                yield from _emit(text, stats)
+            raw = f.read()
+            data = _check_utf8(raw, errors, name, stats)
+            if data is not None:
+                yield data, len(raw)
         elif config.documents == "line":
-            for lineno, line in enumerate(f, start=1):
-                text = _decode(line.rstrip(b"\r\n"), config.errors, f"{name}:{lineno}", stats)
-                if text is not None:
-                    yield from _emit(text, stats)
-        else:  # paragraph
+            lineno = 0
+            while line := f.readline():
+                lineno += 1
+                pos += len(line)
+                stripped = line.rstrip(b"\r\n")
+                line = None  # drop the unstripped copy before checking (a huge line counts twice otherwise)
+                data = _check_utf8(stripped, errors, f"{name}:{lineno}", stats)
+                stripped = None
+                if data is not None:
+                    yield data, pos
+                data = None
+        else:  # paragraph: blank-line separated
             para: list[bytes] = []
             start = 1
             for lineno, line in enumerate(f, start=1):
@@ -325,51 +540,111 @@ def iter_documents(path: str, name: str, config: CorpusConfig, stats: DecodeStat
                     if not para:
                         start = lineno
                     para.append(line)
-                elif para:
-                    text = _decode(b"".join(para).rstrip(b"\r\n"), config.errors, f"{name}:{start}", stats)
+                    pos += len(line)
+                    continue
+                if para:
+                    data = _check_utf8(b"".join(para).rstrip(b"\r\n"), errors, f"{name}:{start}", stats)
                     para = []
-                    if text is not None:
-                        yield from _emit(text, stats)
+                    if data is not None:
+                        yield data, pos
+                pos += len(line)
             if para:
-                text = _decode(b"".join(para).rstrip(b"\r\n"), config.errors, f"{name}:{start}", stats)
-                if text is not None:
-                    yield from _emit(text, stats)
+                data = _check_utf8(b"".join(para).rstrip(b"\r\n"), errors, f"{name}:{start}", stats)
+                if data is not None:
+                    yield data, pos
 
 
-def _emit(text: str, stats: DecodeStats) -> Iterator[str]:
-    if not text:
-        stats.empty_documents += 1
-        return
-    stats.documents += 1
-    stats.bytes += len(text.encode("utf-8"))
-    stats.chars += len(text)
-    yield text
+def iter_documents(path: str, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[str]:
+    """Yield the documents of one local source file as text."""
+    for data, _ in _iter_docs(path, name, config, stats):
+        yield data.decode("utf-8")
 
 
-def _iter_parquet(path: str, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[str]:
+def _text_column(pf: pq.ParquetFile, name: str, field: str) -> None:
+    names = pf.schema_arrow.names
+    if field not in names:
+        raise InputError(f"{name}: no column {field!r} (columns: {names[:20]}); set text_field")
+    typ = pf.schema_arrow.field(field).type
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    ok = (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
+          or getattr(pa.types, "is_string_view", lambda t: False)(typ) or getattr(pa.types, "is_binary_view", lambda t: False)(typ))
+    if not ok:
+        raise InputError(f"{name}: column {field!r} has type {typ}, not text")
+
+
+def _binary_values(col: pa.Array) -> tuple[np.ndarray, memoryview, np.ndarray | None]:
+    """(int64 offsets, data buffer, validity or None) of a string/binary array."""
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if not pa.types.is_large_binary(col.type):
+        col = col.cast(pa.large_binary())
+    _, offsets, data = col.buffers()
+    off = np.frombuffer(offsets, dtype=np.int64, count=len(col) + 1, offset=col.offset * 8)
+    valid = None if col.null_count == 0 else col.is_valid().to_numpy(zero_copy_only=False)
+    return off, (memoryview(data) if data is not None else memoryview(b"")), valid
+
+
+def _iter_parquet(path: str, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[tuple[bytes, int]]:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise InputError(f"{name}: not a readable Parquet file ({e})") from e
-    if config.text_field not in pf.schema_arrow.names:
-        raise InputError(f"{name}: no column {config.text_field!r} (columns: {pf.schema_arrow.names}); set text_field")
+    _text_column(pf, name, config.text_field)
+    pos = row = 0
     try:
         for batch in pf.iter_batches(columns=[config.text_field], batch_size=4096):
-            col = batch.column(0)
-            if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
-                for i, v in enumerate(col.to_pylist()):
-                    if v is not None:
-                        text = _decode(v, config.errors, f"{name}: row {i}", stats)
-                        if text is not None:
-                            yield from _emit(text, stats)
-            elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-                for v in col.to_pylist():
-                    if v is not None:
-                        yield from _emit(v, stats)
-            else:
-                raise InputError(f"{name}: column {config.text_field!r} has type {col.type}, not text")
-    except (pa.ArrowInvalid, OSError) as e:
+            off, buf, valid = _binary_values(batch.column(0))
+            for i in range(len(off) - 1):
+                row += 1
+                if valid is not None and not valid[i]:
+                    stats.empty_documents += 1
+                    continue
+                n = int(off[i + 1] - off[i])
+                pos += n
+                if pos > config.max_source_bytes:
+                    raise InputError(f"{name}: holds more than {config.max_source_bytes:,} bytes of text (max_source_bytes)")
+                data = _check_utf8(bytes(buf[off[i] : off[i + 1]]), config.errors, f"{name}: row {row}", stats)
+                if data is not None:
+                    yield data, pos
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
         raise InputError(f"{name}: corrupt Parquet file ({e})") from e
+
+
+def _source_extent(path: str, name: str, config: CorpusConfig) -> int:
+    """Bytes `_iter_docs` will walk through for this source (decompressed).
+
+    Free for uncompressed files; one decompression pass for compressed ones (which also
+    finds a truncated archive or a bomb before anything is written); the text column's
+    byte length for Parquet.
+    """
+    fmt, comp = _split_name(name)
+    if fmt == ".parquet":
+        if comp:
+            raise InputError(f"{name}: a compressed Parquet file; Parquet compresses internally, store it as plain .parquet")
+        try:
+            pf = pq.ParquetFile(path)
+            _text_column(pf, name, config.text_field)
+            total = 0
+            for batch in pf.iter_batches(columns=[config.text_field], batch_size=65536):
+                off, _, valid = _binary_values(batch.column(0))
+                lengths = np.diff(off)
+                total += int(lengths.sum() if valid is None else lengths[valid].sum())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
+            raise InputError(f"{name}: not a readable Parquet file ({e})") from e
+        if total > config.max_source_bytes:
+            raise InputError(f"{name}: holds more than {config.max_source_bytes:,} bytes of text (max_source_bytes)")
+        return total
+    if not comp:
+        size = os.path.getsize(path)
+        if size > config.max_source_bytes:
+            raise InputError(f"{name}: {size:,} bytes, more than max_source_bytes ({config.max_source_bytes:,})")
+        return size
+    total = 0
+    with open_source(path, name, config.max_source_bytes) as f:
+        while n := len(f.read(1 << 20)):
+            total += n
+    return total
 
 
 # --------------------------------------------------------------------------- sharding
@@ -380,8 +655,85 @@ def shard_name(i: int) -> str:
     return f"shard_{i:06d}"
 
 
+def corpus_version(raw: VersionRef, config: CorpusConfig) -> str:
+    """The version id `shard_corpus` publishes for these inputs."""
+    return version_id(CORPUS_KIND, {"raw": raw.key}, config.shard_params(), code_version("pipeline_lib.corpus"))
+
+
+class _ShardWriter:
+    """Writes one Parquet text shard through `Staging.open_write`, in bounded batches."""
+
+    def __init__(self, staging, index: int):
+        self.name = shard_name(index)
+        self.file = f"{self.name}.parquet"
+        self._ctx = staging.open_write(self.file)
+        self.path = self._ctx.__enter__()
+        self.writer = pq.ParquetWriter(
+            self.path, SHARD_SCHEMA, compression="zstd", use_dictionary=["source"], write_statistics=False,
+        )
+        self.texts: list[bytes] = []
+        self.sources: list[str] = []
+        self.batch_bytes = 0
+        self.n_docs = self.n_bytes = 0
+
+    def add(self, data: bytes, source: str) -> None:
+        if len(data) > _BIG_DOC:  # a huge document goes out on its own, without a copy
+            self.flush()
+            self._write([data], [source], single=True)
+            self.n_docs += 1
+            self.n_bytes += len(data)
+            return
+        self.texts.append(data)
+        self.sources.append(source)
+        self.batch_bytes += len(data)
+        self.n_docs += 1
+        self.n_bytes += len(data)
+        if self.batch_bytes >= _BATCH_BYTES or len(self.texts) >= _BATCH_DOCS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.texts:
+            return
+        texts, sources = self.texts, self.sources
+        self.texts, self.sources, self.batch_bytes = [], [], 0
+        self._write(texts, sources)
+
+    def _write(self, texts: list[bytes], sources: list[str], single: bool = False) -> None:
+        if single:
+            data = texts.pop()
+            offsets = pa.py_buffer(np.array([0, len(data)], dtype=np.int64).tobytes())
+            binary = pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)])
+        else:
+            binary = pa.array(texts, pa.large_binary())
+            texts.clear()
+        # Bytes were validated as UTF-8 already; the cast re-checks it in C, zero-copy.
+        text = binary.cast(pa.large_string())
+        del binary
+        self.writer.write_batch(pa.record_batch([text, pa.array(sources, pa.string())], schema=SHARD_SCHEMA))
+
+    def close(self) -> dict[str, Any]:
+        self.flush()
+        self.writer.close()
+        self.info = FileInfo(*hash_file(self.path))
+        self._ctx.__exit__(None, None, None)  # publishes the file into the staging area
+        return {"name": self.name, "file": self.file, "n_docs": self.n_docs, "n_bytes": self.n_bytes}
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+        with contextlib.suppress(Exception):
+            self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
+
+
 def shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) -> VersionRef:
-    """Split a `raw` version into `n_shards` Parquet shards of about equal bytes."""
+    """Split a `raw` version into up to `n_shards` Parquet shards of about equal bytes.
+
+    Shard boundaries fall on document boundaries, at the documents where the running
+    count of source bytes crosses k/n of the total (a document larger than a shard's
+    share makes fewer shards). Two streaming passes: the first measures (free for
+    uncompressed sources), the second writes; memory stays bounded by the largest
+    document. Deterministic: the same raw version and config give byte-identical shards.
+    """
     params = config.shard_params()
     code = code_version("pipeline_lib.corpus")
     version = version_id(CORPUS_KIND, {"raw": raw.key}, params, code)
@@ -389,86 +741,93 @@ def shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) ->
         return store.ref(CORPUS_KIND, version)
     raw_manifest = store.manifest(raw.kind, raw.version)
     raw_dir = store.local_dir(raw.kind, raw.version)
-    sources = [(os.path.join(raw_dir, "sources", s["name"]), s["name"]) for s in raw_manifest["meta"]["sources"]]
+    raw_sources = raw_manifest["meta"]["sources"]
+    sources = [(os.path.join(raw_dir, "sources", s["name"]), s["name"]) for s in raw_sources]
 
-    # Pass 1 sizes the shards; pass 2 writes them. Two streaming passes keep memory flat.
-    total = DecodeStats()
-    for path, name in sources:
-        for _ in iter_documents(path, name, config, total):
-            pass
-    if total.documents == 0:
-        raise InputError(f"the corpus has no documents ({total.empty_documents} empty, {total.skipped_documents} skipped for invalid UTF-8)")
+    extents = [_source_extent(path, name, config) for path, name in sources]
+    total = sum(extents)
+    if total == 0:
+        raise InputError(f"the corpus {raw.key} is empty (sources: {[s['url'] for s in raw_sources][:5]})")
 
     staging = store.stage(CORPUS_KIND, version)
-    target = total.bytes / config.n_shards
-    shards: list[dict[str, Any]] = []
     files: dict[str, FileInfo] = {}
+    shards: list[dict[str, Any]] = []
+    per_source: list[dict[str, Any]] = []
     stats = DecodeStats()
-    writer_ctx = None
-    writer = None
-    texts: list[str] = []
-    names: list[str] = []
-    batch_bytes = 0
-    shard_docs = shard_bytes = 0
-
-    def flush():
-        nonlocal texts, names, batch_bytes
-        if texts:
-            writer.write_batch(pa.record_batch([pa.array(texts, pa.large_string()), pa.array(names, pa.string())], schema=SHARD_SCHEMA))
-        texts, names, batch_bytes = [], [], 0
-
-    def close_shard():
-        nonlocal writer, writer_ctx, shard_docs, shard_bytes
-        flush()
-        writer.close()
-        name = f"{shard_name(len(shards))}.parquet"
-        files[name] = staging.put_file(name, writer_ctx, move=True)
-        shards.append({"name": shard_name(len(shards)), "file": name, "n_docs": shard_docs, "n_bytes": shard_bytes})
-        writer, writer_ctx, shard_docs, shard_bytes = None, None, 0, 0
-
-    tmpdir = staging.path if store.local else tempfile.mkdtemp(prefix="tokenmill-shard-")
-    done_bytes = 0
-    for path, name in sources:
-        for text in iter_documents(path, name, config, stats):
-            n = len(text.encode("utf-8"))
-            if writer is None:
-                fd, writer_ctx = tempfile.mkstemp(dir=tmpdir, prefix=".tmp-", suffix=".parquet")
-                os.close(fd)
-                writer = pq.ParquetWriter(writer_ctx, SHARD_SCHEMA, compression="zstd")
-            texts.append(text)
-            names.append(name)
-            batch_bytes += n
-            shard_docs += 1
-            shard_bytes += n
-            done_bytes += n
-            if batch_bytes >= _BATCH_BYTES:
-                flush()
-            if len(shards) < config.n_shards - 1 and done_bytes >= target * (len(shards) + 1):
-                close_shard()
-    if writer is not None:
-        close_shard()
+    writer: _ShardWriter | None = None
+    consumed = 0  # source bytes walked through, across sources
+    try:
+        for (path, name), smeta, extent in zip(sources, raw_sources, extents):
+            sstats = DecodeStats()
+            before = consumed
+            for data, pos in _iter_docs(path, name, config, sstats):
+                if writer is None:
+                    writer = _ShardWriter(staging, len(shards))
+                writer.add(data, name)
+                consumed = before + pos
+                if len(shards) < config.n_shards - 1 and consumed * config.n_shards >= total * (len(shards) + 1):
+                    record = writer.close()
+                    files[record["file"]] = writer.info
+                    writer = None
+                    shards.append(record)
+            consumed = before + extent
+            stats.add(sstats)
+            per_source.append({
+                "name": name, "url": smeta.get("url"), "size": smeta.get("size"), "sha256": smeta.get("sha256"),
+                "n_docs": sstats.documents, "n_bytes": sstats.bytes,
+                "replaced_documents": sstats.replaced_documents, "skipped_documents": sstats.skipped_documents,
+            })
+        if writer is not None:
+            record = writer.close()
+            files[record["file"]] = writer.info
+            writer = None
+            shards.append(record)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    if stats.documents == 0:
+        raise InputError(
+            f"the corpus {raw.key} has no documents ({stats.empty_documents} empty, "
+            f"{stats.skipped_documents} skipped for invalid UTF-8; sources: {[s['url'] for s in raw_sources][:5]})"
+        )
     meta = {
         "shards": shards,
         "n_docs": stats.documents,
         "n_bytes": stats.bytes,
         "n_chars": stats.chars,
         "replaced_documents": stats.replaced_documents,
+        "invalid_bytes": stats.invalid_bytes,
         "skipped_documents": stats.skipped_documents,
         "empty_documents": stats.empty_documents,
         "errors_policy": config.errors,
+        "sources": per_source,
     }
     return store.publish(staging, files=files, parents={"raw": raw}, params=params, code_version=code, meta=meta)
 
 
-def iter_shard_batches(path: str, rows: int = 2048) -> Iterator[list[bytes]]:
+def iter_shard_batches(path: str, rows: int = 2048, with_source: bool = False) -> Iterator[Any]:
     """Yield a Parquet text shard's documents as UTF-8 bytes, `rows` at a time.
 
-    Slices the Arrow string buffer directly: no str objects are built on the way.
+    Slices the Arrow string buffer directly: no str objects are built on the way. With
+    `with_source`, yields ``(docs, sources)`` pairs.
     """
-    pf = pq.ParquetFile(path)
-    for batch in pf.iter_batches(columns=["text"], batch_size=rows):
-        col = batch.column(0)
-        _, offsets, data = col.buffers()
-        off = np.frombuffer(offsets, dtype=np.int64, count=len(col) + 1, offset=col.offset * 8)
-        buf = memoryview(data) if data is not None else memoryview(b"")
-        yield [bytes(buf[off[i] : off[i + 1]]) for i in range(len(col))]
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"{path}: not a readable corpus shard ({e})") from e
+    names = pf.schema_arrow.names
+    if "text" not in names or (with_source and "source" not in names):
+        raise InputError(f"{path}: not a corpus shard (columns {names})")
+    columns = ["text", "source"] if with_source else ["text"]
+    try:
+        for batch in pf.iter_batches(columns=columns, batch_size=rows):
+            off, buf, valid = _binary_values(batch.column(0))
+            if valid is not None:
+                raise InputError(f"{path}: null documents in a corpus shard")
+            docs = [bytes(buf[off[i] : off[i + 1]]) for i in range(len(off) - 1)]
+            sources = batch.column(1).to_pylist() if with_source else None
+            del batch, off, buf  # hold the documents once, not twice
+            yield (docs, sources) if with_source else docs
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"{path}: corrupt corpus shard ({e})") from e

@@ -50,18 +50,31 @@ def count_shard(shard_path: str, pattern: str) -> tuple[list[bytes], np.ndarray]
 
 
 def write_counts(path: str, pieces: Sequence[bytes], counts: np.ndarray) -> None:
+    """Write a counts table; the same pieces and counts always give the same bytes."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if len(pieces) != len(counts):
+        raise InputError(f"{path}: {len(pieces)} pieces but {len(counts)} counts")
     table = pa.table({"piece": pa.array(pieces, pa.binary()), "count": pa.array(counts, pa.int64())}, schema=COUNTS_SCHEMA)
-    pq.write_table(table, path, compression="zstd")
+    pq.write_table(table, path, compression="zstd", row_group_size=1 << 20, write_statistics=False, use_dictionary=False)
 
 
 def read_counts(path: str) -> tuple[list[bytes], np.ndarray]:
+    """Read and check a counts table: binary pieces, positive int64 counts, no nulls."""
     try:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise InputError(f"{path}: not a readable counts file ({e})") from e
     if table.schema.names != ["piece", "count"]:
         raise InputError(f"{path}: expected columns ['piece', 'count'], found {table.schema.names}")
-    return table.column("piece").to_pylist(), table.column("count").to_numpy()
+    piece_t, count_t = table.schema.field("piece").type, table.schema.field("count").type
+    if not (pa.types.is_binary(piece_t) or pa.types.is_large_binary(piece_t)) or not pa.types.is_int64(count_t):
+        raise InputError(f"{path}: expected piece: binary and count: int64, found {piece_t} and {count_t}")
+    if table.column("piece").null_count or table.column("count").null_count:
+        raise InputError(f"{path}: null pieces or counts")
+    counts = table.column("count").to_numpy()
+    if len(counts) and int(counts.min()) <= 0:
+        raise InputError(f"{path}: counts must be positive (found {int(counts.min())})")
+    return table.column("piece").to_pylist(), counts
 
 
 def reduce_counts(paths: Iterable[str], pattern: str) -> tuple[list[bytes], np.ndarray]:

@@ -11,6 +11,7 @@ so a killed run resumes with the shards it had not finished.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ from pipeline_lib.corpus import CORPUS_KIND, CorpusConfig, download_corpus, shar
 from pipeline_lib.counting import COUNTS_FILE, COUNTS_KIND, CountConfig
 from pipeline_lib.fsio import InputError
 from pipeline_lib.store import ArtifactStore, FileInfo, VersionRef, version_id
-from pipeline_lib.token_shards import TOKENS_FORMAT, TOKENS_KIND, EncodeConfig, token_dtype
+from pipeline_lib.token_shards import TOKENS_KIND, EncodeConfig
 from pipeline_lib.tokenizer import ENDOFTEXT, Tokenizer
 from pipeline_lib.version import code_version
 
@@ -201,20 +202,19 @@ def encode_shard(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef
     done = staging.done(unit)
     if done is not None:
         return done
-    from pipeline_lib.corpus import iter_shard_batches
-
     tok = load_tokenizer(store, tokenizer)
     info = corpus_shards(store, corpus)[shard]
     src = os.path.join(store.local_dir(corpus.kind, corpus.version), info["file"])
-    with staging.open_write(f"{unit}.npy") as tokens_tmp, staging.open_write(f"{unit}.idx.npy") as index_tmp:
-        stats = token_shards.encode_documents(tok, iter_shard_batches(src), tokens_tmp, index_tmp + ".npy", config, unit)
-        os.replace(index_tmp + ".npy", index_tmp)
-        tokens_info, index_info = _file_info(tokens_tmp), _file_info(index_tmp)
+    names = [f"{unit}.npy", f"{unit}.idx.npy"] + ([f"{unit}.docs.parquet"] if config.doc_table else [])
+    with contextlib.ExitStack() as stack:
+        tmps = [stack.enter_context(staging.open_write(n)) for n in names]
+        stats = token_shards.encode_shard_file(tok, src, tmps[0], tmps[1], config, unit, shard, tmps[2] if config.doc_table else None)
+        infos = {n: _file_info(t) for n, t in zip(names, tmps)}
     record = {
         **asdict(stats),
         "shard": shard,
-        "sha256": tokens_info.sha256,
-        "files": {f"{unit}.npy": asdict(tokens_info), f"{unit}.idx.npy": asdict(index_info)},
+        "sha256": infos[names[0]].sha256,
+        "files": {n: asdict(fi) for n, fi in infos.items()},
     }
     staging.mark_done(unit, record)
     return record
@@ -234,20 +234,11 @@ def publish_tokens(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionR
         if record is None:
             raise InputError(f"shard {i} of {corpus.key} is not encoded yet: run encode_shard for every shard first")
         records.append(record)
-    vocab_size = tmeta["vocab_size"]
-    sep = None
-    if config.separator is not None:
-        sep = {"token": config.separator, "id": tmeta["special_tokens"][config.separator], "placement": config.placement}
     files = {name: FileInfo(**fi) for r in records for name, fi in r["files"].items()}
-    meta = {
-        "format": TOKENS_FORMAT,
-        "dtype": token_dtype(vocab_size).name,
-        "vocab_size": vocab_size,
-        "separator": sep,
-        "tokenizer": {"version": tokenizer.key, "ranks_sha256": tmeta["ranks_sha256"], "pattern": tmeta["pattern"]},
-        "shards": [{k: r[k] for k in ("name", "n_tokens", "n_docs", "n_bytes", "sha256")} for r in records],
-        "totals": {k: int(sum(r[k] for r in records)) for k in ("n_tokens", "n_docs", "n_bytes")},
-    }
+    meta = token_shards.build_meta(
+        records, tmeta, tokenizer.key, config, code_version=_code(token_shards.CODE_MODULES),
+        corpus_key=corpus.key, corpus_meta=store.manifest(corpus.kind, corpus.version)["meta"],
+    )
     if store.local:
         token_shards.check_shards(staging.path, meta, deep=False)
     return store.publish(staging, files=files, parents={"corpus": corpus, "tokenizer": tokenizer}, params=config.params(), code_version=_code(token_shards.CODE_MODULES), meta=meta)

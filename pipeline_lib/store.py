@@ -1,21 +1,48 @@
 """Versioned, write-once artifact store over any fsspec filesystem.
 
 Layout: ``<root>/<kind>/<version>/`` holds a version's files and its ``manifest.json``.
-The manifest is written last and is the commit point: a directory without one is not a
-version, readers never see it, and `gc` removes it.
+The manifest is the commit point: a directory without one is not a version, readers
+never see it, and `gc` removes it.
 
 * Version ids are derived, never random: a hash of the parents' version ids, the stage
   parameters and the stage's code version. The same work lands in the same place, so a
-  rerun finds it and skips it.
-* Work in progress lives in a *staging* area. On a local disk that is
-  ``<root>/<kind>/.staging/<version>/``, renamed into place in one `os.rename` once the
-  manifest is in it (so a version appears whole or not at all). Object stores have no
-  rename: files go straight to the version prefix as single PUTs and the manifest is
-  PUT last, create-only where the store supports it.
-* Staged units of work carry completion markers (``_done/<unit>.json``), so a stage
-  killed half-way resumes where it stopped (datatrove's ``completions/``).
-* A published version is never written again; a second writer of the same version finds
-  it published and uses it.
+  rerun finds it and skips it, and two writers of the same work meet at the same id.
+* The manifest records lineage (parents and their manifest hashes), parameters, every
+  file's size and sha256, totals, creation time and tool / code versions. `verify`
+  re-hashes the files against it; `read_bytes` checks the one file it reads; `local_dir`
+  checks sizes (a remote version is hashed while it is downloaded into the cache).
+
+Local disk (``file://`` or a plain path)
+    Work in progress lives in ``<root>/<kind>/.staging/<version>/``; temporary files in
+    ``<root>/<kind>/.staging/.tmp/`` (same filesystem, outside any version directory).
+    Every file is written to a temp name, fsynced and `os.replace`d into the staging
+    directory. `publish` writes the manifest into the staging directory, fsyncs it and
+    renames the whole directory to ``<kind>/<version>`` in one `os.rename`, then fsyncs
+    the parent. Why a directory rename rather than writing in place with the manifest
+    last: the version appears whole or not at all even to tools that ignore manifests
+    (``ls``, a nanoGPT loader pointed at the directory), a published directory is never
+    written into, and `rename` onto an existing version fails, which is write-once for
+    free. Puts take a shared `flock` on ``.staging/.lock`` and `publish` an exclusive
+    one, so a slow second writer can never drop a file into a version after it was
+    published: it sees the manifest and skips the write.
+
+Object stores (``s3://``, ``gs://``, ``memory://`` ...)
+    There is no rename: files go straight to ``<kind>/<version>/`` as single PUTs
+    (multipart uploads complete atomically), and the manifest is PUT last with
+    create-only semantics (s3fs mode ``"xb"`` -> ``IfNoneMatch: *``), so of two
+    concurrent publishers exactly one manifest wins and the other adopts it. A writer
+    checks for the manifest before each PUT, so it stops writing into a published
+    version (a small race remains between the check and the PUT; the stages' outputs are
+    deterministic, so such a late PUT rewrites identical bytes, and `verify` would catch
+    anything else).
+
+Staged units of work carry completion markers (``_done/<unit>.json``), so a stage killed
+half-way resumes where it stopped (datatrove's ``completions/``); markers are removed
+before the manifest is written.
+
+Names (kinds, versions, file path parts) are ``[A-Za-z0-9._-]`` only, never ``.``/``..``
+or containing ``..``, never starting with ``.`` (reserved for the store's own entries),
+and on local disk the resolved path must stay under the store root (no symlink escapes).
 """
 
 from __future__ import annotations
@@ -28,20 +55,40 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO
 
-from pipeline_lib.fsio import InputError, filesystem, is_local, write_bytes_atomic
+from pipeline_lib.fsio import (
+    InputError,
+    filesystem,
+    fsync_dir,
+    fsync_file,
+    hash_stream,
+    is_local,
+    write_bytes_atomic,
+    write_bytes_create_only,
+)
 from pipeline_lib.version import __version__
+
+try:  # POSIX advisory locks; without them (Windows) local publishes are not serialised
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "tokenmill.manifest/1"
 DONE_DIR = "_done"
 STAGING_DIR = ".staging"
+TMP_DIR = ".tmp"
+LOCK_FILE = ".lock"
 MAX_MANIFEST_BYTES = 32 << 20
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+MAX_NAME_LEN = 200
+MAX_PATH_DEPTH = 8
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 8 << 20
 
 
@@ -50,15 +97,30 @@ class StoreError(RuntimeError):
 
 
 def check_name(name: str, what: str = "artifact name") -> str:
-    """Accept `[A-Za-z0-9._-]+` names only (no `..`, no separators): path-safe anywhere."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", "..") or ".." in name:
-        raise InputError(f"invalid {what} {name!r}: use letters, digits, '.', '_' and '-' only, and no '..'")
+    """Accept `[A-Za-z0-9._-]+` names only: no separators, no `..`, no leading `.`."""
+    if (
+        not isinstance(name, str)
+        or not _NAME_RE.fullmatch(name)  # fullmatch: "abc\n" must not pass as "abc"
+        or name.startswith(".")
+        or ".." in name
+        or len(name) > MAX_NAME_LEN
+    ):
+        shown = name if not isinstance(name, str) or len(name) <= 80 else name[:80] + "..."
+        raise InputError(
+            f"invalid {what} {shown!r}: use 1-{MAX_NAME_LEN} letters, digits, '.', '_' and '-', "
+            "not starting with '.' and without '..'"
+        )
     return name
 
 
 def check_relpath(relpath: str) -> str:
-    """A file path inside a version: '/'-separated safe names."""
-    for part in relpath.split("/"):
+    """A file path inside a version: '/'-separated safe names, at most a few levels deep."""
+    if not isinstance(relpath, str) or not relpath:
+        raise InputError(f"invalid file name {relpath!r}")
+    parts = relpath.split("/")
+    if len(parts) > MAX_PATH_DEPTH:
+        raise InputError(f"invalid file name {relpath!r}: more than {MAX_PATH_DEPTH} levels deep")
+    for part in parts:
         check_name(part, "file name")
     return relpath
 
@@ -69,6 +131,7 @@ def canonical_json(obj: Any) -> bytes:
 
 def version_id(kind: str, parents: Mapping[str, str], params: Mapping[str, Any], code_version: str) -> str:
     """Deterministic id of a version: the same inputs, parameters and code give the same id."""
+    check_name(kind, "kind")
     payload = canonical_json({"kind": kind, "parents": dict(parents), "params": dict(params), "code": code_version})
     return hashlib.sha256(payload).hexdigest()[:20]
 
@@ -94,73 +157,150 @@ class VersionRef:
 
 
 def _hash_stream(f: BinaryIO) -> FileInfo:
+    return FileInfo(*hash_stream(f))
+
+
+def _copy_hashed(src: str, dst: str) -> FileInfo:
+    """Copy a local file while hashing it, fsync the copy."""
     h, n = hashlib.sha256(), 0
-    while chunk := f.read(_CHUNK):
-        h.update(chunk)
-        n += len(chunk)
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        while chunk := fi.read(_CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+            fo.write(chunk)
+        fo.flush()
+        os.fsync(fo.fileno())
     return FileInfo(n, h.hexdigest())
 
 
 class Staging:
-    """A version being written: put files, mark units done, then `ArtifactStore.publish`."""
+    """A version being written: put files, mark units done, then `ArtifactStore.publish`.
+
+    Several processes may stage the same version at once (one per mapped unit of work, or
+    two runs of the same stage): every put is atomic per file, and once the version is
+    published the remaining puts are skipped.
+    """
 
     def __init__(self, store: ArtifactStore, kind: str, version: str):
         self.store, self.kind, self.version = store, kind, version
         self.fs = store.fs
         if store.local:
-            self.path = f"{store.root}/{kind}/{STAGING_DIR}/{version}"
+            self.path = store._safe(f"{store.root}/{kind}/{STAGING_DIR}/{version}")
+            self.tmp_dir = store._safe(f"{store.root}/{kind}/{STAGING_DIR}/{TMP_DIR}")
+            os.makedirs(self.path, exist_ok=True)
+            os.makedirs(self.tmp_dir, exist_ok=True)
         else:
             self.path = f"{store.root}/{kind}/{version}"
-        self.fs.makedirs(self.path, exist_ok=True)
+            self.tmp_dir = None
+
+    def __repr__(self) -> str:
+        return f"Staging({self.store.url!r}, {self.kind!r}, {self.version!r})"
 
     def _p(self, name: str) -> str:
-        return f"{self.path}/{check_relpath(name)}"
+        check_relpath(name)
+        if name == MANIFEST:
+            raise InputError(f"{MANIFEST} is written by ArtifactStore.publish only")
+        path = f"{self.path}/{name}"
+        return self.store._safe(path) if self.store.local else path
 
+    def published(self) -> bool:
+        return self.store.exists(self.kind, self.version)
+
+    # ------------------------------------------------------------ local commit
+    def _commit_local(self, tmp: str, dest: str) -> None:
+        """Move a finished, fsynced temp file to `dest` unless the version is published."""
+        with self.store._lock(self.kind, exclusive=False):
+            if self.published():
+                return  # the version is out: never write into it (tmp is removed by the caller)
+            directory = os.path.dirname(dest)
+            os.makedirs(directory, exist_ok=True)
+            os.replace(tmp, dest)
+            fsync_dir(directory)
+
+    # ------------------------------------------------------------ puts
     def put_bytes(self, name: str, data: bytes) -> FileInfo:
-        write_bytes_atomic(self.fs, self._p(name), data)
-        return FileInfo(len(data), hashlib.sha256(data).hexdigest())
+        dest = self._p(name)
+        info = FileInfo(len(data), hashlib.sha256(data).hexdigest())
+        if self.store.local:
+            fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=".tmp-", suffix=".part")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                self._commit_local(tmp, dest)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        elif not self.published():
+            self.fs.pipe_file(dest, data)
+        return info
 
     def put_file(self, name: str, local_path: str, move: bool = False) -> FileInfo:
-        """Publish a finished local file into the staging area (rename when on the same disk)."""
-        with open(local_path, "rb") as f:
-            info = _hash_stream(f)
+        """Publish a finished local file into the staging area (a rename when on the same disk)."""
         dest = self._p(name)
         if self.store.local:
-            self.fs.makedirs(os.path.dirname(dest), exist_ok=True)
             if move:
+                with open(local_path, "rb") as f:
+                    info = _hash_stream(f)
+                fsync_file(local_path)
                 try:
-                    os.replace(local_path, dest)
+                    self._commit_local(local_path, dest)
+                    if os.path.exists(local_path):  # published meanwhile: the move was skipped
+                        os.unlink(local_path)
                     return info
                 except OSError:
-                    pass
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".tmp-", suffix=".part")
+                    pass  # another device: copy below
+            fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=".tmp-", suffix=".part")
             os.close(fd)
-            shutil.copyfile(local_path, tmp)
-            os.replace(tmp, dest)
-        else:
+            try:
+                info = _copy_hashed(local_path, tmp)
+                self._commit_local(tmp, dest)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            if move:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(local_path)
+            return info
+        with open(local_path, "rb") as f:
+            info = _hash_stream(f)
+        if not self.published():
             self.fs.put_file(local_path, dest)
+        if move:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(local_path)
         return info
 
     @contextlib.contextmanager
     def open_write(self, name: str) -> Iterator[str]:
-        """Yield a local temp path to write; on success it is published as `name`."""
-        tmpdir = self.path if self.store.local else None
-        fd, tmp = tempfile.mkstemp(dir=tmpdir, prefix=".tmp-", suffix=".part")
+        """Yield a local temp path to write; on success it is published as `name`.
+
+        On a local store the temp file is on the store's disk (outside the version
+        directory), so publishing it is a rename.
+        """
+        self._p(name)  # validate the name before any work is done
+        fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=".tmp-", suffix=".part")
         os.close(fd)
         try:
             yield tmp
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
             self.put_file(name, tmp, move=True)
         finally:
-            if os.path.exists(tmp):
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
+    # ------------------------------------------------------------ reads
     def exists(self, name: str) -> bool:
-        return self.fs.exists(self._p(name))
+        path = self._p(name)
+        if not self.store.local:
+            self.store._invalidate(path)
+        return self.fs.exists(path)
 
     def read_bytes(self, name: str) -> bytes:
-        return self.fs.cat_file(self._p(name))
+        try:
+            return self.fs.cat_file(self._p(name))
+        except FileNotFoundError:
+            raise StoreError(f"{self.kind}/{self.version} (staging): {name} is missing") from None
 
     def local_path(self, name: str) -> str:
         if not self.store.local:
@@ -168,17 +308,22 @@ class Staging:
         return self._p(name)
 
     def mark_done(self, unit: str, info: Mapping[str, Any]) -> None:
-        self.put_bytes(f"{DONE_DIR}/{check_name(unit)}.json", canonical_json(info))
+        self.put_bytes(f"{DONE_DIR}/{check_name(unit, 'unit name')}.json", canonical_json(info))
 
     def done(self, unit: str) -> dict[str, Any] | None:
         """The completion record of a unit, or None if it has not finished."""
-        name = f"{DONE_DIR}/{check_name(unit)}.json"
-        if not self.exists(name):
+        name = f"{DONE_DIR}/{check_name(unit, 'unit name')}.json"
+        try:
+            raw = self.fs.cat_file(self._p(name))
+        except (FileNotFoundError, StoreError):
+            return None
+        if len(raw) > MAX_MANIFEST_BYTES:
             return None
         try:
-            return json.loads(self.read_bytes(name))
-        except json.JSONDecodeError:
+            record = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
             return None
+        return record if isinstance(record, dict) else None
 
 
 class ArtifactStore:
@@ -200,14 +345,31 @@ class ArtifactStore:
         self.root = root.rstrip("/") or "/"
         if self.local:
             self.root = os.path.abspath(self.root)
-        self.fs.makedirs(self.root, exist_ok=True)
+            os.makedirs(self.root, exist_ok=True)
+            self._real_root = os.path.realpath(self.root)
+        else:
+            with contextlib.suppress(FileExistsError):
+                self.fs.makedirs(self.root, exist_ok=True)
 
     def __repr__(self) -> str:
         return f"ArtifactStore({self.url!r})"
 
     # ---------------------------------------------------------------- paths
+    def _safe(self, path: str) -> str:
+        """On local disk, refuse a path whose resolved location leaves the store root."""
+        if self.local:
+            real = os.path.realpath(path)
+            if real != self._real_root and not real.startswith(self._real_root.rstrip("/") + "/"):
+                raise InputError(f"{path} resolves to {real}, outside the store root {self._real_root}")
+        return path
+
+    def _invalidate(self, path: str) -> None:
+        """Forget cached listings (s3fs caches them; another process may have written)."""
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(path)
+
     def version_path(self, kind: str, version: str) -> str:
-        return f"{self.root}/{check_name(kind, 'kind')}/{check_name(version, 'version')}"
+        return self._safe(f"{self.root}/{check_name(kind, 'kind')}/{check_name(version, 'version')}")
 
     def uri(self, kind: str, version: str, name: str | None = None) -> str:
         path = self.version_path(kind, version)
@@ -216,12 +378,30 @@ class ArtifactStore:
         return path if self.local else self.fs.unstrip_protocol(path)
 
     def file_path(self, kind: str, version: str, name: str) -> str:
-        return f"{self.version_path(kind, version)}/{check_relpath(name)}"
+        return self._safe(f"{self.version_path(kind, version)}/{check_relpath(name)}")
+
+    def _manifest_path(self, kind: str, version: str) -> str:
+        return f"{self.version_path(kind, version)}/{MANIFEST}"
+
+    @contextlib.contextmanager
+    def _lock(self, kind: str, exclusive: bool) -> Iterator[None]:
+        if not self.local or fcntl is None:
+            yield
+            return
+        directory = self._safe(f"{self.root}/{check_name(kind, 'kind')}/{STAGING_DIR}")
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(f"{directory}/{LOCK_FILE}", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock; so does the process dying
 
     # ---------------------------------------------------------------- writing
     def stage(self, kind: str, version: str) -> Staging:
         check_name(kind, "kind")
         check_name(version, "version")
+        self.version_path(kind, version)  # path checks
         return Staging(self, kind, version)
 
     def publish(
@@ -234,47 +414,114 @@ class ArtifactStore:
         code_version: str = "",
         meta: Mapping[str, Any] | None = None,
     ) -> VersionRef:
-        """Write the manifest last and make the version visible; idempotent per version."""
+        """Write the manifest last and make the version visible; idempotent per version.
+
+        The listed files must all be in the staging area with their recorded sizes;
+        anything else there (completion markers, scratch) is removed, not published.
+        If the version is already published (by an earlier run or a concurrent writer),
+        this writer's staging is dropped and the published version's ref returned.
+        """
         kind, version = staging.kind, staging.version
+        if staging.store is not self and staging.store.url != self.url:
+            raise StoreError(f"{staging!r} belongs to another store than {self.url}")
         if self.exists(kind, version):
             self._discard(staging)
             return self.ref(kind, version)
+        file_map: dict[str, dict[str, Any]] = {}
+        for name, info in sorted(files.items()):
+            check_relpath(name)
+            if name == MANIFEST or name.split("/")[0] == DONE_DIR:
+                raise InputError(f"{name!r} is reserved and cannot be a published file")
+            if not isinstance(info, FileInfo):
+                info = FileInfo(**dict(info))
+            if not isinstance(info.size, int) or info.size < 0 or not _SHA256_RE.fullmatch(str(info.sha256)):
+                raise InputError(f"{name}: bad file info {info!r}")
+            file_map[name] = asdict(info)
+        parent_keys: dict[str, str] = {}
+        parent_manifests: dict[str, str] = {}
+        for k, v in (parents or {}).items():
+            if isinstance(v, VersionRef):
+                parent_keys[k] = v.key
+                parent_manifests[k] = v.manifest_sha256
+            else:
+                parent_keys[k] = str(v)
         manifest = {
             "format": MANIFEST_FORMAT,
             "kind": kind,
             "version": version,
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds"),
             "tool_version": __version__,
             "code_version": code_version,
-            "parents": {k: (v.key if isinstance(v, VersionRef) else v) for k, v in (parents or {}).items()},
+            "parents": parent_keys,
+            "parent_manifests": parent_manifests,
             "params": dict(params or {}),
-            "files": {name: asdict(info) for name, info in sorted(files.items())},
+            "files": file_map,
+            "totals": {"n_files": len(file_map), "n_bytes": sum(f["size"] for f in file_map.values())},
             "meta": dict(meta or {}),
         }
         data = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False, default=str).encode()
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise StoreError(f"{kind}/{version}: manifest of {len(data):,} bytes exceeds {MAX_MANIFEST_BYTES:,}")
         if self.local:
-            write_bytes_atomic(self.fs, f"{staging.path}/{MANIFEST}", data)
-            shutil.rmtree(f"{staging.path}/{DONE_DIR}", ignore_errors=True)
-            final = self.version_path(kind, version)
-            try:
-                os.rename(staging.path, final)
-            except OSError:
-                if not self.exists(kind, version):
-                    raise
-                self._discard(staging)
+            self._publish_local(staging, file_map, data)
         else:
-            path = f"{staging.path}/{MANIFEST}"
-            try:
-                with self.fs.open(path, "xb") as f:
-                    f.write(data)
-            except FileExistsError:
-                pass
-            except (NotImplementedError, ValueError):
-                if not self.fs.exists(path):
-                    self.fs.pipe_file(path, data)
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(f"{staging.path}/{DONE_DIR}", recursive=True)
+            self._publish_remote(staging, file_map, data)
         return self.ref(kind, version)
+
+    def _check_staged(self, staging: Staging, file_map: Mapping[str, Mapping[str, Any]]) -> None:
+        for name, info in file_map.items():
+            path = f"{staging.path}/{name}"
+            try:
+                size = os.path.getsize(path) if self.local else self.fs.info(path)["size"]
+            except FileNotFoundError:
+                raise StoreError(f"cannot publish {staging.kind}/{staging.version}: {name} is not in the staging area") from None
+            if size != info["size"]:
+                raise StoreError(
+                    f"cannot publish {staging.kind}/{staging.version}: {name} has {size:,} bytes, the file list says {info['size']:,}"
+                )
+
+    def _publish_local(self, staging: Staging, file_map: Mapping[str, Any], data: bytes) -> None:
+        kind, version = staging.kind, staging.version
+        with self._lock(kind, exclusive=True):
+            if self.exists(kind, version):
+                self._discard(staging)
+                return
+            if not os.path.isdir(staging.path):
+                raise StoreError(f"cannot publish {kind}/{version}: its staging area {staging.path} is gone (removed by gc?)")
+            self._check_staged(staging, file_map)
+            # Drop what is not part of the version (completion markers, scratch dirs).
+            for dirpath, dirnames, filenames in os.walk(staging.path, topdown=False):
+                for fname in filenames:
+                    full = os.path.join(dirpath, fname)
+                    rel = os.path.relpath(full, staging.path).replace(os.sep, "/")
+                    if rel not in file_map:
+                        os.unlink(full)
+                for dname in dirnames:
+                    full = os.path.join(dirpath, dname)
+                    if os.path.islink(full):
+                        os.unlink(full)
+                    elif not os.listdir(full):
+                        os.rmdir(full)
+            write_bytes_atomic(self.fs, f"{staging.path}/{MANIFEST}", data)
+            final = self.version_path(kind, version)
+            if os.path.lexists(final):  # a directory without a manifest: an orphan, not a version
+                trash = f"{self.root}/{kind}/{STAGING_DIR}/{TMP_DIR}/trash-{uuid.uuid4().hex}"
+                os.rename(final, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+            os.rename(staging.path, final)
+            fsync_dir(os.path.dirname(final))
+
+    def _publish_remote(self, staging: Staging, file_map: Mapping[str, Any], data: bytes) -> None:
+        kind, version = staging.kind, staging.version
+        self._invalidate(staging.path)
+        self._check_staged(staging, file_map)
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(f"{staging.path}/{DONE_DIR}", recursive=True)
+        created = write_bytes_create_only(self.fs, f"{staging.path}/{MANIFEST}", data)
+        if not created:  # a concurrent writer published first: its manifest stands
+            self._invalidate(staging.path)
+        elif not self.exists(kind, version):
+            raise StoreError(f"{kind}/{version}: the manifest was written but cannot be read back")
 
     def _discard(self, staging: Staging) -> None:
         if self.local:
@@ -282,128 +529,313 @@ class ArtifactStore:
 
     # ---------------------------------------------------------------- reading
     def exists(self, kind: str, version: str) -> bool:
-        return self.fs.exists(f"{self.version_path(kind, version)}/{MANIFEST}")
+        """Whether `kind/version` is published (has its manifest)."""
+        path = self._manifest_path(kind, version)
+        if self.local:
+            return os.path.isfile(path)
+        self._invalidate(path)
+        return self.fs.exists(path)
 
-    def manifest(self, kind: str, version: str) -> dict[str, Any]:
-        path = f"{self.version_path(kind, version)}/{MANIFEST}"
+    def _read_manifest_bytes(self, kind: str, version: str) -> bytes:
+        path = self._manifest_path(kind, version)
         try:
-            raw = self.fs.cat_file(path)
+            with self.fs.open(path, "rb") as f:
+                raw = f.read(MAX_MANIFEST_BYTES + 1)
         except FileNotFoundError:
             raise StoreError(f"{kind}/{version} is not a published version in {self.url} (no {MANIFEST})") from None
+        except IsADirectoryError:
+            raise StoreError(f"{path}: corrupt manifest (a directory)") from None
         if len(raw) > MAX_MANIFEST_BYTES:
-            raise StoreError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
+            raise StoreError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES:,} bytes: refusing to parse it")
+        return raw
+
+    def _parse_manifest(self, raw: bytes, kind: str, version: str) -> dict[str, Any]:
+        path = self._manifest_path(kind, version)
         try:
             manifest = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise StoreError(f"{path}: corrupt manifest ({e})") from e
         if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-            raise StoreError(f"{path}: not a tokenmill manifest")
+            raise StoreError(f"{path}: corrupt manifest (not a {MANIFEST_FORMAT} manifest)")
+        if manifest.get("kind") != kind or manifest.get("version") != version:
+            raise StoreError(f"{path}: corrupt manifest (it describes {manifest.get('kind')}/{manifest.get('version')})")
+        files = manifest.get("files")
+        if not isinstance(files, dict):
+            raise StoreError(f"{path}: corrupt manifest (no file list)")
+        for name, info in files.items():
+            try:
+                check_relpath(name)
+            except InputError as e:
+                raise StoreError(f"{path}: corrupt manifest: {e}") from None
+            if (
+                not isinstance(info, dict)
+                or not isinstance(info.get("size"), int)
+                or info["size"] < 0
+                or not isinstance(info.get("sha256"), str)
+                or not _SHA256_RE.fullmatch(info["sha256"])
+            ):
+                raise StoreError(f"{path}: corrupt manifest: bad entry for {name!r}")
+        for key, typ in (("params", dict), ("meta", dict), ("parents", dict), ("created", str)):
+            if not isinstance(manifest.get(key), typ):
+                raise StoreError(f"{path}: corrupt manifest: {key!r} missing or not a {typ.__name__}")
         return manifest
 
+    def manifest(self, kind: str, version: str) -> dict[str, Any]:
+        """The parsed, checked manifest of a published version (raises `StoreError`)."""
+        return self._parse_manifest(self._read_manifest_bytes(kind, version), kind, version)
+
     def ref(self, kind: str, version: str) -> VersionRef:
-        raw = self.fs.cat_file(f"{self.version_path(kind, version)}/{MANIFEST}")
+        raw = self._read_manifest_bytes(kind, version)
+        self._parse_manifest(raw, kind, version)
         return VersionRef(kind, version, self.uri(kind, version), hashlib.sha256(raw).hexdigest())
 
-    def read_bytes(self, kind: str, version: str, name: str) -> bytes:
+    def check_ref(self, ref: VersionRef) -> bool:
+        """Whether `ref` still points at this exact published manifest."""
         try:
-            return self.fs.cat_file(self.file_path(kind, version, name))
+            return self.ref(ref.kind, ref.version).manifest_sha256 == ref.manifest_sha256
+        except StoreError:
+            return False
+
+    def _entry(self, manifest: Mapping[str, Any], name: str) -> dict[str, Any]:
+        check_relpath(name)
+        info = manifest["files"].get(name)
+        if info is None:
+            raise StoreError(f"{manifest['kind']}/{manifest['version']}/{name}: not a file of this version")
+        return info
+
+    def read_bytes(self, kind: str, version: str, name: str, verify: bool = True) -> bytes:
+        """A published file's bytes, checked against the manifest's size and sha256."""
+        if name == MANIFEST:
+            return self._read_manifest_bytes(kind, version)
+        manifest = self.manifest(kind, version)
+        info = self._entry(manifest, name)
+        try:
+            data = self.fs.cat_file(self.file_path(kind, version, name))
         except FileNotFoundError:
-            raise StoreError(f"{kind}/{version}/{name}: missing from {self.url}") from None
+            raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing from {self.url}") from None
+        if verify:
+            if len(data) != info["size"]:
+                raise StoreError(f"{kind}/{version}/{name}: {len(data):,} bytes, manifest says {info['size']:,}: truncated or altered")
+            if hashlib.sha256(data).hexdigest() != info["sha256"]:
+                raise StoreError(f"{kind}/{version}/{name}: sha256 mismatch: the file is corrupt or was altered")
+        return data
 
     def open(self, kind: str, version: str, name: str, mode: str = "rb") -> BinaryIO:
-        if "r" not in mode:
+        if mode not in ("r", "rb", "rt"):
             raise StoreError("published versions are read-only")
+        self._entry(self.manifest(kind, version), name)
         return self.fs.open(self.file_path(kind, version, name), mode)
 
-    def local_dir(self, kind: str, version: str, cache_dir: str | None = None) -> str:
-        """A local directory with the version's files (the version itself on a local store)."""
+    def _check_file(self, kind: str, version: str, name: str, info: Mapping[str, Any], path: str, full: bool) -> None:
+        try:
+            if full:
+                with open(path, "rb") if self.local else self.fs.open(path, "rb") as f:
+                    got = _hash_stream(f)
+            else:
+                got = FileInfo(os.path.getsize(path) if self.local else self.fs.info(path)["size"], info["sha256"])
+        except (FileNotFoundError, IsADirectoryError):
+            raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing") from None
+        if got.size != info["size"]:
+            raise StoreError(f"{kind}/{version}/{name}: {got.size:,} bytes, manifest says {info['size']:,}: truncated or altered")
+        if got.sha256 != info["sha256"]:
+            raise StoreError(f"{kind}/{version}/{name}: sha256 mismatch: the file is corrupt or was altered")
+
+    def local_dir(self, kind: str, version: str, cache_dir: str | None = None, verify: str = "size") -> str:
+        """A local directory with the version's files (the version itself on a local store).
+
+        `verify`: "size" (default) checks every file's size against the manifest, "full"
+        re-hashes them, "none" skips the checks. A remote version is always hashed while
+        it is downloaded into the cache, and the cache is refreshed when its manifest
+        differs from the store's.
+        """
+        if verify not in ("size", "full", "none"):
+            raise InputError(f"verify={verify!r}: choose size, full or none")
+        manifest_raw = self._read_manifest_bytes(kind, version)
+        manifest = self._parse_manifest(manifest_raw, kind, version)
         if self.local:
+            if verify != "none":
+                for name, info in manifest["files"].items():
+                    self._check_file(kind, version, name, info, self.file_path(kind, version, name), verify == "full")
             return self.version_path(kind, version)
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "tokenmill-cache")
         dest = os.path.join(cache, kind, version)
-        if not os.path.exists(os.path.join(dest, MANIFEST)):
-            tmp = f"{dest}.{uuid.uuid4().hex}.part"
-            os.makedirs(tmp, exist_ok=True)
-            self.fs.get(self.version_path(kind, version) + "/", tmp + "/", recursive=True)
+        cached_manifest = os.path.join(dest, MANIFEST)
+        if os.path.exists(cached_manifest):
+            with open(cached_manifest, "rb") as f:
+                if f.read() == manifest_raw:
+                    if verify != "none":
+                        for name, info in manifest["files"].items():
+                            self._local_check(os.path.join(dest, *name.split("/")), f"{kind}/{version}/{name} (cached)", info, verify == "full")
+                    return dest
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        tmp = f"{dest}.{uuid.uuid4().hex}.part"
+        try:
+            for name, info in manifest["files"].items():
+                target = os.path.join(tmp, *name.split("/"))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                h, n = hashlib.sha256(), 0
+                try:
+                    with self.fs.open(self.file_path(kind, version, name), "rb") as src, open(target, "wb") as dst:
+                        while chunk := src.read(_CHUNK):
+                            h.update(chunk)
+                            n += len(chunk)
+                            dst.write(chunk)
+                except FileNotFoundError:
+                    raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing from {self.url}") from None
+                if n != info["size"] or h.hexdigest() != info["sha256"]:
+                    raise StoreError(f"{kind}/{version}/{name}: downloaded {n:,} bytes that do not match the manifest's size/sha256: corrupt or altered")
+            with open(os.path.join(tmp, MANIFEST), "wb") as f:
+                f.write(manifest_raw)
+            if os.path.exists(dest):
+                old = f"{dest}.{uuid.uuid4().hex}.old"
+                with contextlib.suppress(OSError):
+                    os.rename(dest, old)
+                    shutil.rmtree(old, ignore_errors=True)
             try:
                 os.rename(tmp, dest)
-            except OSError:
-                shutil.rmtree(tmp, ignore_errors=True)
+            except OSError:  # another process filled the cache first
+                pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         return dest
 
-    def verify(self, kind: str, version: str) -> dict[str, Any]:
-        """Re-hash every file against the manifest; raise `StoreError` naming the first bad one."""
+    @staticmethod
+    def _local_check(path: str, label: str, info: Mapping[str, Any], full: bool) -> None:
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:
+            raise StoreError(f"{label}: missing") from None
+        if size != info["size"]:
+            raise StoreError(f"{label}: {size:,} bytes, manifest says {info['size']:,}: truncated or altered")
+        if full:
+            with open(path, "rb") as f:
+                if _hash_stream(f).sha256 != info["sha256"]:
+                    raise StoreError(f"{label}: sha256 mismatch: the file is corrupt or was altered")
+
+    def verify(self, kind: str, version: str, strict: bool = False) -> dict[str, Any]:
+        """Re-hash every file against the manifest; raise `StoreError` naming the first bad one.
+
+        With `strict`, files in the version directory that the manifest does not list are
+        an error too.
+        """
         manifest = self.manifest(kind, version)
         for name, info in manifest["files"].items():
-            path = self.file_path(kind, version, name)
-            try:
-                with self.fs.open(path, "rb") as f:
-                    got = _hash_stream(f)
-            except FileNotFoundError:
-                raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing") from None
-            if got.size != info["size"]:
-                raise StoreError(f"{kind}/{version}/{name}: {got.size} bytes, manifest says {info['size']}: truncated or altered")
-            if got.sha256 != info["sha256"]:
-                raise StoreError(f"{kind}/{version}/{name}: sha256 mismatch: the file is corrupt or was altered")
+            self._check_file(kind, version, name, info, self.file_path(kind, version, name), full=True)
+        if strict:
+            base = self.version_path(kind, version)
+            if not self.local:
+                self._invalidate(base)
+            prefix = base.rstrip("/") + "/"
+            for path in self.fs.find(base):
+                path = path if path.startswith(prefix) or not prefix.startswith("/") else "/" + path.lstrip("/")
+                rel = path[len(prefix) :] if path.startswith(prefix) else path
+                if rel != MANIFEST and rel not in manifest["files"]:
+                    raise StoreError(f"{kind}/{version}/{rel}: a file the manifest does not list")
         return manifest
 
     # ---------------------------------------------------------------- listing
-    def kinds(self) -> list[str]:
+    def _dirs(self, path: str) -> list[str]:
+        if not self.local:
+            self._invalidate(path)
         try:
-            entries = self.fs.ls(self.root, detail=True)
-        except FileNotFoundError:
+            entries = self.fs.ls(path, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        return sorted(os.path.basename(e["name"].rstrip("/")) for e in entries if e["type"] == "directory" and not os.path.basename(e["name"].rstrip("/")).startswith("."))
+        names = []
+        for e in entries:
+            if e.get("type") != "directory":
+                continue
+            name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+            with contextlib.suppress(InputError):
+                names.append(check_name(name))
+        return sorted(names)
+
+    def kinds(self) -> list[str]:
+        return self._dirs(self.root)
 
     def _version_dirs(self, kind: str) -> list[str]:
-        try:
-            entries = self.fs.ls(f"{self.root}/{check_name(kind, 'kind')}", detail=True)
-        except FileNotFoundError:
-            return []
-        return [os.path.basename(e["name"].rstrip("/")) for e in entries if e["type"] == "directory" and not os.path.basename(e["name"].rstrip("/")).startswith(".")]
+        return self._dirs(f"{self.root}/{check_name(kind, 'kind')}")
 
-    def list(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """Manifests of the published versions, newest first."""
+    def list(self, kind: str | None = None, **params: Any) -> list[dict[str, Any]]:
+        """Manifests of the published versions (optionally with these params), newest first.
+
+        Versions whose manifest is unreadable or corrupt are left out (`verify` names them).
+        """
         out = []
-        for k in [kind] if kind else self.kinds():
+        for k in [check_name(kind, "kind")] if kind else self.kinds():
             for v in self._version_dirs(k):
-                if self.exists(k, v):
-                    try:
-                        out.append(self.manifest(k, v))
-                    except StoreError:
-                        continue
+                try:
+                    m = self.manifest(k, v)
+                except StoreError:
+                    continue
+                if all(m["params"].get(p) == val for p, val in params.items()):
+                    out.append(m)
         return sorted(out, key=lambda m: (m["created"], m["kind"], m["version"]), reverse=True)
 
     def latest(self, kind: str, **params: Any) -> dict[str, Any] | None:
         """The newest version of `kind` whose parameters include `params`."""
-        for m in self.list(kind):
-            if all(m["params"].get(k) == v for k, v in params.items()):
-                return m
-        return None
+        found = self.list(kind, **params)
+        return found[0] if found else None
 
     def find(self, version_prefix: str) -> tuple[str, str]:
         """Resolve `kind/version`, a version id or a unique prefix of one."""
+        if not isinstance(version_prefix, str) or not version_prefix:
+            raise InputError(f"{version_prefix!r}: give kind/version or a version id")
         if "/" in version_prefix:
             kind, version = version_prefix.split("/", 1)
-            return kind, version
+            return check_name(kind, "kind"), check_name(version, "version")
+        check_name(version_prefix, "version")
         hits = [(m["kind"], m["version"]) for m in self.list() if m["version"].startswith(version_prefix)]
         if len(hits) != 1:
             raise InputError(f"{version_prefix!r} matches {len(hits)} versions in {self.url}; give kind/version")
         return hits[0]
 
-    def gc(self, dry_run: bool = False) -> list[str]:
-        """Remove what no reader can see: staging areas and version dirs without a manifest."""
-        removed = []
+    def _age(self, path: str) -> float:
+        """Seconds since anything under `path` last changed."""
+        newest = 0.0
+        if self.local:
+            for dirpath, _, filenames in os.walk(path):
+                with contextlib.suppress(OSError):
+                    newest = max(newest, os.lstat(dirpath).st_mtime)
+                for f in filenames:
+                    with contextlib.suppress(OSError):
+                        newest = max(newest, os.lstat(os.path.join(dirpath, f)).st_mtime)
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.lstat(path).st_mtime)
+        else:
+            for info in self.fs.find(path, detail=True).values():
+                stamp = info.get("LastModified") or info.get("mtime") or info.get("created") or info.get("updated")
+                if isinstance(stamp, dt.datetime):
+                    newest = max(newest, stamp.timestamp())
+                elif isinstance(stamp, (int, float)):
+                    newest = max(newest, float(stamp))
+        return time.time() - newest if newest else float("inf")
+
+    def gc(self, dry_run: bool = False, min_age_s: float = 0.0) -> list[str]:
+        """Remove what no reader can see: staging areas and version dirs without a manifest.
+
+        `min_age_s` spares anything changed more recently (a writer may still be at work:
+        removing its staging area makes its publish fail with a clear error, never
+        publishes a partial version).
+        """
+        candidates = []
         for k in self.kinds():
             staging_root = f"{self.root}/{k}/{STAGING_DIR}"
             if self.fs.exists(staging_root):
-                removed.extend(e for e in self.fs.ls(staging_root, detail=False))
+                for e in self.fs.ls(staging_root, detail=False):
+                    if e.rstrip("/").rsplit("/", 1)[-1] != LOCK_FILE:
+                        candidates.append(e.rstrip("/"))
             for v in self._version_dirs(k):
                 if not self.exists(k, v):
-                    removed.append(self.version_path(k, v))
+                    candidates.append(self.version_path(k, v))
+        removed = [p for p in candidates if min_age_s <= 0 or self._age(p) >= min_age_s]
         if not dry_run:
             for path in removed:
-                self.fs.rm(path, recursive=True)
+                with contextlib.suppress(FileNotFoundError):
+                    if self.local and not os.path.isdir(path):
+                        os.unlink(path)
+                    else:
+                        self.fs.rm(path, recursive=True)
         return removed
 
 

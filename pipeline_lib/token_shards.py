@@ -4,30 +4,51 @@ Per shard ``shard_000000``:
 
 * ``shard_000000.npy``: 1-D little-endian ``<u2`` when the vocabulary has at most 65,536
   ids, else ``<u4`` — ``np.load(path, mmap_mode="r", allow_pickle=False)``;
-* ``shard_000000.idx.npy``: uint64 cumulative document *end* offsets;
+* ``shard_000000.idx.npy``: ``<u8`` cumulative document *end* offsets (last = n_tokens);
+* ``shard_000000.docs.parquet`` (optional, `EncodeConfig.doc_table`): one row per
+  document — shard, start, n_tokens, n_bytes, source file, sha256 of the text — to trace
+  tokens back to their text and to deduplicate;
 
-and the version's manifest ``meta`` carries the dtype, vocabulary size, separator token
-(id and placement), tokenizer version and per-shard counts and hashes. `check_shards` is
-the one integrity checker, used by tests and by the flow.
+and the version's manifest ``meta`` (`build_meta`) carries the format version, dtype,
+vocabulary size, separator token (id and placement), tokenizer version and ranks sha256,
+the sources with their size and sha256, the encoder's code version and parameters,
+per-shard counts and hashes, and totals. `check_shards` is the one integrity checker;
+`open_tokens` the memory-mapped reader (it checks the file size against the header
+first); `export_nanogpt` / `export_llmc` write the flat ``.bin`` files those trainers read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from collections.abc import Iterable, Sequence
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from pipeline_lib.fsio import InputError
-from pipeline_lib.tokenizer import Tokenizer
+from pipeline_lib.fsio import InputError, fsync_dir
 
 TOKENS_KIND = "tokens"
 TOKENS_FORMAT = "tokenmill.tokens/1"
 CODE_MODULES = ("pipeline_lib.token_shards", "pipeline_lib.tokenizer", "pipeline_lib.bpe_reference", "pipeline_lib.corpus")
+MAX_SHARD_TOKENS = (1 << 31) - 1  # int32-indexable loaders (and the DESIGN's limit)
 _HEADER_LEN = 128  # fixed .npy header size, so the shape can be filled in after streaming
+_MAX_HEADER_LEN = 1 << 16
+_CHECK_CHUNK = 1 << 24
+DOC_TABLE_SCHEMA = pa.schema([
+    ("shard", pa.int32()),
+    ("start", pa.int64()),  # token offset of the document (its separator included) in the shard
+    ("n_tokens", pa.int64()),  # tokens of the document, its separator included
+    ("n_bytes", pa.int64()),  # UTF-8 bytes of its text
+    ("source", pa.string()),  # the raw source file it came from
+    ("text_sha256", pa.binary(32)),
+])
+_DOC_ROWS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -35,10 +56,13 @@ class EncodeConfig:
     separator: str | None = "<|endoftext|>"  # document separator (a special token), or None
     placement: str = "append"  # "append" (nanoGPT, datatrove) | "prepend" (llm.c, nanochat)
     workers: int = 0  # native encoding threads per shard (0 = all cores)
+    doc_table: bool = True  # also write <shard>.docs.parquet (one row per document)
 
     def __post_init__(self):
         if self.placement not in ("append", "prepend"):
             raise InputError(f"placement={self.placement!r}: choose append or prepend")
+        if not isinstance(self.workers, int) or self.workers < 0:
+            raise InputError(f"workers={self.workers!r}: a number of threads >= 0")
 
     def params(self) -> dict[str, Any]:
         p = asdict(self)
@@ -48,6 +72,8 @@ class EncodeConfig:
 
 def token_dtype(vocab_size: int) -> np.dtype:
     """uint16 when every id fits, else uint32 (the payload nanoGPT / llm.c / datatrove load)."""
+    if vocab_size < 1 or vocab_size > 1 << 32:
+        raise InputError(f"vocab_size={vocab_size}: must be between 1 and 2**32")
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 
 
@@ -68,16 +94,26 @@ class NpyStreamWriter:
         self.f.write(_npy_header(self.dtype, 0))
 
     def write(self, arr: np.ndarray) -> None:
-        data = np.ascontiguousarray(arr, dtype=self.dtype).tobytes()
-        self.f.write(data)
+        arr = np.ascontiguousarray(arr, dtype=self.dtype)
+        self.f.write(memoryview(arr).cast("B"))
         self.n += len(arr)
 
     def close(self) -> None:
+        if self.f.closed:
+            return
         self.f.seek(0)
         self.f.write(_npy_header(self.dtype, self.n))
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()
+
+
+def save_npy(path: str, arr: np.ndarray) -> None:
+    """`np.save` to exactly `path` (no ".npy" appended), fsynced."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 @dataclass(frozen=True)
@@ -88,154 +124,430 @@ class ShardStats:
     n_bytes: int
 
 
+def _separator_id(tokenizer, config: EncodeConfig) -> int | None:
+    if config.separator is None:
+        return None
+    if config.separator not in tokenizer.special_tokens:
+        raise InputError(f"separator {config.separator!r} is not a special token of {tokenizer!r}")
+    sep = int(tokenizer.special_tokens[config.separator])
+    if not 0 <= sep < tokenizer.vocab_size:
+        raise InputError(f"separator id {sep} is outside the vocabulary (size {tokenizer.vocab_size})")
+    return sep
+
+
 def encode_documents(
-    tokenizer: Tokenizer,
-    batches: Iterable[Sequence[bytes]],
+    tokenizer,
+    batches: Iterable[Any],
     tokens_path: str,
     index_path: str,
     config: EncodeConfig,
     name: str,
+    doc_table_path: str | None = None,
+    shard: int = 0,
 ) -> ShardStats:
-    """Encode documents (batches of UTF-8 bytes) into a token `.npy` and its document index."""
-    sep = None
-    if config.separator is not None:
-        if config.separator not in tokenizer.special_tokens:
-            raise InputError(f"separator {config.separator!r} is not a special token of {tokenizer!r}")
-        sep = tokenizer.special_tokens[config.separator]
+    """Encode documents into a token `.npy`, its document index and optionally a doc table.
+
+    `batches` yields lists of UTF-8 document bytes or, when `doc_table_path` is given,
+    ``(docs, sources)`` pairs. Memory is bounded by one batch. Every file is written to
+    exactly the path given.
+    """
+    sep = _separator_id(tokenizer, config)
     dtype = token_dtype(tokenizer.vocab_size)
     writer = NpyStreamWriter(tokens_path, dtype)
+    table = pq.ParquetWriter(doc_table_path, DOC_TABLE_SCHEMA, compression="zstd", use_dictionary=["source"], write_statistics=False) if doc_table_path else None
+    rows: dict[str, list] = {k: [] for k in DOC_TABLE_SCHEMA.names}
     ends: list[np.ndarray] = []
     n_docs = n_bytes = 0
+
+    def flush_rows() -> None:
+        if table is not None and rows["start"]:
+            table.write_table(pa.table({k: pa.array(v, DOC_TABLE_SCHEMA.field(k).type) for k, v in rows.items()}, schema=DOC_TABLE_SCHEMA))
+            for v in rows.values():
+                v.clear()
+
     try:
-        for docs in batches:
+        for batch in batches:
+            if doc_table_path is not None:
+                docs, sources = batch
+            else:
+                docs, sources = batch, None
+            if not len(docs):
+                continue
             flat, offsets = tokenizer.encode_ordinary_batch(docs, config.workers)
-            lengths = np.diff(offsets).astype(np.int64)
-            if sep is not None:
+            flat = np.asarray(flat)
+            offsets = np.asarray(offsets, dtype=np.int64)
+            lengths = np.diff(offsets)
+            if len(flat) and int(flat.max()) >= tokenizer.vocab_size:
+                raise InputError(f"{name}: the tokenizer produced id {int(flat.max())}, outside its vocabulary ({tokenizer.vocab_size})")
+            base = writer.n
+            if base + len(flat) + (len(docs) if sep is not None else 0) > MAX_SHARD_TOKENS:
+                raise InputError(f"{name}: more than {MAX_SHARD_TOKENS:,} tokens in one shard; shard the corpus into more pieces (n_shards)")
+            if sep is not None and len(docs) <= 64:
+                # Few (maybe huge) documents: stream them with their separators, no copy of the batch.
+                sep_arr = np.array([sep], dtype=dtype)
+                for i in range(len(docs)):
+                    if config.placement == "prepend":
+                        writer.write(sep_arr)
+                    for a in range(int(offsets[i]), int(offsets[i + 1]), _CHECK_CHUNK):
+                        writer.write(flat[a : min(int(offsets[i + 1]), a + _CHECK_CHUNK)])
+                    if config.placement == "append":
+                        writer.write(sep_arr)
+                lengths = lengths + 1
+            elif sep is not None:
                 # Interleave one separator per document, before or after its tokens.
                 out = np.empty(len(flat) + len(docs), dtype=dtype)
-                starts = offsets[:-1].astype(np.int64) + np.arange(len(docs))
+                starts = offsets[:-1] + np.arange(len(docs))
                 sep_pos = starts if config.placement == "prepend" else starts + lengths
                 mask = np.ones(len(out), dtype=bool)
                 mask[sep_pos] = False
                 out[sep_pos] = sep
                 out[mask] = flat
+                del mask
                 lengths = lengths + 1
+                writer.write(out)
+                del out
             else:
-                out = flat.astype(dtype, copy=False)
-            base = writer.n
-            writer.write(out)
-            ends.append(base + np.cumsum(lengths, dtype=np.uint64))
+                for a in range(0, len(flat), _CHECK_CHUNK):
+                    writer.write(flat[a : a + _CHECK_CHUNK])
+            del flat
+            doc_ends = base + np.cumsum(lengths, dtype=np.int64)
+            ends.append(doc_ends.astype(np.uint64))
+            if table is not None:
+                rows["shard"].extend([shard] * len(docs))
+                rows["start"].extend((doc_ends - lengths).tolist())
+                rows["n_tokens"].extend(lengths.tolist())
+                rows["n_bytes"].extend(len(d) for d in docs)
+                rows["source"].extend(sources)
+                rows["text_sha256"].extend(hashlib.sha256(d).digest() for d in docs)
+                if len(rows["start"]) >= _DOC_ROWS:
+                    flush_rows()
             n_docs += len(docs)
             n_bytes += sum(len(d) for d in docs)
+        flush_rows()
     finally:
         writer.close()
-    index = np.concatenate(ends).astype(np.uint64) if ends else np.zeros(0, dtype=np.uint64)
-    np.save(index_path, index, allow_pickle=False)
+        if table is not None:
+            table.close()
+    index = np.concatenate(ends) if ends else np.zeros(0, dtype=np.uint64)
+    save_npy(index_path, index.astype("<u8"))
     return ShardStats(name=name, n_tokens=writer.n, n_docs=n_docs, n_bytes=n_bytes)
 
 
+def encode_shard_file(
+    tokenizer,
+    src_path: str,
+    tokens_path: str,
+    index_path: str,
+    config: EncodeConfig,
+    name: str,
+    shard: int = 0,
+    doc_table_path: str | None = None,
+) -> ShardStats:
+    """Encode one Parquet text shard (from `shard_corpus`) into token files."""
+    from pipeline_lib.corpus import iter_shard_batches
+
+    batches = iter_shard_batches(src_path, with_source=doc_table_path is not None)
+    return encode_documents(tokenizer, batches, tokens_path, index_path, config, name, doc_table_path=doc_table_path, shard=shard)
+
+
+# --------------------------------------------------------------------------- manifest
+def build_meta(
+    records: Sequence[Mapping[str, Any]],
+    tokenizer_meta: Mapping[str, Any],
+    tokenizer_key: str,
+    config: EncodeConfig,
+    *,
+    code_version: str = "",
+    corpus_key: str | None = None,
+    corpus_meta: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The tokens manifest's ``meta`` from the per-shard records of `encode_shard`."""
+    vocab_size = int(tokenizer_meta["vocab_size"])
+    sep = None
+    if config.separator is not None:
+        sep = {"token": config.separator, "id": int(tokenizer_meta["special_tokens"][config.separator]), "placement": config.placement}
+    shards = []
+    for r in records:
+        entry = {k: r[k] for k in ("name", "n_tokens", "n_docs", "n_bytes", "sha256")}
+        files = r.get("files", {})
+        idx = files.get(f"{r['name']}.idx.npy")
+        if idx:
+            entry["index_sha256"] = idx["sha256"]
+        docs = files.get(f"{r['name']}.docs.parquet")
+        if docs:
+            entry["doc_table"] = f"{r['name']}.docs.parquet"
+            entry["doc_table_sha256"] = docs["sha256"]
+        entry["split"] = "all"  # not pre-assigned: loaders split by document inside each shard
+        shards.append(entry)
+    sources = [
+        {k: s.get(k) for k in ("name", "url", "size", "sha256")} for s in (corpus_meta or {}).get("sources", [])
+    ]
+    return {
+        "format": TOKENS_FORMAT,
+        "dtype": token_dtype(vocab_size).name,
+        "vocab_size": vocab_size,
+        "separator": sep,
+        "tokenizer": {
+            "version": tokenizer_key,
+            "ranks_sha256": tokenizer_meta.get("ranks_sha256"),
+            "pattern": tokenizer_meta.get("pattern"),
+        },
+        "encoder": {"code_version": code_version, "params": config.params()},
+        "corpus": corpus_key,
+        "sources": sources,
+        "doc_table": bool(config.doc_table),
+        "shards": shards,
+        "totals": {k: int(sum(r[k] for r in records)) for k in ("n_tokens", "n_docs", "n_bytes")},
+    }
+
+
 # --------------------------------------------------------------------------- reading
-def open_tokens(path: str) -> np.ndarray:
-    """Memory-map a token `.npy`, after checking that its size agrees with its header."""
+def _npy_layout(path: str) -> tuple[tuple[int, ...], np.dtype, int, bool]:
+    """(shape, dtype, data offset, fortran) from a .npy header, without trusting it."""
     try:
         with open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
             if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f, max_header_size=_MAX_HEADER_LEN)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f, max_header_size=_MAX_HEADER_LEN)
             else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                raise ValueError(f"unsupported .npy version {version}")
             offset = f.tell()
-    except (ValueError, OSError, SyntaxError) as e:
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing") from None
+    except (ValueError, OSError, SyntaxError, TypeError) as e:
         raise InputError(f"{path}: not a valid .npy file ({e})") from e
-    if len(shape) != 1 or dtype not in (np.dtype("<u2"), np.dtype("<u4")) or fortran:
-        raise InputError(f"{path}: expected a 1-D <u2 or <u4 array, found shape {shape} dtype {dtype}")
+    return shape, dtype, offset, fortran
+
+
+def _open_npy(path: str, dtypes: Sequence[np.dtype], what: str) -> np.ndarray:
+    shape, dtype, offset, fortran = _npy_layout(path)
+    if len(shape) != 1 or fortran or dtype not in dtypes or dtype.hasobject:
+        raise InputError(f"{path}: expected a 1-D {' or '.join(d.str for d in dtypes)} array of {what}, found shape {shape} dtype {dtype}")
     expected = offset + shape[0] * dtype.itemsize
     actual = os.path.getsize(path)
     if actual != expected:
-        raise InputError(f"{path}: header says {shape[0]:,} tokens ({expected:,} bytes) but the file has {actual:,} bytes: truncated or corrupt")
-    return np.load(path, mmap_mode="r", allow_pickle=False)
+        raise InputError(
+            f"{path}: header says {shape[0]:,} {what} ({expected:,} bytes) but the file has {actual:,} bytes: "
+            f"{'truncated' if actual < expected else 'trailing data'} or corrupt"
+        )
+    if shape[0] == 0:
+        return np.zeros(0, dtype=dtype)  # an empty file region cannot be mapped
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def open_tokens(path: str) -> np.ndarray:
+    """Memory-map a token `.npy`, after checking that its size agrees with its header."""
+    return _open_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens")
+
+
+def open_index(path: str) -> np.ndarray:
+    """Memory-map a document index (`<u8` cumulative document ends), size-checked."""
+    return _open_npy(path, (np.dtype("<u8"),), "document ends")
+
+
+def read_doc_table(path: str) -> pa.Table:
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"{path}: not a readable document table ({e})") from e
+    if table.schema.names != DOC_TABLE_SCHEMA.names:
+        raise InputError(f"{path}: expected columns {DOC_TABLE_SCHEMA.names}, found {table.schema.names}")
+    return table
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dict[str, int]:
     """Check a token-shard version on local disk against its manifest `meta`.
 
-    Checks file sizes against headers, token and document counts, index monotonicity,
-    ids below the vocabulary size and separators where the manifest says they are.
-    With `deep`, re-hashes each shard against its recorded sha256.
+    Checks file sizes against headers, token and document counts, the document index
+    (increasing, ending at the token count), ids below the vocabulary size, separators
+    exactly at the document boundaries the index gives (and nowhere else), the document
+    table if there is one, and the totals. With `deep`, re-hashes each shard's files
+    against the sha256 the manifest records.
 
     Raises:
-        InputError: naming the first shard and problem found.
+        InputError: naming the first file and problem found.
     """
-    if meta.get("format") != TOKENS_FORMAT:
-        raise InputError(f"{directory}: not a token-shard manifest (format {meta.get('format')!r})")
-    vocab_size = int(meta["vocab_size"])
-    sep = meta.get("separator") or None
+    if not isinstance(meta, dict) or meta.get("format") != TOKENS_FORMAT:
+        raise InputError(f"{directory}: not a token-shard manifest (format {meta.get('format') if isinstance(meta, dict) else None!r})")
+    try:
+        vocab_size = int(meta["vocab_size"])
+        expected_dtype = token_dtype(vocab_size)
+        sep = meta.get("separator") or None
+        shards = list(meta["shards"])
+        totals_meta = dict(meta["totals"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"{directory}: malformed token-shard manifest ({type(e).__name__}: {e})") from e
+    if meta.get("dtype") not in (expected_dtype.name, expected_dtype.str):
+        raise InputError(f"{directory}: manifest dtype {meta.get('dtype')!r}, but a vocabulary of {vocab_size} needs {expected_dtype.name}")
+    sep_id = None
+    if sep is not None:
+        sep_id = int(sep["id"])
+        if not 0 <= sep_id < vocab_size or sep.get("placement") not in ("append", "prepend"):
+            raise InputError(f"{directory}: bad separator {sep!r} for a vocabulary of {vocab_size}")
     totals = {"n_tokens": 0, "n_docs": 0}
-    for shard in meta["shards"]:
-        path = os.path.join(directory, f"{shard['name']}.npy")
+    for i, shard in enumerate(shards):
+        name = str(shard.get("name", ""))
+        if not name or "/" in name or "\\" in name or name.startswith("."):
+            raise InputError(f"{directory}: bad shard name {name!r}")
+        path = os.path.join(directory, f"{name}.npy")
         tokens = open_tokens(path)
-        if str(tokens.dtype) != meta["dtype"] and tokens.dtype.name != meta["dtype"]:
+        if tokens.dtype != expected_dtype:
             raise InputError(f"{path}: dtype {tokens.dtype} but the manifest says {meta['dtype']}")
         if len(tokens) != shard["n_tokens"]:
             raise InputError(f"{path}: {len(tokens):,} tokens, manifest says {shard['n_tokens']:,}")
-        index_path = os.path.join(directory, f"{shard['name']}.idx.npy")
-        try:
-            index = np.load(index_path, allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise InputError(f"{index_path}: unreadable document index ({e})") from e
-        if index.dtype != np.uint64 or index.ndim != 1 or len(index) != shard["n_docs"]:
-            raise InputError(f"{index_path}: expected {shard['n_docs']} uint64 document ends")
-        if len(index) and (index[-1] != len(tokens) or np.any(np.diff(index.astype(np.int64)) <= 0)):
-            raise InputError(f"{index_path}: document ends are not increasing up to the token count")
-        for start in range(0, len(tokens), 1 << 24):
-            chunk = tokens[start : start + (1 << 24)]
-            if len(chunk) and int(chunk.max()) >= vocab_size:
-                raise InputError(f"{path}: token id {int(chunk.max())} is outside the vocabulary (size {vocab_size})")
-        if sep is not None and len(index):
-            ends = index.astype(np.int64)
-            pos = ends - 1 if sep["placement"] == "append" else np.concatenate([[0], ends[:-1]])
-            if np.any(tokens[pos] != sep["id"]):
-                raise InputError(f"{path}: a document boundary lacks the separator {sep['token']!r}")
+        if len(tokens) > MAX_SHARD_TOKENS:
+            raise InputError(f"{path}: {len(tokens):,} tokens, more than {MAX_SHARD_TOKENS:,} in one shard")
+        index_path = os.path.join(directory, f"{name}.idx.npy")
+        index = np.asarray(open_index(index_path)).astype(np.int64)
+        if len(index) != shard["n_docs"]:
+            raise InputError(f"{index_path}: {len(index):,} document ends, manifest says {shard['n_docs']:,}")
+        if len(index) and (index[0] <= 0 or index[-1] != len(tokens) or np.any(np.diff(index) <= 0)):
+            raise InputError(f"{index_path}: document ends are not strictly increasing from >0 up to the token count {len(tokens):,}")
+        if not len(index) and len(tokens):
+            raise InputError(f"{index_path}: no documents but {len(tokens):,} tokens")
+        n_sep = 0
+        for start in range(0, len(tokens), _CHECK_CHUNK):
+            chunk = np.asarray(tokens[start : start + _CHECK_CHUNK])
+            top = int(chunk.max())
+            if top >= vocab_size:
+                raise InputError(f"{path}: token id {top} is outside the vocabulary (size {vocab_size})")
+            if sep_id is not None:
+                n_sep += int(np.count_nonzero(chunk == sep_id))
+        if sep_id is not None and len(index):
+            pos = index - 1 if sep["placement"] == "append" else np.concatenate([[0], index[:-1]])
+            if np.any(np.asarray(tokens[pos]) != sep_id):
+                raise InputError(f"{path}: a document boundary lacks the separator {sep.get('token')!r} (id {sep_id})")
+            if n_sep != len(index):
+                raise InputError(f"{path}: the separator id {sep_id} occurs {n_sep:,} times for {len(index):,} documents")
+        if shard.get("doc_table"):
+            table_path = os.path.join(directory, shard["doc_table"])
+            table = read_doc_table(table_path)
+            if table.num_rows != len(index):
+                raise InputError(f"{table_path}: {table.num_rows:,} rows for {len(index):,} documents")
+            starts = table.column("start").to_numpy()
+            lens = table.column("n_tokens").to_numpy()
+            if len(index) and (not np.array_equal(starts + lens, index) or starts[0] != 0 or np.any(table.column("shard").to_numpy() != i)):
+                raise InputError(f"{table_path}: document rows disagree with {index_path}")
         if deep:
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
-                while chunk := f.read(8 << 20):
-                    h.update(chunk)
-            if h.hexdigest() != shard["sha256"]:
-                raise InputError(f"{path}: sha256 does not match the manifest: corrupt or altered")
+            checks = [(path, shard.get("sha256"))]
+            if shard.get("index_sha256"):
+                checks.append((index_path, shard["index_sha256"]))
+            if shard.get("doc_table") and shard.get("doc_table_sha256"):
+                checks.append((os.path.join(directory, shard["doc_table"]), shard["doc_table_sha256"]))
+            for p, digest in checks:
+                if digest is not None and _sha256_file(p) != digest:
+                    raise InputError(f"{p}: sha256 does not match the manifest: corrupt or altered")
         totals["n_tokens"] += len(tokens)
         totals["n_docs"] += len(index)
     for key, value in totals.items():
-        if meta["totals"][key] != value:
-            raise InputError(f"{directory}: totals say {key}={meta['totals'][key]}, shards hold {value}")
+        if totals_meta.get(key) != value:
+            raise InputError(f"{directory}: totals say {key}={totals_meta.get(key)}, shards hold {value}")
     return totals
 
 
-def export_nanogpt(directory: str, meta: dict[str, Any], out_dir: str, val_fraction: float = 0.1) -> dict[str, int]:
-    """Write nanoGPT's ``train.bin`` / ``val.bin`` (raw uint16) from token shards.
+# --------------------------------------------------------------------------- exports
+def _doc_cut(directory: str, meta: Mapping[str, Any], val_fraction: float) -> tuple[int, int]:
+    """(shard number, token offset in it) where validation starts: the first document end
+    at or after (1 - val_fraction) of all tokens, so no document straddles the two files."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise InputError(f"val_fraction={val_fraction}: must be in [0, 1)")
+    total = int(meta["totals"]["n_tokens"])
+    cut = total - int(round(total * val_fraction))
+    seen = 0
+    for i, shard in enumerate(meta["shards"]):
+        n = int(shard["n_tokens"])
+        if seen + n >= cut:
+            index = np.asarray(open_index(os.path.join(directory, f"{shard['name']}.idx.npy"))).astype(np.int64)
+            after = index[index >= cut - seen]
+            return i, int(after[0]) if len(after) else n
+        seen += n
+    return len(meta["shards"]), 0
 
-    The last `val_fraction` of the documents (in shard order) go to ``val.bin``.
+
+@contextlib.contextmanager
+def _atomic_out(path: str):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(directory)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _write_tokens(out, tokens: np.ndarray, start: int, stop: int, dtype: np.dtype) -> None:
+    for a in range(start, stop, _CHECK_CHUNK):
+        out.write(np.ascontiguousarray(tokens[a : min(stop, a + _CHECK_CHUNK)], dtype=dtype).tobytes())
+
+
+def _export(directory: str, meta: dict[str, Any], paths: tuple[str, str], val_fraction: float, dtype: np.dtype, header) -> dict[str, int]:
+    cut_shard, cut_offset = _doc_cut(directory, meta, val_fraction)
+    counts = {"train": 0, "val": 0}
+    for i, shard in enumerate(meta["shards"]):
+        n = int(shard["n_tokens"])
+        counts["train"] += n if i < cut_shard else cut_offset if i == cut_shard else 0
+    counts["val"] = int(meta["totals"]["n_tokens"]) - counts["train"]
+    with _atomic_out(paths[0]) as train, _atomic_out(paths[1]) as val:
+        if header is not None:
+            train.write(header(counts["train"]))
+            val.write(header(counts["val"]))
+        for i, shard in enumerate(meta["shards"]):
+            tokens = open_tokens(os.path.join(directory, f"{shard['name']}.npy"))
+            if len(tokens) != int(shard["n_tokens"]):
+                raise InputError(f"{directory}/{shard['name']}.npy: {len(tokens):,} tokens, manifest says {shard['n_tokens']:,}")
+            split = len(tokens) if i < cut_shard else cut_offset if i == cut_shard else 0
+            _write_tokens(train, tokens, 0, split, dtype)
+            _write_tokens(val, tokens, split, len(tokens), dtype)
+    return counts
+
+
+def export_nanogpt(directory: str, meta: dict[str, Any], out_dir: str, val_fraction: float = 0.1) -> dict[str, int]:
+    """Write nanoGPT's ``train.bin`` / ``val.bin`` (raw uint16, no header) from token shards.
+
+    The documents after the first document end at ``(1 - val_fraction)`` of the tokens
+    (in shard order) go to ``val.bin``; no document straddles the two files. Both files
+    are written to temp names and renamed into place. Returns token counts.
     """
-    if meta["dtype"] not in ("uint16", "<u2"):
+    if token_dtype(int(meta["vocab_size"])) != np.dtype("<u2"):
         raise InputError(f"nanoGPT's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}")
     os.makedirs(out_dir, exist_ok=True)
-    total = meta["totals"]["n_tokens"]
-    cut = int(total * (1 - val_fraction))
-    written = {"train": 0, "val": 0}
-    with open(os.path.join(out_dir, "train.bin"), "wb") as train, open(os.path.join(out_dir, "val.bin"), "wb") as val:
-        seen = 0
-        for shard in meta["shards"]:
-            tokens = open_tokens(os.path.join(directory, f"{shard['name']}.npy"))
-            index = np.load(os.path.join(directory, f"{shard['name']}.idx.npy"), allow_pickle=False).astype(np.int64)
-            # Split at the first document end past the cut, so no document straddles the files.
-            local_cut = len(tokens)
-            if seen + len(tokens) > cut:
-                after = index[index >= cut - seen]
-                local_cut = int(after[0]) if len(after) else len(tokens)
-                local_cut = max(0, min(local_cut, len(tokens))) if seen < cut else 0
-            train.write(np.asarray(tokens[:local_cut]).tobytes())
-            val.write(np.asarray(tokens[local_cut:]).tobytes())
-            written["train"] += local_cut
-            written["val"] += len(tokens) - local_cut
-            seen += len(tokens)
-    return written
+    paths = (os.path.join(out_dir, "train.bin"), os.path.join(out_dir, "val.bin"))
+    return _export(directory, meta, paths, val_fraction, np.dtype("<u2"), None)
+
+
+LLMC_MAGIC = 20240520
+LLMC_VERSION = 1
+
+
+def _llmc_header(n: int) -> bytes:
+    header = np.zeros(256, dtype="<i4")
+    header[0], header[1], header[2] = LLMC_MAGIC, LLMC_VERSION, n
+    return header.tobytes()
+
+
+def export_llmc(directory: str, meta: dict[str, Any], out_dir: str, val_fraction: float = 0.1, prefix: str = "tokens") -> dict[str, int]:
+    """Write llm.c's ``<prefix>_train.bin`` / ``<prefix>_val.bin``: a 256 x int32 header
+    (magic 20240520, version 1, token count) then uint16 tokens."""
+    if token_dtype(int(meta["vocab_size"])) != np.dtype("<u2"):
+        raise InputError(f"llm.c's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}")
+    if int(meta["totals"]["n_tokens"]) >= 1 << 31:
+        raise InputError("llm.c's header counts tokens in an int32: too many tokens for one file")
+    os.makedirs(out_dir, exist_ok=True)
+    paths = (os.path.join(out_dir, f"{prefix}_train.bin"), os.path.join(out_dir, f"{prefix}_val.bin"))
+    return _export(directory, meta, paths, val_fraction, np.dtype("<u2"), _llmc_header)

@@ -1,0 +1,247 @@
+"""Corpus ingestion: formats, compression, sources, download idempotence, sharding, counts."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import hashlib
+import json
+import lzma
+import os
+import uuid
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from pipeline_lib import counting, stages
+from pipeline_lib.corpus import (
+    CorpusConfig,
+    DecodeStats,
+    download_corpus,
+    iter_documents,
+    iter_shard_batches,
+    shard_corpus,
+    source_fingerprint,
+)
+from pipeline_lib.fsio import InputError
+from pipeline_lib.store import ArtifactStore
+
+DOCS = ["First document, plain ASCII.", "Zweites Dokument: äöü ß", "第三个文档", "emoji 🚀 and tabs\tinside", "last one"]
+
+
+def corpus_docs(store: ArtifactStore, ref) -> list[bytes]:
+    """Every document of a corpus version, in shard order."""
+    out = []
+    d = store.local_dir(ref.kind, ref.version)
+    for shard in store.manifest(ref.kind, ref.version)["meta"]["shards"]:
+        for batch in iter_shard_batches(os.path.join(d, shard["file"])):
+            out.extend(batch)
+    return out
+
+
+def ingest(store, sources, **kw):
+    cfg = CorpusConfig(sources=tuple(sources) if not isinstance(sources, str) else sources, **kw)
+    raw = download_corpus(store, cfg)
+    return raw, shard_corpus(store, raw, cfg)
+
+
+@pytest.fixture
+def store(tmp_path) -> ArtifactStore:
+    return ArtifactStore(str(tmp_path / "store"))
+
+
+def write_compressed(path, data: bytes) -> None:
+    ext = os.path.splitext(str(path))[1]
+    opener = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress, ".zst": lambda d: zstandard.ZstdCompressor().compress(d)}
+    with open(path, "wb") as f:
+        f.write(opener[ext](data) if ext in opener else data)
+
+
+# --------------------------------------------------------------------------- formats
+@pytest.mark.parametrize("ext", ["", ".gz", ".bz2", ".xz", ".zst"])
+def test_text_lines_any_compression(store, tmp_path, ext):
+    text = ("\n".join(DOCS) + "\n\n").encode()
+    path = tmp_path / f"c.txt{ext}"
+    write_compressed(path, text)
+    raw, corpus = ingest(store, [str(path)], n_shards=2)
+    assert corpus_docs(store, corpus) == [d.encode() for d in DOCS]
+    meta = store.manifest("corpus", corpus.version)["meta"]
+    assert meta["n_docs"] == len(DOCS) and meta["empty_documents"] == 1
+    assert meta["n_bytes"] == sum(len(d.encode()) for d in DOCS)
+    source = store.manifest("raw", raw.version)["meta"]["sources"][0]
+    assert source["size"] == path.stat().st_size and source["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_paragraph_and_file_documents(store, tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"para one\nline two\r\n\n\npara two\n")
+    (tmp_path / "b.txt").write_bytes(b"whole\n\nfile")
+    _, corpus = ingest(store, [str(tmp_path / "a.txt")], documents="paragraph", n_shards=1)
+    assert corpus_docs(store, corpus) == [b"para one\nline two", b"para two"]
+    _, corpus = ingest(store, [str(tmp_path / "b.txt")], documents="file", n_shards=1)
+    assert corpus_docs(store, corpus) == [b"whole\n\nfile"]
+
+
+@pytest.mark.parametrize("ext", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+def test_jsonl_text_field(store, tmp_path, ext):
+    lines = [json.dumps({"id": i, "content": d, "text": "wrong field"}) for i, d in enumerate(DOCS)]
+    lines.insert(2, "")  # blank lines are skipped
+    lines.append(json.dumps({"id": 99, "content": None}))  # null text: an empty document
+    path = tmp_path / f"c{ext}"
+    write_compressed(path, "\n".join(lines).encode())
+    _, corpus = ingest(store, [str(path)], text_field="content")
+    assert corpus_docs(store, corpus) == [d.encode() for d in DOCS]
+    assert store.manifest("corpus", corpus.version)["meta"]["empty_documents"] == 1
+
+
+def test_parquet_text_column(store, tmp_path):
+    pq.write_table(pa.table({"id": list(range(5)), "body": DOCS}), tmp_path / "s.parquet", row_group_size=2)
+    pq.write_table(pa.table({"body": pa.array([d.encode() for d in DOCS], pa.binary())}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"body": pa.array(DOCS + [None]).dictionary_encode()}), tmp_path / "d.parquet")
+    for name in ("s", "b", "d"):
+        _, corpus = ingest(store, [str(tmp_path / f"{name}.parquet")], text_field="body", n_shards=2)
+        assert corpus_docs(store, corpus) == [d.encode() for d in DOCS], name
+
+
+def test_many_sources_globs_and_memory_urls(store, tmp_path):
+    d = tmp_path / "src"
+    d.mkdir()
+    for i in range(3):
+        (d / f"part-{i}.txt").write_text(f"doc {i}a\ndoc {i}b\n")
+    fs = fsspec.filesystem("memory")
+    root = f"/corpus-{uuid.uuid4().hex}"
+    fs.pipe_file(f"{root}/x.jsonl", b'{"text": "from memory"}\n')
+    _, corpus = ingest(store, [str(d / "part-*.txt"), f"memory://{root}/x.jsonl"], n_shards=3)
+    assert corpus_docs(store, corpus) == [b"doc 0a", b"doc 0b", b"doc 1a", b"doc 1b", b"doc 2a", b"doc 2b", b"from memory"]
+    fp = source_fingerprint((str(d / "part-*.txt"),))
+    assert [f["size"] for f in fp] == [14, 14, 14]
+    cfg = CorpusConfig(sources=str(d / "part-0.txt"))  # a single string is one source
+    assert cfg.sources == (str(d / "part-0.txt"),)
+
+
+def test_iter_documents_public_api(tmp_path):
+    (tmp_path / "x.txt").write_text("a\nb\n\nc\n")
+    stats = DecodeStats()
+    docs = list(iter_documents(str(tmp_path / "x.txt"), "x.txt", CorpusConfig(), stats))
+    assert docs == ["a", "b", "c"] and stats.documents == 3 and stats.empty_documents == 1
+
+
+# --------------------------------------------------------------------------- download
+def test_download_is_idempotent_and_content_addressed(store, tmp_path):
+    src = tmp_path / "c.txt"
+    src.write_text("one\ntwo\n")
+    cfg = CorpusConfig(sources=(str(src),))
+    first = download_corpus(store, cfg)
+    # A retry after a crash mid-download: leftovers in the staging area do not matter.
+    staging = store.stage("raw", first.version)
+    staging.put_bytes("sources/00000_c.txt", b"partial")
+    again = download_corpus(store, cfg)
+    assert again == first and [m["version"] for m in store.list("raw")] == [first.version]
+    store.verify("raw", first.version, strict=True)
+    assert store.read_bytes("raw", first.version, "sources/00000_c.txt") == b"one\ntwo\n"
+    src.write_text("one\ntwo\nthree\n")
+    changed = download_corpus(store, cfg)
+    assert changed.version != first.version  # new content, new version
+    store.gc()
+    assert sorted(m["version"] for m in store.list("raw")) == sorted([first.version, changed.version])
+
+
+def test_download_streams_in_bounded_chunks(store, tmp_path, monkeypatch):
+    import pipeline_lib.corpus as corpus_mod
+
+    src = tmp_path / "big.txt"
+    src.write_bytes(b"0123456789\n" * 100_000)
+    reads = []
+    real_open = fsspec.implementations.local.LocalFileSystem._open
+
+    def spy_open(self, path, mode="rb", **kw):
+        f = real_open(self, path, mode, **kw)
+        if path.endswith("big.txt"):
+            real_read = f.read
+
+            def read(n=-1):
+                reads.append(n)
+                return real_read(n)
+
+            f.read = read
+        return f
+
+    monkeypatch.setattr(fsspec.implementations.local.LocalFileSystem, "_open", spy_open)
+    monkeypatch.setattr(corpus_mod, "_COPY_CHUNK", 64 << 10)
+    raw = download_corpus(store, CorpusConfig(sources=(str(src),)))
+    assert reads and all(0 < n <= 64 << 10 for n in reads)  # never a whole-file read
+    assert store.manifest("raw", raw.version)["meta"]["sources"][0]["size"] == 1_100_000
+
+
+def test_source_names_are_sanitised(store, tmp_path):
+    odd = tmp_path / "weird name; rm -rf ~ ..é.txt.gz"
+    odd.write_bytes(gzip.compress(b"hello\n"))
+    raw, corpus = ingest(store, [str(odd)], n_shards=1)
+    name = store.manifest("raw", raw.version)["meta"]["sources"][0]["name"]
+    assert name.endswith(".txt.gz") and "/" not in name and " " not in name and ".." not in name
+    assert corpus_docs(store, corpus) == [b"hello"]
+
+
+# --------------------------------------------------------------------------- sharding
+def test_shards_are_balanced_and_split_at_documents(store, shakespeare_text):
+    path = os.path.join(os.path.dirname(stages.__file__), "data", "tinyshakespeare.txt")
+    _, corpus = ingest(store, [path], n_shards=4)
+    meta = store.manifest("corpus", corpus.version)["meta"]
+    sizes = [s["n_bytes"] for s in meta["shards"]]
+    assert len(sizes) == 4 and max(sizes) / min(sizes) < 1.02
+    expected = [line.encode() for line in shakespeare_text.splitlines() if line]
+    assert corpus_docs(store, corpus) == expected  # order and boundaries preserved
+    assert sum(s["n_docs"] for s in meta["shards"]) == meta["n_docs"] == len(expected)
+    assert meta["sources"][0]["n_docs"] == len(expected)
+
+
+def test_sharding_is_deterministic(tmp_path):
+    src = tmp_path / "c.txt.zst"
+    write_compressed(src, "\n".join(f"document {i} " + "x" * (i % 97) for i in range(5000)).encode())
+    a, b = ArtifactStore(str(tmp_path / "a")), ArtifactStore(str(tmp_path / "b"))
+    _, ca = ingest(a, [str(src)], n_shards=3)
+    _, cb = ingest(b, [str(src)], n_shards=3)
+    assert ca.version == cb.version
+    for name, info in a.manifest("corpus", ca.version)["files"].items():
+        assert info == b.manifest("corpus", cb.version)["files"][name]
+        assert a.read_bytes("corpus", ca.version, name) == b.read_bytes("corpus", cb.version, name)
+
+
+def test_more_shards_than_documents(store, tmp_path):
+    (tmp_path / "c.txt").write_text("a\nb\n")
+    _, corpus = ingest(store, [str(tmp_path / "c.txt")], n_shards=5)
+    meta = store.manifest("corpus", corpus.version)["meta"]
+    assert [s["n_docs"] for s in meta["shards"]] == [1, 1]
+
+
+# --------------------------------------------------------------------------- counting
+def test_counts_do_not_depend_on_the_number_of_shards(tmp_path, shakespeare_text):
+    src = tmp_path / "c.txt"
+    src.write_text(shakespeare_text[:200_000])
+    tables = []
+    for n in (1, 3):
+        store = ArtifactStore(str(tmp_path / f"s{n}"))
+        _, corpus = ingest(store, [str(src)], n_shards=n)
+        cc = stages.CountConfig(pattern="gpt2")
+        for i in range(n):
+            stages.count_shard(store, corpus, i, cc)
+        ref = stages.reduce_counts(store, corpus, cc)
+        tables.append(store.read_bytes(ref.kind, ref.version, counting.COUNTS_FILE))
+        pieces, counts = counting.read_counts(os.path.join(store.local_dir(ref.kind, ref.version), counting.COUNTS_FILE))
+        assert pieces == sorted(pieces) and len(set(pieces)) == len(pieces)
+        assert int(counts.sum()) == store.manifest(ref.kind, ref.version)["meta"]["n_occurrences"]
+    assert tables[0] == tables[1]  # byte-identical, whatever the sharding
+
+
+def test_read_counts_rejects_bad_tables(tmp_path):
+    pq.write_table(pa.table({"piece": pa.array([b"a"]), "count": pa.array([0], pa.int64())}), tmp_path / "zero.parquet")
+    pq.write_table(pa.table({"piece": pa.array(["a"]), "count": pa.array([1.5])}), tmp_path / "types.parquet")
+    (tmp_path / "junk.parquet").write_bytes(b"PAR1 not really")
+    for name, match in (("zero", "positive"), ("types", "binary"), ("junk", "not a readable counts file")):
+        with pytest.raises(InputError, match=match):
+            counting.read_counts(str(tmp_path / f"{name}.parquet"))
+    counting.write_counts(str(tmp_path / "ok.parquet"), [b"a", b"b"], np.array([3, 4]))
+    assert counting.read_counts(str(tmp_path / "ok.parquet"))[0] == [b"a", b"b"]

@@ -61,6 +61,20 @@ inline uint64_t hash_bytes(const uint8_t* p, size_t n) {
     return mix(kP1 ^ n, mix(a ^ kP1, b ^ seed));
 }
 
+// Equality of two byte strings of length n; short keys without a call to memcmp.
+inline bool bytes_equal(const uint8_t* a, const uint8_t* b, size_t n) {
+    using detail::read32;
+    using detail::read64;
+    if (n >= 8) {
+        if (n > 16) return std::memcmp(a, b, n) == 0;
+        return read64(a) == read64(b) && read64(a + n - 8) == read64(b + n - 8);
+    }
+    if (n >= 4) return read32(a) == read32(b) && read32(a + n - 4) == read32(b + n - 4);
+    for (size_t i = 0; i < n; ++i)
+        if (a[i] != b[i]) return false;
+    return true;
+}
+
 inline uint64_t hash_u64(uint64_t k) {
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdull;
@@ -105,7 +119,7 @@ public:
             if (s.idx == 0) return nullptr;
             if (s.tag == tag) {
                 Entry& e = entries_[s.idx - 1];
-                if (e.len == n && std::memcmp(arena_.data() + e.off, p, n) == 0) return &e.value;
+                if (e.len == n && bytes_equal(arena_.data() + e.off, p, n)) return &e.value;
             }
         }
     }
@@ -124,7 +138,7 @@ public:
             if (s.idx == 0) break;
             if (s.tag == tag) {
                 Entry& e = entries_[s.idx - 1];
-                if (e.len == n && std::memcmp(arena_.data() + e.off, p, n) == 0) {
+                if (e.len == n && bytes_equal(arena_.data() + e.off, p, n)) {
                     if (inserted) *inserted = false;
                     return e.value;
                 }

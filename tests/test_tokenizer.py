@@ -140,10 +140,11 @@ def test_special_tokens_refused_by_default(trained):
 
 
 def test_special_tokens_with_chosen_ids():
-    tok = Tokenizer.train(["abc abc abd"], vocab_size=300, special_tokens={"<|a b|>": 5000, "<pad>": 5001})
+    with pytest.warns(UserWarning, match="gave only"):
+        tok = Tokenizer.train(["abc abc abd"], vocab_size=300, special_tokens={"<|a b|>": 5000, "<pad>": 5001})
     assert tok.vocab_size == 5002
     assert tok.encode("x<|a b|>", allowed_special="all").tolist()[-1] == 5000
-    with pytest.raises(InputError, match="already uses"):
+    with pytest.raises(InputError, match="already uses"), pytest.warns(UserWarning):
         Tokenizer.train(["abc"], vocab_size=300, special_tokens={"<x>": 97})
 
 

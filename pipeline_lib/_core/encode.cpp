@@ -49,6 +49,7 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
         tok_off_[r] = tok_bytes_.size();
         tok_len_[r] = static_cast<uint32_t>(t.size());
         tok_bytes_ += t;
+        max_token_len_ = std::max(max_token_len_, t.size());
     }
     for (int b = 0; b < 256; ++b) {
         const uint8_t byte = static_cast<uint8_t>(b);
@@ -315,6 +316,10 @@ void EncoderCore::bpe_huge(const uint8_t* p, size_t n, std::vector<uint32_t>& ou
 
 void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out) const {
     if (n == 0) return;
+    if (n > max_token_len_) {
+        bpe(piece, n, out);
+        return;
+    }
     if (const uint32_t* r = vocab_.find(piece, n)) {
         out.push_back(*r);
         return;
@@ -331,9 +336,11 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
             return;
         }
         const uint64_t h = hash_bytes(p, len);
-        if (const uint32_t* r = vocab_.find(p, len, h)) {
-            out.push_back(*r);
-            return;
+        if (len <= max_token_len_) {
+            if (const uint32_t* r = vocab_.find(p, len, h)) {
+                out.push_back(*r);
+                return;
+            }
         }
         if (cache == nullptr || len > PieceCache::kMaxPieceBytes) {
             bpe(p, len, out);

@@ -91,6 +91,7 @@ private:
 
     int pattern_;
     size_t vocab_size_ = 0;
+    size_t max_token_len_ = 0;           // longer pieces skip the whole-piece lookup
     BytesMap<uint32_t> vocab_;           // token bytes -> rank
     U64Map<uint32_t> pairs_;             // (left << 32 | right) -> merged rank
     std::vector<uint64_t> bloom_;        // Bloom filter of the keys of pairs_ (2 bits per key)

@@ -204,15 +204,15 @@ PRESETS: dict[str, TrainConfig] = {
     "small": TrainConfig(
         model=GPTConfig(block_size=128, n_layer=4, n_head=4, n_embd=128, dropout=0.0),
         batch_size=16,
-        max_steps=1000,
+        max_steps=600,  # 1.2M tokens: ~1 epoch of tiny Shakespeare as bytes, ~2 min at 10k tok/s
         learning_rate=2e-3,
         min_lr=2e-4,
-        warmup_steps=50,
+        warmup_steps=30,
         weight_decay=0.1,
-        eval_interval=250,
+        eval_interval=100,
         eval_iters=20,
         log_interval=25,
-        ckpt_interval=500,
+        ckpt_interval=200,
     ),
     # GPT-2 small (124M with the 50257 GPT-2 vocab), llm.c-style: ~0.5M tokens per step
     # (16 x 1024 x 32 micro-steps on one GPU; divide grad_accum_steps by the world size),

@@ -354,7 +354,10 @@ def test_regex_and_tiktoken_disagree_explicitly():
     # exercise each class, while the regex-module reference does not.
     bad = sorted(discrepant())
     assert bad, "no differences: the tiktoken-tables reference is the plain reference"
-    ctx = "".join(f"{c}a{c}A{c} {c}1{c}{c}!{c}'s{c}\n" for c in map(chr, bad))
+    # (every table entry is checked in test_native_tables_follow_tiktoken_for_every_code_point;
+    # here a spread-out sample of ~2000 of them goes through the scanners in context)
+    sample = sorted(set(bad[:: max(1, len(bad) // 2000)]) | {0x295})
+    ctx = "".join(f"{c}a{c}A{c} {c}1{c}{c}!{c}'s{c}\n" for c in map(chr, sample))
     data = ctx.encode()
     differs = False
     for name, pid in tokcore.PATTERN_IDS.items():

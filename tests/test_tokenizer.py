@@ -207,7 +207,7 @@ def test_gpt2_ids_equal_tiktoken(gpt2, multilingual_text, shakespeare_text):
     tiktoken = pytest.importorskip("tiktoken")
     enc = tiktoken.Encoding("gpt2-oracle", pat_str=gpt2.pattern_str, mergeable_ranks=gpt2.mergeable_ranks, special_tokens={"<|endoftext|>": 50256})
     assert gpt2.vocab_size == 50257
-    for text in [multilingual_text, shakespeare_text[:200_000], *NASTY]:
+    for text in [multilingual_text, shakespeare_text[:200_000], _code_text(), *NASTY]:
         assert gpt2.encode_ordinary(text).tolist() == enc.encode_ordinary(text)
     assert gpt2.encode("a<|endoftext|>b", allowed_special="all").tolist() == enc.encode("a<|endoftext|>b", allowed_special="all")
 
@@ -217,10 +217,17 @@ def test_gpt2_known_ids(gpt2):
     assert gpt2.encode("Hello world").tolist() == [15496, 995]
 
 
+def _code_text() -> str:
+    import inspect
+    import json
+
+    return inspect.getsource(json) + inspect.getsource(inspect)[:60_000]
+
+
 def test_openai_vocabularies_equal_tiktoken(openai_tok, multilingual_text):
     tiktoken = pytest.importorskip("tiktoken")
     enc = openai_tok.to_tiktoken()
-    for text in [multilingual_text, *NASTY]:
+    for text in [multilingual_text, _code_text(), *NASTY]:
         assert openai_tok.encode_ordinary(text).tolist() == enc.encode_ordinary(text)
 
 

@@ -115,6 +115,10 @@ class PrefectServer:
         self.home.mkdir(parents=True, exist_ok=True)
         env = self.base_env()
         env["PREFECT_UI_ENABLED"] = "true" if self.ui else "false"
+        # `--port` alone leaves the UI calling the API on the default port 4200: the UI's
+        # API URL comes from these settings (or PREFECT_UI_API_URL), not from the flags.
+        env["PREFECT_SERVER_API_HOST"] = "127.0.0.1"
+        env["PREFECT_SERVER_API_PORT"] = str(self.port)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],

@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -371,11 +372,11 @@ class DecodeStats:
             setattr(self, k, getattr(self, k) + v)
 
 
-_INVALID = [0]
+_INVALID = threading.local()  # bytes replaced by the running decode, per thread
 
 
 def _count_replace(e: UnicodeDecodeError) -> tuple[str, int]:
-    _INVALID[0] += e.end - e.start
+    _INVALID.n = getattr(_INVALID, "n", 0) + e.end - e.start
     return "\ufffd", e.end
 
 
@@ -392,10 +393,10 @@ def _decode_policy(data: bytes, errors: str, where: str, stats: DecodeStats) -> 
         if errors == "skip-document":
             stats.skipped_documents += 1
             return None
-        _INVALID[0] = 0
+        _INVALID.n = 0
         text = data.decode("utf-8", "tokenmill-count-replace")
         stats.replaced_documents += 1
-        stats.invalid_bytes += _INVALID[0]
+        stats.invalid_bytes += _INVALID.n
         return text
 
 
@@ -449,7 +450,7 @@ def _check_str(text: str, errors: str, where: str, stats: DecodeStats) -> bytes 
 
 
 def _counted(data: bytes, n_chars: int, stats: DecodeStats) -> bytes | None:
-    if not data:
+    if not data or data.isspace():  # nothing but ASCII whitespace: no content, no document
         stats.empty_documents += 1
         return None
     stats.documents += 1

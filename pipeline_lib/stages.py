@@ -24,7 +24,7 @@ from pipeline_lib import counting, token_shards
 from pipeline_lib.corpus import CORPUS_KIND, CorpusConfig, download_corpus, shard_corpus  # noqa: F401  (re-exported)
 from pipeline_lib.counting import COUNTS_FILE, COUNTS_KIND, CountConfig
 from pipeline_lib.fsio import InputError
-from pipeline_lib.store import ArtifactStore, FileInfo, VersionRef, version_id
+from pipeline_lib.store import ArtifactStore, FileInfo, StoreError, VersionRef, version_id
 from pipeline_lib.token_shards import TOKENS_KIND, EncodeConfig
 from pipeline_lib.tokenizer import ENDOFTEXT, Tokenizer
 from pipeline_lib.version import code_version
@@ -85,11 +85,26 @@ def count_shard(store: ArtifactStore, corpus: VersionRef, shard: int, config: Co
     return record
 
 
+def _or_published(store: ArtifactStore, kind: str, version: str, publish: Callable[[], VersionRef]) -> VersionRef:
+    """Run a publishing step; if it failed because a concurrent run of the same stage
+    published the version meanwhile (its staging area moved away), adopt that version."""
+    try:
+        return publish()
+    except (InputError, StoreError, OSError):
+        if store.exists(kind, version):
+            return store.ref(kind, version)
+        raise
+
+
 def reduce_counts(store: ArtifactStore, corpus: VersionRef, config: CountConfig) -> VersionRef:
     """Sum the per-shard counts into ``counts.parquet`` and publish the counts version."""
     version = counts_version(corpus, config)
     if store.exists(COUNTS_KIND, version):
         return store.ref(COUNTS_KIND, version)
+    return _or_published(store, COUNTS_KIND, version, lambda: _reduce_counts(store, corpus, config, version))
+
+
+def _reduce_counts(store: ArtifactStore, corpus: VersionRef, config: CountConfig, version: str) -> VersionRef:
     staging = store.stage(COUNTS_KIND, version)
     shards = corpus_shards(store, corpus)
     records = []
@@ -111,14 +126,8 @@ def reduce_counts(store: ArtifactStore, corpus: VersionRef, config: CountConfig)
     with staging.open_write(COUNTS_FILE) as tmp:
         counting.write_counts(tmp, pieces, counts)
         files = {COUNTS_FILE: _file_info(tmp)}
-    for i in range(len(shards)):
-        name = f"parts/shard_{i:06d}.parquet"
-        if store.local:
-            os.unlink(staging.local_path(name))
-        else:
-            store.fs.rm(f"{staging.path}/{name}")
-    if store.local:
-        os.rmdir(staging.local_path("parts"))
+    # The per-shard parts are not listed: publish drops them (deleting them here would pull
+    # them from under a concurrent run of this stage).
     meta = {
         "pattern": config.pattern,
         "n_pieces": len(pieces),
@@ -225,6 +234,10 @@ def publish_tokens(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionR
     version = tokens_version(corpus, tokenizer, config)
     if store.exists(TOKENS_KIND, version):
         return store.ref(TOKENS_KIND, version)
+    return _or_published(store, TOKENS_KIND, version, lambda: _publish_tokens(store, corpus, tokenizer, config, version))
+
+
+def _publish_tokens(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef, config: EncodeConfig, version: str) -> VersionRef:
     staging = store.stage(TOKENS_KIND, version)
     tmeta = store.manifest(tokenizer.kind, tokenizer.version)["meta"]
     n = len(corpus_shards(store, corpus))

@@ -515,8 +515,10 @@ class ArtifactStore:
         kind, version = staging.kind, staging.version
         self._invalidate(staging.path)
         self._check_staged(staging, file_map)
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(f"{staging.path}/{DONE_DIR}", recursive=True)
+        for rel, path in self._relative_files(staging.path):
+            if rel != MANIFEST and rel not in file_map:  # completion markers, scratch
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(path)
         created = write_bytes_create_only(self.fs, f"{staging.path}/{MANIFEST}", data)
         if not created:  # a concurrent writer published first: its manifest stands
             self._invalidate(staging.path)
@@ -659,14 +661,11 @@ class ArtifactStore:
             return self.version_path(kind, version)
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "tokenmill-cache")
         dest = os.path.join(cache, kind, version)
-        cached_manifest = os.path.join(dest, MANIFEST)
-        if os.path.exists(cached_manifest):
-            with open(cached_manifest, "rb") as f:
-                if f.read() == manifest_raw:
-                    if verify != "none":
-                        for name, info in manifest["files"].items():
-                            self._local_check(os.path.join(dest, *name.split("/")), f"{kind}/{version}/{name} (cached)", info, verify == "full")
-                    return dest
+        if self._cache_current(dest, manifest_raw):
+            if verify != "none":
+                for name, info in manifest["files"].items():
+                    self._local_check(os.path.join(dest, *name.split("/")), f"{kind}/{version}/{name} (cached)", info, verify == "full")
+            return dest
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         tmp = f"{dest}.{uuid.uuid4().hex}.part"
         try:
@@ -686,18 +685,30 @@ class ArtifactStore:
                     raise StoreError(f"{kind}/{version}/{name}: downloaded {n:,} bytes that do not match the manifest's size/sha256: corrupt or altered")
             with open(os.path.join(tmp, MANIFEST), "wb") as f:
                 f.write(manifest_raw)
-            if os.path.exists(dest):
-                old = f"{dest}.{uuid.uuid4().hex}.old"
-                with contextlib.suppress(OSError):
-                    os.rename(dest, old)
+            for _ in range(2):
+                try:
+                    os.rename(tmp, dest)
+                    break
+                except OSError:
+                    if self._cache_current(dest, manifest_raw):
+                        break  # another process filled the cache with this version meanwhile
+                    old = f"{dest}.{uuid.uuid4().hex}.old"  # a stale copy: move it aside
+                    with contextlib.suppress(OSError):
+                        os.rename(dest, old)
                     shutil.rmtree(old, ignore_errors=True)
-            try:
-                os.rename(tmp, dest)
-            except OSError:  # another process filled the cache first
-                pass
+            else:
+                raise StoreError(f"cannot fill the cache directory {dest}")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return dest
+
+    @staticmethod
+    def _cache_current(dest: str, manifest_raw: bytes) -> bool:
+        try:
+            with open(os.path.join(dest, MANIFEST), "rb") as f:
+                return f.read() == manifest_raw
+        except OSError:
+            return False
 
     @staticmethod
     def _local_check(path: str, label: str, info: Mapping[str, Any], full: bool) -> None:
@@ -725,13 +736,21 @@ class ArtifactStore:
             base = self.version_path(kind, version)
             if not self.local:
                 self._invalidate(base)
-            prefix = base.rstrip("/") + "/"
-            for path in self.fs.find(base):
-                path = path if path.startswith(prefix) or not prefix.startswith("/") else "/" + path.lstrip("/")
-                rel = path[len(prefix) :] if path.startswith(prefix) else path
+            for rel, _ in self._relative_files(base):
                 if rel != MANIFEST and rel not in manifest["files"]:
                     raise StoreError(f"{kind}/{version}/{rel}: a file the manifest does not list")
         return manifest
+
+    def _relative_files(self, base: str) -> list[tuple[str, str]]:
+        """(path relative to `base`, full path) of every file under `base`."""
+        if not self.local:
+            self._invalidate(base)
+        prefix = base.rstrip("/") + "/"
+        out = []
+        for path in self.fs.find(base):
+            full = path if path.startswith(prefix) or not prefix.startswith("/") else "/" + path.lstrip("/")
+            out.append((full[len(prefix) :] if full.startswith(prefix) else full, path))
+        return out
 
     # ---------------------------------------------------------------- listing
     def _dirs(self, path: str) -> list[str]:

@@ -108,14 +108,6 @@ class NpyStreamWriter:
         self.f.close()
 
 
-def save_npy(path: str, arr: np.ndarray) -> None:
-    """`np.save` to exactly `path` (no ".npy" appended), fsynced."""
-    with open(path, "wb") as f:
-        np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 @dataclass(frozen=True)
 class ShardStats:
     name: str
@@ -156,7 +148,7 @@ def encode_documents(
     writer = NpyStreamWriter(tokens_path, dtype)
     table = pq.ParquetWriter(doc_table_path, DOC_TABLE_SCHEMA, compression="zstd", use_dictionary=["source"], write_statistics=False) if doc_table_path else None
     rows: dict[str, list] = {k: [] for k in DOC_TABLE_SCHEMA.names}
-    ends: list[np.ndarray] = []
+    ends = NpyStreamWriter(index_path, np.dtype("<u8"))  # streamed too: nothing grows with the shard
     n_docs = n_bytes = 0
 
     def flush_rows() -> None:
@@ -211,7 +203,7 @@ def encode_documents(
                     writer.write(flat[a : a + _CHECK_CHUNK])
             del flat
             doc_ends = base + np.cumsum(lengths, dtype=np.int64)
-            ends.append(doc_ends.astype(np.uint64))
+            ends.write(doc_ends)
             if table is not None:
                 rows["shard"].extend([shard] * len(docs))
                 rows["start"].extend((doc_ends - lengths).tolist())
@@ -226,10 +218,9 @@ def encode_documents(
         flush_rows()
     finally:
         writer.close()
+        ends.close()
         if table is not None:
             table.close()
-    index = np.concatenate(ends) if ends else np.zeros(0, dtype=np.uint64)
-    save_npy(index_path, index.astype("<u8"))
     return ShardStats(name=name, n_tokens=writer.n, n_docs=n_docs, n_bytes=n_bytes)
 
 
@@ -321,7 +312,8 @@ def _npy_layout(path: str) -> tuple[tuple[int, ...], np.dtype, int, bool]:
     return shape, dtype, offset, fortran
 
 
-def _open_npy(path: str, dtypes: Sequence[np.dtype], what: str) -> np.ndarray:
+def _checked_npy(path: str, dtypes: Sequence[np.dtype], what: str) -> tuple[int, np.dtype, int]:
+    """(length, dtype, data offset) of a 1-D .npy whose file size agrees with its header."""
     shape, dtype, offset, fortran = _npy_layout(path)
     if len(shape) != 1 or fortran or dtype not in dtypes or dtype.hasobject:
         raise InputError(f"{path}: expected a 1-D {' or '.join(d.str for d in dtypes)} array of {what}, found shape {shape} dtype {dtype}")
@@ -332,9 +324,33 @@ def _open_npy(path: str, dtypes: Sequence[np.dtype], what: str) -> np.ndarray:
             f"{path}: header says {shape[0]:,} {what} ({expected:,} bytes) but the file has {actual:,} bytes: "
             f"{'truncated' if actual < expected else 'trailing data'} or corrupt"
         )
-    if shape[0] == 0:
+    return int(shape[0]), dtype, offset
+
+
+def _open_npy(path: str, dtypes: Sequence[np.dtype], what: str) -> np.ndarray:
+    n, dtype, offset = _checked_npy(path, dtypes, what)
+    if n == 0:
         return np.zeros(0, dtype=dtype)  # an empty file region cannot be mapped
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n,))
+
+
+def _read_chunks(path: str, dtype: np.dtype, offset: int, start: int, stop: int, hasher=None):
+    """Yield (position, array) for elements [start, stop) of a .npy, read (not mapped) in
+    bounded chunks, so a full scan does not leave the file resident in this process."""
+    with open(path, "rb") as f:
+        if hasher is not None:
+            hasher.update(f.read(offset))
+        f.seek(offset + start * dtype.itemsize)
+        pos = start
+        while pos < stop:
+            data = f.read(min(_CHECK_CHUNK, stop - pos) * dtype.itemsize)
+            if hasher is not None:
+                hasher.update(data)
+            chunk = np.frombuffer(data, dtype=dtype)
+            if not len(chunk):
+                raise InputError(f"{path}: ended early at element {pos:,}")
+            yield pos, chunk
+            pos += len(chunk)
 
 
 def open_tokens(path: str) -> np.ndarray:
@@ -400,35 +416,41 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
         if not name or "/" in name or "\\" in name or name.startswith("."):
             raise InputError(f"{directory}: bad shard name {name!r}")
         path = os.path.join(directory, f"{name}.npy")
-        tokens = open_tokens(path)
-        if tokens.dtype != expected_dtype:
-            raise InputError(f"{path}: dtype {tokens.dtype} but the manifest says {meta['dtype']}")
-        if len(tokens) != shard["n_tokens"]:
-            raise InputError(f"{path}: {len(tokens):,} tokens, manifest says {shard['n_tokens']:,}")
-        if len(tokens) > MAX_SHARD_TOKENS:
-            raise InputError(f"{path}: {len(tokens):,} tokens, more than {MAX_SHARD_TOKENS:,} in one shard")
+        n_tokens, dtype, offset = _checked_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens")
+        if dtype != expected_dtype:
+            raise InputError(f"{path}: dtype {dtype} but the manifest says {meta['dtype']}")
+        if n_tokens != shard["n_tokens"]:
+            raise InputError(f"{path}: {n_tokens:,} tokens, manifest says {shard['n_tokens']:,}")
+        if n_tokens > MAX_SHARD_TOKENS:
+            raise InputError(f"{path}: {n_tokens:,} tokens, more than {MAX_SHARD_TOKENS:,} in one shard")
         index_path = os.path.join(directory, f"{name}.idx.npy")
-        index = np.asarray(open_index(index_path)).astype(np.int64)
+        index = np.array(open_index(index_path), dtype=np.int64)
         if len(index) != shard["n_docs"]:
             raise InputError(f"{index_path}: {len(index):,} document ends, manifest says {shard['n_docs']:,}")
-        if len(index) and (index[0] <= 0 or index[-1] != len(tokens) or np.any(np.diff(index) <= 0)):
-            raise InputError(f"{index_path}: document ends are not strictly increasing from >0 up to the token count {len(tokens):,}")
-        if not len(index) and len(tokens):
-            raise InputError(f"{index_path}: no documents but {len(tokens):,} tokens")
+        if len(index) and (index[0] <= 0 or index[-1] != n_tokens or np.any(np.diff(index) <= 0)):
+            raise InputError(f"{index_path}: document ends are not strictly increasing from >0 up to the token count {n_tokens:,}")
+        if not len(index) and n_tokens:
+            raise InputError(f"{index_path}: no documents but {n_tokens:,} tokens")
+        sep_pos = None
+        if sep_id is not None and len(index):
+            sep_pos = index - 1 if sep["placement"] == "append" else np.concatenate([[0], index[:-1]])
+        # One sequential read: ids in range, separators where the index says and nowhere else, hash.
+        hasher = hashlib.sha256() if deep and shard.get("sha256") else None
         n_sep = 0
-        for start in range(0, len(tokens), _CHECK_CHUNK):
-            chunk = np.asarray(tokens[start : start + _CHECK_CHUNK])
+        for start, chunk in _read_chunks(path, dtype, offset, 0, n_tokens, hasher):
             top = int(chunk.max())
             if top >= vocab_size:
                 raise InputError(f"{path}: token id {top} is outside the vocabulary (size {vocab_size})")
             if sep_id is not None:
                 n_sep += int(np.count_nonzero(chunk == sep_id))
-        if sep_id is not None and len(index):
-            pos = index - 1 if sep["placement"] == "append" else np.concatenate([[0], index[:-1]])
-            if np.any(np.asarray(tokens[pos]) != sep_id):
-                raise InputError(f"{path}: a document boundary lacks the separator {sep.get('token')!r} (id {sep_id})")
-            if n_sep != len(index):
-                raise InputError(f"{path}: the separator id {sep_id} occurs {n_sep:,} times for {len(index):,} documents")
+            if sep_pos is not None:
+                lo, hi = np.searchsorted(sep_pos, [start, start + len(chunk)])
+                if np.any(chunk[sep_pos[lo:hi] - start] != sep_id):
+                    raise InputError(f"{path}: a document boundary lacks the separator {sep.get('token')!r} (id {sep_id})")
+        if sep_id is not None and n_sep != len(index):
+            raise InputError(f"{path}: the separator id {sep_id} occurs {n_sep:,} times for {len(index):,} documents")
+        if hasher is not None and hasher.hexdigest() != shard["sha256"]:
+            raise InputError(f"{path}: sha256 does not match the manifest: corrupt or altered")
         if shard.get("doc_table"):
             table_path = os.path.join(directory, shard["doc_table"])
             table = read_doc_table(table_path)
@@ -439,7 +461,7 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
             if len(index) and (not np.array_equal(starts + lens, index) or starts[0] != 0 or np.any(table.column("shard").to_numpy() != i)):
                 raise InputError(f"{table_path}: document rows disagree with {index_path}")
         if deep:
-            checks = [(path, shard.get("sha256"))]
+            checks = []
             if shard.get("index_sha256"):
                 checks.append((index_path, shard["index_sha256"]))
             if shard.get("doc_table") and shard.get("doc_table_sha256"):
@@ -447,7 +469,7 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
             for p, digest in checks:
                 if digest is not None and _sha256_file(p) != digest:
                     raise InputError(f"{p}: sha256 does not match the manifest: corrupt or altered")
-        totals["n_tokens"] += len(tokens)
+        totals["n_tokens"] += n_tokens
         totals["n_docs"] += len(index)
     for key, value in totals.items():
         if totals_meta.get(key) != value:
@@ -491,11 +513,6 @@ def _atomic_out(path: str):
             os.unlink(tmp)
 
 
-def _write_tokens(out, tokens: np.ndarray, start: int, stop: int, dtype: np.dtype) -> None:
-    for a in range(start, stop, _CHECK_CHUNK):
-        out.write(np.ascontiguousarray(tokens[a : min(stop, a + _CHECK_CHUNK)], dtype=dtype).tobytes())
-
-
 def _export(directory: str, meta: dict[str, Any], paths: tuple[str, str], val_fraction: float, dtype: np.dtype, header) -> dict[str, int]:
     cut_shard, cut_offset = _doc_cut(directory, meta, val_fraction)
     counts = {"train": 0, "val": 0}
@@ -508,12 +525,14 @@ def _export(directory: str, meta: dict[str, Any], paths: tuple[str, str], val_fr
             train.write(header(counts["train"]))
             val.write(header(counts["val"]))
         for i, shard in enumerate(meta["shards"]):
-            tokens = open_tokens(os.path.join(directory, f"{shard['name']}.npy"))
-            if len(tokens) != int(shard["n_tokens"]):
-                raise InputError(f"{directory}/{shard['name']}.npy: {len(tokens):,} tokens, manifest says {shard['n_tokens']:,}")
-            split = len(tokens) if i < cut_shard else cut_offset if i == cut_shard else 0
-            _write_tokens(train, tokens, 0, split, dtype)
-            _write_tokens(val, tokens, split, len(tokens), dtype)
+            path = os.path.join(directory, f"{shard['name']}.npy")
+            n, file_dtype, offset = _checked_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens")
+            if n != int(shard["n_tokens"]):
+                raise InputError(f"{path}: {n:,} tokens, manifest says {shard['n_tokens']:,}")
+            split = n if i < cut_shard else cut_offset if i == cut_shard else 0
+            for out, a, b in ((train, 0, split), (val, split, n)):
+                for _, chunk in _read_chunks(path, file_dtype, offset, a, b):
+                    out.write(chunk.astype(dtype, copy=False).tobytes())
     return counts
 
 

@@ -17,7 +17,7 @@ from s3_server import s3_options  # noqa: F401  (session fixture: a local S3 ser
 from pipeline_lib.fsio import InputError
 from pipeline_lib.store import MANIFEST, ArtifactStore, FileInfo, StoreError, VersionRef, check_name, version_id
 
-BACKENDS = ["file", "memory", "s3"]
+BACKENDS = ["file", "file-url", "memory", "s3"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -29,6 +29,8 @@ def backend(request) -> str:
 def store_args(backend, tmp_path, request) -> tuple[str, dict]:
     if backend == "file":
         return str(tmp_path / "store"), {}
+    if backend == "file-url":
+        return f"file://{tmp_path}/store", {}
     if backend == "memory":
         return f"memory://store-{uuid.uuid4().hex}", {}
     from s3_server import s3_url

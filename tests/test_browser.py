@@ -110,7 +110,10 @@ class _Page:
         """Poll a JavaScript expression until it is truthy; return its value."""
         deadline = time.monotonic() + timeout
         while True:
-            value = self.evaluate(expression)
+            try:
+                value = self.evaluate(expression)
+            except RuntimeError:  # the page is still loading (no body yet, navigation)
+                value = None
             if value:
                 return value
             if time.monotonic() > deadline:
@@ -190,7 +193,7 @@ def test_artifact_pages_render_tables_and_loss_plot(run, shots, tmp_path, ui):
         for key, expected in (("token-shards", "shard_000001"), ("lm-metrics", "final_val_loss")):
             page = devtools.open(f"{server.url}{ui}/artifacts/artifact/{arts[key].id}")
             try:
-                page.wait_for(f"document.body.innerText.includes({json.dumps(expected)})")
+                page.wait_for(f"document.body && document.body.innerText.includes({json.dumps(expected)})")
             finally:
                 page.close()
     finally:

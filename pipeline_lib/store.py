@@ -187,14 +187,18 @@ class Staging:
         if store.local:
             self.path = store._safe(f"{store.root}/{kind}/{STAGING_DIR}/{version}")
             self.tmp_dir = store._safe(f"{store.root}/{kind}/{STAGING_DIR}/{TMP_DIR}")
-            os.makedirs(self.path, exist_ok=True)
-            os.makedirs(self.tmp_dir, exist_ok=True)
         else:
             self.path = f"{store.root}/{kind}/{version}"
             self.tmp_dir = None
 
     def __repr__(self) -> str:
         return f"Staging({self.store.url!r}, {self.kind!r}, {self.version!r})"
+
+    def _dirs(self) -> None:
+        """Create the staging and temp directories on first write (reads never create them)."""
+        if self.tmp_dir is not None:
+            os.makedirs(self.path, exist_ok=True)
+            os.makedirs(self.tmp_dir, exist_ok=True)
 
     def _p(self, name: str) -> str:
         check_relpath(name)
@@ -222,6 +226,7 @@ class Staging:
         dest = self._p(name)
         info = FileInfo(len(data), hashlib.sha256(data).hexdigest())
         if self.store.local:
+            self._dirs()
             fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=".tmp-", suffix=".part")
             try:
                 with os.fdopen(fd, "wb") as f:
@@ -240,6 +245,7 @@ class Staging:
         """Publish a finished local file into the staging area (a rename when on the same disk)."""
         dest = self._p(name)
         if self.store.local:
+            self._dirs()
             if move:
                 with open(local_path, "rb") as f:
                     info = _hash_stream(f)
@@ -280,6 +286,7 @@ class Staging:
         directory), so publishing it is a rename.
         """
         self._p(name)  # validate the name before any work is done
+        self._dirs()
         fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=".tmp-", suffix=".part")
         os.close(fd)
         try:
@@ -305,6 +312,7 @@ class Staging:
     def local_path(self, name: str) -> str:
         if not self.store.local:
             raise StoreError("local_path is only available on a local store")
+        self._dirs()
         return self._p(name)
 
     def mark_done(self, unit: str, info: Mapping[str, Any]) -> None:
@@ -486,9 +494,8 @@ class ArtifactStore:
             if self.exists(kind, version):
                 self._discard(staging)
                 return
-            if not os.path.isdir(staging.path):
-                raise StoreError(f"cannot publish {kind}/{version}: its staging area {staging.path} is gone (removed by gc?)")
-            self._check_staged(staging, file_map)
+            staging._dirs()
+            self._check_staged(staging, file_map)  # (a staging area removed by gc fails here)
             # Drop what is not part of the version (completion markers, scratch dirs).
             for dirpath, dirnames, filenames in os.walk(staging.path, topdown=False):
                 for fname in filenames:

@@ -373,6 +373,29 @@ def read_doc_table(path: str) -> pa.Table:
     return table
 
 
+def _check_doc_table(path: str, index: np.ndarray, shard: int, index_path: str) -> None:
+    """The document table agrees with the index, row for row (streamed by batches)."""
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"{path}: not a readable document table ({e})") from e
+    if pf.schema_arrow.names != DOC_TABLE_SCHEMA.names:
+        raise InputError(f"{path}: expected columns {DOC_TABLE_SCHEMA.names}, found {pf.schema_arrow.names}")
+    if pf.metadata.num_rows != len(index):
+        raise InputError(f"{path}: {pf.metadata.num_rows:,} rows for {len(index):,} documents")
+    pos = 0
+    try:
+        for batch in pf.iter_batches(columns=["shard", "start", "n_tokens"], batch_size=1 << 16):
+            sh, st, ln = (batch.column(k).to_numpy(zero_copy_only=False) for k in range(3))
+            ends = index[pos : pos + len(st)]
+            starts = np.concatenate([[index[pos - 1] if pos else 0], ends[:-1]])
+            if len(ends) != len(st) or not np.array_equal(st + ln, ends) or not np.array_equal(st, starts) or np.any(sh != shard):
+                raise InputError(f"{path}: document rows disagree with {index_path} (near row {pos:,})")
+            pos += len(st)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"{path}: corrupt document table ({e})") from e
+
+
 def _sha256_file(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -452,14 +475,7 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
         if hasher is not None and hasher.hexdigest() != shard["sha256"]:
             raise InputError(f"{path}: sha256 does not match the manifest: corrupt or altered")
         if shard.get("doc_table"):
-            table_path = os.path.join(directory, shard["doc_table"])
-            table = read_doc_table(table_path)
-            if table.num_rows != len(index):
-                raise InputError(f"{table_path}: {table.num_rows:,} rows for {len(index):,} documents")
-            starts = table.column("start").to_numpy()
-            lens = table.column("n_tokens").to_numpy()
-            if len(index) and (not np.array_equal(starts + lens, index) or starts[0] != 0 or np.any(table.column("shard").to_numpy() != i)):
-                raise InputError(f"{table_path}: document rows disagree with {index_path}")
+            _check_doc_table(os.path.join(directory, shard["doc_table"]), index, i, index_path)
         if deep:
             checks = []
             if shard.get("index_sha256"):

@@ -314,6 +314,7 @@ def test_symlink_escape_is_refused(tmp_path):
     with pytest.raises(InputError, match="outside the store root"):
         store.stage("evil", "v1")
     staging = store.stage("notes", "v1")
+    staging.put_bytes("ok.txt", b"fine")
     os.symlink(outside, os.path.join(staging.path, "link"))
     with pytest.raises(InputError, match="outside the store root"):
         staging.put_bytes("link/x.txt", b"x")

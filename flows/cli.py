@@ -286,7 +286,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_gc(args) -> int:
-    removed = _store(args).gc(dry_run=args.dry_run)
+    removed = _store(args).gc(dry_run=args.dry_run, min_age_s=args.min_age)
     for path in removed:
         print(("would remove " if args.dry_run else "removed ") + path)
     print(f"{len(removed)} unpublished item(s)")
@@ -421,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gc", help="remove unpublished leftovers (staging areas, versions without a manifest)")
     _add_store(p)
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--min-age", type=float, default=3600, help="spare leftovers younger than this many seconds: a running flow's staging area (default: %(default)s)")
     p.set_defaults(func=cmd_gc)
     p = sub.add_parser("export-nanogpt", help="write nanoGPT's train.bin / val.bin from a tokens version")
     _add_store(p)

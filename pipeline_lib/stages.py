@@ -12,7 +12,6 @@ so a killed run resumes with the shards it had not finished.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import tempfile
@@ -65,14 +64,18 @@ def corpus_shards(store: ArtifactStore, corpus: VersionRef) -> list[dict[str, An
     return store.manifest(corpus.kind, corpus.version)["meta"]["shards"]
 
 
+def _shard_unit(store: ArtifactStore, kind: str, version: str, shard: int) -> tuple[Any, str, dict[str, Any] | None]:
+    """(staging area, unit name, completion record or None) of one shard of a mapped stage."""
+    unit = f"shard_{shard:06d}"
+    if store.exists(kind, version):
+        return None, unit, {"shard": shard, "cached": True}
+    staging = store.stage(kind, version)
+    return staging, unit, staging.done(unit)
+
+
 def count_shard(store: ArtifactStore, corpus: VersionRef, shard: int, config: CountConfig) -> dict[str, Any]:
     """Count one corpus shard into the counts version's staging area (skips a finished shard)."""
-    version = counts_version(corpus, config)
-    if store.exists(COUNTS_KIND, version):
-        return {"shard": shard, "cached": True}
-    staging = store.stage(COUNTS_KIND, version)
-    unit = f"shard_{shard:06d}"
-    done = staging.done(unit)
+    staging, unit, done = _shard_unit(store, COUNTS_KIND, counts_version(corpus, config), shard)
     if done is not None:
         return done
     info = corpus_shards(store, corpus)[shard]
@@ -125,7 +128,7 @@ def _reduce_counts(store: ArtifactStore, corpus: VersionRef, config: CountConfig
     pieces, counts = counting.reduce_counts(parts, config.pattern)
     with staging.open_write(COUNTS_FILE) as tmp:
         counting.write_counts(tmp, pieces, counts)
-        files = {COUNTS_FILE: _file_info(tmp)}
+    files = {COUNTS_FILE: staging.written[COUNTS_FILE]}
     # The per-shard parts are not listed: publish drops them (deleting them here would pull
     # them from under a concurrent run of this stage).
     meta = {
@@ -136,14 +139,6 @@ def _reduce_counts(store: ArtifactStore, corpus: VersionRef, config: CountConfig
         "top_pieces": [[p.decode("utf-8", "replace"), int(c)] for p, c in sorted(zip(pieces, counts.tolist()), key=lambda x: -x[1])[:20]],
     }
     return store.publish(staging, files=files, parents={"corpus": corpus}, params=config.params(), code_version=_code(counting.CODE_MODULES), meta=meta)
-
-
-def _file_info(path: str) -> FileInfo:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return FileInfo(os.path.getsize(path), h.hexdigest())
 
 
 # --------------------------------------------------------------------------- merges
@@ -203,12 +198,7 @@ def tokens_version(corpus: VersionRef, tokenizer: VersionRef, config: EncodeConf
 
 def encode_shard(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef, shard: int, config: EncodeConfig) -> dict[str, Any]:
     """Encode one corpus shard into the tokens version's staging area (skips a finished shard)."""
-    version = tokens_version(corpus, tokenizer, config)
-    if store.exists(TOKENS_KIND, version):
-        return {"shard": shard, "cached": True}
-    staging = store.stage(TOKENS_KIND, version)
-    unit = f"shard_{shard:06d}"
-    done = staging.done(unit)
+    staging, unit, done = _shard_unit(store, TOKENS_KIND, tokens_version(corpus, tokenizer, config), shard)
     if done is not None:
         return done
     tok = load_tokenizer(store, tokenizer)
@@ -218,7 +208,7 @@ def encode_shard(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef
     with contextlib.ExitStack() as stack:
         tmps = [stack.enter_context(staging.open_write(n)) for n in names]
         stats = token_shards.encode_shard_file(tok, src, tmps[0], tmps[1], config, unit, shard, tmps[2] if config.doc_table else None)
-        infos = {n: _file_info(t) for n, t in zip(names, tmps)}
+    infos = {n: staging.written[n] for n in names}
     record = {
         **asdict(stats),
         "shard": shard,

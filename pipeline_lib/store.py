@@ -190,6 +190,7 @@ class Staging:
         else:
             self.path = f"{store.root}/{kind}/{version}"
             self.tmp_dir = None
+        self.written: dict[str, FileInfo] = {}  # what open_write published, by name
 
     def __repr__(self) -> str:
         return f"Staging({self.store.url!r}, {self.kind!r}, {self.version!r})"
@@ -291,7 +292,7 @@ class Staging:
         os.close(fd)
         try:
             yield tmp
-            self.put_file(name, tmp, move=True)
+            self.written[name] = self.put_file(name, tmp, move=True)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)

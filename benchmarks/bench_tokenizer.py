@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -90,17 +91,28 @@ TRAINERS: dict[str, str] = {
 }
 
 
+# The child reports its own peak RSS (VmHWM of its post-exec address space): ru_maxrss
+# from wait4 would include the parent's peak, which Linux carries across fork and exec.
+_PEAK = "\nprint('VMHWM_KB', open('/proc/self/status').read().split('VmHWM:')[1].split()[0])\n"
+
+
 def run_measured(code: str, env: dict[str, str]) -> dict[str, float]:
     """Run Python `code` in a child; return its wall time, CPU time and peak RSS."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.Popen([sys.executable, "-c", code + _PEAK], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate()
     wall = time.perf_counter() - start
-    err = proc.stderr.read().decode(errors="replace")
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = usage.ru_utime + usage.ru_stime - _CHILD_CPU[0]
+    _CHILD_CPU[0] = usage.ru_utime + usage.ru_stime
     if proc.returncode != 0:
-        return {"error": err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"}
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024}
+        text = err.decode(errors="replace").strip()
+        return {"error": text.splitlines()[-1] if text else f"exit {proc.returncode}"}
+    peak_kb = int(out.decode().rsplit("VMHWM_KB", 1)[1].split()[0])
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak_kb / 1024}
+
+
+_CHILD_CPU = [0.0]
 
 
 def heldout_bytes_per_token(name: str, out: str, heldout: str) -> float | None:

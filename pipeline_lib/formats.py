@@ -112,6 +112,16 @@ class _RankLimit(dict):
         return self._by_rank[rank]
 
 
+def onig_pattern(pattern: str) -> str:
+    r"""The split pattern in the Oniguruma dialect HF `tokenizers` uses.
+
+    Oniguruma reads ``{1,3}+`` as "one or more runs of 1-3", not as a possessive
+    quantifier, so cl100k's ``\p{N}{1,3}+`` would swallow whole numbers. Possessiveness is
+    moot there (nothing follows in that alternative), so the plain ``{1,3}`` is equivalent.
+    """
+    return pattern.replace("{1,3}+", "{1,3}")
+
+
 def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
     """The HF `tokenizers` JSON for `tok`: Split(pattern) + ByteLevel, BPE model, same ids."""
     b2u = byte_to_unicode()
@@ -137,7 +147,7 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
         "pre_tokenizer": {
             "type": "Sequence",
             "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": tok.pattern_str}, "behavior": "Isolated", "invert": False},
+                {"type": "Split", "pattern": {"Regex": onig_pattern(tok.pattern_str)}, "behavior": "Isolated", "invert": False},
                 {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
             ],
         },

@@ -243,6 +243,21 @@ def test_hf_export_gives_same_ids(tmp_path, trained, multilingual_text):
     assert hf.decode(ids.tolist()) == "hi there"
 
 
+@pytest.mark.parametrize("pattern", ["gpt2", "cl100k", "o200k"])
+def test_hf_export_with_digit_and_space_merges(tmp_path, pattern):
+    """Numbers and whitespace runs are where regex dialects differ: hold HF to our ids there."""
+    tokenizers = pytest.importorskip("tokenizers")
+    rng = np.random.default_rng(0)
+    lines = [f"In {y} there were {n:,} people,  and {d}  days.\n\n   " for y, n, d in rng.integers(1000, 99999, size=(400, 3))]
+    tok = Tokenizer.train(lines * 3, vocab_size=600, pattern=pattern)
+    assert any(len(b) >= 3 and b.strip().isdigit() for b in tok.mergeable_ranks)  # digit merges exist
+    path = tmp_path / "tokenizer.json"
+    tok.to_hf_json(str(path))
+    hf = tokenizers.Tokenizer.from_file(str(path))
+    for text in ["In 1803, 1234567 and 12 3 4567890 people", "".join(lines[:50]), "x  \n\n  y \t\r\n 42"]:
+        assert hf.encode(text, add_special_tokens=False).ids == tok.encode_ordinary(text).tolist(), text[:50]
+
+
 def test_hf_export_of_loaded_vocabulary(tmp_path, gpt2):
     tokenizers = pytest.importorskip("tokenizers")
     path = tmp_path / "gpt2.json"

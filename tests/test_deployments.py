@@ -289,6 +289,27 @@ def test_crash_mid_encoding_resumes_from_finished_shards(server, small_corpus, t
         assert client.read_flow_run(crashed.id).state.name == "Running"
 
 
+@pytest.mark.slow
+def test_zombie_automation_marks_killed_run_crashed(server, small_corpus, tmp_path):
+    """With heartbeats on and deployments/automations.py installed, a SIGKILLed run becomes Crashed (~1 min)."""
+    from deployments.automations import NAME, install
+
+    install(within=45)
+    env = server.client_env(PREFECT_FLOWS_HEARTBEAT_FREQUENCY="30")
+    done = subprocess.run([sys.executable, "-c", _CRASH_SCRIPT, small_corpus, str(tmp_path / "store"), "1"],
+                          env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert done.returncode == -9, done.stderr[-3000:]
+    killed = flow_runs("tokenmill-pipeline")[0]
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + 150
+    with get_client(sync_client=True) as client:
+        while (state := client.read_flow_run(killed.id).state).name == "Running" and time.monotonic() < deadline:
+            time.sleep(3)
+    assert state.name == "Crashed", state
+    assert NAME in (state.message or ""), state.message
+
+
 # ----------------------------------------------------------------------------- prefect deploy
 def test_prefect_deploy_and_process_worker_run(server, small_corpus, tmp_path):
     """`prefect deploy` from deployments/prefect.yaml + a process worker run a triggered run."""

@@ -179,13 +179,23 @@ class PrefectServer:
 
 
 # ---------------------------------------------------------------------- API helpers
-def task_runs(flow_run_id) -> list:
-    """The task runs of a flow run (any order), via the current Prefect API settings."""
+def task_runs(flow_run_id, settle: float = 15.0) -> list:
+    """The task runs of a flow run (any order), via the current Prefect API settings.
+
+    Task-run states reach the server as events and are written asynchronously, so right
+    after a flow run ends some task runs may have no state yet, or a non-final one: wait
+    up to `settle` seconds for every one of them to reach a final state.
+    """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    deadline = time.monotonic() + settle
     with get_client(sync_client=True) as client:
-        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            if all(r.state is not None and r.state.is_final() for r in runs) or time.monotonic() > deadline:
+                return runs
+            time.sleep(0.5)
 
 
 def task_states(flow_run_id) -> dict[str, list[str]]:
@@ -201,14 +211,15 @@ def task_states(flow_run_id) -> dict[str, list[str]]:
 
 
 def flow_runs(flow_name: str | None = None) -> list:
-    """Flow runs on the server, newest first (optionally of one flow)."""
+    """Flow runs that have started (not the Scheduled ones), newest first, optionally of one flow."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterStartTime
     from prefect.client.schemas.sorting import FlowRunSort
 
     with get_client(sync_client=True) as client:
         flow_filter = FlowFilter(name=FlowFilterName(any_=[flow_name])) if flow_name else None
-        return client.read_flow_runs(flow_filter=flow_filter, sort=FlowRunSort.START_TIME_DESC)
+        started = FlowRunFilter(start_time=FlowRunFilterStartTime(is_null_=False))
+        return client.read_flow_runs(flow_filter=flow_filter, flow_run_filter=started, sort=FlowRunSort.START_TIME_DESC)
 
 
 def wait_for_deployment(name: str, timeout: float = 90.0, proc: subprocess.Popen | None = None, log: Callable[[], str] = str) -> object:

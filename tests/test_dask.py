@@ -11,9 +11,14 @@ cluster given by address (`--dask-address`).
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from prefect_server import task_states  # noqa: E402
 
 pytest.importorskip("prefect_dask")
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -29,20 +34,12 @@ def corpus(tmp_path_factory, shakespeare_text) -> str:
 
 
 def _run(corpus: str, store: str, task_runner=None) -> tuple[dict, dict[str, list[str]]]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
     from flows.pipeline import tokenmill_pipeline
 
     flow = tokenmill_pipeline if task_runner is None else tokenmill_pipeline.with_options(task_runner=task_runner)
     state = flow(corpus=[corpus], store=store, return_state=True, **PARAMS)
     assert state.is_completed(), state
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
-    states: dict[str, list[str]] = {}
-    for run in runs:
-        states.setdefault(run.name.rsplit("-", 1)[0], []).append(run.state.name)
-    return state.result(), states
+    return state.result(), task_states(state.state_details.flow_run_id)
 
 
 def _snapshot(store_url: str) -> dict[str, dict[str, str]]:

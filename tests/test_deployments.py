@@ -263,15 +263,18 @@ def test_crash_mid_encoding_resumes_from_finished_shards(server, small_corpus, t
         return subprocess.run([sys.executable, "-c", _CRASH_SCRIPT, small_corpus, store, str(crash_after)],
                               env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=RUN_TIMEOUT)
 
+    def latest_run():  # this test's runs only (a scheduled run could start meanwhile)
+        return next(r for r in flow_runs("tokenmill-pipeline") if r.parameters.get("store") == store)
+
     first = run(2)
     assert first.returncode == -9, first.stdout[-3000:] + first.stderr[-3000:]
-    crashed = flow_runs("tokenmill-pipeline")[0]
+    crashed = latest_run()
     (staging,) = [p for p in (Path(store) / "tokens" / ".staging").iterdir() if p.is_dir() and not p.name.startswith(".")]
     done = sorted(os.listdir(staging / "_done"))
     assert done == ["shard_000000.json", "shard_000001.json"], done
     second = run(-1)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    resumed = flow_runs("tokenmill-pipeline")[0]
+    resumed = latest_run()
     assert resumed.id != crashed.id and resumed.state.is_completed()
     states = task_states(resumed.id)
     assert sorted(states["encode_shard"]) == ["Cached", "Cached", "Completed", "Completed"], states
@@ -299,7 +302,7 @@ def test_zombie_automation_marks_killed_run_crashed(server, small_corpus, tmp_pa
     done = subprocess.run([sys.executable, "-c", _CRASH_SCRIPT, small_corpus, str(tmp_path / "store"), "1"],
                           env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert done.returncode == -9, done.stderr[-3000:]
-    killed = flow_runs("tokenmill-pipeline")[0]
+    killed = next(r for r in flow_runs("tokenmill-pipeline") if r.parameters.get("store") == str(tmp_path / "store"))
     from prefect.client.orchestration import get_client
 
     deadline = time.monotonic() + 150

@@ -317,7 +317,10 @@ def cmd_report(args) -> int:
 def cmd_serve(args) -> int:
     from deployments.serve import serve
 
-    serve(store=args.store, corpus=args.corpus)
+    serve(
+        store=args.store, corpus=args.corpus, storage_options=_storage_options(args.storage_option) or None,
+        runner=args.runner, workers=args.workers, dask_address=args.dask_address, paused=args.paused,
+    )
     return 0
 
 
@@ -438,6 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve the scheduled deployments from this process (needs a Prefect server)")
     _add_store(p)
     p.add_argument("--corpus", action="append", metavar="URL")
+    _add_runner(p)
+    p.add_argument("--paused", action="store_true", help="register the schedules paused")
     p.set_defaults(func=cmd_serve)
     return parser
 

@@ -79,7 +79,7 @@ def count_shard(store: ArtifactStore, corpus: VersionRef, shard: int, config: Co
     if done is not None:
         return done
     info = corpus_shards(store, corpus)[shard]
-    path = os.path.join(store.local_dir(corpus.kind, corpus.version), info["file"])
+    path = store.local_file(corpus.kind, corpus.version, info["file"])
     pieces, counts = counting.count_shard(path, config.pattern)
     with staging.open_write(f"parts/{unit}.parquet") as tmp:
         counting.write_counts(tmp, pieces, counts)
@@ -203,7 +203,7 @@ def encode_shard(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef
         return done
     tok = load_tokenizer(store, tokenizer)
     info = corpus_shards(store, corpus)[shard]
-    src = os.path.join(store.local_dir(corpus.kind, corpus.version), info["file"])
+    src = store.local_file(corpus.kind, corpus.version, info["file"])
     names = [f"{unit}.npy", f"{unit}.idx.npy"] + ([f"{unit}.docs.parquet"] if config.doc_table else [])
     with contextlib.ExitStack() as stack:
         tmps = [stack.enter_context(staging.open_write(n)) for n in names]

@@ -710,6 +710,40 @@ class ArtifactStore:
             shutil.rmtree(tmp, ignore_errors=True)
         return dest
 
+    def local_file(self, kind: str, version: str, name: str, cache_dir: str | None = None) -> str:
+        """A local path to one file of a version: the file itself on a local store, else a
+        hash-checked download of that file alone (a worker reading one shard fetches one shard)."""
+        manifest = self.manifest(kind, version)
+        info = manifest["files"].get(name)
+        if info is None:
+            raise StoreError(f"{kind}/{version} has no file {name!r}")
+        if self.local:
+            path = self.file_path(kind, version, name)
+            self._check_file(kind, version, name, info, path, False)
+            return path
+        cache = cache_dir or os.path.join(tempfile.gettempdir(), "tokenmill-cache")
+        dest = os.path.join(cache, kind, f"{version}.files", info["sha256"][:16], *check_relpath(name).split("/"))
+        if os.path.exists(dest) and os.path.getsize(dest) == info["size"]:
+            return dest
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        tmp = f"{dest}.{uuid.uuid4().hex}.part"
+        try:
+            h, n = hashlib.sha256(), 0
+            with self.fs.open(self.file_path(kind, version, name), "rb") as src, open(tmp, "wb") as dst:
+                while chunk := src.read(_CHUNK):
+                    h.update(chunk)
+                    n += len(chunk)
+                    dst.write(chunk)
+            if n != info["size"] or h.hexdigest() != info["sha256"]:
+                raise StoreError(f"{kind}/{version}/{name}: downloaded {n:,} bytes that do not match the manifest's size/sha256: corrupt or altered")
+            os.replace(tmp, dest)
+        except FileNotFoundError:
+            raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing from {self.url}") from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return dest
+
     @staticmethod
     def _cache_current(dest: str, manifest_raw: bytes) -> bool:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,13 @@ from pipeline_lib.store import ArtifactStore, VersionRef
 
 
 @functools.lru_cache(maxsize=16)
-def _store(url: str, options_key: tuple) -> ArtifactStore:
-    return ArtifactStore(url, **dict(options_key))
+def _store(url: str, options_json: str) -> ArtifactStore:
+    return ArtifactStore(url, **json.loads(options_json))
 
 
 def store_of(url: str, storage_options: dict[str, Any] | None = None) -> ArtifactStore:
-    return _store(url, tuple(sorted((storage_options or {}).items())))
+    # Options may nest (s3fs's client_kwargs), so the cache key is their canonical JSON.
+    return _store(url, json.dumps(storage_options or {}, sort_keys=True, default=str))
 
 
 def to_ref(ref: dict[str, str] | VersionRef) -> VersionRef:

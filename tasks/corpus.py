@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from typing import Any
 
 from prefect import get_run_logger, task
 
 from pipeline_lib import corpus as corpus_lib
 from pipeline_lib.corpus import CorpusConfig
+from pipeline_lib.fsio import InputError
 from pipeline_lib.store import version_id
 from pipeline_lib.version import code_version
 from tasks.common import checked_key, ref_dict, store_of, to_ref
@@ -17,7 +19,10 @@ from tasks.common import checked_key, ref_dict, store_of, to_ref
 
 def _download_key(context, parameters: dict[str, Any]) -> str:
     cfg: CorpusConfig = parameters["config"]
-    fingerprint = corpus_lib.source_fingerprint(cfg.sources, **cfg.storage_options)
+    try:
+        fingerprint = corpus_lib.source_fingerprint(cfg.sources, **cfg.storage_options)
+    except InputError:
+        return f"download-unreachable-{uuid.uuid4().hex}"  # the task itself reports the problem
     key = hashlib.sha256(json.dumps([fingerprint, code_version("pipeline_lib.corpus")], sort_keys=True).encode()).hexdigest()[:20]
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
     present = any(m["meta"].get("fingerprint") == fingerprint for m in store.list(corpus_lib.RAW_KIND))

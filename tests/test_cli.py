@@ -101,3 +101,18 @@ def test_bad_vocab_size_gives_a_clear_error(cli_store, capsys):
     store, root = cli_store
     assert main(["run", "--corpus", str(root / "corpus.txt"), "--store", store, "--vocab-size", "100", "--no-lm"]) == 2
     assert "vocab_size=100 is too small" in capsys.readouterr().err
+
+
+def test_run_on_s3_through_the_cli(tmp_path, shakespeare_text, capsys):
+    """`--storage-option endpoint_url=...` (nested into s3fs's client_kwargs) reaches every task."""
+    import s3_server
+
+    bucket = s3_server.make_bucket()
+    options = ["--storage-option", f"endpoint_url={s3_server.endpoint()}", "--storage-option", "key=testing", "--storage-option", "secret=testing"]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(shakespeare_text[:40_000], encoding="utf-8")
+    store = f"s3://{bucket}/artifacts"
+    assert main(["run", "--corpus", str(corpus), "--store", store, "--vocab-size", "300", "--no-lm", *options]) == 0
+    capsys.readouterr()
+    assert main(["verify", "latest:tokens", "--store", store, *options]) == 0
+    assert "OK" in capsys.readouterr().out

@@ -161,14 +161,6 @@ def test_serve_registers_scheduled_deployments(served):
     assert weekly.parameters["train_model"] is True
 
 
-def _sqlalchemy_21() -> bool:
-    import sqlalchemy
-
-    return tuple(int(x) for x in sqlalchemy.__version__.split(".")[:2]) >= (2, 1)
-
-
-@pytest.mark.xfail(_sqlalchemy_21(), reason="prefect 3.8's scheduler fails on SQLAlchemy 2.1 (bulk DML on a hybrid "
-                   "attribute): no Scheduled runs are ever created; pin sqlalchemy<2.1", strict=False)
 def test_server_schedules_the_cron_runs(served, server):
     """The server's scheduler turns the cron schedules into Scheduled flow runs."""
     from prefect.client.orchestration import get_client

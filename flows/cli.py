@@ -92,8 +92,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
     for k, v in summary["artifacts"].items():
         print(f"  {k:<11} {v}")
     print("== headline figures ==")
+    notes = {"bytes_per_token": "(byte level: 1.0)", "chars_per_token": "(character level: 1.0)", "val_bpb": "(bits per byte)"}
     for k, v in summary["figures"].items():
-        print(f"  {k:<16} {v}")
+        shown = f"{v:.4f}" if isinstance(v, float) else v
+        print(f"  {k:<16} {shown} {notes.get(k, '')}".rstrip())
     if summary.get("sample"):
         print("== sample ==")
         print(summary["sample"])

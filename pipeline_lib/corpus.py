@@ -27,7 +27,6 @@ import bz2
 import codecs
 import contextlib
 import gzip
-import hashlib
 import io
 import json
 import lzma
@@ -45,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline_lib.fsio import InputError, filesystem, hash_file, protocol_of
+from pipeline_lib.fsio import InputError, filesystem, hash_file, hash_stream, protocol_of
 from pipeline_lib.store import STAGING_DIR, TMP_DIR, ArtifactStore, FileInfo, VersionRef, version_id
 from pipeline_lib.version import code_version
 
@@ -57,7 +56,6 @@ _FORMATS = (".txt", ".text", ".md", ".jsonl", ".ndjson", ".json", ".parquet")
 _SNIFF_BYTES = 1 << 16
 _BATCH_BYTES = 8 << 20  # Parquet row group / write batch
 _BATCH_DOCS = 1 << 16
-_COPY_CHUNK = 8 << 20
 _BIG_DOC = 4 << 20  # documents above this are validated in slices and written on their own
 # Magic numbers of common binary formats that are not text (compressed ones are handled
 # by extension; a compressed file without its extension is refused here).
@@ -221,20 +219,16 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
         for i, url in enumerate(urls):
             fs, path = filesystem(url, **config.storage_options)
             local = os.path.join(tmpdir, f"{i:05d}")
-            h, size = hashlib.sha256(), 0
             try:
                 with fs.open(path, "rb") as src, open(local, "wb") as dst:
-                    while chunk := src.read(_COPY_CHUNK):
-                        h.update(chunk)
-                        size += len(chunk)
-                        dst.write(chunk)
+                    size, digest = hash_stream(src, dst)
                     dst.flush()
                     os.fsync(dst.fileno())
             except FileNotFoundError:
                 raise InputError(f"corpus source {_redact(url)!r}: no such file") from None
             except IsADirectoryError:
                 raise InputError(f"corpus source {_redact(url)!r} is a directory") from None
-            fetched.append({"url": _redact(url), "local": local, "name": _source_name(url, i), "size": size, "sha256": h.hexdigest()})
+            fetched.append({"url": _redact(url), "local": local, "name": _source_name(url, i), "size": size, "sha256": digest})
         if sum(f["size"] for f in fetched) == 0:
             shown = ", ".join(repr(_redact(u)) for u in urls[:5]) + (" ..." if len(urls) > 5 else "")
             raise InputError(f"the corpus is empty: {shown} hold 0 bytes")

@@ -86,12 +86,15 @@ def fsync_file(path: str) -> None:
         os.close(fd)
 
 
-def hash_stream(f: BinaryIO) -> tuple[int, str]:
-    """(size, sha256 hex) of what is left in a binary stream, read in bounded chunks."""
+def hash_stream(f: BinaryIO, copy_to: BinaryIO | None = None) -> tuple[int, str]:
+    """(size, sha256 hex) of what is left in a binary stream, read in bounded chunks;
+    each chunk is also written to `copy_to` if given (copy and hash in one pass)."""
     h, n = hashlib.sha256(), 0
     while chunk := f.read(CHUNK):
         h.update(chunk)
         n += len(chunk)
+        if copy_to is not None:
+            copy_to.write(chunk)
     return n, h.hexdigest()
 
 

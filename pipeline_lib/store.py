@@ -162,15 +162,11 @@ def _hash_stream(f: BinaryIO) -> FileInfo:
 
 def _copy_hashed(src: str, dst: str) -> FileInfo:
     """Copy a local file while hashing it, fsync the copy."""
-    h, n = hashlib.sha256(), 0
     with open(src, "rb") as fi, open(dst, "wb") as fo:
-        while chunk := fi.read(_CHUNK):
-            h.update(chunk)
-            n += len(chunk)
-            fo.write(chunk)
+        info = FileInfo(*hash_stream(fi, fo))
         fo.flush()
         os.fsync(fo.fileno())
-    return FileInfo(n, h.hexdigest())
+    return info
 
 
 class Staging:
@@ -680,16 +676,12 @@ class ArtifactStore:
             for name, info in manifest["files"].items():
                 target = os.path.join(tmp, *name.split("/"))
                 os.makedirs(os.path.dirname(target), exist_ok=True)
-                h, n = hashlib.sha256(), 0
                 try:
                     with self.fs.open(self.file_path(kind, version, name), "rb") as src, open(target, "wb") as dst:
-                        while chunk := src.read(_CHUNK):
-                            h.update(chunk)
-                            n += len(chunk)
-                            dst.write(chunk)
+                        n, digest = hash_stream(src, dst)
                 except FileNotFoundError:
                     raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing from {self.url}") from None
-                if n != info["size"] or h.hexdigest() != info["sha256"]:
+                if n != info["size"] or digest != info["sha256"]:
                     raise StoreError(f"{kind}/{version}/{name}: downloaded {n:,} bytes that do not match the manifest's size/sha256: corrupt or altered")
             with open(os.path.join(tmp, MANIFEST), "wb") as f:
                 f.write(manifest_raw)
@@ -728,13 +720,9 @@ class ArtifactStore:
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         tmp = f"{dest}.{uuid.uuid4().hex}.part"
         try:
-            h, n = hashlib.sha256(), 0
             with self.fs.open(self.file_path(kind, version, name), "rb") as src, open(tmp, "wb") as dst:
-                while chunk := src.read(_CHUNK):
-                    h.update(chunk)
-                    n += len(chunk)
-                    dst.write(chunk)
-            if n != info["size"] or h.hexdigest() != info["sha256"]:
+                n, digest = hash_stream(src, dst)
+            if n != info["size"] or digest != info["sha256"]:
                 raise StoreError(f"{kind}/{version}/{name}: downloaded {n:,} bytes that do not match the manifest's size/sha256: corrupt or altered")
             os.replace(tmp, dest)
         except FileNotFoundError:

@@ -150,7 +150,7 @@ def test_download_is_idempotent_and_content_addressed(store, tmp_path):
 
 
 def test_download_streams_in_bounded_chunks(store, tmp_path, monkeypatch):
-    import pipeline_lib.corpus as corpus_mod
+    import pipeline_lib.fsio as fsio_mod
 
     src = tmp_path / "big.txt"
     src.write_bytes(b"0123456789\n" * 100_000)
@@ -170,7 +170,7 @@ def test_download_streams_in_bounded_chunks(store, tmp_path, monkeypatch):
         return f
 
     monkeypatch.setattr(fsspec.implementations.local.LocalFileSystem, "_open", spy_open)
-    monkeypatch.setattr(corpus_mod, "_COPY_CHUNK", 64 << 10)
+    monkeypatch.setattr(fsio_mod, "CHUNK", 64 << 10)
     raw = download_corpus(store, CorpusConfig(sources=(str(src),)))
     assert reads and all(0 < n <= 64 << 10 for n in reads)  # never a whole-file read
     assert store.manifest("raw", raw.version)["meta"]["sources"][0]["size"] == 1_100_000

@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 EOT = "<|endoftext|>"
 CONTENDERS = ("tokenmill-flow", "tokenmill-lib", "hf", "rustbpe+tiktoken")
+API_URL: str | None = None  # --api-url: run the flow against this Prefect server
 
 
 # ----------------------------------------------------------------------------- documents
@@ -222,6 +223,8 @@ def measure(name: str, corpus: str, vocab: int, threads: int, shards: int, workd
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
     os.makedirs(env["PREFECT_HOME"], exist_ok=True)
     env.pop("PREFECT_API_URL", None)
+    if API_URL and name == "tokenmill-flow":
+        env["PREFECT_API_URL"] = API_URL  # a running server: no temporary API to start
     result_path = os.path.join(out, "result.json")
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, __file__, "_one", name, corpus, out, str(vocab), str(threads), str(shards), result_path],
@@ -238,6 +241,8 @@ def measure(name: str, corpus: str, vocab: int, threads: int, shards: int, workd
 
 
 def cmd_compare(args) -> int:
+    global API_URL
+    API_URL = args.api_url
     size = os.path.getsize(args.corpus)
     workdir = tempfile.mkdtemp(prefix="bench-pipeline-", dir=args.workdir)
     load = os.getloadavg()
@@ -477,6 +482,7 @@ def main(argv=None) -> int:
     c.add_argument("--shards", type=int, default=0, help="tokenmill corpus shards (default: one per thread, at most 64 MB each)")
     c.add_argument("--only", nargs="+", choices=CONTENDERS)
     c.add_argument("--workdir", help="scratch directory (default: the system temp dir)")
+    c.add_argument("--api-url", help="run tokenmill-flow against this Prefect server (e.g. http://127.0.0.1:4200/api) instead of a temporary API")
     c.set_defaults(func=cmd_compare)
     q = sub.add_parser("parallel", help="thread-runner parallelism of the counting and encoding tasks")
     q.add_argument("corpus")

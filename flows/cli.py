@@ -363,7 +363,12 @@ def _add_lm(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenmill", description="Raw text -> byte-level BPE tokenizer -> token shards -> GPT, as versioned Prefect flows.")
+    parser = argparse.ArgumentParser(
+        prog="tokenmill",
+        description="Raw text -> byte-level BPE tokenizer -> token shards -> GPT, as versioned Prefect flows.",
+        epilog=__doc__.split("\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run the whole pipeline (default: bundled tiny Shakespeare into ./artifacts)")

@@ -94,7 +94,7 @@ def _or_published(store: ArtifactStore, kind: str, version: str, publish: Callab
     try:
         return publish()
     except (InputError, StoreError, OSError):
-        if store.exists(kind, version):
+        if store.settled_exists(kind, version):
             return store.ref(kind, version)
         raise
 

@@ -402,6 +402,13 @@ class ArtifactStore:
         finally:
             os.close(fd)  # closing releases the lock; so does the process dying
 
+    def settled_exists(self, kind: str, version: str) -> bool:
+        """`exists`, after any publish of this kind in progress has finished (local stores
+        publish under an exclusive lock; this waits for it). For a writer whose reads failed
+        because a concurrent writer was moving the staging area into place."""
+        with self._lock(kind, exclusive=False):
+            return self.exists(kind, version)
+
     # ---------------------------------------------------------------- writing
     def stage(self, kind: str, version: str) -> Staging:
         check_name(kind, "kind")

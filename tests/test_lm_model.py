@@ -9,14 +9,7 @@ import torch
 from pipeline_lib.lm import GPT, PRESETS, GPTConfig, TrainConfig, preset
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Toy models gain nothing from intra-op threads, and on a busy 2-core box spinning
-    OpenMP threads make them many times slower; restore the setting afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def small_model(**kw):

@@ -29,14 +29,7 @@ from pipeline_lib.lm.checkpoint import load_optimizer_into, open_checkpoint
 from pipeline_lib.lm.testing import byte_token_lengths, write_byte_token_dir, write_token_dir
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Toy models gain nothing from intra-op threads, and on a busy 2-core box spinning
-    OpenMP threads make them many times slower; restore the setting afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "pipeline_lib" / "data" / "tinyshakespeare.txt"
 

@@ -116,7 +116,7 @@ def tokenizer_report(store, corpus, pattern: str = "cl100k", vocab_sizes: Sequen
 
     from pipeline_lib.corpus import iter_shard_batches
     from pipeline_lib.store import version_id
-    from pipeline_lib.tokenizer import PieceCounts
+    from pipeline_lib.counting import count_documents
     from pipeline_lib.version import code_version
 
     vocab_sizes = sorted(set(int(v) for v in vocab_sizes))
@@ -129,11 +129,9 @@ def tokenizer_report(store, corpus, pattern: str = "cl100k", vocab_sizes: Sequen
     if len(shards) < 2:
         raise ValueError("the report needs at least 2 corpus shards: one is held out for measuring")
     root = store.local_dir(corpus.kind, corpus.version)
-    counter = PieceCounts(pattern)
-    for s in shards[:-1]:
-        for docs in iter_shard_batches(os.path.join(root, s["file"])):
-            counter.add_documents(docs)
-    pieces, counts = counter.to_arrays()
+    pieces, counts = count_documents(
+        (docs for s in shards[:-1] for docs in iter_shard_batches(os.path.join(root, s["file"]))), pattern
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tok = Tokenizer.train(dict(zip(pieces, counts.tolist())), max(vocab_sizes), pattern=pattern, special_tokens=())

@@ -20,9 +20,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pipeline_lib import counting, token_shards
-from pipeline_lib.corpus import CORPUS_KIND, CorpusConfig, download_corpus, shard_corpus  # noqa: F401  (re-exported)
+from pipeline_lib.corpus import CorpusConfig, download_corpus, shard_corpus  # noqa: F401  (re-exported: the whole chain from one module)
 from pipeline_lib.counting import COUNTS_FILE, COUNTS_KIND, CountConfig
 from pipeline_lib.fsio import InputError
+from pipeline_lib.report import notable_tokens
 from pipeline_lib.store import ArtifactStore, FileInfo, StoreError, VersionRef, version_id
 from pipeline_lib.token_shards import TOKENS_KIND, EncodeConfig
 from pipeline_lib.tokenizer import ENDOFTEXT, Tokenizer
@@ -167,16 +168,14 @@ def learn_tokenizer(
     files = {}
     for name, data in tokenizer_files(tok).items():
         files[name] = staging.put_bytes(name, data)
-    by_id = {i: b for b, i in tok.mergeable_ranks.items()}
-    merges = tok.merges or []
-    longest = sorted(tok.mergeable_ranks, key=lambda b: (-len(b), b))[:10]
+    notable = notable_tokens(tok, 10)
     meta = {
         **tok.metadata(),
-        "n_merges": len(merges),
+        "n_merges": len(tok.merges or []),
         "requested_vocab_size": config.vocab_size,
-        "first_merges": [by_id[m[2]].decode("utf-8", "replace") for m in merges[:10]],
-        "last_merges": [by_id[m[2]].decode("utf-8", "replace") for m in merges[-10:]],
-        "longest_tokens": [b.decode("utf-8", "replace") for b in longest],
+        "first_merges": notable["first"],
+        "last_merges": notable["last"],
+        "longest_tokens": notable["longest"],
     }
     return store.publish(staging, files=files, parents={"counts": counts}, params=config.params(), code_version=code, meta=meta)
 

@@ -32,6 +32,18 @@ from tasks.tokenizer import learn_merges
 DEFAULT_STORE = "./artifacts"
 
 
+def _corpus_config(corpus, shards, documents, text_field, errors, storage_options, **extra) -> CorpusConfig:
+    return CorpusConfig(
+        sources=tuple(corpus or [DEFAULT_CORPUS]), documents=documents, text_field=text_field,
+        errors=errors, n_shards=shards, storage_options=storage_options or {}, **extra,
+    )
+
+
+def _tokenizer_config(vocab_size: int, special_tokens: list[str] | None, min_frequency: int) -> TokenizerConfig:
+    specials = special_tokens if special_tokens is not None else ["<|endoftext|>"]
+    return TokenizerConfig(vocab_size=vocab_size, special_tokens=tuple(specials), min_frequency=min_frequency)
+
+
 def _n_shards(store_url: str, corpus: dict, storage_options: dict | None) -> int:
     ref = to_ref(corpus)
     return len(store_of(store_url, storage_options).manifest(ref.kind, ref.version)["meta"]["shards"])
@@ -49,10 +61,7 @@ def corpus_flow(
     storage_options: dict | None = None,
 ) -> dict[str, str]:
     """Download the corpus into the store and split it into Parquet shards."""
-    cfg = CorpusConfig(
-        sources=tuple(corpus or [DEFAULT_CORPUS]), documents=documents, text_field=text_field,
-        errors=errors, n_shards=shards, max_source_bytes=max_source_bytes, storage_options=storage_options or {},
-    )
+    cfg = _corpus_config(corpus, shards, documents, text_field, errors, storage_options, max_source_bytes=max_source_bytes)
     raw = download_corpus(store, cfg, storage_options)
     return shard_corpus(store, raw, cfg, storage_options)
 
@@ -72,11 +81,7 @@ def tokenizer_flow(
     n = _n_shards(store, corpus_ref, storage_options)
     records = count_words.map(store, unmapped(corpus_ref), range(n), unmapped(count_cfg), unmapped(storage_options))
     counts = reduce_counts(store, corpus_ref, count_cfg, records.result(), storage_options)
-    tok_cfg = TokenizerConfig(
-        vocab_size=vocab_size,
-        special_tokens=tuple(special_tokens if special_tokens is not None else ["<|endoftext|>"]),
-        min_frequency=min_frequency,
-    )
+    tok_cfg = _tokenizer_config(vocab_size, special_tokens, min_frequency)
     return learn_merges(store, counts, tok_cfg, storage_options)
 
 
@@ -170,10 +175,7 @@ def tokenmill_pipeline(
     Returns the references of every artifact and the headline figures.
     """
     logger = get_run_logger()
-    corpus_cfg = CorpusConfig(
-        sources=tuple(corpus or [DEFAULT_CORPUS]), documents=documents, text_field=text_field,
-        errors=errors, n_shards=shards, storage_options=storage_options or {},
-    )
+    corpus_cfg = _corpus_config(corpus, shards, documents, text_field, errors, storage_options)
     raw = download_corpus(store, corpus_cfg, storage_options)
     corpus_ref = shard_corpus(store, raw, corpus_cfg, storage_options)
     n = _n_shards(store, corpus_ref, storage_options)
@@ -181,11 +183,7 @@ def tokenmill_pipeline(
     count_cfg = CountConfig(pattern=pattern)
     count_records = count_words.map(store, unmapped(corpus_ref), range(n), unmapped(count_cfg), unmapped(storage_options))
     counts = reduce_counts(store, corpus_ref, count_cfg, count_records.result(), storage_options)
-    tok_cfg = TokenizerConfig(
-        vocab_size=vocab_size,
-        special_tokens=tuple(special_tokens if special_tokens is not None else ["<|endoftext|>"]),
-        min_frequency=min_frequency,
-    )
+    tok_cfg = _tokenizer_config(vocab_size, special_tokens, min_frequency)
     tokenizer = learn_merges(store, counts, tok_cfg, storage_options)
 
     enc_cfg = EncodeConfig(separator=separator, placement=placement, workers=1)

@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline_lib.fsio import InputError, filesystem, hash_file, hash_stream, protocol_of
-from pipeline_lib.store import STAGING_DIR, TMP_DIR, ArtifactStore, FileInfo, VersionRef, version_id
+from pipeline_lib.store import ArtifactStore, FileInfo, VersionRef, version_id
 from pipeline_lib.version import code_version
 
 RAW_KIND = "raw"
@@ -196,15 +196,6 @@ def _source_name(url: str, i: int) -> str:
     return f"{i:05d}_{safe}"
 
 
-def _scratch_dir(store: ArtifactStore, kind: str) -> str | None:
-    """A temp dir on the store's own disk (so publishing is a rename), or None for remote."""
-    if not store.local:
-        return None
-    path = f"{store.root}/{kind}/{STAGING_DIR}/{TMP_DIR}"
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
 def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
     """Copy the sources into the store as a `raw` version, content-addressed by their sha256.
 
@@ -213,7 +204,7 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
     once; a killed download leaves only temp files that `gc` removes.
     """
     urls = expand_sources(config.sources, **config.storage_options)
-    tmpdir = tempfile.mkdtemp(prefix="tokenmill-download-", dir=_scratch_dir(store, RAW_KIND))
+    tmpdir = tempfile.mkdtemp(prefix="download-", dir=store.scratch_dir(RAW_KIND))
     try:
         fetched = []
         for i, url in enumerate(urls):
@@ -235,7 +226,7 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
         content = [{"name": f["name"], "sha256": f["sha256"]} for f in fetched]
         code = code_version("pipeline_lib.corpus")
         version = version_id(RAW_KIND, {}, {"content": content}, code)
-        if store.exists(RAW_KIND, version):
+        if store.usable(RAW_KIND, version):
             return store.ref(RAW_KIND, version)
         staging = store.stage(RAW_KIND, version)
         files: dict[str, FileInfo] = {}
@@ -732,7 +723,7 @@ def shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) ->
     params = config.shard_params()
     code = code_version("pipeline_lib.corpus")
     version = version_id(CORPUS_KIND, {"raw": raw.key}, params, code)
-    if store.exists(CORPUS_KIND, version):
+    if store.usable(CORPUS_KIND, version):
         return store.ref(CORPUS_KIND, version)
     raw_manifest = store.manifest(raw.kind, raw.version)
     raw_dir = store.local_dir(raw.kind, raw.version)

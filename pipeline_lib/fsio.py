@@ -14,17 +14,16 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import fsspec
 from fsspec.core import url_to_fs
 
+from pipeline_lib.errors import InputError  # re-exported: callers import it from here too
+
 CHUNK = 8 << 20
-
-
-class InputError(ValueError):
-    """Bad user input (a file, a URL, a parameter), with a message naming it."""
 
 
 def filesystem(url: str, **storage_options: Any) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -101,6 +100,38 @@ def hash_stream(f: BinaryIO, copy_to: BinaryIO | None = None) -> tuple[int, str]
 def hash_file(path: str) -> tuple[int, str]:
     with open(path, "rb") as f:
         return hash_stream(f)
+
+
+_VERIFIED: dict[tuple[str, int, int, int, int], str] = {}
+_VERIFIED_LOCK = threading.Lock()
+
+
+def check_local_file(path: str, size: int, sha256: str, label: str | None = None) -> None:
+    """Check a local file against an expected size and sha256, hashing it at most once per
+    process while it is unchanged (the memo is keyed by inode, size, mtime and ctime, so any
+    write to the file, even one that restores its mtime, makes the next call hash it again).
+
+    Raises `StoreError` naming `label` (default: the path) when the file is missing, has
+    another size or another hash.
+    """
+    from pipeline_lib.errors import StoreError
+
+    label = label or path
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise StoreError(f"{label}: missing") from None
+    if st.st_size != size:
+        raise StoreError(f"{label}: {st.st_size:,} bytes, manifest says {size:,}: truncated or altered")
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _VERIFIED_LOCK:
+        if _VERIFIED.get(key) == sha256:
+            return
+    got = hash_file(path)[1]
+    if got != sha256:
+        raise StoreError(f"{label}: sha256 mismatch: the file is corrupt or was altered")
+    with _VERIFIED_LOCK:
+        _VERIFIED[key] = sha256
 
 
 @contextlib.contextmanager

@@ -123,7 +123,7 @@ def tokenizer_report(store, corpus, pattern: str = "cl100k", vocab_sizes: Sequen
     params = {"pattern": pattern, "vocab_sizes": vocab_sizes}
     code = code_version("pipeline_lib.report", "pipeline_lib.tokenizer", "pipeline_lib.bpe_reference")
     version = version_id(REPORT_KIND, {"corpus": corpus.key}, params, code)
-    if store.exists(REPORT_KIND, version):
+    if store.usable(REPORT_KIND, version):
         return store.ref(REPORT_KIND, version)
     shards = store.manifest(corpus.kind, corpus.version)["meta"]["shards"]
     if len(shards) < 2:
@@ -150,15 +150,14 @@ def tokenizer_report(store, corpus, pattern: str = "cl100k", vocab_sizes: Sequen
         "char_level_reference": CHAR_LEVEL_REFERENCE,
     }
     staging = store.stage(REPORT_KIND, version)
-    tmp = tempfile.mkdtemp(prefix="tokenmill-report-")
-    png = os.path.join(tmp, "compression.png")
-    plot_compression(curve, png, f"Compression on held-out text ({pattern} split)")
-    files = {
-        "compression.png": staging.put_file("compression.png", png, move=True),
-        "report.json": staging.put_bytes("report.json", json.dumps(report, indent=2, ensure_ascii=False).encode()),
-        "report.md": staging.put_bytes("report.md", report_markdown(report).encode()),
-    }
-    os.rmdir(tmp)
+    with tempfile.TemporaryDirectory(prefix="report-", dir=store.scratch_dir(REPORT_KIND)) as tmp:
+        png = os.path.join(tmp, "compression.png")
+        plot_compression(curve, png, f"Compression on held-out text ({pattern} split)")
+        files = {
+            "compression.png": staging.put_file("compression.png", png, move=True),
+            "report.json": staging.put_bytes("report.json", json.dumps(report, indent=2, ensure_ascii=False).encode()),
+            "report.md": staging.put_bytes("report.md", report_markdown(report).encode()),
+        }
     return store.publish(staging, files=files, parents={"corpus": corpus}, params=params, code_version=code, meta={"compression": curve})
 
 

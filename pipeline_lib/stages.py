@@ -68,7 +68,7 @@ def corpus_shards(store: ArtifactStore, corpus: VersionRef) -> list[dict[str, An
 def _shard_unit(store: ArtifactStore, kind: str, version: str, shard: int) -> tuple[Any, str, dict[str, Any] | None]:
     """(staging area, unit name, completion record or None) of one shard of a mapped stage."""
     unit = f"shard_{shard:06d}"
-    if store.exists(kind, version):
+    if store.usable(kind, version):
         return None, unit, {"shard": shard, "cached": True}
     staging = store.stage(kind, version)
     return staging, unit, staging.done(unit)
@@ -103,7 +103,7 @@ def _or_published(store: ArtifactStore, kind: str, version: str, publish: Callab
 def reduce_counts(store: ArtifactStore, corpus: VersionRef, config: CountConfig) -> VersionRef:
     """Sum the per-shard counts into ``counts.parquet`` and publish the counts version."""
     version = counts_version(corpus, config)
-    if store.exists(COUNTS_KIND, version):
+    if store.usable(COUNTS_KIND, version):
         return store.ref(COUNTS_KIND, version)
     return _or_published(store, COUNTS_KIND, version, lambda: _reduce_counts(store, corpus, config, version))
 
@@ -117,16 +117,17 @@ def _reduce_counts(store: ArtifactStore, corpus: VersionRef, config: CountConfig
         if record is None:
             raise InputError(f"counts of corpus shard {i} are missing: run count_shard for every shard first")
         records.append(record)
-    parts = [staging.local_path(f"parts/shard_{i:06d}.parquet") for i in range(len(shards))] if store.local else None
-    if parts is None:
-        tmpdir = tempfile.mkdtemp(prefix="tokenmill-counts-")
-        parts = []
-        for i in range(len(shards)):
-            p = os.path.join(tmpdir, f"{i}.parquet")
-            with open(p, "wb") as f:
-                f.write(staging.read_bytes(f"parts/shard_{i:06d}.parquet"))
-            parts.append(p)
-    pieces, counts = counting.reduce_counts(parts, config.pattern)
+    with tempfile.TemporaryDirectory(prefix="counts-", dir=store.scratch_dir(COUNTS_KIND)) as tmpdir:
+        if store.local:
+            parts = [staging.local_path(f"parts/shard_{i:06d}.parquet") for i in range(len(shards))]
+        else:
+            parts = []
+            for i in range(len(shards)):
+                p = os.path.join(tmpdir, f"{i}.parquet")
+                with open(p, "wb") as f:
+                    f.write(staging.read_bytes(f"parts/shard_{i:06d}.parquet"))
+                parts.append(p)
+        pieces, counts = counting.reduce_counts(parts, config.pattern)
     with staging.open_write(COUNTS_FILE) as tmp:
         counting.write_counts(tmp, pieces, counts)
     files = {COUNTS_FILE: staging.written[COUNTS_FILE]}
@@ -155,7 +156,7 @@ def learn_tokenizer(
     """Learn merges from a counts version; publish the tokenizer files."""
     code = _code(TOKENIZER_MODULES)
     version = version_id(TOKENIZER_KIND, {"counts": counts.key}, config.params(), code)
-    if store.exists(TOKENIZER_KIND, version):
+    if store.usable(TOKENIZER_KIND, version):
         return store.ref(TOKENIZER_KIND, version)
     cmeta = store.manifest(counts.kind, counts.version)
     path = os.path.join(store.local_dir(counts.kind, counts.version), COUNTS_FILE)
@@ -221,7 +222,7 @@ def encode_shard(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef
 def publish_tokens(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef, config: EncodeConfig) -> VersionRef:
     """Check every encoded shard and publish the tokens version with its manifest."""
     version = tokens_version(corpus, tokenizer, config)
-    if store.exists(TOKENS_KIND, version):
+    if store.usable(TOKENS_KIND, version):
         return store.ref(TOKENS_KIND, version)
     return _or_published(store, TOKENS_KIND, version, lambda: _publish_tokens(store, corpus, tokenizer, config, version))
 

@@ -51,6 +51,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -63,14 +64,17 @@ from typing import Any, BinaryIO
 
 from pipeline_lib.fsio import (
     InputError,
+    check_local_file,
     filesystem,
     fsync_dir,
     fsync_file,
     hash_stream,
     is_local,
+    protocol_of,
     write_bytes_atomic,
     write_bytes_create_only,
 )
+from pipeline_lib.errors import StoreError  # re-exported
 from pipeline_lib.version import __version__
 
 try:  # POSIX advisory locks; without them (Windows) local publishes are not serialised
@@ -84,16 +88,17 @@ DONE_DIR = "_done"
 STAGING_DIR = ".staging"
 TMP_DIR = ".tmp"
 LOCK_FILE = ".lock"
+QUARANTINE_DIR = ".quarantine"
+WORK_SUFFIX = ".work"
+STORE_MARKER = "tokenmill-store.json"
+STORE_FORMAT = "tokenmill.store/1"
 MAX_MANIFEST_BYTES = 32 << 20
 MAX_NAME_LEN = 200
 MAX_PATH_DEPTH = 8
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 8 << 20
-
-
-class StoreError(RuntimeError):
-    """The store's content is missing, corrupt or inconsistent; the message names the file."""
+_log = logging.getLogger("tokenmill.store")
 
 
 def check_name(name: str, what: str = "artifact name") -> str:
@@ -350,11 +355,77 @@ class ArtifactStore:
         self.root = root.rstrip("/") or "/"
         if self.local:
             self.root = os.path.abspath(self.root)
-            os.makedirs(self.root, exist_ok=True)
             self._real_root = os.path.realpath(self.root)
-        else:
-            with contextlib.suppress(FileExistsError):
-                self.fs.makedirs(self.root, exist_ok=True)
+        self._owned = False  # the marker was found or written through this handle
+
+    # ---------------------------------------------------------------- identity
+    def _marker_path(self) -> str:
+        return f"{self.root}/{STORE_MARKER}"
+
+    def is_store(self) -> bool:
+        """Whether the root holds a tokenmill store marker of the format this code reads."""
+        path = self._marker_path()
+        if not self.local:
+            self._invalidate(path)
+        try:
+            with self.fs.open(path, "rb") as f:
+                raw = f.read(1 << 16)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return False
+        try:
+            marker = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise StoreError(f"{path}: corrupt store marker (not JSON): restore it, or choose another --store") from None
+        fmt = marker.get("format") if isinstance(marker, dict) else None
+        if not isinstance(fmt, str) or not fmt.startswith("tokenmill.store/"):
+            raise StoreError(f"{path}: not a tokenmill store marker (format {fmt!r})")
+        if fmt != STORE_FORMAT:
+            raise StoreError(f"{self.url} is a store of format {fmt!r}; this tokenmill reads {STORE_FORMAT!r}: upgrade tokenmill")
+        return True
+
+    def _root_is_empty(self) -> bool:
+        """No entries but the temp files of a concurrent creator's marker (``.tmp-*``)."""
+        if self.local:
+            try:
+                return all(name.startswith(".tmp-") for name in os.listdir(self.root))
+            except FileNotFoundError:
+                return True
+            except NotADirectoryError:
+                raise StoreError(f"{self.url} is a file, not a directory: choose another --store") from None
+        self._invalidate(self.root)
+        try:
+            return not self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return True
+
+    def ensure_store(self) -> None:
+        """Make sure the root is a tokenmill store before anything is written or deleted.
+
+        A missing or empty directory becomes a store (its marker is written first); a
+        directory with a marker is one; anything else is refused, so that a mistyped
+        ``--store`` never writes into, and `gc` never deletes from, somebody's folder.
+        """
+        if self._owned:
+            return
+        if not self.is_store():
+            if not self._root_is_empty():
+                raise StoreError(
+                    f"{self.url} is not empty and is not a tokenmill store (it has no {STORE_MARKER}): "
+                    "choose a new or empty directory for --store"
+                )
+            marker = canonical_json(
+                {"format": STORE_FORMAT, "created": dt.datetime.now(dt.timezone.utc).isoformat(), "tool_version": __version__}
+            )
+            if self.local:
+                os.makedirs(self.root, exist_ok=True)
+                write_bytes_atomic(self.fs, self._marker_path(), marker)
+            else:
+                with contextlib.suppress(FileExistsError):
+                    self.fs.makedirs(self.root, exist_ok=True)
+                write_bytes_create_only(self.fs, self._marker_path(), marker)  # a concurrent creator's marker stands
+            if not self.is_store():
+                raise StoreError(f"{self._marker_path()}: written but cannot be read back")
+        self._owned = True
 
     def __repr__(self) -> str:
         return f"ArtifactStore({self.url!r})"
@@ -413,6 +484,7 @@ class ArtifactStore:
     def stage(self, kind: str, version: str) -> Staging:
         check_name(kind, "kind")
         check_name(version, "version")
+        self.ensure_store()
         self.version_path(kind, version)  # path checks
         return Staging(self, kind, version)
 
@@ -513,7 +585,10 @@ class ArtifactStore:
                         os.unlink(full)
                     elif not os.listdir(full):
                         os.rmdir(full)
+            for name in file_map:  # published files are read-only; a writer must go through a new version
+                os.chmod(f"{staging.path}/{name}", 0o444)
             write_bytes_atomic(self.fs, f"{staging.path}/{MANIFEST}", data)
+            os.chmod(f"{staging.path}/{MANIFEST}", 0o444)
             final = self.version_path(kind, version)
             if os.path.lexists(final):  # a directory without a manifest: an orphan, not a version
                 trash = f"{self.root}/{kind}/{STAGING_DIR}/{TMP_DIR}/trash-{uuid.uuid4().hex}"
@@ -548,6 +623,31 @@ class ArtifactStore:
             return os.path.isfile(path)
         self._invalidate(path)
         return self.fs.exists(path)
+
+    def usable(self, kind: str, version: str) -> bool:
+        """Whether `kind/version` is published and sound, for a stage deciding to reuse it.
+
+        A version whose manifest is unreadable, or (on a local store) one of whose files no
+        longer matches its manifest, is quarantined (moved aside, logged, never deleted)
+        and reported absent, so the stage recomputes it: a rerun heals the store instead
+        of failing on it forever. On a local store each file is hashed once per process
+        while unchanged; on an object store only the manifest is checked (reads verify
+        each file they download).
+        """
+        if not self.exists(kind, version):
+            return False
+        try:
+            manifest = self.manifest(kind, version)
+            if self.local:
+                for name, info in manifest["files"].items():
+                    self._local_check(self.file_path(kind, version, name), f"{kind}/{version}/{name}", info, full=True)
+        except StoreError as e:
+            if not self.exists(kind, version):  # moved away meanwhile (a concurrent quarantine)
+                return False
+            with contextlib.suppress(FileNotFoundError, OSError):
+                self.quarantine(kind, version, str(e))
+            return self.exists(kind, version) and self.usable(kind, version)
+        return True
 
     def _read_manifest_bytes(self, kind: str, version: str) -> bytes:
         path = self._manifest_path(kind, version)
@@ -633,11 +733,9 @@ class ArtifactStore:
                 raise StoreError(f"{kind}/{version}/{name}: sha256 mismatch: the file is corrupt or was altered")
         return data
 
-    def open(self, kind: str, version: str, name: str, mode: str = "rb") -> BinaryIO:
-        if mode not in ("r", "rb", "rt"):
-            raise StoreError("published versions are read-only")
-        self._entry(self.manifest(kind, version), name)
-        return self.fs.open(self.file_path(kind, version, name), mode)
+    def open(self, kind: str, version: str, name: str) -> BinaryIO:
+        """A published file opened for reading, after checking it against the manifest."""
+        return open(self.local_file(kind, version, name), "rb")
 
     def _check_file(self, kind: str, version: str, name: str, info: Mapping[str, Any], path: str, full: bool) -> None:
         try:
@@ -653,13 +751,15 @@ class ArtifactStore:
         if got.sha256 != info["sha256"]:
             raise StoreError(f"{kind}/{version}/{name}: sha256 mismatch: the file is corrupt or was altered")
 
-    def local_dir(self, kind: str, version: str, cache_dir: str | None = None, verify: str = "size") -> str:
+    def local_dir(self, kind: str, version: str, cache_dir: str | None = None, verify: str = "full") -> str:
         """A local directory with the version's files (the version itself on a local store).
 
-        `verify`: "size" (default) checks every file's size against the manifest, "full"
-        re-hashes them, "none" skips the checks. A remote version is always hashed while
-        it is downloaded into the cache, and the cache is refreshed when its manifest
-        differs from the store's.
+        `verify`: "full" (default) checks every file's size and sha256 against the
+        manifest, hashing each file once per process while it is unchanged
+        (`fsio.check_local_file`); "size" checks sizes only; "none" skips the checks (for
+        callers that verify each file they read themselves). A remote version is always
+        hashed while it is downloaded into the cache, and the cache is refreshed when its
+        manifest differs from the store's.
         """
         if verify not in ("size", "full", "none"):
             raise InputError(f"verify={verify!r}: choose size, full or none")
@@ -668,15 +768,22 @@ class ArtifactStore:
         if self.local:
             if verify != "none":
                 for name, info in manifest["files"].items():
-                    self._check_file(kind, version, name, info, self.file_path(kind, version, name), verify == "full")
+                    self._local_check(self.file_path(kind, version, name), f"{kind}/{version}/{name}", info, verify == "full")
             return self.version_path(kind, version)
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "tokenmill-cache")
         dest = os.path.join(cache, kind, version)
         if self._cache_current(dest, manifest_raw):
-            if verify != "none":
-                for name, info in manifest["files"].items():
-                    self._local_check(os.path.join(dest, *name.split("/")), f"{kind}/{version}/{name} (cached)", info, verify == "full")
-            return dest
+            try:
+                if verify != "none":
+                    for name, info in manifest["files"].items():
+                        self._local_check(os.path.join(dest, *name.split("/")), f"{kind}/{version}/{name} (cached)", info, verify == "full")
+                return dest
+            except StoreError as e:  # a damaged cache copy is ours to replace: download it again
+                _log.warning("%s; downloading %s/%s again", e, kind, version)
+                old = f"{dest}.{uuid.uuid4().hex}.old"
+                with contextlib.suppress(OSError):
+                    os.rename(dest, old)
+                shutil.rmtree(old, ignore_errors=True)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         tmp = f"{dest}.{uuid.uuid4().hex}.part"
         try:
@@ -718,12 +825,14 @@ class ArtifactStore:
             raise StoreError(f"{kind}/{version} has no file {name!r}")
         if self.local:
             path = self.file_path(kind, version, name)
-            self._check_file(kind, version, name, info, path, False)
+            self._local_check(path, f"{kind}/{version}/{name}", info, full=True)
             return path
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "tokenmill-cache")
         dest = os.path.join(cache, kind, f"{version}.files", info["sha256"][:16], *check_relpath(name).split("/"))
-        if os.path.exists(dest) and os.path.getsize(dest) == info["size"]:
-            return dest
+        if os.path.exists(dest):
+            with contextlib.suppress(StoreError):
+                self._local_check(dest, f"{kind}/{version}/{name} (cached)", info, full=True)
+                return dest
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         tmp = f"{dest}.{uuid.uuid4().hex}.part"
         try:
@@ -749,16 +858,15 @@ class ArtifactStore:
 
     @staticmethod
     def _local_check(path: str, label: str, info: Mapping[str, Any], full: bool) -> None:
+        if full:
+            check_local_file(path, info["size"], info["sha256"], label)
+            return
         try:
             size = os.path.getsize(path)
         except FileNotFoundError:
             raise StoreError(f"{label}: missing") from None
         if size != info["size"]:
             raise StoreError(f"{label}: {size:,} bytes, manifest says {info['size']:,}: truncated or altered")
-        if full:
-            with open(path, "rb") as f:
-                if _hash_stream(f).sha256 != info["sha256"]:
-                    raise StoreError(f"{label}: sha256 mismatch: the file is corrupt or was altered")
 
     def verify(self, kind: str, version: str, strict: bool = False) -> dict[str, Any]:
         """Re-hash every file against the manifest; raise `StoreError` naming the first bad one.
@@ -868,12 +976,18 @@ class ArtifactStore:
         return time.time() - newest if newest else float("inf")
 
     def gc(self, dry_run: bool = False, min_age_s: float = 0.0) -> list[str]:
-        """Remove what no reader can see: staging areas and version dirs without a manifest.
+        """Remove what no reader can see: staging areas, work and temp dirs, and version
+        dirs without a manifest. Only in a tokenmill store (refused elsewhere), and only
+        entries the store's own layout names: ``<kind>/.staging/*`` (not its lock) and
+        ``<kind>/<version>`` dirs with no manifest; for a remote store also its local
+        work area. Quarantined versions (``<kind>/.quarantine``) are kept for inspection.
 
         `min_age_s` spares anything changed more recently (a writer may still be at work:
         removing its staging area makes its publish fail with a clear error, never
         publishes a partial version).
         """
+        if not self.is_store():
+            raise StoreError(f"{self.url} is not a tokenmill store (no {STORE_MARKER}): gc deletes nothing there")
         candidates = []
         for k in self.kinds():
             staging_root = f"{self.root}/{k}/{STAGING_DIR}"
@@ -884,16 +998,170 @@ class ArtifactStore:
             for v in self._version_dirs(k):
                 if not self.exists(k, v):
                     candidates.append(self.version_path(k, v))
+        if not self.local and os.path.isdir(self._local_area()):
+            for k in os.listdir(self._local_area()):
+                candidates.extend(os.path.join(self._local_area(), k, e) for e in os.listdir(os.path.join(self._local_area(), k)))
         removed = [p for p in candidates if min_age_s <= 0 or self._age(p) >= min_age_s]
         if not dry_run:
             for path in removed:
                 with contextlib.suppress(FileNotFoundError):
-                    if self.local and not os.path.isdir(path):
-                        os.unlink(path)
+                    if os.path.isabs(path) and (self.local or path.startswith(self._local_area())):
+                        if os.path.isdir(path) and not os.path.islink(path):
+                            shutil.rmtree(path)
+                        else:
+                            os.unlink(path)
                     else:
                         self.fs.rm(path, recursive=True)
         return removed
 
+    # ---------------------------------------------------------------- work areas
+    def _local_area(self) -> str:
+        """Local disk space of a remote store (work dirs, temp files), one per store URL."""
+        digest = hashlib.sha256(f"{protocol_of(self.fs)}://{self.root}".encode()).hexdigest()[:16]
+        return os.path.join(tempfile.gettempdir(), "tokenmill-stores", digest)
 
-def open_store(url: str | ArtifactStore, **storage_options: Any) -> ArtifactStore:
-    return url if isinstance(url, ArtifactStore) else ArtifactStore(url, **storage_options)
+    def scratch_dir(self, kind: str) -> str:
+        """A local directory for temporary files of `kind`'s stages, where `gc` finds leftovers.
+
+        On a local store it is on the store's own disk (``<kind>/.staging/.tmp``), so a
+        finished file is published by a rename. Use ``tempfile.mkdtemp(dir=...)`` in it.
+        """
+        check_name(kind, "kind")
+        self.ensure_store()
+        if self.local:
+            path = self._safe(f"{self.root}/{kind}/{STAGING_DIR}/{TMP_DIR}")
+        else:
+            path = os.path.join(self._local_area(), kind, TMP_DIR)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def work_dir(self, kind: str, version: str) -> str:
+        """A local directory for resumable work on `kind/version` (checkpoints, partial
+        outputs), private to this store and this version. It survives a killed run, so a
+        rerun resumes from it; remove it once the version is published (`drop_work_dir`).
+        On a local store it lives in the store's staging area (``<kind>/.staging/<version>.work``);
+        for a remote store in a local area keyed by the store's URL. `gc` removes stale ones.
+        """
+        check_name(kind, "kind")
+        check_name(version, "version")
+        self.ensure_store()
+        if self.local:
+            path = self._safe(f"{self.root}/{kind}/{STAGING_DIR}/{version}{WORK_SUFFIX}")
+        else:
+            path = os.path.join(self._local_area(), kind, f"{version}{WORK_SUFFIX}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def drop_work_dir(self, kind: str, version: str) -> None:
+        path = (
+            f"{self.root}/{kind}/{STAGING_DIR}/{check_name(version, 'version')}{WORK_SUFFIX}"
+            if self.local
+            else os.path.join(self._local_area(), check_name(kind, "kind"), f"{version}{WORK_SUFFIX}")
+        )
+        shutil.rmtree(path, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def claim(self, kind: str, version: str, poll_s: float = 2.0, ttl_s: float = 120.0) -> Iterator[None]:
+        """Hold the exclusive right to produce `kind/version` while the block runs.
+
+        Two runs that would compute the same version wait for each other instead of doing
+        the work twice: the second one blocks here, and when it gets the claim it finds the
+        version published (check `exists` inside the block). Local stores use an `flock`ed
+        file in the staging area (released when the process dies); object stores a lease
+        object created with create-only semantics and renewed every `ttl_s / 3` seconds by a
+        background thread; a lease older than `ttl_s` (its holder died) is taken over.
+        The claim is advisory: the publish protocol alone keeps versions whole.
+        """
+        check_name(kind, "kind")
+        check_name(version, "version")
+        self.ensure_store()
+        if self.local:
+            with self._local_claim(kind, version):
+                yield
+        else:
+            with self._lease(kind, version, poll_s, ttl_s):
+                yield
+
+    @contextlib.contextmanager
+    def _local_claim(self, kind: str, version: str) -> Iterator[None]:
+        directory = self._safe(f"{self.root}/{kind}/{STAGING_DIR}")
+        os.makedirs(directory, exist_ok=True)
+        path = f"{directory}/{version}.claim"
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if fcntl is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                try:  # the file may have been unlinked by the holder we waited for: retry on a fresh one
+                    same = os.path.samestat(os.fstat(fd), os.stat(path))
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    try:
+                        yield
+                    finally:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(path)
+                    return
+            finally:
+                os.close(fd)
+
+    @contextlib.contextmanager
+    def _lease(self, kind: str, version: str, poll_s: float, ttl_s: float) -> Iterator[None]:
+        import threading
+
+        path = f"{self.root}/{kind}/{STAGING_DIR}/{version}.claim"
+        holder = uuid.uuid4().hex
+        while True:
+            body = canonical_json({"holder": holder, "expires": time.time() + ttl_s})
+            if write_bytes_create_only(self.fs, path, body):
+                break
+            try:
+                self._invalidate(path)
+                lease = json.loads(self.fs.cat_file(path))
+                expired = float(lease["expires"]) < time.time()
+            except FileNotFoundError:
+                continue
+            except (ValueError, KeyError, TypeError):
+                expired = True  # unreadable: treat as abandoned
+            if expired:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(path)
+                continue
+            time.sleep(poll_s)
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(ttl_s / 3):
+                with contextlib.suppress(Exception):  # a failed renewal is retried; expiry is the backstop
+                    self.fs.pipe_file(path, canonical_json({"holder": holder, "expires": time.time() + ttl_s}))
+
+        thread = threading.Thread(target=renew, name=f"tokenmill-lease-{kind}-{version}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            with contextlib.suppress(Exception):
+                self.fs.rm_file(path)
+
+    # ---------------------------------------------------------------- quarantine
+    def quarantine(self, kind: str, version: str, reason: str) -> str:
+        """Move a corrupt version aside (``<kind>/.quarantine/<version>-<time>``) so a rerun
+        recomputes it; returns where it went. Nothing is deleted."""
+        self.ensure_store()
+        src = self.version_path(kind, version)
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        dest = self._safe(f"{self.root}/{kind}/{QUARANTINE_DIR}/{version}-{stamp}")
+        if self.local:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            os.rename(src, dest)
+            fsync_dir(os.path.dirname(src))
+        else:
+            self._invalidate(src)
+            self.fs.mv(src, dest, recursive=True)
+            self._invalidate(src)
+        _log.warning("quarantined %s/%s in %s: %s -> %s", kind, version, self.url, reason, dest)
+        return dest
+

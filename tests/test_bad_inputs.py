@@ -311,8 +311,10 @@ def test_tokens_altered_after_publish(tokens_version):
         np.save(path, a)
         with pytest.raises(StoreError, match=rf"tokens/{ref.version}/shard_000001\.npy: sha256 mismatch"):
             store.verify(ref.kind, ref.version)
+        with pytest.raises(StoreError, match=rf"tokens/{ref.version}/shard_000001\.npy: sha256 mismatch"):
+            store.local_dir(ref.kind, ref.version)  # reads verify by default
         with pytest.raises(InputError, match=r"shard_000001\.npy: sha256 does not match"):
-            check_shards(store.local_dir(ref.kind, ref.version), store.manifest(ref.kind, ref.version)["meta"])
+            check_shards(store.local_dir(ref.kind, ref.version, verify="size"), store.manifest(ref.kind, ref.version)["meta"])
         with open(path, "ab") as f:
             f.write(b"\x00\x00")  # appended data: the cheap size check already sees it
         with pytest.raises(StoreError, match=r"shard_000001\.npy: .* bytes, manifest says"):

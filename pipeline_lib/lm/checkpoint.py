@@ -36,6 +36,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from pipeline_lib.errors import CheckpointError  # re-exported
 from pipeline_lib.lm.config import GPTConfig
 from pipeline_lib.lm.model import GPT
 
@@ -45,10 +46,6 @@ MARKER = "checkpoint.json"
 _CKPT_RE = re.compile(r"^ckpt_(\d+)$")
 _LEFTOVER_RE = re.compile(r"^\.(?:tmp|old)-ckpt_(\d+)-")
 _TIED_KEYS = ("lm_head.weight",)  # == transformer.wte.weight
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, truncated or corrupt."""
 
 
 # -- discovery ---------------------------------------------------------------------------

@@ -33,13 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from pipeline_lib.errors import ShardError  # re-exported
+
 TOKENS_FORMAT = "tokenmill.tokens/1"
 _DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4"), "<u2": np.dtype("<u2"), "<u4": np.dtype("<u4")}
 _IDX_DTYPE = np.dtype("<u8")
-
-
-class ShardError(ValueError):
-    """A token directory, manifest or shard file is missing, malformed or inconsistent."""
 
 
 @dataclass(frozen=True)

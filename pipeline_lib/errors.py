@@ -1,0 +1,43 @@
+"""One error hierarchy: every failure a user can cause or fix is a `TokenmillError`.
+
+The CLI catches `TokenmillError` once and prints one ``tokenmill: error:`` line (the full
+traceback goes to the log only); messages name the file, URL or parameter and the fix.
+
+    TokenmillError
+    ├── InputError        bad user input: a file, a URL, a parameter (also a ValueError)
+    │   └── ConfigError   a stage configuration that cannot run
+    ├── StoreError        the store's content is missing, corrupt or not a tokenmill store
+    ├── ShardError        token shards missing, malformed or inconsistent (also a ValueError)
+    ├── CheckpointError   an LM checkpoint missing, incomplete or corrupt
+    └── CancelledError    a run stopped by Ctrl-C / SIGTERM
+"""
+
+from __future__ import annotations
+
+
+class TokenmillError(Exception):
+    """Base of every error tokenmill reports to a user as one line."""
+
+
+class InputError(TokenmillError, ValueError):
+    """Bad user input (a file, a URL, a parameter), with a message naming it."""
+
+
+class ConfigError(InputError):
+    """A stage configuration that cannot run (checked before any work starts)."""
+
+
+class StoreError(TokenmillError, RuntimeError):
+    """The store's content is missing, corrupt or inconsistent; the message names the file."""
+
+
+class ShardError(TokenmillError, ValueError):
+    """A token directory, manifest or shard file is missing, malformed or inconsistent."""
+
+
+class CheckpointError(TokenmillError, RuntimeError):
+    """A checkpoint is missing, incomplete, truncated or corrupt."""
+
+
+class CancelledError(TokenmillError):
+    """The work was cancelled (Ctrl-C, SIGTERM, or interpreter shutdown)."""

@@ -189,7 +189,7 @@ class Staging:
             self.path = store._safe(f"{store.root}/{kind}/{STAGING_DIR}/{version}")
             self.tmp_dir = store._safe(f"{store.root}/{kind}/{STAGING_DIR}/{TMP_DIR}")
         else:
-            self.path = f"{store.root}/{kind}/{version}"
+            self.path = f"{store.root}/{kind}/{STAGING_DIR}/{version}"
             self.tmp_dir = None
         self.written: dict[str, FileInfo] = {}  # what open_write published, by name
 
@@ -408,24 +408,26 @@ class ArtifactStore:
         if self._owned:
             return
         if not self.is_store():
-            if not self._root_is_empty():
+            if self._root_is_empty():
+                self._write_marker()
+            elif not self.is_store():  # re-checked: a concurrent creator may have marked it meanwhile
                 raise StoreError(
                     f"{self.url} is not empty and is not a tokenmill store (it has no {STORE_MARKER}): "
                     "choose a new or empty directory for --store"
                 )
-            marker = canonical_json(
-                {"format": STORE_FORMAT, "created": dt.datetime.now(dt.timezone.utc).isoformat(), "tool_version": __version__}
-            )
-            if self.local:
-                os.makedirs(self.root, exist_ok=True)
-                write_bytes_atomic(self.fs, self._marker_path(), marker)
-            else:
-                with contextlib.suppress(FileExistsError):
-                    self.fs.makedirs(self.root, exist_ok=True)
-                write_bytes_create_only(self.fs, self._marker_path(), marker)  # a concurrent creator's marker stands
-            if not self.is_store():
-                raise StoreError(f"{self._marker_path()}: written but cannot be read back")
         self._owned = True
+
+    def _write_marker(self) -> None:
+        marker = canonical_json({"format": STORE_FORMAT, "created": dt.datetime.now(dt.timezone.utc).isoformat(), "tool_version": __version__})
+        if self.local:
+            os.makedirs(self.root, exist_ok=True)
+            write_bytes_atomic(self.fs, self._marker_path(), marker)  # two creators write equivalent markers
+        else:
+            with contextlib.suppress(FileExistsError):
+                self.fs.makedirs(self.root, exist_ok=True)
+            write_bytes_create_only(self.fs, self._marker_path(), marker)  # a concurrent creator's marker stands
+        if not self.is_store():
+            raise StoreError(f"{self._marker_path()}: written but cannot be read back")
 
     def __repr__(self) -> str:
         return f"ArtifactStore({self.url!r})"
@@ -598,22 +600,43 @@ class ArtifactStore:
             fsync_dir(os.path.dirname(final))
 
     def _publish_remote(self, staging: Staging, file_map: Mapping[str, Any], data: bytes) -> None:
+        """Copy the staged files under the version's prefix (server-side copies), then PUT
+        the manifest create-only. Until the manifest lands, the version prefix holds only
+        whole files of the same bytes any writer of this version would copy; a publisher
+        killed between the copies and the manifest leaves a manifest-less prefix that
+        readers ignore and `gc` collects."""
         kind, version = staging.kind, staging.version
         self._invalidate(staging.path)
-        self._check_staged(staging, file_map)
-        for rel, path in self._relative_files(staging.path):
-            if rel != MANIFEST and rel not in file_map:  # completion markers, scratch
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm_file(path)
-        created = write_bytes_create_only(self.fs, f"{staging.path}/{MANIFEST}", data)
+        try:
+            self._check_staged(staging, file_map)
+        except StoreError:
+            if self.exists(kind, version):  # a concurrent writer of this version published it and took the staging area
+                return
+            raise
+        final = self.version_path(kind, version)
+        for name in file_map:
+            if self.exists(kind, version):  # a concurrent writer published: adopt its version
+                break
+            try:
+                self.fs.copy(f"{staging.path}/{name}", f"{final}/{name}")
+            except FileNotFoundError:  # the shared staging area went away under us
+                if self.exists(kind, version):  # ... taken by a concurrent writer that published
+                    return
+                raise StoreError(f"cannot publish {kind}/{version}: {name} vanished from the staging area (was `tokenmill gc` run meanwhile?); rerun") from None
+        created = write_bytes_create_only(self.fs, f"{final}/{MANIFEST}", data)
         if not created:  # a concurrent writer published first: its manifest stands
-            self._invalidate(staging.path)
+            self._invalidate(final)
         elif not self.exists(kind, version):
             raise StoreError(f"{kind}/{version}: the manifest was written but cannot be read back")
+        self._discard(staging)
 
     def _discard(self, staging: Staging) -> None:
         if self.local:
             shutil.rmtree(staging.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError, OSError):
+                self.fs.rm(staging.path, recursive=True)
+            self._invalidate(staging.path)
 
     # ---------------------------------------------------------------- reading
     def exists(self, kind: str, version: str) -> bool:

@@ -330,3 +330,16 @@ def test_manifest_size_cap(store, monkeypatch):
     monkeypatch.setattr(store_mod, "MAX_MANIFEST_BYTES", 64)
     with pytest.raises(StoreError, match="larger than 64 bytes"):
         fresh(store).manifest("notes", "v1")
+
+
+def test_nothing_is_visible_under_a_version_before_its_manifest(store):
+    staging = store.stage("notes", "v1")
+    infos = {"a.txt": staging.put_bytes("a.txt", b"hello"), "sub/b.bin": staging.put_bytes("sub/b.bin", b"x" * 1000)}
+    staging.mark_done("unit1", {"n": 1})
+    base = store.version_path("notes", "v1")
+    store._invalidate(base)
+    assert not store.fs.exists(base) or store.fs.find(base) == []  # a tool listing the prefix sees nothing
+    store.publish(staging, files=infos)
+    assert sorted(rel for rel, _ in store._relative_files(base)) == ["a.txt", MANIFEST, "sub/b.bin"]
+    store._invalidate(staging.path)
+    assert not store.fs.exists(staging.path) or store.fs.find(staging.path) == []  # the staging area is gone

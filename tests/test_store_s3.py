@@ -48,11 +48,18 @@ def test_losing_publisher_adopts_the_winners_manifest(s3_options, monkeypatch):
     sa, sb = a.stage("notes", "v1"), b.stage("notes", "v1")
     ia, ib = sa.put_bytes("x.txt", b"same"), sb.put_bytes("x.txt", b"same")
     first = a.publish(sa, files={"x.txt": ia}, meta={"writer": "a"})
-    # b checked for the manifest before a wrote it: it goes on to the create-only PUT.
-    monkeypatch.setattr(ArtifactStore, "exists", lambda self, k, v: False)
+    # b checked for the manifest before a wrote it (its first check says "absent"), and
+    # a's publish took the shared staging area: b adopts a's version.
+    real_exists, calls = ArtifactStore.exists, []
+
+    def exists_first_false(self, k, v):
+        calls.append((k, v))
+        return False if len(calls) == 1 else real_exists(self, k, v)
+
+    monkeypatch.setattr(ArtifactStore, "exists", exists_first_false)
     second = b.publish(sb, files={"x.txt": ib}, meta={"writer": "b"})
     monkeypatch.undo()
-    assert second == first
+    assert second == first and len(calls) > 1
     assert a.manifest("notes", "v1")["meta"] == {"writer": "a"}
     a.verify("notes", "v1", strict=True)
 

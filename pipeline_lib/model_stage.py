@@ -1,36 +1,54 @@
 """The LM stage over the artifact store: train on a tokens version, publish a model version.
 
-Training checkpoints into a work directory tied to the output version id, so a run that
-dies half-way resumes from its last complete checkpoint when started again. The published
-version holds the final weights (safetensors), the last full checkpoint (optimizer, RNG,
-data position), the loss curve, metrics, history and generated samples.
+* One producer per version: training and publishing run under `store.claim(model, id)`;
+  concurrent runs of the same version wait and then find it published.
+* Resumable: training checkpoints into `store.work_dir(model, id)`, a directory private to
+  this store and this version, so a run that dies half-way resumes from its last valid
+  checkpoint when started again (and a run on another store never picks it up). The work
+  dir is dropped once the version is published; temporary files go to the store's
+  `scratch_dir`, where `gc` finds what a killed run left.
+* Verified reads: the token shards through `store.local_dir` (every file's sha256 against
+  the manifest) and `TokenShards` (the same, by default); the tokenizer likewise; the
+  checkpoint being published against its own marker, and each staged file against it.
+* Same id, same bytes: the published files (final weights as safetensors, the last full
+  checkpoint with optimizer, RNG and data position, loss curve, metrics, history, samples,
+  train config) hold only what the training decides. Timings, device, throughput and
+  resume notes describe one run: they go to the log and to the manifest's ``meta["run"]``.
+  The manifest is the per-publish record (it already carries its ``created`` time, so its
+  hash was never the same across publishes); the version id and the files are not.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from pipeline_lib.errors import CheckpointError
 from pipeline_lib.fsio import InputError
 from pipeline_lib.stages import load_tokenizer
 from pipeline_lib.store import ArtifactStore, FileInfo, VersionRef, version_id
 from pipeline_lib.version import code_version
 
 MODEL_KIND = "model"
+WEIGHTS_FILE = "model.safetensors"
+# Every module whose code decides a published file (weights, checkpoint, plot, metrics, samples).
 LM_MODULES = (
     "pipeline_lib.lm.model", "pipeline_lib.lm.train", "pipeline_lib.lm.data",
-    "pipeline_lib.lm.config", "pipeline_lib.lm.checkpoint", "pipeline_lib.model_stage",
+    "pipeline_lib.lm.config", "pipeline_lib.lm.checkpoint", "pipeline_lib.lm.report",
+    "pipeline_lib.lm.sample", "pipeline_lib.model_stage",
 )
-# Fields that change how fast a run goes but not what it computes.
-_NOT_IN_VERSION = ("device", "resume", "verify_shards", "compile", "peak_flops")
+_log = logging.getLogger("tokenmill.lm")
 
 
 def model_version(tokens: VersionRef, tokenizer: VersionRef, train_config) -> str:
-    params = {k: v for k, v in train_config.to_dict().items() if k not in _NOT_IN_VERSION}
+    """The model version id: tokens and tokenizer ids, the config fields that decide the
+    weights (`TrainConfig.versioned_dict`) and the LM code version."""
+    params = train_config.versioned_dict()
     return version_id(MODEL_KIND, {"tokens": tokens.key, "tokenizer": tokenizer.key}, params, code_version(*LM_MODULES))
 
 
@@ -46,22 +64,53 @@ def train_language_model(
     n_samples: int = 2,
     sample_tokens: int = 160,
 ) -> VersionRef:
-    """Train (or resume) a GPT on `tokens` and publish it as a `model` version."""
-    from pipeline_lib.lm import load_model, metrics, sample, train, write_loss_plot
+    """Train (or resume) a GPT on `tokens` and publish it as a `model` version.
 
+    Returns the published version's ref; a version already published (and sound: see
+    `ArtifactStore.usable`) is returned as is, and a concurrent run of the same version
+    waits for the first one and returns its ref.
+
+    Raises:
+        InputError: tokens and tokenizer disagree on the vocabulary size.
+        StoreError: an input file does not match its manifest.
+    """
     version = model_version(tokens, tokenizer, train_config)
-    if store.exists(MODEL_KIND, version):
+    if store.usable(MODEL_KIND, version):
         return store.ref(MODEL_KIND, version)
+    with store.claim(MODEL_KIND, version):
+        if store.usable(MODEL_KIND, version):  # published by the run we waited for
+            _log.info("%s/%s was published by a concurrent run", MODEL_KIND, version)
+            return store.ref(MODEL_KIND, version)
+        return _train_and_publish(
+            store, tokens, tokenizer, train_config, version,
+            log=log, on_eval=on_eval, on_step=on_step, n_samples=n_samples, sample_tokens=sample_tokens,
+        )
+
+
+def _train_and_publish(
+    store: ArtifactStore,
+    tokens: VersionRef,
+    tokenizer: VersionRef,
+    train_config,
+    version: str,
+    *,
+    log: Callable[[str], None] | None,
+    on_eval: Callable[[dict[str, Any]], None] | None,
+    on_step: Callable[[dict[str, Any]], None] | None,
+    n_samples: int,
+    sample_tokens: int,
+) -> VersionRef:
+    from pipeline_lib.lm import load_model, sample, train, write_loss_plot
+    from pipeline_lib.lm.checkpoint import MARKER, open_checkpoint
+    from pipeline_lib.lm.report import run_metrics, versioned_metrics
+    from pipeline_lib.lm.train import versioned_history
+
     tok = load_tokenizer(store, tokenizer)
     tmeta = store.manifest(tokens.kind, tokens.version)["meta"]
     if tmeta["vocab_size"] != tok.vocab_size:
         raise InputError(f"{tokens.key} was encoded with {tmeta['vocab_size']} ids but {tokenizer.key} has {tok.vocab_size}")
-    staging = store.stage(MODEL_KIND, version)
-    if store.local:
-        workdir = staging.local_path("run")
-    else:
-        workdir = os.path.join(tempfile.gettempdir(), "tokenmill-work", MODEL_KIND, version)
-    data_dir = store.local_dir(tokens.kind, tokens.version)
+    data_dir = store.local_dir(tokens.kind, tokens.version)  # every shard checked against the manifest
+    workdir = store.work_dir(MODEL_KIND, version)
     result = train(
         train_config, data_dir, workdir, token_byte_lengths=tok.token_byte_lengths(),
         log=log, on_eval=on_eval, on_step=on_step, resume=True,
@@ -69,15 +118,22 @@ def train_language_model(
     if result.checkpoint_dir is None:
         raise RuntimeError(f"training wrote no checkpoint into {workdir}")
 
-    outdir = tempfile.mkdtemp(prefix="tokenmill-model-")
+    staging = store.stage(MODEL_KIND, version)
+    outdir = tempfile.mkdtemp(prefix="model-", dir=store.scratch_dir(MODEL_KIND))
     try:
+        ckpt = open_checkpoint(result.checkpoint_dir)  # sizes and sha256 against its marker
         files: dict[str, FileInfo] = {}
-        ckpt = result.checkpoint_dir
-        for name in sorted(os.listdir(ckpt)):
-            files[f"checkpoint/{name}"] = staging.put_file(f"checkpoint/{name}", os.path.join(ckpt, name))
-        files["model.safetensors"] = staging.put_file("model.safetensors", os.path.join(ckpt, "model.safetensors"))
+        for name in sorted([*ckpt.marker["files"], MARKER]):
+            info = staging.put_file(f"checkpoint/{name}", os.path.join(ckpt.path, name))
+            want = ckpt.marker["files"].get(name)
+            if want is not None and info.sha256 != want["sha256"]:  # changed since it was checked
+                raise CheckpointError(f"{ckpt.path / name}: sha256 changed while it was being published")
+            files[f"checkpoint/{name}"] = info
+        files[WEIGHTS_FILE] = staging.put_file(WEIGHTS_FILE, os.path.join(ckpt.path, WEIGHTS_FILE))
+        if files[WEIGHTS_FILE].sha256 != ckpt.marker["files"][WEIGHTS_FILE]["sha256"]:
+            raise CheckpointError(f"{ckpt.path / WEIGHTS_FILE}: sha256 changed while it was being published")
 
-        model = load_model(ckpt)
+        model = load_model(ckpt.path)
         sep = tmeta.get("separator")
         prompt = [sep["id"]] if sep else list(tok.encode_ordinary("\n"))
         samples = []
@@ -89,22 +145,51 @@ def train_language_model(
         plot = os.path.join(outdir, "loss.png")
         write_loss_plot(result.history, plot)
         files["loss.png"] = staging.put_file("loss.png", plot)
-        summary = metrics(result)
-        summary.pop("checkpoint_dir", None)  # a work path that is gone once published
+        summary = versioned_metrics(result)
         docs = {
             "metrics.json": summary,
-            "history.json": result.history,
+            "history.json": versioned_history(result.history),
             "samples.json": samples,
-            "train_config.json": train_config.to_dict(),
+            "train_config.json": train_config.versioned_dict(),
         }
         for name, obj in docs.items():
-            files[name] = staging.put_bytes(name, json.dumps(obj, indent=2, ensure_ascii=False, default=str).encode())
+            # sorted keys: a history restored from a checkpoint (sorted JSON) reads back the same
+            data = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str).encode()
+            files[name] = staging.put_bytes(name, data)
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
-    shutil.rmtree(workdir, ignore_errors=True)
-    meta = {"metrics": summary, "samples": samples, "n_params": result.n_params, "device": result.device}
-    params = {k: v for k, v in train_config.to_dict().items() if k not in _NOT_IN_VERSION}
-    return store.publish(
-        staging, files=files, parents={"tokens": tokens, "tokenizer": tokenizer}, params=params,
+    run = run_metrics(result)
+    run.pop("checkpoint_dir", None)  # a work path that is gone once published
+    meta = {"metrics": summary, "samples": samples, "n_params": result.n_params, "run": run}
+    ref = store.publish(
+        staging, files=files, parents={"tokens": tokens, "tokenizer": tokenizer}, params=train_config.versioned_dict(),
         code_version=code_version(*LM_MODULES), meta=meta,
     )
+    store.drop_work_dir(MODEL_KIND, version)
+    tps, mfu = run.get("tokens_per_s"), run.get("mfu")
+    line = (
+        f"published {MODEL_KIND}/{version}: {result.steps} steps on {run['device']}"
+        + (f", {tps:,.0f} tokens/s" if tps else "")
+        + (f", MFU {mfu:.1%}" if mfu else "")
+    )
+    _log.info(line)
+    if log is not None:
+        log(line)
+    return ref
+
+
+def load_published_model(store: ArtifactStore, model: VersionRef | str, device: str = "cpu"):
+    """A published model's GPT (eval mode), its weights checked against the version manifest.
+
+    `model` is a VersionRef or a model version id. The file is fetched with
+    `store.local_file`, which hashes it (once per process while it is unchanged) and
+    raises `StoreError` naming the file on any mismatch, so a damaged file never gets as
+    far as producing nan logits. (`pipeline_lib.lm.load_model` on a bare path loads a
+    user's own file unchecked.)
+
+    >>> gpt = load_published_model(store, "3f2a...")   # doctest: +SKIP
+    """
+    from pipeline_lib.lm import load_model
+
+    kind, version = (model.kind, model.version) if isinstance(model, VersionRef) else (MODEL_KIND, model)
+    return load_model(store.local_file(kind, version, WEIGHTS_FILE), device=device)

@@ -15,14 +15,25 @@ the sources with their size and sha256, the encoder's code version and parameter
 per-shard counts and hashes, and totals. `check_shards` is the one integrity checker;
 `open_tokens` the memory-mapped reader (it checks the file size against the header
 first); `export_nanogpt` / `export_llmc` write the flat ``.bin`` files those trainers read.
+
+Verified reads: a directory holding the store's ``manifest.json`` is a published version
+(or a hash-checked cache copy of one), and every reader here checks each file it reads
+against that manifest's size and sha256 before using it (`verify_file`), hashing a file
+once per process while it is unchanged (`fsio.check_local_file`). A directory without
+one (your own files) gets the header and size checks only. ``verify=False`` (``deep=False``
+for `check_shards`) skips the hash, for callers that verified already.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import json
 import os
+import re
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -31,7 +42,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline_lib.fsio import InputError, fsync_dir
+from pipeline_lib.errors import StoreError
+from pipeline_lib.fsio import InputError, check_local_file, fsync_dir
+from pipeline_lib.store import MANIFEST, MANIFEST_FORMAT, MAX_MANIFEST_BYTES
 
 TOKENS_KIND = "tokens"
 TOKENS_FORMAT = "tokenmill.tokens/1"
@@ -292,6 +305,116 @@ def build_meta(
     }
 
 
+# --------------------------------------------------------------------------- verified reads
+# The fix a corrupt published file asks for: `store.usable` (which every stage calls before
+# reusing a version) finds the mismatch too, moves the version aside and lets it be recomputed.
+REENCODE_HINT = "rerun `tokenmill run`: it sets the damaged version aside and encodes it again"
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# manifest.json stat key -> its file list (None: not a store manifest). Manifests are
+# write-once, so a reader opening shard after shard parses a big one once, not per shard.
+_MANIFESTS: dict[tuple[str, int, int, int, int], dict[str, tuple[int, str]] | None] = {}
+_MANIFESTS_LOCK = threading.Lock()
+
+
+def published_files(manifest: Any, where: str) -> dict[str, tuple[int, str]] | None:
+    """``{file name: (size, sha256)}`` from a parsed ``manifest.json`` when it is the
+    store's (``format`` ``tokenmill.manifest/1``: a published version), else None (a
+    manifest of another shape, e.g. the one `lm.testing.write_token_dir` writes).
+
+    Raises:
+        StoreError: a store manifest whose file list is missing or malformed.
+    """
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return None
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise StoreError(f"{where}: corrupt manifest (no file list)")
+    out: dict[str, tuple[int, str]] = {}
+    for name, info in files.items():
+        if not (
+            isinstance(info, dict)
+            and type(info.get("size")) is int
+            and info["size"] >= 0
+            and isinstance(info.get("sha256"), str)
+            and _SHA256_HEX.fullmatch(info["sha256"])
+        ):
+            raise StoreError(f"{where}: corrupt manifest: bad entry for {name!r}")
+        out[name] = (info["size"], info["sha256"])
+    return out
+
+
+def version_files(directory: str) -> dict[str, tuple[int, str]] | None:
+    """The file list of the published version at `directory`, from the store's
+    ``manifest.json`` there; None when there is none (or it is not the store's).
+
+    Raises:
+        StoreError: ``manifest.json`` is there but unreadable, too large or corrupt (a
+            damaged manifest must not silently turn verification off).
+    """
+    path = os.path.join(directory, MANIFEST)
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _MANIFESTS_LOCK:
+        if key in _MANIFESTS:
+            return _MANIFESTS[key]
+    if st.st_size > MAX_MANIFEST_BYTES:
+        raise StoreError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES:,} bytes: refusing to parse it")
+    try:
+        with open(path, "rb") as f:
+            manifest = json.loads(f.read(MAX_MANIFEST_BYTES + 1))
+    except OSError as e:
+        raise StoreError(f"{path}: cannot read ({e})") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StoreError(f"{path}: corrupt manifest ({e}); pass verify=False to read the files beside it unchecked") from e
+    files = published_files(manifest, path)
+    with _MANIFESTS_LOCK:
+        _MANIFESTS[key] = files
+    return files
+
+
+def check_version_file(directory: str, name: str, files: Mapping[str, tuple[int, str]]) -> str:
+    """Check the file `name` of the version at `directory` against its entry in the
+    version's file list (`version_files`), hashing it once per process while it is
+    unchanged (`fsio.check_local_file`); return its path.
+
+    Raises:
+        StoreError: naming the file: not listed, missing, another size or another sha256.
+    """
+    path = os.path.join(directory, name)
+    entry = files.get(name)  # exact names only: "../x" is never listed
+    if entry is None:
+        raise StoreError(f"{path}: not in its version's {MANIFEST}: not a file of this published version")
+    try:
+        check_local_file(path, entry[0], entry[1], label=path)
+    except StoreError as e:
+        raise StoreError(f"{e}; {REENCODE_HINT}") from e
+    return path
+
+
+def verify_file(path: str, verify: bool = True) -> bool:
+    """If `path` belongs to a published version (the store's ``manifest.json`` beside it),
+    check its size and sha256 against that manifest; True when it was checked, False when
+    there is no store manifest beside it or `verify` is False.
+
+    >>> verify_file("artifacts/tokens/<version>/shard_000000.npy")  # doctest: +SKIP
+    True
+
+    Raises:
+        StoreError: naming the file, as `check_version_file`.
+    """
+    if not verify:
+        return False
+    directory, name = os.path.split(os.path.abspath(path))
+    files = version_files(directory)
+    if files is None:
+        return False
+    check_version_file(directory, name, files)
+    return True
+
+
 # --------------------------------------------------------------------------- reading
 def _npy_layout(path: str) -> tuple[tuple[int, ...], np.dtype, int, bool]:
     """(shape, dtype, data offset, fortran) from a .npy header, without trusting it."""
@@ -327,8 +450,9 @@ def _checked_npy(path: str, dtypes: Sequence[np.dtype], what: str) -> tuple[int,
     return int(shape[0]), dtype, offset
 
 
-def _open_npy(path: str, dtypes: Sequence[np.dtype], what: str) -> np.ndarray:
+def _open_npy(path: str, dtypes: Sequence[np.dtype], what: str, verify: bool) -> np.ndarray:
     n, dtype, offset = _checked_npy(path, dtypes, what)
+    verify_file(path, verify)
     if n == 0:
         return np.zeros(0, dtype=dtype)  # an empty file region cannot be mapped
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n,))
@@ -353,17 +477,34 @@ def _read_chunks(path: str, dtype: np.dtype, offset: int, start: int, stop: int,
             pos += len(chunk)
 
 
-def open_tokens(path: str) -> np.ndarray:
-    """Memory-map a token `.npy`, after checking that its size agrees with its header."""
-    return _open_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens")
+def open_tokens(path: str, verify: bool = True) -> np.ndarray:
+    """Memory-map a token `.npy`, after checking that its size agrees with its header.
+
+    When the file belongs to a published version (the store's ``manifest.json`` beside
+    it), its size and sha256 are checked against that manifest first, hashing it once per
+    process while it is unchanged. A file with no store manifest beside it (your own
+    files) gets the size check only. `verify=False` skips the hash, for callers that
+    verified the version already (e.g. ``ArtifactStore.local_dir(..., verify="full")``).
+
+    >>> tokens = open_tokens("artifacts/tokens/<version>/shard_000000.npy")  # doctest: +SKIP
+
+    Raises:
+        InputError: not a 1-D ``<u2``/``<u4`` ``.npy`` whose size agrees with its header.
+        StoreError: a published file that does not match its manifest.
+    """
+    return _open_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens", verify)
 
 
-def open_index(path: str) -> np.ndarray:
-    """Memory-map a document index (`<u8` cumulative document ends), size-checked."""
-    return _open_npy(path, (np.dtype("<u8"),), "document ends")
+def open_index(path: str, verify: bool = True) -> np.ndarray:
+    """Memory-map a document index (`<u8` cumulative document ends), size-checked, and
+    hash-checked against its version's manifest as `open_tokens` (opt out: `verify=False`)."""
+    return _open_npy(path, (np.dtype("<u8"),), "document ends", verify)
 
 
-def read_doc_table(path: str) -> pa.Table:
+def read_doc_table(path: str, verify: bool = True) -> pa.Table:
+    """Read a document table, hash-checked against its version's manifest as `open_tokens`
+    (opt out: `verify=False`)."""
+    verify_file(path, verify)
     try:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as e:
@@ -410,11 +551,16 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
     Checks file sizes against headers, token and document counts, the document index
     (increasing, ending at the token count), ids below the vocabulary size, separators
     exactly at the document boundaries the index gives (and nowhere else), the document
-    table if there is one, and the totals. With `deep`, re-hashes each shard's files
-    against the sha256 the manifest records.
+    table if there is one, and the totals. With `deep`, checks each shard's files against
+    their sha256: in a published version (the store's ``manifest.json`` in `directory`)
+    against that manifest's file list, through `check_version_file` (hashed once per
+    process while unchanged, so after ``ArtifactStore.local_dir`` this costs no second
+    hash), elsewhere against the sha256 `meta` records, in the same pass as the scan.
 
     Raises:
-        InputError: naming the first file and problem found.
+        StoreError: a file of a published version that does not match its manifest.
+        InputError: naming the first file and problem found (content, counts, and the
+            hashes `meta` records for a directory that is not a published version).
     """
     if not isinstance(meta, dict) or meta.get("format") != TOKENS_FORMAT:
         raise InputError(f"{directory}: not a token-shard manifest (format {meta.get('format') if isinstance(meta, dict) else None!r})")
@@ -433,12 +579,20 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
         sep_id = int(sep["id"])
         if not 0 <= sep_id < vocab_size or sep.get("placement") not in ("append", "prepend"):
             raise InputError(f"{directory}: bad separator {sep!r} for a vocabulary of {vocab_size}")
+    files = version_files(directory) if deep else None
     totals = {"n_tokens": 0, "n_docs": 0}
     for i, shard in enumerate(shards):
         name = str(shard.get("name", ""))
         if not name or "/" in name or "\\" in name or name.startswith("."):
             raise InputError(f"{directory}: bad shard name {name!r}")
         path = os.path.join(directory, f"{name}.npy")
+        index_path = os.path.join(directory, f"{name}.idx.npy")
+        if files is not None:  # a published version: its manifest's hashes, before any use
+            for fname in [f"{name}.npy", f"{name}.idx.npy"] + ([str(shard["doc_table"])] if shard.get("doc_table") else []):
+                check_version_file(directory, fname, files)
+            listed = files[f"{name}.npy"][1]
+            if shard.get("sha256") and shard["sha256"] != listed:
+                raise StoreError(f"{path}: the manifest's shard list says sha256 {shard['sha256']}, its file list {listed}: corrupt manifest")
         n_tokens, dtype, offset = _checked_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens")
         if dtype != expected_dtype:
             raise InputError(f"{path}: dtype {dtype} but the manifest says {meta['dtype']}")
@@ -446,8 +600,7 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
             raise InputError(f"{path}: {n_tokens:,} tokens, manifest says {shard['n_tokens']:,}")
         if n_tokens > MAX_SHARD_TOKENS:
             raise InputError(f"{path}: {n_tokens:,} tokens, more than {MAX_SHARD_TOKENS:,} in one shard")
-        index_path = os.path.join(directory, f"{name}.idx.npy")
-        index = np.array(open_index(index_path), dtype=np.int64)
+        index = np.array(open_index(index_path, verify=False), dtype=np.int64)  # checked above
         if len(index) != shard["n_docs"]:
             raise InputError(f"{index_path}: {len(index):,} document ends, manifest says {shard['n_docs']:,}")
         if len(index) and (index[0] <= 0 or index[-1] != n_tokens or np.any(np.diff(index) <= 0)):
@@ -458,7 +611,7 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
         if sep_id is not None and len(index):
             sep_pos = index - 1 if sep["placement"] == "append" else np.concatenate([[0], index[:-1]])
         # One sequential read: ids in range, separators where the index says and nowhere else, hash.
-        hasher = hashlib.sha256() if deep and shard.get("sha256") else None
+        hasher = hashlib.sha256() if deep and files is None and shard.get("sha256") else None
         n_sep = 0
         for start, chunk in _read_chunks(path, dtype, offset, 0, n_tokens, hasher):
             top = int(chunk.max())
@@ -476,7 +629,7 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
             raise InputError(f"{path}: sha256 does not match the manifest: corrupt or altered")
         if shard.get("doc_table"):
             _check_doc_table(os.path.join(directory, shard["doc_table"]), index, i, index_path)
-        if deep:
+        if deep and files is None:
             checks = []
             if shard.get("index_sha256"):
                 checks.append((index_path, shard["index_sha256"]))
@@ -494,7 +647,7 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
 
 
 # --------------------------------------------------------------------------- exports
-def _doc_cut(directory: str, meta: Mapping[str, Any], val_fraction: float) -> tuple[int, int]:
+def _doc_cut(directory: str, meta: Mapping[str, Any], val_fraction: float, verify: bool = True) -> tuple[int, int]:
     """(shard number, token offset in it) where validation starts: the first document end
     at or after (1 - val_fraction) of all tokens, so no document straddles the two files."""
     if not 0.0 <= val_fraction < 1.0:
@@ -505,15 +658,34 @@ def _doc_cut(directory: str, meta: Mapping[str, Any], val_fraction: float) -> tu
     for i, shard in enumerate(meta["shards"]):
         n = int(shard["n_tokens"])
         if seen + n >= cut:
-            index = np.asarray(open_index(os.path.join(directory, f"{shard['name']}.idx.npy"))).astype(np.int64)
+            index = np.asarray(open_index(os.path.join(directory, f"{shard['name']}.idx.npy"), verify)).astype(np.int64)
             after = index[index >= cut - seen]
             return i, int(after[0]) if len(after) else n
         seen += n
     return len(meta["shards"]), 0
 
 
+@functools.cache
+def _umask() -> int:
+    """The process umask, read once. `os.umask` can only be read by setting it, which
+    races with threads creating files, so read Linux's /proc/self/status (4.7+); elsewhere
+    set 0o077 for an instant (a file created meanwhile is private, never more open)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8) & 0o777
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def _atomic_out(path: str):
+    """A file written for the user (outside the store): temp name, fsync, rename, with
+    the mode `open` would give it (0o666 & ~umask), not mkstemp's 0o600."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
@@ -521,6 +693,9 @@ def _atomic_out(path: str):
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
+            # fchmod before the rename rather than chmod after it: the name never shows a
+            # 0o600 file, and no path is looked up twice (nothing to swap in between).
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_dir(directory)
@@ -529,8 +704,15 @@ def _atomic_out(path: str):
             os.unlink(tmp)
 
 
-def _export(directory: str, meta: dict[str, Any], paths: tuple[str, str], val_fraction: float, dtype: np.dtype, header) -> dict[str, int]:
-    cut_shard, cut_offset = _doc_cut(directory, meta, val_fraction)
+def _export(directory: str, meta: dict[str, Any], paths: tuple[str, str], val_fraction: float, dtype: np.dtype, header, verify: bool) -> dict[str, int]:
+    files = version_files(directory) if verify else None
+    for shard in meta["shards"]:
+        name = str(shard.get("name", ""))
+        if not name or "/" in name or "\\" in name or name.startswith("."):
+            raise InputError(f"{directory}: bad shard name {name!r}")
+        if files is not None:  # every shard before any output: a corrupt one fails fast
+            check_version_file(directory, f"{name}.npy", files)
+    cut_shard, cut_offset = _doc_cut(directory, meta, val_fraction, verify)
     counts = {"train": 0, "val": 0}
     for i, shard in enumerate(meta["shards"]):
         n = int(shard["n_tokens"])
@@ -552,18 +734,25 @@ def _export(directory: str, meta: dict[str, Any], paths: tuple[str, str], val_fr
     return counts
 
 
-def export_nanogpt(directory: str, meta: dict[str, Any], out_dir: str, val_fraction: float = 0.1) -> dict[str, int]:
+def export_nanogpt(directory: str, meta: dict[str, Any], out_dir: str, val_fraction: float = 0.1, *, verify: bool = True) -> dict[str, int]:
     """Write nanoGPT's ``train.bin`` / ``val.bin`` (raw uint16, no header) from token shards.
 
     The documents after the first document end at ``(1 - val_fraction)`` of the tokens
     (in shard order) go to ``val.bin``; no document straddles the two files. Both files
-    are written to temp names and renamed into place. Returns token counts.
+    are written to temp names and renamed into place, with the mode a plain ``open``
+    gives (0o666 & ~umask). In a published version every shard read is first checked
+    against the version's manifest (as `open_tokens`; `verify=False` skips the hash).
+    Returns token counts.
+
+    Raises:
+        StoreError: a shard that does not match its version's manifest (before any output).
+        InputError: a vocabulary that needs uint32, or a shard that disagrees with `meta`.
     """
     if token_dtype(int(meta["vocab_size"])) != np.dtype("<u2"):
         raise InputError(f"nanoGPT's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}")
     os.makedirs(out_dir, exist_ok=True)
     paths = (os.path.join(out_dir, "train.bin"), os.path.join(out_dir, "val.bin"))
-    return _export(directory, meta, paths, val_fraction, np.dtype("<u2"), None)
+    return _export(directory, meta, paths, val_fraction, np.dtype("<u2"), None, verify)
 
 
 LLMC_MAGIC = 20240520
@@ -576,13 +765,14 @@ def _llmc_header(n: int) -> bytes:
     return header.tobytes()
 
 
-def export_llmc(directory: str, meta: dict[str, Any], out_dir: str, val_fraction: float = 0.1, prefix: str = "tokens") -> dict[str, int]:
+def export_llmc(directory: str, meta: dict[str, Any], out_dir: str, val_fraction: float = 0.1, prefix: str = "tokens", *, verify: bool = True) -> dict[str, int]:
     """Write llm.c's ``<prefix>_train.bin`` / ``<prefix>_val.bin``: a 256 x int32 header
-    (magic 20240520, version 1, token count) then uint16 tokens."""
+    (magic 20240520, version 1, token count) then uint16 tokens. Split, file modes and
+    verification as `export_nanogpt`."""
     if token_dtype(int(meta["vocab_size"])) != np.dtype("<u2"):
         raise InputError(f"llm.c's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}")
     if int(meta["totals"]["n_tokens"]) >= 1 << 31:
         raise InputError("llm.c's header counts tokens in an int32: too many tokens for one file")
     os.makedirs(out_dir, exist_ok=True)
     paths = (os.path.join(out_dir, f"{prefix}_train.bin"), os.path.join(out_dir, f"{prefix}_val.bin"))
-    return _export(directory, meta, paths, val_fraction, np.dtype("<u2"), _llmc_header)
+    return _export(directory, meta, paths, val_fraction, np.dtype("<u2"), _llmc_header, verify)

@@ -9,7 +9,7 @@ from prefect.artifacts import create_table_artifact
 
 from pipeline_lib import stages
 from pipeline_lib.counting import COUNTS_KIND, CountConfig
-from tasks.common import checked_key, progress, ref_dict, store_of, to_ref
+from tasks.common import checked_key, progress, ref_dict, staging_kept, store_of, to_ref
 
 
 def _count_key(context, parameters: dict[str, Any]) -> str:
@@ -17,7 +17,7 @@ def _count_key(context, parameters: dict[str, Any]) -> str:
     version = stages.counts_version(corpus, cfg)
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
     unit = f"shard_{parameters['shard']:06d}"
-    present = store.exists(COUNTS_KIND, version) or store.stage(COUNTS_KIND, version).done(unit) is not None
+    present = store.usable(COUNTS_KIND, version) or store.stage(COUNTS_KIND, version).done(unit) is not None
     return checked_key(store, f"count-{version}-{unit}", present)
 
 
@@ -33,13 +33,14 @@ def _reduce_key(context, parameters: dict[str, Any]) -> str:
     corpus, cfg = to_ref(parameters["corpus"]), parameters["config"]
     version = stages.counts_version(corpus, cfg)
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
-    return checked_key(store, f"reduce-{version}", store.exists(COUNTS_KIND, version))
+    return checked_key(store, f"reduce-{version}", store.usable(COUNTS_KIND, version))
 
 
 @task(name="reduce_counts", cache_key_fn=_reduce_key, persist_result=True, result_serializer="json")
 def reduce_counts(store_url: str, corpus: dict[str, str], config: CountConfig, shard_records: list[dict] | None = None, storage_options: dict | None = None) -> dict[str, str]:
     store = store_of(store_url, storage_options)
-    ref = stages.reduce_counts(store, to_ref(corpus), config)
+    with staging_kept(store, COUNTS_KIND, stages.counts_version(to_ref(corpus), config), shard_records):
+        ref = stages.reduce_counts(store, to_ref(corpus), config)
     meta = store.manifest(ref.kind, ref.version)["meta"]
     get_run_logger().info("counts: %s distinct pieces, %s occurrences (%s pattern)", f"{meta['n_pieces']:,}", f"{meta['n_occurrences']:,}", meta["pattern"])
     create_table_artifact(

@@ -9,7 +9,7 @@ from prefect.artifacts import create_table_artifact
 
 from pipeline_lib import stages
 from pipeline_lib.token_shards import TOKENS_KIND, EncodeConfig
-from tasks.common import checked_key, progress, ref_dict, store_of, to_ref
+from tasks.common import checked_key, progress, ref_dict, staging_kept, store_of, to_ref
 
 
 def _encode_key(context, parameters: dict[str, Any]) -> str:
@@ -17,7 +17,7 @@ def _encode_key(context, parameters: dict[str, Any]) -> str:
     version = stages.tokens_version(corpus, tok, cfg)
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
     unit = f"shard_{parameters['shard']:06d}"
-    present = store.exists(TOKENS_KIND, version) or store.stage(TOKENS_KIND, version).done(unit) is not None
+    present = store.usable(TOKENS_KIND, version) or store.stage(TOKENS_KIND, version).done(unit) is not None
     return checked_key(store, f"encode-{version}-{unit}", present)
 
 
@@ -34,13 +34,14 @@ def _manifest_key(context, parameters: dict[str, Any]) -> str:
     corpus, tok, cfg = to_ref(parameters["corpus"]), to_ref(parameters["tokenizer"]), parameters["config"]
     version = stages.tokens_version(corpus, tok, cfg)
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
-    return checked_key(store, f"tokens-{version}", store.exists(TOKENS_KIND, version))
+    return checked_key(store, f"tokens-{version}", store.usable(TOKENS_KIND, version))
 
 
 @task(name="write_token_manifest", cache_key_fn=_manifest_key, persist_result=True, result_serializer="json")
 def write_token_manifest(store_url: str, corpus: dict[str, str], tokenizer: dict[str, str], config: EncodeConfig, shard_records: list[dict] | None = None, storage_options: dict | None = None) -> dict[str, str]:
     store = store_of(store_url, storage_options)
-    ref = stages.publish_tokens(store, to_ref(corpus), to_ref(tokenizer), config)
+    with staging_kept(store, TOKENS_KIND, stages.tokens_version(to_ref(corpus), to_ref(tokenizer), config), shard_records):
+        ref = stages.publish_tokens(store, to_ref(corpus), to_ref(tokenizer), config)
     meta = store.manifest(ref.kind, ref.version)["meta"]
     summary = stages.compression_summary(meta)
     get_run_logger().info(

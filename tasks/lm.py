@@ -15,7 +15,7 @@ from tasks.common import checked_key, progress, ref_dict, store_of, to_ref
 def _lm_key(context, parameters: dict[str, Any]) -> str:
     version = model_version(to_ref(parameters["tokens"]), to_ref(parameters["tokenizer"]), parameters["config"])
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
-    return checked_key(store, f"lm-{version}", store.exists(MODEL_KIND, version))
+    return checked_key(store, f"lm-{version}", store.usable(MODEL_KIND, version))
 
 
 @task(name="train_lm", cache_key_fn=_lm_key, persist_result=True, result_serializer="json")

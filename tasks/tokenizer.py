@@ -18,7 +18,7 @@ def _merges_key(context, parameters: dict[str, Any]) -> str:
     counts, cfg = to_ref(parameters["counts"]), parameters["config"]
     version = version_id(TOKENIZER_KIND, {"counts": counts.key}, cfg.params(), code_version(*TOKENIZER_MODULES))
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
-    return checked_key(store, f"merges-{version}", store.exists(TOKENIZER_KIND, version))
+    return checked_key(store, f"merges-{version}", store.usable(TOKENIZER_KIND, version))
 
 
 @task(name="learn_merges", cache_key_fn=_merges_key, persist_result=True, result_serializer="json")

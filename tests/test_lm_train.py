@@ -154,12 +154,19 @@ def test_incomplete_and_corrupt_checkpoints(byte_dir, tmp_path):
     weights.write_bytes(blob[:-1] + bytes([blob[-1] ^ 0xFF]))
     with pytest.raises(CheckpointError, match=r"model\.safetensors: sha256 mismatch"):
         load_model(good)
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: sha256 mismatch"):
-        train(tiny(max_steps=4), byte_dir, out, log=quiet, resume=True)
-    weights.write_bytes(blob)
-    (good / "rng_state.json").unlink()
+    rng = good / "rng_state.json"
+    rng_blob = rng.read_bytes()
+    rng.unlink()
     with pytest.raises(CheckpointError, match=r"rng_state\.json: missing"):
-        open_checkpoint(good)
+        open_checkpoint(good, verify=False)
+    rng.write_bytes(rng_blob)
+    # resume heals instead of failing: the corrupt (only) checkpoint is moved aside, training restarts
+    logs = []
+    r = train(tiny(max_steps=4), byte_dir, out, log=logs.append, resume=True)
+    assert any("ckpt_000002 is unusable" in m and "starting from scratch" in m for m in logs)
+    assert r.steps == 4 and not any("resuming" in m for m in logs)
+    assert [s for s, _ in list_checkpoints(out)][-1] == 4
+    assert len(list(out.glob(".corrupt-ckpt_000002-*/ckpt_000002"))) == 1
 
 
 def test_resume_over_incomplete_dir(byte_dir, tmp_path):
@@ -231,6 +238,7 @@ def test_empty_val_is_reported(tmp_path):
     with pytest.warns(UserWarning, match="val split is EMPTY"):
         r = train(tiny(max_steps=2), d, tmp_path / "run", log=logs.append)
     assert any("val split is EMPTY" in m for m in logs) and any("EMPTY" in m for m in r.messages)
+    assert all(str(d) not in m and "tokens version test" in m for m in r.messages)  # no local path in metrics
     assert r.final_val_loss is None and r.val_bpb is None and r.final_train_loss is not None
 
 

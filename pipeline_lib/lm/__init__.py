@@ -4,10 +4,14 @@
 
     cfg = preset("small", max_steps=500)                # or TrainConfig(model=GPTConfig(...), ...)
     result = train(cfg, "tokens/", "runs/lm")            # -> TrainResult
-    model = load_model("runs/lm")                        # latest complete checkpoint
+    model = load_model("runs/lm")                        # latest complete checkpoint (checked against its marker)
     ids = sample(model, [sep_id], 200, temperature=0.8, top_k=50, seed=0)
 
 CLI: ``python -m pipeline_lib.lm train ...`` / ``python -m pipeline_lib.lm sample ...``.
+
+This package works on local paths and knows nothing of the artifact store; a model
+published there is loaded with `pipeline_lib.model_stage.load_published_model`, which
+checks its weights against the version manifest.
 """
 
 from pipeline_lib.lm.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_model

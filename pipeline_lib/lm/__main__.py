@@ -9,6 +9,10 @@
 `train` writes checkpoints, ``loss.png`` and ``metrics.json`` into --out. `sample` loads the
 latest complete checkpoint of --ckpt (or that checkpoint directory) and prints the prompt
 and its continuation; without --tokenizer give --prompt-ids and get ids back.
+
+--ckpt is a local path: a checkpoint directory is checked against its own
+``checkpoint.json``; a bare ``model.safetensors`` is loaded unchecked. To sample a model
+published in a store (checked against its version manifest) use ``tokenmill lm sample``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ _OVERRIDES = {
     "eval_iters": "eval_iters",
     "log_interval": "log_interval",
     "ckpt_interval": "ckpt_interval",
+    "ckpt_every_s": "ckpt_every_s",
     "keep_last": "keep_last",
     "val_fraction": "val_fraction",
     "seed": "seed",
@@ -70,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-interval", type=int)
     t.add_argument("--eval-iters", type=int)
     t.add_argument("--log-interval", type=int)
-    t.add_argument("--ckpt-interval", type=int)
+    t.add_argument("--ckpt-interval", type=int, help="checkpoint every N steps (0: a tenth of the run)")
+    t.add_argument("--ckpt-every-s", type=float, help="also checkpoint every this many seconds (0: off)")
     t.add_argument("--keep-last", type=int)
     t.add_argument("--val-fraction", type=float)
     t.add_argument("--seed", type=int)

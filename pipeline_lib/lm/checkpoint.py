@@ -17,6 +17,18 @@ last, and then `os.replace`d to ``ckpt_<step>``; only after that are old checkpo
 pruned to the newest `keep_last`, so a crash at any point leaves the previous complete
 checkpoint untouched. Discovery (`latest_checkpoint`) ignores directories without a
 valid marker; loading verifies every file's size and sha256 and names the bad file.
+`quarantine_checkpoint` moves a corrupt one aside (``.corrupt-ckpt_<step>-*``, kept for
+inspection) so that discovery and pruning no longer count it.
+
+Every file is a function of the training state only (no timings, no paths, safetensors
+headers in canonical key order: `safetensors_bytes`), so the same training gives the
+same bytes in any process; the model stage publishes the last checkpoint as part of a
+content-addressed version and relies on that.
+
+What is verified: a checkpoint directory against its own ``checkpoint.json``. A bare
+``model.safetensors`` path given to `load_model` is a user's own file and is loaded as
+it is; a published model is loaded through the store, which checks it against the
+version manifest (`pipeline_lib.model_stage.load_published_model`).
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ WEIGHTS_FORMAT = "tokenmill.gpt/1"
 MARKER = "checkpoint.json"
 _CKPT_RE = re.compile(r"^ckpt_(\d+)$")
 _LEFTOVER_RE = re.compile(r"^\.(?:tmp|old)-ckpt_(\d+)-")
+_MAX_HEADER = 100_000_000
 _TIED_KEYS = ("lm_head.weight",)  # == transformer.wte.weight
 
 
@@ -120,9 +133,26 @@ def model_state_tensors(model: GPT) -> dict[str, torch.Tensor]:
     }
 
 
+def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """`safetensors.torch.save` with a canonical header: same tensors, same bytes.
+
+    safetensors serialises ``__metadata__`` from a Rust hash map, so its key order (and
+    with it the file's sha256) changes from one call to the next, even in one process.
+    The header JSON is re-emitted with sorted keys and no spaces, padded with spaces to a
+    multiple of 8 bytes as safetensors does; the data section (tensors ordered by dtype
+    alignment, then name, by safetensors itself) and its offsets are unchanged.
+    """
+    blob = st_save(tensors, metadata=metadata)
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8 : 8 + n])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + blob[8 + n :]
+
+
 def weights_bytes(model: GPT) -> bytes:
-    meta = {"format": WEIGHTS_FORMAT, "gpt_config": json.dumps(model.config.to_dict())}
-    return st_save(model_state_tensors(model), metadata=meta)
+    meta = {"format": WEIGHTS_FORMAT, "gpt_config": json.dumps(model.config.to_dict(), sort_keys=True)}
+    return safetensors_bytes(model_state_tensors(model), metadata=meta)
 
 
 def optimizer_files(optimizer: torch.optim.Optimizer) -> tuple[bytes, bytes]:
@@ -137,7 +167,7 @@ def optimizer_files(optimizer: torch.optim.Optimizer) -> tuple[bytes, bytes]:
             else:
                 scalars[f"{idx}.{k}"] = v
     meta = {"type": type(optimizer).__name__, "param_groups": sd["param_groups"], "scalars": scalars}
-    return st_save(tensors), _json_bytes(meta)
+    return safetensors_bytes(tensors), _json_bytes(meta)
 
 
 def write_checkpoint(
@@ -186,6 +216,16 @@ def write_checkpoint(
         if m and int(m.group(1)) <= step and p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
     return final
+
+
+def quarantine_checkpoint(ckpt_dir: str | os.PathLike[str]) -> Path:
+    """Move a corrupt checkpoint aside to ``.corrupt-<name>-*`` in the same directory, out
+    of sight of discovery and pruning but kept for inspection; returns where it went."""
+    src = Path(ckpt_dir)
+    dest = Path(tempfile.mkdtemp(prefix=f".corrupt-{src.name}-", dir=src.parent))
+    os.replace(src, dest / src.name)
+    _fsync_dir(src.parent)
+    return dest / src.name
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -247,61 +287,97 @@ def open_checkpoint(ckpt_dir: str | os.PathLike[str], verify: bool = True) -> Ch
     return Checkpoint(path=path, step=int(marker["step"]), marker=marker)
 
 
+def _config_from_header(header: Any) -> GPTConfig:
+    meta = (header.get("__metadata__") if isinstance(header, dict) else None) or {}
+    if meta.get("format") != WEIGHTS_FORMAT:
+        raise ValueError(f"metadata format is {meta.get('format')!r}, expected {WEIGHTS_FORMAT!r}")
+    return GPTConfig.from_dict(json.loads(meta["gpt_config"]))
+
+
 def read_weights_config(path: str | os.PathLike[str]) -> GPTConfig:
+    """The GPTConfig stored in a weights file's safetensors metadata (header only)."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
-            if n <= 0 or n > 100_000_000:
+            if n <= 0 or n > _MAX_HEADER:
                 raise ValueError(f"bad header length {n}")
-            header = json.loads(f.read(n))
-        meta = header.get("__metadata__") or {}
-        if meta.get("format") != WEIGHTS_FORMAT:
-            raise ValueError(f"metadata format is {meta.get('format')!r}, expected {WEIGHTS_FORMAT!r}")
-        return GPTConfig.from_dict(json.loads(meta["gpt_config"]))
+            return _config_from_header(json.loads(f.read(n)))
     except FileNotFoundError:
         raise CheckpointError(f"{p}: file not found") from None
-    except (ValueError, KeyError, UnicodeDecodeError, OSError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, OSError) as e:
         raise CheckpointError(f"{p}: not a {WEIGHTS_FORMAT} safetensors file ({e})") from e
 
 
+def load_state_into(model: GPT, state: dict[str, torch.Tensor], label: str | os.PathLike[str]) -> None:
+    """Copy a weights dict (as `model_state_tensors` gives) into `model`; `label` names the
+    source in errors."""
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape mismatch
+        raise CheckpointError(f"{label}: weights do not fit the model ({e})") from e
+    missing = [k for k in missing if k not in _TIED_KEYS]
+    if missing or unexpected:
+        raise CheckpointError(f"{label}: weights do not fit the model (missing {missing}, unexpected {unexpected})")
+
+
 def load_weights_into(model: GPT, path: str | os.PathLike[str]) -> None:
+    """Load a weights file into `model`. The file is not checked against any manifest:
+    open it through `open_checkpoint` or the store first when that matters."""
     p = Path(path)
     try:
         state = st_load(p.read_bytes())
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{p}: cannot read safetensors ({e})") from e
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k not in _TIED_KEYS]
-    if missing or unexpected:
-        raise CheckpointError(f"{p}: weights do not fit the model (missing {missing}, unexpected {unexpected})")
+    load_state_into(model, state, p)
+
+
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, meta: Any, tensors: dict[str, torch.Tensor], label: str | os.PathLike[str]
+) -> None:
+    """Load ``optimizer.json`` contents (`meta`) and ``optimizer.safetensors`` tensors into
+    `optimizer`; `label` names the source in errors."""
+    try:
+        if meta.get("type") != type(optimizer).__name__:
+            raise CheckpointError(f"{label}: optimizer is {meta.get('type')}, not {type(optimizer).__name__}")
+        state: dict[int, dict[str, Any]] = {}
+        for key, t in tensors.items():
+            _, idx, name = key.split(".", 2)
+            state.setdefault(int(idx), {})[name] = t
+        for key, v in meta.get("scalars", {}).items():
+            idx, name = key.split(".", 1)
+            state.setdefault(int(idx), {})[name] = v
+        groups = meta["param_groups"]
+        for g in groups:
+            if "betas" in g:
+                g["betas"] = tuple(g["betas"])
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except CheckpointError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{label}: does not fit the optimizer ({type(e).__name__}: {e})") from e
 
 
 def load_optimizer_into(optimizer: torch.optim.Optimizer, ckpt: Checkpoint) -> None:
-    meta = ckpt.json("optimizer.json")
-    tensors = ckpt.tensors("optimizer.safetensors")
-    if meta.get("type") != type(optimizer).__name__:
-        raise CheckpointError(f"{ckpt.file('optimizer.json')}: optimizer is {meta.get('type')}, not {type(optimizer).__name__}")
-    state: dict[int, dict[str, Any]] = {}
-    for key, t in tensors.items():
-        _, idx, name = key.split(".", 2)
-        state.setdefault(int(idx), {})[name] = t
-    for key, v in meta.get("scalars", {}).items():
-        idx, name = key.split(".", 1)
-        state.setdefault(int(idx), {})[name] = v
-    groups = meta["param_groups"]
-    for g in groups:
-        if "betas" in g:
-            g["betas"] = tuple(g["betas"])
-    try:
-        optimizer.load_state_dict({"state": state, "param_groups": groups})
-    except (ValueError, KeyError) as e:
-        raise CheckpointError(f"{ckpt.file('optimizer.json')}: does not fit the optimizer ({e})") from e
+    load_optimizer_state(
+        optimizer, ckpt.json("optimizer.json"), ckpt.tensors("optimizer.safetensors"), ckpt.file("optimizer.json")
+    )
 
 
 def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu", verify: bool = True) -> GPT:
     """A GPT in eval mode from a checkpoint dir, an out_dir (its latest complete checkpoint)
-    or a model.safetensors file."""
+    or a model.safetensors file.
+
+    A checkpoint directory is checked against its ``checkpoint.json`` (sizes, and sha256
+    with `verify`). A bare ``.safetensors`` file is a user's own file: it is loaded as it is,
+    with no hash to check it against. For a model published in a store use
+    `pipeline_lib.model_stage.load_published_model(store, version)`, which checks the file
+    against the version manifest first (a flipped byte raises `StoreError` naming it).
+
+    Raises:
+        CheckpointError: missing, incomplete or corrupt checkpoint, or weights that do not
+            fit the stored GPTConfig.
+    """
     p = Path(path)
     if p.is_dir():
         if not (p / MARKER).exists() and _CKPT_RE.match(p.name) is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -103,15 +103,25 @@ class TrainConfig:
     eval_interval: int = 250  # also evaluated at step 0 and at the last step
     eval_iters: int = 20  # val micro-batches per evaluation (per rank)
     log_interval: int = 10  # history/log entry every this many steps
-    ckpt_interval: int = 500  # also checkpointed at the last step
-    keep_last: int = 3  # complete checkpoints kept in out_dir (oldest removed first)
-    resume: bool = False  # continue from the latest complete checkpoint in out_dir
+    # Checkpoints protect the work whatever the run length: on a step cadence, on a time
+    # cadence, and at the last step. Saving consumes no randomness, so the cadence never
+    # changes what is computed (which is why these three are not part of a model version).
+    ckpt_interval: int = 0  # every this many steps; 0: every max(1, max_steps // 10) steps
+    ckpt_every_s: float = 60.0  # also when this many seconds passed since the last one; 0: off
+    keep_last: int = 2  # complete checkpoints kept in out_dir (oldest removed first)
+    resume: bool = False  # continue from the latest valid checkpoint in out_dir
     # -- hardware
     device: str = "auto"  # auto: cuda, else mps, else cpu; or "cuda:1" etc.
     dtype: str = "auto"  # autocast dtype; auto: bfloat16 on cuda, float32 elsewhere
     compile: bool = False  # torch.compile the model
     peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None: look up the GPU
-    verify_shards: bool = False  # sha256 every shard file against the manifest at start
+    verify_shards: bool = True  # sha256 every shard file against its manifest at start (False: sizes only)
+
+    # Fields that change how a run goes (speed, checkpoints, checks) but not what it
+    # computes: left out of a model version's id and of its published files.
+    RUN_ONLY_FIELDS: ClassVar[tuple[str, ...]] = (
+        "device", "resume", "verify_shards", "compile", "peak_flops", "ckpt_interval", "ckpt_every_s", "keep_last",
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):  # convenience: accept a plain dict
@@ -120,9 +130,18 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum_steps", "max_steps", "eval_iters", "keep_last"):
             v = getattr(self, name)
             _check(_is_int(v) and v >= 1, f"TrainConfig.{name} must be a positive int, got {v!r}")
-        for name in ("eval_interval", "log_interval", "ckpt_interval"):
+        for name in ("eval_interval", "log_interval"):
             v = getattr(self, name)
             _check(_is_int(v) and v >= 1, f"TrainConfig.{name} must be a positive int, got {v!r}")
+        _check(
+            _is_int(self.ckpt_interval) and self.ckpt_interval >= 0,
+            f"TrainConfig.ckpt_interval must be an int >= 0 (0: derived from max_steps), got {self.ckpt_interval!r}",
+        )
+        _check(
+            isinstance(self.ckpt_every_s, (int, float)) and not isinstance(self.ckpt_every_s, bool)
+            and self.ckpt_every_s >= 0,
+            f"TrainConfig.ckpt_every_s must be a number of seconds >= 0 (0: off), got {self.ckpt_every_s!r}",
+        )
         _check(
             _is_int(self.warmup_steps) and self.warmup_steps >= 0,
             f"TrainConfig.warmup_steps must be an int >= 0, got {self.warmup_steps!r}",
@@ -159,6 +178,16 @@ class TrainConfig:
     @property
     def decay_steps(self) -> int:
         return self.lr_decay_steps if self.lr_decay_steps is not None else self.max_steps
+
+    @property
+    def ckpt_steps(self) -> int:
+        """The step cadence of checkpoints: ckpt_interval, or a tenth of the run when 0."""
+        return self.ckpt_interval or max(1, self.max_steps // 10)
+
+    def versioned_dict(self) -> dict[str, Any]:
+        """`to_dict` without RUN_ONLY_FIELDS: what decides the trained weights (a model
+        version's params and the train config stored with it)."""
+        return {k: v for k, v in self.to_dict().items() if k not in self.RUN_ONLY_FIELDS}
 
     def replace(self, **overrides: Any) -> TrainConfig:
         """Copy with overrides; GPTConfig field names (n_layer, dropout, ...) go to `model`."""
@@ -197,7 +226,6 @@ PRESETS: dict[str, TrainConfig] = {
         eval_interval=50,
         eval_iters=4,
         log_interval=10,
-        ckpt_interval=100,
     ),
     # CPU default (nanoGPT's "shakespeare on a laptop" recipe, sized for 2 cores):
     # 4 layers x 128 wide, 128-token context, ~0.8M params + embeddings.
@@ -212,7 +240,6 @@ PRESETS: dict[str, TrainConfig] = {
         eval_interval=100,
         eval_iters=20,
         log_interval=25,
-        ckpt_interval=200,
     ),
     # GPT-2 small (124M with the 50257 GPT-2 vocab), llm.c-style: ~0.5M tokens per step
     # (16 x 1024 x 32 micro-steps on one GPU; divide grad_accum_steps by the world size),
@@ -230,6 +257,7 @@ PRESETS: dict[str, TrainConfig] = {
         eval_iters=20,
         log_interval=1,
         ckpt_interval=1000,
+        ckpt_every_s=600.0,  # a checkpoint is ~1.5 GB here: every 10 min, not every minute
         compile=True,
     ),
 }

@@ -12,6 +12,14 @@ Shards are memory-mapped, never read whole. Every file is checked before it is t
 (header dtype/shape, file size = header + n * itemsize, index monotone and ending at
 n_tokens); any problem raises `ShardError` naming the file.
 
+When the directory is a published store version (its manifest.json is the store's, with a
+``files`` list of every file's size and sha256), every file used is also checked against
+that list by default, hashed once per process while unchanged (`fsio.check_local_file`):
+a second `TokenShards` of the same version costs a stat per file. ``verify=False`` opts
+out, for callers that verified the version already. A directory whose manifest.json has
+no such list (your own files, `lm.testing.write_token_dir`) gets the size checks only,
+unless ``verify_hashes=True`` asks to hash its shards against the sha256 its meta records.
+
 Split: in each shard the tail starting at the document boundary nearest
 (1 - val_fraction) of its tokens is validation, the head is training. Windows of
 block_size + 1 tokens are drawn uniformly from inside one region, so they cross document
@@ -24,7 +32,6 @@ JSON, which together with the step number is the data position of a checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -33,7 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline_lib.errors import ShardError  # re-exported
+from pipeline_lib.errors import ShardError, StoreError  # ShardError re-exported
+from pipeline_lib.fsio import check_local_file
+from pipeline_lib.store import MAX_MANIFEST_BYTES
+from pipeline_lib.token_shards import check_version_file, published_files
 
 TOKENS_FORMAT = "tokenmill.tokens/1"
 _DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4"), "<u2": np.dtype("<u2"), "<u4": np.dtype("<u4")}
@@ -114,27 +124,47 @@ def _read_npy_header(path: Path, dtype: np.dtype, length: int | None) -> tuple[i
     return offset, n
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class TokenShards:
-    """A validated, memory-mapped token directory."""
+    """A validated, memory-mapped token directory.
 
-    def __init__(self, data_dir: str | os.PathLike[str], verify_hashes: bool = False) -> None:
+    Args:
+        data_dir: a token directory (manifest.json + shard files), e.g. a published tokens
+            version, ``ArtifactStore.local_dir("tokens", version)``.
+        verify: check every file used against the store manifest's size and sha256 when
+            the directory is a published version (default). False skips the hashing (size
+            checks stay), for callers that verified the version already.
+        verify_hashes: also hash the shards of a directory that is not a published
+            version against the sha256 its meta records. False adds nothing (it does not
+            turn `verify` off).
+
+    Raises:
+        ShardError: naming the file: missing, malformed, inconsistent, or (in a published
+            version) not matching the manifest's size or sha256.
+
+    >>> ds = TokenShards("artifacts/tokens/<version>")  # doctest: +SKIP
+    >>> ds.tokens(0)[:10], ds.split(0.1, window=257).train  # doctest: +SKIP
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str], *, verify: bool = True, verify_hashes: bool = False) -> None:
         self.data_dir = Path(data_dir)
         mpath = self.data_dir / "manifest.json"
         try:
-            manifest = json.loads(mpath.read_text())
+            with open(mpath, "rb") as f:
+                raw = f.read(MAX_MANIFEST_BYTES + 1)
+            if len(raw) > MAX_MANIFEST_BYTES:
+                raise ShardError(f"{mpath}: larger than {MAX_MANIFEST_BYTES:,} bytes: refusing to parse it")
+            manifest = json.loads(raw)
         except FileNotFoundError:
             raise ShardError(f"{mpath}: file not found (is {self.data_dir} a token directory?)") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ShardError(f"{mpath}: not valid JSON ({e})") from e
         self.manifest: dict[str, Any] = manifest
+        try:
+            # {name: (size, sha256)} of a published version; None for a directory of one's own.
+            files = published_files(manifest, str(mpath))
+        except StoreError as e:
+            raise ShardError(str(e)) from e
+        self.published = files is not None
         try:
             meta = manifest["meta"]
             fmt = meta.get("format")
@@ -184,10 +214,17 @@ class TokenShards:
         self._doc_ends: list[np.ndarray] = []
         for info in self.shards:
             _, n = _read_npy_header(info.path, self.dtype, info.n_tokens)
-            if verify_hashes and info.sha256:
-                digest = _sha256(info.path)
-                if digest != info.sha256:
-                    raise ShardError(f"{info.path}: sha256 {digest} does not match the manifest's {info.sha256}")
+            _read_npy_header(info.idx_path, _IDX_DTYPE, info.n_docs)
+            try:
+                if files is not None and (verify or verify_hashes):
+                    for p in (info.path, info.idx_path):
+                        check_version_file(str(self.data_dir), p.name, files)
+                    if info.sha256 and info.sha256 != files[info.path.name][1]:
+                        raise StoreError(f"{mpath}: shard {info.name}'s sha256 in meta differs from the file list's: corrupt manifest")
+                elif verify_hashes and info.sha256:
+                    check_local_file(str(info.path), os.path.getsize(info.path), info.sha256, label=str(info.path))
+            except StoreError as e:
+                raise ShardError(str(e)) from e
             if n == 0:
                 tokens = np.zeros(0, dtype=self.dtype)  # an empty file cannot be mapped
             else:
@@ -195,7 +232,6 @@ class TokenShards:
                     tokens = np.load(info.path, mmap_mode="r", allow_pickle=False)
                 except Exception as e:
                     raise ShardError(f"{info.path}: cannot memory-map ({e})") from e
-            _read_npy_header(info.idx_path, _IDX_DTYPE, info.n_docs)
             try:
                 ends = np.load(info.idx_path, allow_pickle=False).astype(np.int64)
             except Exception as e:

@@ -1,4 +1,9 @@
-"""Reports of a training run: a loss plot (matplotlib, Agg backend) and a metrics dict."""
+"""Reports of a training run: a loss plot (matplotlib, Agg backend) and a metrics dict.
+
+`metrics` is everything about a run; it splits into `versioned_metrics` (a function of the
+training alone: the same for every run of it, so it can live in a content-addressed
+version) and `run_metrics` (timings, device, paths, resume notes: `RUN_METRICS`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline_lib.lm.train import TrainResult
+
+# Metrics that describe one invocation (how fast, where, what was resumed), not the model.
+RUN_METRICS = ("tokens_per_s", "mfu", "device", "checkpoint_dir", "run_messages")
 
 
 def write_loss_plot(history: list[dict[str, Any]], path_png: str | os.PathLike[str], title: str = "GPT training") -> Path:
@@ -67,7 +75,19 @@ def metrics(result: TrainResult) -> dict[str, Any]:
         "device": result.device,
         "checkpoint_dir": result.checkpoint_dir,
         "messages": list(result.messages),
+        "run_messages": list(result.run_messages),
     }
+
+
+def versioned_metrics(result: TrainResult) -> dict[str, Any]:
+    """`metrics` without `RUN_METRICS`: losses, bits/byte, steps, parameters, data warnings."""
+    return {k: v for k, v in metrics(result).items() if k not in RUN_METRICS}
+
+
+def run_metrics(result: TrainResult) -> dict[str, Any]:
+    """The `RUN_METRICS` of `metrics`: throughput, MFU, device, checkpoint path, resume notes."""
+    m = metrics(result)
+    return {k: m[k] for k in RUN_METRICS}
 
 
 def write_metrics(result: TrainResult, path_json: str | os.PathLike[str]) -> Path:

@@ -1,4 +1,9 @@
-"""Autoregressive sampling with temperature and top-k, deterministic under a seed."""
+"""Autoregressive sampling with temperature and top-k, deterministic under a seed.
+
+`sample` takes a model object and does no I/O; load a published model through
+`pipeline_lib.model_stage.load_published_model`, which checks its weights against the
+version manifest. Non-finite logits (damaged or diverged weights) raise a clear error.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +32,11 @@ def sample(
     block_size tokens. Randomness comes from a private generator seeded with `seed`
     (global RNG untouched); seed None draws a fresh seed. Generation stops early after
     emitting any id in `stop_ids` (that id is included).
+
+    Raises:
+        ValueError: empty or out-of-vocabulary prompt, bad temperature / top_k.
+        FloatingPointError: the model produced inf/nan logits (its weights are damaged or
+            diverged; a checked load names a damaged file before this point).
     """
     if len(prompt_ids) == 0:
         raise ValueError("prompt_ids is empty: give at least one token (e.g. the separator id)")
@@ -54,6 +64,12 @@ def sample(
         ctx = idx[:, -model.config.block_size :]
         logits, _ = model(ctx)
         logits = logits[:, -1, :].float()
+        if not bool(torch.isfinite(logits).all()):
+            raise FloatingPointError(
+                f"the model produced non-finite logits after {len(out)} new tokens: its weights are damaged or "
+                "diverged (load a published model with pipeline_lib.model_stage.load_published_model, "
+                "which checks it against the version manifest)"
+            )
         if temperature == 0 or top_k == 1:
             nxt = torch.argmax(logits, dim=-1, keepdim=True)
         else:

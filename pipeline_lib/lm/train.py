@@ -18,12 +18,27 @@ Exact resume: a checkpoint after step k holds the weights, the optimizer state, 
 the torch / python RNG states and the numpy sampler state of every rank. Evaluation uses
 its own freshly seeded sampler and no dropout, so it consumes no training randomness; a
 run resumed from step k therefore continues bitwise like the uninterrupted run (on CPU).
+
+Checkpoint cadence: every `TrainConfig.ckpt_steps` steps (a tenth of the run unless set),
+whenever `ckpt_every_s` seconds passed since the last save (the decision is shared by all
+ranks through the per-step loss all-reduce), and at the last step; the newest `keep_last`
+are kept. Saving reads the RNG states without drawing from them, so the cadence never
+changes the result.
+
+Self-healing resume: the newest checkpoint that passes its marker's sha256 checks and
+parses is used; a corrupt one is moved aside (``.corrupt-ckpt_*``) with a warning on the
+"tokenmill.lm" logger naming the fallback (the previous checkpoint, or a fresh start).
+
+Reproducible files: checkpoints hold no timings, paths or other run-dependent values
+(`RUN_KEYS` are stripped from the history they store), so a run and its resumed twin
+write the same bytes. Timings stay in `TrainResult` and the log.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import os
 import random
@@ -38,25 +53,40 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors.torch import save as st_save
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from pipeline_lib.errors import CheckpointError
 from pipeline_lib.lm.checkpoint import (
     _json_bytes,
     latest_checkpoint,
-    load_optimizer_into,
-    load_weights_into,
+    list_checkpoints,
+    load_optimizer_state,
+    load_state_into,
     open_checkpoint,
     optimizer_files,
+    quarantine_checkpoint,
+    safetensors_bytes,
     weights_bytes,
     write_checkpoint,
 )
-from pipeline_lib.lm.config import TrainConfig
+from pipeline_lib.lm.config import GPTConfig, TrainConfig
 from pipeline_lib.lm.data import Region, TokenShards, WindowSampler
 from pipeline_lib.lm.model import GPT
 
 LogFn = Callable[[str], None]
 EventFn = Callable[[dict[str, Any]], None]
+
+_log = logging.getLogger("tokenmill.lm")
+_clock = time.monotonic  # the checkpoint time cadence's clock (a module global for tests)
+
+# History entry keys that measure the run rather than the model: kept in memory and in the
+# log, stripped from every file (checkpoints, published history) by `versioned_history`.
+RUN_KEYS = ("tokens_per_s", "mfu")
+
+
+def versioned_history(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history without `RUN_KEYS`: the same for every run of the same training."""
+    return [{k: v for k, v in h.items() if k not in RUN_KEYS} for h in history]
 
 # Dense bf16 tensor-core peak FLOP/s by GPU name (first substring match wins).
 PEAK_FLOPS_BF16: list[tuple[str, float]] = [
@@ -82,7 +112,8 @@ class TrainResult:
     n_params: int = 0
     mfu: float | None = None  # model FLOPs utilisation of this invocation (CUDA only)
     device: str = "cpu"
-    messages: list[str] = field(default_factory=list)  # warnings (e.g. empty val split)
+    messages: list[str] = field(default_factory=list)  # warnings about the data (e.g. empty val split)
+    run_messages: list[str] = field(default_factory=list)  # about this invocation (resume fallbacks)
 
 
 # -- small pieces ------------------------------------------------------------------------
@@ -201,6 +232,95 @@ def _to_batch(arr: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torc
     elif device.type != "cpu":
         t = t.to(device)
     return t[:, :-1], t[:, 1:]
+
+
+def _broadcast_int(value: int, d: _Dist, device: torch.device) -> int:
+    """Rank 0's `value` on every rank (collective; all ranks must call it)."""
+    dev = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([value], dtype=torch.int64, device=dev)
+    dist.broadcast(t, src=0)
+    return int(t.item())
+
+
+@dataclass
+class _Resume:
+    """A checkpoint read whole and checked, before anything is built from it."""
+
+    path: Path
+    step: int
+    model_config: GPTConfig
+    weights: dict[str, torch.Tensor]
+    opt_meta: dict[str, Any]
+    opt_tensors: dict[str, torch.Tensor]
+    state: dict[str, Any]  # trainer_state.json
+    data_state: dict[str, Any]
+    rng_json: dict[str, Any]
+    rng_tensors: dict[str, torch.Tensor]
+
+
+def _read_resume(path: Path, verify: bool = True) -> _Resume:
+    """Every file of a checkpoint, checked against its marker (sha256 with `verify`) and
+    parsed; any damage raises `CheckpointError` naming the file."""
+    ckpt = open_checkpoint(path, verify=verify)
+    r = _Resume(
+        path=ckpt.path,
+        step=ckpt.step,
+        model_config=ckpt.model_config(),
+        weights=ckpt.tensors("model.safetensors"),
+        opt_meta=ckpt.json("optimizer.json"),
+        opt_tensors=ckpt.tensors("optimizer.safetensors"),
+        state=ckpt.json("trainer_state.json"),
+        data_state=ckpt.json("data_state.json"),
+        rng_json=ckpt.json("rng_state.json"),
+        rng_tensors=ckpt.tensors("rng_state.safetensors"),
+    )
+    try:
+        ok = (
+            int(r.state["step"]) == r.step
+            and isinstance(r.state["history"], list)
+            and isinstance(r.opt_meta, dict)
+            and isinstance(r.data_state["samplers"], list)
+            and isinstance(r.rng_json["python"], list)
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{r.path}: malformed trainer, data or RNG state ({type(e).__name__}: {e})") from e
+    if not ok:
+        raise CheckpointError(f"{r.path}: trainer, data or RNG state does not match the checkpoint's step {r.step}")
+    return r
+
+
+def _pick_resume(out_dir: Path, d: _Dist, device: torch.device, emit: LogFn, warn: LogFn) -> _Resume | None:
+    """The newest checkpoint in out_dir that reads back whole, or None (fresh start).
+
+    Rank 0 chooses, moving each corrupt checkpoint aside (`quarantine_checkpoint`) with a
+    warning that names the fallback; the other ranks load the checkpoint it chose.
+    """
+    chosen: _Resume | None = None
+    if d.rank == 0:
+        ckpts = list_checkpoints(out_dir)
+        if not ckpts:
+            emit(f"resume: no complete checkpoint in {out_dir}; starting from scratch")
+        for i in range(len(ckpts) - 1, -1, -1):
+            path = ckpts[i][1]
+            try:
+                chosen = _read_resume(path)
+                break
+            except CheckpointError as e:
+                try:
+                    where = f"moved aside to {quarantine_checkpoint(path)}"
+                except OSError as oe:
+                    where = f"could not move it aside ({oe})"
+                then = (
+                    f"falling back to the previous checkpoint {ckpts[i - 1][1].name}"
+                    if i > 0
+                    else "no valid checkpoint left: starting from scratch"
+                )
+                warn(f"resume: checkpoint {path.name} is unusable ({e}); {where}; {then}")
+    if d.enabled:
+        step = _broadcast_int(chosen.step if chosen is not None else -1, d, device)
+        if d.rank != 0 and step >= 0:
+            chosen = _read_resume(out_dir / f"ckpt_{step:06d}", verify=False)  # rank 0 hashed it
+    return chosen
 
 
 @torch.no_grad()
@@ -324,6 +444,13 @@ def _train(
     master = d.rank == 0
     emit: LogFn = log if master else (lambda _msg: None)
     messages: list[str] = []
+    run_messages: list[str] = []
+
+    def warn_run(msg: str) -> None:  # about this invocation, not the data: kept out of versioned files
+        run_messages.append(msg)
+        if master:
+            _log.warning(msg)
+        emit(f"WARNING: {msg}")
 
     # -- device and precision
     device = resolve_device(cfg.device, d.local_rank if d.enabled else None)
@@ -337,7 +464,10 @@ def _train(
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
     # -- data
-    shards = TokenShards(data_dir, verify_hashes=cfg.verify_shards)
+    # verify_shards (default): a published version's files against its store manifest
+    # (TokenShards' default; hashed once per process, so after `store.local_dir` it costs a
+    # stat), a directory of one's own against its meta's sha256. False: size checks only.
+    shards = TokenShards(data_dir, verify=cfg.verify_shards, verify_hashes=cfg.verify_shards)
     mcfg = cfg.model
     if mcfg.vocab_size is None:
         mcfg = mcfg.with_vocab(shards.vocab_size)
@@ -348,7 +478,9 @@ def _train(
     window = mcfg.block_size + 1
     split = shards.split(cfg.val_fraction, window)
     for m in split.messages:
-        messages.append(m)
+        # The kept copy (it goes into published metrics) names the data version, not the
+        # local directory, which differs from one store or cache to the next.
+        messages.append(m.replace(str(shards.data_dir), f"tokens version {shards.version}") if shards.version else m)
         emit(f"WARNING: {m}")
         if master:
             warnings.warn(m, stacklevel=3)
@@ -368,19 +500,16 @@ def _train(
     elif has_val and shards.bytes_per_token is None:
         messages.append("no token_byte_lengths and no n_bytes in the manifest: val bits/byte unavailable")
 
-    # -- checkpoint to resume from
-    ckpt = None
+    # -- checkpoint to resume from (read whole and checked before anything is built)
     latest = latest_checkpoint(out_dir)
     if latest is not None and not resume:
         raise ValueError(
             f"{out_dir} already holds checkpoint {latest.name}; pass resume=True to continue it "
             "or use an empty out_dir"
         )
-    if resume:
-        if latest is None:
-            emit(f"resume: no complete checkpoint in {out_dir}; starting from scratch")
-        else:
-            ckpt = open_checkpoint(latest)
+    ckpt = _pick_resume(out_dir, d, device, emit, warn_run) if resume else None
+    if ckpt is not None and ckpt.model_config != mcfg:
+        raise ValueError(f"{ckpt.path}: checkpoint model {ckpt.model_config} differs from the requested {mcfg}")
 
     # -- model and optimizer (same init on every rank; DDP broadcasts rank 0's anyway)
     torch.manual_seed(cfg.seed + d.rank)
@@ -392,17 +521,14 @@ def _train(
     start_step = 0
     history: list[dict[str, Any]] = []
     if ckpt is not None:
-        saved = ckpt.model_config()
-        if saved != mcfg:
-            raise ValueError(f"{ckpt.path}: checkpoint model {saved} differs from the requested {mcfg}")
-        load_weights_into(raw_model, ckpt.file("model.safetensors"))
-        load_optimizer_into(optimizer, ckpt)
-        state = ckpt.json("trainer_state.json")
-        start_step, history = int(state["step"]), list(state["history"])
-        if state.get("data", {}).get("version") != shards.version:
-            m = f"resume: data version {shards.version!r} differs from the checkpoint's {state['data'].get('version')!r}"
-            messages.append(m)
-            emit(f"WARNING: {m}")
+        load_state_into(raw_model, ckpt.weights, ckpt.path / "model.safetensors")
+        load_optimizer_state(optimizer, ckpt.opt_meta, ckpt.opt_tensors, ckpt.path / "optimizer.json")
+        start_step = ckpt.step
+        # Entries restored from a checkpoint carry no timings (see RUN_KEYS).
+        history = [{**h, **{k: None for k in RUN_KEYS}} for h in ckpt.state["history"]]
+        saved_version = (ckpt.state.get("data") or {}).get("version")
+        if saved_version != shards.version:
+            warn_run(f"resume: data version {shards.version!r} differs from the checkpoint's {saved_version!r}")
     model: torch.nn.Module = raw_model
     if cfg.compile:
         model = torch.compile(model)
@@ -411,9 +537,7 @@ def _train(
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     if ckpt is not None:  # restore randomness last, after everything that may consume it
-        data_state = ckpt.json("data_state.json")
-        rng_json = ckpt.json("rng_state.json")
-        rng_t = ckpt.tensors("rng_state.safetensors")
+        data_state, rng_json, rng_t = ckpt.data_state, ckpt.rng_json, ckpt.rng_tensors
         if data_state.get("world_size") == d.world_size:
             train_sampler.set_state(data_state["samplers"][d.rank])
             torch.set_rng_state(rng_t[f"rank{d.rank}.torch_cpu"])
@@ -422,12 +546,10 @@ def _train(
             py = rng_json["python"][d.rank]
             random.setstate((py[0], tuple(py[1]), py[2]))
         else:
-            m = (
+            warn_run(
                 f"resume: world size changed ({data_state.get('world_size')} -> {d.world_size}); "
                 "data order and dropout are re-seeded, so the run is not an exact continuation"
             )
-            messages.append(m)
-            emit(f"WARNING: {m}")
             train_sampler = WindowSampler(
                 shards, split.train, window, cfg.batch_size, seed=[cfg.seed, d.rank, 0, start_step]
             )
@@ -480,21 +602,21 @@ def _train(
                     {
                         "step": step,
                         "lr": lr_at(step, cfg),
-                        "train_config": cfg.to_dict(),
+                        # only what decides the weights: no paths, timings or run-only settings
+                        "train_config": cfg.versioned_dict(),
                         "model_config": mcfg.to_dict(),
                         "world_size": d.world_size,
                         "tokens_per_step": tokens_per_step,
                         "data": {
-                            "dir": str(data_dir),
                             "version": shards.version,
                             "vocab_size": shards.vocab_size,
                             "n_tokens": shards.n_tokens,
                             "separator_id": shards.separator_id,
                         },
-                        "history": history,
+                        "history": versioned_history(history),
                     }
                 ),
-                "rng_state.safetensors": st_save(rng_tensors),
+                "rng_state.safetensors": safetensors_bytes(rng_tensors),
                 "rng_state.json": _json_bytes(
                     {"world_size": d.world_size, "python": [st["python"] for st in ranks]}
                 ),
@@ -526,6 +648,8 @@ def _train(
     model.train()
     step = start_step
     timed_tokens, timed_s = 0, 0.0
+    every_steps, every_s = cfg.ckpt_steps, float(cfg.ckpt_every_s)
+    last_save_t = _clock()
     while step < cfg.max_steps:
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
@@ -546,11 +670,16 @@ def _train(
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        time_due = every_s > 0 and _clock() - last_save_t >= every_s
         if d.enabled:
+            # One all-reduce for the loss and the "a checkpoint is due" vote: every rank
+            # must take part in a save, and their clocks may disagree.
+            packed = torch.stack([loss_sum.float(), torch.tensor(float(time_due), device=loss_sum.device)])
             if dist.get_backend() != "nccl":
-                loss_sum = loss_sum.cpu()
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-            loss_sum = loss_sum / d.world_size
+                packed = packed.cpu()
+            dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+            loss_sum = packed[0] / d.world_size
+            time_due = bool(packed[1].item() > 0)
         train_loss = float(loss_sum.item())  # waits for the device
         dt = time.perf_counter() - t0
         step += 1
@@ -579,8 +708,9 @@ def _train(
             emit(_fmt(entry, cfg.max_steps))
         if evaluated and master and on_eval is not None:
             on_eval(dict(entry))
-        if step % cfg.ckpt_interval == 0 or last:
+        if step % every_steps == 0 or last or time_due:
             last_ckpt = save(step) or last_ckpt
+            last_save_t = _clock()
         if master and on_step is not None:
             on_step(dict(entry))
 
@@ -599,4 +729,5 @@ def _train(
         mfu=flops_per_token * tokens_per_s / (peak * d.world_size) if (peak and tokens_per_s) else None,
         device=str(device),
         messages=messages,
+        run_messages=run_messages,
     )

@@ -8,12 +8,16 @@ counts as a hit while the store still holds what it points to.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline_lib.errors import InputError, StoreError, TokenmillError
 from pipeline_lib.store import ArtifactStore, VersionRef
 
 
@@ -47,6 +51,46 @@ def checked_key(store: ArtifactStore, key: str, present: bool) -> str:
 
         (Path(PREFECT_LOCAL_STORAGE_PATH.value()).expanduser() / key).unlink(missing_ok=True)
     return key
+
+
+# Errors a retry cannot fix: the input, the configuration, the store's content, a full disk,
+# a permission, memory. Retrying them only delays the error (and repeats it in the logs).
+_PERMANENT_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS") if hasattr(errno, name))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a task that raised `exc` may succeed when run again (a dropped connection,
+    a timeout, an unknown error), as opposed to a failure that only a person can fix."""
+    if isinstance(exc, (TokenmillError, MemoryError, OverflowError, PermissionError)):
+        return False
+    return not (isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS)
+
+
+def retry_if_transient(task, task_run, state) -> bool:
+    """A Prefect ``retry_condition_fn``: retry only `is_transient` failures."""
+    exc = state.result(raise_on_failure=False)
+    return not isinstance(exc, BaseException) or is_transient(exc)
+
+
+@contextlib.contextmanager
+def staging_kept(store: ArtifactStore, kind: str, version: str, shard_records: list[dict] | None) -> Iterator[None]:
+    """Report a publish whose finished shards vanished from the staging area as a StoreError.
+
+    The mapped tasks returned `shard_records`, so every shard was finished; if publishing
+    then finds a shard's completion record missing (the library raises InputError: it
+    cannot tell a skipped step from a removed one), the staging area was removed under this
+    run, e.g. by `tokenmill gc` with a --min-age shorter than the run.
+    """
+    try:
+        yield
+    except InputError as e:
+        units = [f"shard_{r['shard']:06d}" for r in shard_records or [] if isinstance(r, dict) and isinstance(r.get("shard"), int)]
+        staging = store.stage(kind, version)
+        lost = [u for u in units if staging.done(u) is None]
+        if not lost:
+            raise
+        shown = ", ".join(lost[:3]) + (" ..." if len(lost) > 3 else "")
+        raise StoreError(f"{kind}/{version}: shards this run finished ({shown}) are gone from its staging area {staging.path}") from e
 
 
 # Progress listeners: the CLI registers a progress-bar renderer; tasks report to it (and to

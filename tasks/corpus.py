@@ -14,7 +14,7 @@ from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.fsio import InputError
 from pipeline_lib.store import version_id
 from pipeline_lib.version import code_version
-from tasks.common import checked_key, ref_dict, store_of, to_ref
+from tasks.common import checked_key, ref_dict, retry_if_transient, store_of, to_ref
 
 
 def _download_key(context, parameters: dict[str, Any]) -> str:
@@ -29,7 +29,8 @@ def _download_key(context, parameters: dict[str, Any]) -> str:
     return checked_key(store, f"download-{key}", present)
 
 
-@task(name="download_corpus", retries=2, retry_delay_seconds=2, cache_key_fn=_download_key, persist_result=True, result_serializer="json")
+# Retries are for a flaky source (a dropped connection, a timeout), not a bad one.
+@task(name="download_corpus", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_if_transient, cache_key_fn=_download_key, persist_result=True, result_serializer="json")
 def download_corpus(store_url: str, config: CorpusConfig, storage_options: dict | None = None) -> dict[str, str]:
     logger = get_run_logger()
     store = store_of(store_url, storage_options)
@@ -44,7 +45,7 @@ def _shard_key(context, parameters: dict[str, Any]) -> str:
     cfg: CorpusConfig = parameters["config"]
     version = version_id(corpus_lib.CORPUS_KIND, {"raw": raw.key}, cfg.shard_params(), code_version("pipeline_lib.corpus"))
     store = store_of(parameters["store_url"], parameters.get("storage_options"))
-    return checked_key(store, f"shard-{version}", store.exists(corpus_lib.CORPUS_KIND, version))
+    return checked_key(store, f"shard-{version}", store.usable(corpus_lib.CORPUS_KIND, version))
 
 
 @task(name="shard_corpus", cache_key_fn=_shard_key, persist_result=True, result_serializer="json")

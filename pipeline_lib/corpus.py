@@ -226,23 +226,25 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
         content = [{"name": f["name"], "sha256": f["sha256"]} for f in fetched]
         code = code_version("pipeline_lib.corpus")
         version = version_id(RAW_KIND, {}, {"content": content}, code)
-        if store.usable(RAW_KIND, version):
-            return store.ref(RAW_KIND, version)
-        staging = store.stage(RAW_KIND, version)
-        files: dict[str, FileInfo] = {}
-        for f in fetched:
-            files[f"sources/{f['name']}"] = staging.put_file(f"sources/{f['name']}", f["local"], move=True)
-            if files[f"sources/{f['name']}"] != FileInfo(f["size"], f["sha256"]):
-                raise InputError(f"corpus source {f['url']!r} changed on local disk while it was being stored")
-        sources_meta = [{k: f[k] for k in ("url", "name", "size", "sha256")} for f in fetched]
-        return store.publish(
-            staging, files=files, params={"content": content}, code_version=code,
-            meta={
-                "sources": sources_meta,
-                "n_bytes": sum(f["size"] for f in fetched),
-                "fingerprint": source_fingerprint(config.sources, **config.storage_options),
-            },
-        )
+
+        def publish_raw() -> VersionRef:
+            staging = store.stage(RAW_KIND, version)
+            files: dict[str, FileInfo] = {}
+            for f in fetched:
+                files[f"sources/{f['name']}"] = staging.put_file(f"sources/{f['name']}", f["local"], move=True)
+                if files[f"sources/{f['name']}"] != FileInfo(f["size"], f["sha256"]):
+                    raise InputError(f"corpus source {f['url']!r} changed on local disk while it was being stored")
+            sources_meta = [{k: f[k] for k in ("url", "name", "size", "sha256")} for f in fetched]
+            return store.publish(
+                staging, files=files, params={"content": content}, code_version=code,
+                meta={
+                    "sources": sources_meta,
+                    "n_bytes": sum(f["size"] for f in fetched),
+                    "fingerprint": source_fingerprint(config.sources, **config.storage_options),
+                },
+            )
+
+        return store.produce(RAW_KIND, version, publish_raw)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
@@ -723,8 +725,10 @@ def shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) ->
     params = config.shard_params()
     code = code_version("pipeline_lib.corpus")
     version = version_id(CORPUS_KIND, {"raw": raw.key}, params, code)
-    if store.usable(CORPUS_KIND, version):
-        return store.ref(CORPUS_KIND, version)
+    return store.produce(CORPUS_KIND, version, lambda: _shard_corpus(store, raw, config, version, params, code))
+
+
+def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, version: str, params: dict[str, Any], code: str) -> VersionRef:
     raw_manifest = store.manifest(raw.kind, raw.version)
     raw_dir = store.local_dir(raw.kind, raw.version)
     raw_sources = raw_manifest["meta"]["sources"]

@@ -6,8 +6,11 @@ larger one. So one training run at the largest size gives the whole compression 
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -110,21 +113,20 @@ def tokenizer_report(store, corpus, pattern: str = "cl100k", vocab_sizes: Sequen
     Holds: the compression curve (JSON + PNG), fertility per language on the multilingual
     sample, the first / last / longest tokens, and the seeds' char-level figure beside ours.
     """
-    import json
-    import tempfile
-    import warnings
-
-    from pipeline_lib.corpus import iter_shard_batches
     from pipeline_lib.store import version_id
-    from pipeline_lib.counting import count_documents
     from pipeline_lib.version import code_version
 
     vocab_sizes = sorted(set(int(v) for v in vocab_sizes))
     params = {"pattern": pattern, "vocab_sizes": vocab_sizes}
     code = code_version("pipeline_lib.report", "pipeline_lib.tokenizer", "pipeline_lib.bpe_reference")
     version = version_id(REPORT_KIND, {"corpus": corpus.key}, params, code)
-    if store.usable(REPORT_KIND, version):
-        return store.ref(REPORT_KIND, version)
+    return store.produce(REPORT_KIND, version, lambda: _tokenizer_report(store, corpus, pattern, vocab_sizes, version, params, code))
+
+
+def _tokenizer_report(store, corpus, pattern: str, vocab_sizes: list[int], version: str, params: dict, code: str):
+    from pipeline_lib.corpus import iter_shard_batches
+    from pipeline_lib.counting import count_documents
+
     shards = store.manifest(corpus.kind, corpus.version)["meta"]["shards"]
     if len(shards) < 2:
         raise ValueError("the report needs at least 2 corpus shards: one is held out for measuring")

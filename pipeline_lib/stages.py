@@ -24,7 +24,7 @@ from pipeline_lib.corpus import CorpusConfig, download_corpus, shard_corpus  # n
 from pipeline_lib.counting import COUNTS_FILE, COUNTS_KIND, CountConfig
 from pipeline_lib.fsio import InputError
 from pipeline_lib.report import notable_tokens
-from pipeline_lib.store import ArtifactStore, FileInfo, StoreError, VersionRef, version_id
+from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef, version_id
 from pipeline_lib.token_shards import TOKENS_KIND, EncodeConfig
 from pipeline_lib.tokenizer import ENDOFTEXT, Tokenizer
 from pipeline_lib.version import code_version
@@ -74,38 +74,40 @@ def _shard_unit(store: ArtifactStore, kind: str, version: str, shard: int) -> tu
     return staging, unit, staging.done(unit)
 
 
-def count_shard(store: ArtifactStore, corpus: VersionRef, shard: int, config: CountConfig) -> dict[str, Any]:
-    """Count one corpus shard into the counts version's staging area (skips a finished shard)."""
-    staging, unit, done = _shard_unit(store, COUNTS_KIND, counts_version(corpus, config), shard)
+def _run_unit(store: ArtifactStore, kind: str, version: str, shard: int, work: Callable[[Staging, str], dict[str, Any]]) -> dict[str, Any]:
+    """One shard of a mapped stage: a finished shard is skipped; otherwise `work` writes it
+    into the staging area under a claim, so two runs never do the same shard at once, and
+    its completion record is written last."""
+    staging, unit, done = _shard_unit(store, kind, version, shard)
     if done is not None:
         return done
-    info = corpus_shards(store, corpus)[shard]
-    path = store.local_file(corpus.kind, corpus.version, info["file"])
-    pieces, counts = counting.count_shard(path, config.pattern)
-    with staging.open_write(f"parts/{unit}.parquet") as tmp:
-        counting.write_counts(tmp, pieces, counts)
-    record = {"shard": shard, "n_pieces": len(pieces), "n_occurrences": int(counts.sum()), "n_docs": info["n_docs"], "n_bytes": info["n_bytes"]}
-    staging.mark_done(unit, record)
-    return record
+    with store.claim(kind, f"{version}.{unit}"):
+        staging, unit, done = _shard_unit(store, kind, version, shard)  # finished by the run we waited for?
+        if done is not None:
+            return done
+        record = work(staging, unit)
+        staging.mark_done(unit, record)
+        return record
 
 
-def _or_published(store: ArtifactStore, kind: str, version: str, publish: Callable[[], VersionRef]) -> VersionRef:
-    """Run a publishing step; if it failed because a concurrent run of the same stage
-    published the version meanwhile (its staging area moved away), adopt that version."""
-    try:
-        return publish()
-    except (InputError, StoreError, OSError):
-        if store.settled_exists(kind, version):
-            return store.ref(kind, version)
-        raise
+def count_shard(store: ArtifactStore, corpus: VersionRef, shard: int, config: CountConfig) -> dict[str, Any]:
+    """Count one corpus shard into the counts version's staging area (skips a finished shard)."""
+
+    def work(staging: Staging, unit: str) -> dict[str, Any]:
+        info = corpus_shards(store, corpus)[shard]
+        path = store.local_file(corpus.kind, corpus.version, info["file"])
+        pieces, counts = counting.count_shard(path, config.pattern)
+        with staging.open_write(f"parts/{unit}.parquet") as tmp:
+            counting.write_counts(tmp, pieces, counts)
+        return {"shard": shard, "n_pieces": len(pieces), "n_occurrences": int(counts.sum()), "n_docs": info["n_docs"], "n_bytes": info["n_bytes"]}
+
+    return _run_unit(store, COUNTS_KIND, counts_version(corpus, config), shard, work)
 
 
 def reduce_counts(store: ArtifactStore, corpus: VersionRef, config: CountConfig) -> VersionRef:
     """Sum the per-shard counts into ``counts.parquet`` and publish the counts version."""
     version = counts_version(corpus, config)
-    if store.usable(COUNTS_KIND, version):
-        return store.ref(COUNTS_KIND, version)
-    return _or_published(store, COUNTS_KIND, version, lambda: _reduce_counts(store, corpus, config, version))
+    return store.produce(COUNTS_KIND, version, lambda: _reduce_counts(store, corpus, config, version))
 
 
 def _reduce_counts(store: ArtifactStore, corpus: VersionRef, config: CountConfig, version: str) -> VersionRef:
@@ -156,8 +158,10 @@ def learn_tokenizer(
     """Learn merges from a counts version; publish the tokenizer files."""
     code = _code(TOKENIZER_MODULES)
     version = version_id(TOKENIZER_KIND, {"counts": counts.key}, config.params(), code)
-    if store.usable(TOKENIZER_KIND, version):
-        return store.ref(TOKENIZER_KIND, version)
+    return store.produce(TOKENIZER_KIND, version, lambda: _learn_tokenizer(store, counts, config, progress, version, code))
+
+
+def _learn_tokenizer(store: ArtifactStore, counts: VersionRef, config: TokenizerConfig, progress, version: str, code: str) -> VersionRef:
     cmeta = store.manifest(counts.kind, counts.version)
     path = os.path.join(store.local_dir(counts.kind, counts.version), COUNTS_FILE)
     pieces, cnt = counting.read_counts(path)
@@ -198,33 +202,25 @@ def tokens_version(corpus: VersionRef, tokenizer: VersionRef, config: EncodeConf
 
 def encode_shard(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef, shard: int, config: EncodeConfig) -> dict[str, Any]:
     """Encode one corpus shard into the tokens version's staging area (skips a finished shard)."""
-    staging, unit, done = _shard_unit(store, TOKENS_KIND, tokens_version(corpus, tokenizer, config), shard)
-    if done is not None:
-        return done
-    tok = load_tokenizer(store, tokenizer)
-    info = corpus_shards(store, corpus)[shard]
-    src = store.local_file(corpus.kind, corpus.version, info["file"])
-    names = [f"{unit}.npy", f"{unit}.idx.npy"] + ([f"{unit}.docs.parquet"] if config.doc_table else [])
-    with contextlib.ExitStack() as stack:
-        tmps = [stack.enter_context(staging.open_write(n)) for n in names]
-        stats = token_shards.encode_shard_file(tok, src, tmps[0], tmps[1], config, unit, shard, tmps[2] if config.doc_table else None)
-    infos = {n: staging.written[n] for n in names}
-    record = {
-        **asdict(stats),
-        "shard": shard,
-        "sha256": infos[names[0]].sha256,
-        "files": {n: asdict(fi) for n, fi in infos.items()},
-    }
-    staging.mark_done(unit, record)
-    return record
+
+    def work(staging: Staging, unit: str) -> dict[str, Any]:
+        tok = load_tokenizer(store, tokenizer)
+        info = corpus_shards(store, corpus)[shard]
+        src = store.local_file(corpus.kind, corpus.version, info["file"])
+        names = [f"{unit}.npy", f"{unit}.idx.npy"] + ([f"{unit}.docs.parquet"] if config.doc_table else [])
+        with contextlib.ExitStack() as stack:
+            tmps = [stack.enter_context(staging.open_write(n)) for n in names]
+            stats = token_shards.encode_shard_file(tok, src, tmps[0], tmps[1], config, unit, shard, tmps[2] if config.doc_table else None)
+        infos = {n: staging.written[n] for n in names}
+        return {**asdict(stats), "shard": shard, "sha256": infos[names[0]].sha256, "files": {n: asdict(fi) for n, fi in infos.items()}}
+
+    return _run_unit(store, TOKENS_KIND, tokens_version(corpus, tokenizer, config), shard, work)
 
 
 def publish_tokens(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef, config: EncodeConfig) -> VersionRef:
     """Check every encoded shard and publish the tokens version with its manifest."""
     version = tokens_version(corpus, tokenizer, config)
-    if store.usable(TOKENS_KIND, version):
-        return store.ref(TOKENS_KIND, version)
-    return _or_published(store, TOKENS_KIND, version, lambda: _publish_tokens(store, corpus, tokenizer, config, version))
+    return store.produce(TOKENS_KIND, version, lambda: _publish_tokens(store, corpus, tokenizer, config, version))
 
 
 def _publish_tokens(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef, config: EncodeConfig, version: str) -> VersionRef:

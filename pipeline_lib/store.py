@@ -58,7 +58,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO
 
@@ -90,6 +90,7 @@ TMP_DIR = ".tmp"
 LOCK_FILE = ".lock"
 QUARANTINE_DIR = ".quarantine"
 WORK_SUFFIX = ".work"
+CLAIM_SUFFIX = ".claim"
 STORE_MARKER = "tokenmill-store.json"
 STORE_FORMAT = "tokenmill.store/1"
 MAX_MANIFEST_BYTES = 32 << 20
@@ -172,6 +173,23 @@ def _copy_hashed(src: str, dst: str) -> FileInfo:
         fo.flush()
         os.fsync(fo.fileno())
     return info
+
+
+def _held(path: str) -> bool:
+    """Whether a local claim file is locked by a live process right now."""
+    if fcntl is None:
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # (closing releases the probe's own lock)
+    return False
 
 
 class Staging:
@@ -1016,7 +1034,8 @@ class ArtifactStore:
             staging_root = f"{self.root}/{k}/{STAGING_DIR}"
             if self.fs.exists(staging_root):
                 for e in self.fs.ls(staging_root, detail=False):
-                    if e.rstrip("/").rsplit("/", 1)[-1] != LOCK_FILE:
+                    name = e.rstrip("/").rsplit("/", 1)[-1]
+                    if name != LOCK_FILE and not (self.local and name.endswith(CLAIM_SUFFIX) and _held(e)):
                         candidates.append(e.rstrip("/"))
             for v in self._version_dirs(k):
                 if not self.exists(k, v):
@@ -1109,7 +1128,7 @@ class ArtifactStore:
     def _local_claim(self, kind: str, version: str) -> Iterator[None]:
         directory = self._safe(f"{self.root}/{kind}/{STAGING_DIR}")
         os.makedirs(directory, exist_ok=True)
-        path = f"{directory}/{version}.claim"
+        path = f"{directory}/{version}{CLAIM_SUFFIX}"
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -1133,7 +1152,7 @@ class ArtifactStore:
     def _lease(self, kind: str, version: str, poll_s: float, ttl_s: float) -> Iterator[None]:
         import threading
 
-        path = f"{self.root}/{kind}/{STAGING_DIR}/{version}.claim"
+        path = f"{self.root}/{kind}/{STAGING_DIR}/{version}{CLAIM_SUFFIX}"
         holder = uuid.uuid4().hex
         while True:
             body = canonical_json({"holder": holder, "expires": time.time() + ttl_s})
@@ -1168,6 +1187,24 @@ class ArtifactStore:
             thread.join()
             with contextlib.suppress(Exception):
                 self.fs.rm_file(path)
+
+    def produce(self, kind: str, version: str, make: Callable[[], VersionRef]) -> VersionRef:
+        """The one path every stage takes to its output: reuse `kind/version` if it is
+        published and sound (`usable`), else claim it (a concurrent run of the same work
+        waits here, then finds it published) and call `make`, which stages and publishes it.
+        If `make` fails because a concurrent writer published the version meanwhile (its
+        staging area moved away under us), that version is adopted."""
+        if self.usable(kind, version):
+            return self.ref(kind, version)
+        with self.claim(kind, version):
+            if self.usable(kind, version):
+                return self.ref(kind, version)
+            try:
+                return make()
+            except (InputError, StoreError, OSError):
+                if self.settled_exists(kind, version):
+                    return self.ref(kind, version)
+                raise
 
     # ---------------------------------------------------------------- quarantine
     def quarantine(self, kind: str, version: str, reason: str) -> str:

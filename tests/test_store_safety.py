@@ -224,3 +224,53 @@ def test_remote_work_areas_are_local_per_store_and_collected(tmp_path, monkeypat
     assert wa != wb and wa.startswith(str(tmp_path / "tmp"))
     _old(wa)
     assert wa in a.gc(min_age_s=HOUR) and not os.path.exists(wa) and os.path.exists(wb)
+
+
+@pytest.mark.parametrize("backend", ["file", "memory"])
+def test_concurrent_runs_of_a_stage_do_each_unit_once(tmp_path, monkeypatch, backend):
+    """Two runs of the same mapped stage and the same publishing stage on one store: each
+    shard is counted once and the merges are learned once (claims: flock / lease object)."""
+    from pipeline_lib import corpus as corpus_lib
+    from pipeline_lib import counting, stages
+    from pipeline_lib.tokenizer import Tokenizer
+
+    src = tmp_path / "c.txt"
+    src.write_text("".join(f"line {i} of a corpus with some words\n" for i in range(3000)))
+    url = str(tmp_path / "store") if backend == "file" else f"memory://claims-{tmp_path.name}"
+    store = ArtifactStore(url)
+    cfg = corpus_lib.CorpusConfig(sources=(str(src),), n_shards=2)
+    corpus = corpus_lib.shard_corpus(store, corpus_lib.download_corpus(store, cfg), cfg)
+    calls: dict[str, int] = {"count": 0, "train": 0}
+    real_count, real_train = counting.count_shard, Tokenizer.train.__func__
+
+    def slow_count(*a, **kw):
+        calls["count"] += 1
+        time.sleep(0.3)
+        return real_count(*a, **kw)
+
+    def slow_train(cls, *a, **kw):
+        calls["train"] += 1
+        time.sleep(0.3)
+        return real_train(cls, *a, **kw)
+
+    monkeypatch.setattr(counting, "count_shard", slow_count)
+    monkeypatch.setattr(Tokenizer, "train", classmethod(slow_train))
+    count_cfg = counting.CountConfig(pattern="gpt2")
+    results, errors = [], []
+
+    def run() -> None:
+        try:
+            for shard in range(2):
+                stages.count_shard(ArtifactStore(url), corpus, shard, count_cfg)
+            counts = stages.reduce_counts(ArtifactStore(url), corpus, count_cfg)
+            results.append(stages.learn_tokenizer(ArtifactStore(url), counts, stages.TokenizerConfig(vocab_size=300)))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(results) == 2 and results[0] == results[1]
+    assert calls == {"count": 2, "train": 1}

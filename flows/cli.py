@@ -11,17 +11,30 @@
 A REF names a version in the store: ``kind/version``, a unique version-id prefix, or
 ``latest:KIND``. Commands that run flows use Prefect's API when PREFECT_API_URL is set,
 else a temporary local one.
+
+A failure prints one ``tokenmill: error:`` line naming the file, URL or store and what to
+do; the traceback goes to a log file ($TOKENMILL_LOG_DIR, default $PREFECT_HOME/logs) and
+to Prefect's run logs (--debug or TOKENMILL_DEBUG=1 prints it too). Exit status: 0 done,
+2 bad input, 1 any other failure, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as dt
+import errno
 import json
 import os
+import re
+import signal
 import sys
+import threading
+import traceback
+from dataclasses import dataclass
 from typing import Any
 
-from pipeline_lib.fsio import InputError
+from pipeline_lib.errors import CancelledError, InputError, TokenmillError
 
 DEFAULT_STORE = "./artifacts"
 
@@ -329,7 +342,17 @@ def cmd_serve(args) -> int:
 # --------------------------------------------------------------------------- parser
 def _add_store(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=DEFAULT_STORE, help="artifact store URL or path (default: %(default)s)")
-    p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option for the store and corpus, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable)")
+    p.add_argument(
+        "--storage-option", action="append", metavar="KEY=VALUE",
+        help="fsspec option for the store and corpus, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable); "
+        "VALUE may be JSON. s3:// requests time out and retry by default (connect 10 s, read 20 s, 3 tries: "
+        "pipeline_lib.fsio.S3_CONFIG_DEFAULTS); change them with config_kwargs='{\"read_timeout\": 120}'",
+    )
+    _add_debug(p, default=argparse.SUPPRESS)  # also after the command; the top-level flag sets the default
+
+
+def _add_debug(p: argparse.ArgumentParser, default: Any = False) -> None:
+    p.add_argument("--debug", action="store_true", default=default, help="print the full traceback of a failure (also TOKENMILL_DEBUG=1)")
 
 
 def _add_corpus(p: argparse.ArgumentParser, documents: str = "paragraph") -> None:
@@ -369,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_debug(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run the whole pipeline (default: bundled tiny Shakespeare into ./artifacts)")
@@ -454,15 +478,321 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    from pipeline_lib.store import StoreError
+# --------------------------------------------------------------------------- failures
+# Every failure ends in one ``tokenmill: error: ...`` line on stderr that names the file,
+# URL or store and what to do, and an exit status: 2 bad input (InputError, ConfigError),
+# 1 any other failure, 130 Ctrl-C, 143 SIGTERM. No traceback on the console: it goes to a
+# log file (always; the line names the file for unexpected errors, i.e. bugs) and, while a
+# flow runs, to Prefect's run logs. `--debug` / TOKENMILL_DEBUG=1 prints it as well.
+EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
+ENV_DEBUG = "TOKENMILL_DEBUG"  # also read by flows.console (not imported here: it imports Prefect)
+ENV_LOG_DIR = "TOKENMILL_LOG_DIR"  # default: $PREFECT_HOME/logs, i.e. ~/.prefect/logs
+KEEP_LOG_FILES = 50
+# Prefect's documented override of one logging.yml key (PREFECT_LOGGING_[PATH]_[TO]_[KEY]):
+# its console handler becomes flows.console.ConsoleHandler, which drops run-failure
+# tracebacks, here and in the worker processes that inherit the environment.
+PREFECT_CONSOLE_CLASS = ("PREFECT_LOGGING_HANDLERS_CONSOLE_CLASS", "flows.console.ConsoleHandler")
+RERUN_RESUMES = "then rerun the same command (finished stages are reused; nothing was published half)"
+RERUN_READ_ONLY = "then rerun the command"
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OUR_DIRS = tuple(os.path.join(_PACKAGE_ROOT, d) + os.sep for d in ("pipeline_lib", "tasks", "flows", "deployments"))
 
-    args = build_parser().parse_args(argv)
+
+class Terminated(BaseException):
+    """SIGTERM outside a flow run (inside one, Prefect's engine raises its TerminationSignal)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    message: str  # one line, without the "tokenmill: error: " prefix
+    exit_code: int
+    unexpected: bool = False  # a bug: the line points at the log file
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc`, its causes and contexts, and the error botocore wraps (``kwargs['error']``)."""
+    out: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or any(e is seen for seen in out):
+            continue
+        out.append(e)
+        wrapped = getattr(e, "kwargs", None)
+        todo += [wrapped.get("error") if isinstance(wrapped, dict) and isinstance(wrapped.get("error"), BaseException) else None, e.__cause__, e.__context__]
+    return out
+
+
+def _where(exc: BaseException) -> str:
+    """`` in FILE:LINE (function)`` of the innermost frame in tokenmill's own code, if any."""
+    found = ""
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        path = frame.f_code.co_filename
+        if path.startswith(_OUR_DIRS):
+            found = f" in {os.path.relpath(path, _PACKAGE_ROOT)}:{lineno} ({frame.f_code.co_name})"
+    return found
+
+
+def _one_line(text: str, limit: int = 2000) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _errno_in(e: BaseException, *names: str) -> bool:
+    codes = {getattr(errno, n) for n in names if hasattr(errno, n)}
+    return isinstance(e, OSError) and e.errno in codes
+
+
+_DISK_FULL_TEXT = re.compile(r"no space left on device|disk quota exceeded|errno 28\b|code: 28\b|StorageFull|errno 122\b", re.IGNORECASE)
+_REFUSED_TEXT = re.compile(r"connection refused|connect call failed", re.IGNORECASE)
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    # Native writers (pyarrow, torch, safetensors) report ENOSPC in their own exception types.
+    return _errno_in(e, "ENOSPC", "EDQUOT") or (not isinstance(e, TokenmillError) and bool(_DISK_FULL_TEXT.search(str(e))))
+
+
+def _type_names(e: BaseException) -> set[str]:
+    """``package.Class`` for the classes of `e` (matched by name: botocore, aiohttp and httpx
+    are optional or Prefect's, and need not be importable here)."""
+    return {c.__module__.split(".")[0] + "." + c.__name__ for c in type(e).__mro__}
+
+
+def _is_network(e: BaseException) -> bool:
+    return (
+        isinstance(e, (ConnectionError, TimeoutError))
+        or _errno_in(e, "ECONNREFUSED", "ECONNRESET", "EHOSTUNREACH", "ENETUNREACH", "ETIMEDOUT")
+        or bool(_type_names(e) & {"botocore.ConnectionError", "botocore.HTTPClientError", "aiohttp.ClientConnectionError", "httpx.TransportError"})
+    )
+
+
+def _url_of(chain: list[BaseException]) -> str | None:
+    """The URL or host a network error names (botocore's endpoint, httpx's request, aiohttp's host)."""
+    for e in chain:
+        kwargs = getattr(e, "kwargs", None)
+        if isinstance(kwargs, dict) and kwargs.get("endpoint_url"):
+            return str(kwargs["endpoint_url"]).split("?", 1)[0]
+        with contextlib.suppress(Exception):
+            request = getattr(e, "request", None)  # httpx raises RuntimeError when unset
+            if request is not None and getattr(request, "url", None):
+                return str(request.url).split("?", 1)[0]
+        host, port = getattr(e, "host", None), getattr(e, "port", None)
+        if isinstance(host, str) and port:
+            return f"{host}:{port}"
+    return None
+
+
+def _redact(text: str) -> str:
+    """Hide credentials in URLs (``scheme://user:secret@host``)."""
+    return re.sub(r"(\w+://)[^/@\s'\"]+@", r"\1***@", text)
+
+
+_SECRET_OPTION = re.compile(r"secret|password|token|key|credential", re.IGNORECASE)
+
+
+def _redact_argv(argv: list[str]) -> list[str]:
+    """The command line with the values of secret-looking --storage-option pairs hidden."""
+    out = []
+    for i, arg in enumerate(argv):
+        prefix, pair = "", None
+        if i and argv[i - 1] == "--storage-option":
+            pair = arg
+        elif arg.startswith("--storage-option="):
+            prefix, pair = arg.split("=", 1)[0] + "=", arg.split("=", 1)[1]
+        if pair is not None and "=" in pair and _SECRET_OPTION.search(pair.split("=", 1)[0]):
+            arg = f"{prefix}{pair.split('=', 1)[0]}=***"
+        out.append(_redact(arg))
+    return out
+
+
+def describe_failure(exc: BaseException, store: str | None = None, resumable: bool = True) -> Failure:
+    """The one line and exit status that report `exc` (see the section comment above).
+
+    `store` is named when the error itself names no file; `resumable`: the command runs
+    stages, which a rerun resumes (else the advice is just to rerun it).
+    """
+    rerun = RERUN_RESUMES if resumable else RERUN_READ_ONLY
+    chain = _chain(exc)
+    at = _where(exc)
+    store_part = f"the store {store}" if store else "the store"
+    # Interruptions: Ctrl-C, SIGTERM (ours outside a flow run, Prefect's TerminationSignal in one).
+    if type(exc).__name__ == "TerminationSignal" or isinstance(exc, Terminated):
+        signum = getattr(exc, "signal", None) or (exc.args[0] if exc.args else signal.SIGTERM)
+        if signum == signal.SIGINT:
+            return Failure(f"interrupted (Ctrl-C); {rerun}", EXIT_INTERRUPTED)
+        return Failure(f"terminated (SIGTERM); {rerun}", EXIT_TERMINATED)
+    if isinstance(exc, (KeyboardInterrupt, CancelledError)):
+        what = _one_line(exc) if isinstance(exc, CancelledError) and str(exc) else "interrupted (Ctrl-C)"
+        return Failure(f"{what}; {rerun}", EXIT_INTERRUPTED)
+    if isinstance(exc, InputError):
+        return Failure(_one_line(exc), EXIT_BAD_INPUT)
+    if isinstance(exc, TokenmillError):
+        message = _one_line(exc)
+        if "staging" in message:
+            message += (
+                "; if `tokenmill gc` ran meanwhile, it removed this run's staging area: "
+                f"{rerun.removeprefix('then ')}, and give gc a --min-age longer than your runs"
+            )
+        return Failure(message, EXIT_FAILURE)
+
+    filename = next((str(e.filename) for e in chain if isinstance(e, OSError) and e.filename), None)
+    target = filename or store_part
+    if full := next((e for e in chain if _is_disk_full(e)), None):
+        what = "disk quota exceeded (EDQUOT)" if _errno_in(full, "EDQUOT") or "quota" in str(full).lower() else "no space left on device (ENOSPC)"
+        return Failure(
+            f"{what} writing {target}: free space there (`tokenmill gc` removes unpublished leftovers) "
+            f"or choose another --store, {rerun}", EXIT_FAILURE,
+        )
+    if any(isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" for e in chain):
+        return Failure(
+            f"out of memory{at}: use more --shards (smaller shards), fewer --workers, or a smaller "
+            f"--lm-preset / --batch-size, {rerun}", EXIT_FAILURE,
+        )
+    if denied := next((e for e in chain if isinstance(e, PermissionError) or _errno_in(e, "EACCES", "EPERM", "EROFS")), None):
+        if filename:
+            reason = "read-only file system" if _errno_in(denied, "EROFS") else "permission denied"
+            return Failure(f"{reason}: {filename}: give this user access to it or choose another --store / path, {rerun}", EXIT_FAILURE)
+        return Failure(
+            f"permission denied for {store_part} ({_one_line(denied, 300)}): check the credentials "
+            f"(--storage-option key=... / AWS_PROFILE) and the bucket's policy, {rerun}", EXIT_FAILURE,
+        )
+    if net := next((e for e in chain if _is_network(e)), None):
+        url = _url_of(chain) or store_part
+        if any(_type_names(e) & {"httpx.TransportError"} for e in chain):  # only Prefect's client speaks httpx here
+            return Failure(
+                f"cannot reach the Prefect API at {url} ({_one_line(net, 300)}): start that server (prefect server start) "
+                f"or unset PREFECT_API_URL to use a temporary one, {rerun}", EXIT_FAILURE,
+            )
+        if any(isinstance(e, ConnectionRefusedError) or _errno_in(e, "ECONNREFUSED") or _REFUSED_TEXT.search(str(e)) for e in chain):
+            return Failure(
+                f"cannot connect to {url}: connection refused: check that the server is running and the address "
+                f"(--storage-option endpoint_url=...) is right, {rerun}", EXIT_FAILURE,
+            )
+        if timeout := next((e for e in chain if isinstance(e, TimeoutError) or "timeout" in type(e).__name__.lower()), None):
+            return Failure(
+                f"no answer from {url} in time, after retries ({type(timeout).__name__}): the server is down, paused "
+                "or overloaded (or allow it more time, e.g. --storage-option config_kwargs='{\"read_timeout\": 120}'); "
+                f"when it answers, {rerun.removeprefix('then ')}", EXIT_FAILURE,
+            )
+        return Failure(f"cannot reach {url}: {_one_line(net, 300)}: check the network and the address, {rerun}", EXIT_FAILURE)
+    if overflow := next((e for e in chain if isinstance(e, OverflowError)), None):
+        return Failure(
+            f"numeric overflow{at} ({_one_line(overflow, 300)}): a number is out of range; check the numeric options "
+            "(--vocab-size, --shards, --lm-steps, --batch-size...) and the input files", EXIT_FAILURE,
+        )
+    if isinstance(exc, OSError):
+        reason = exc.strerror or _one_line(exc, 300)
+        message = f"{target}: {reason}" if filename else f"{_one_line(exc, 300)} (while working on {target})"
+        if filename and "/.staging/" in filename:
+            message += "; if `tokenmill gc` ran meanwhile, it removed this run's staging area: give gc a --min-age longer than your runs"
+        return Failure(f"{message}; {rerun}", EXIT_FAILURE)
+    return Failure(f"unexpected {type(exc).__name__}: {_one_line(exc, 500)}{at}", EXIT_FAILURE, unexpected=True)
+
+
+def _log_dir() -> str:
+    if os.environ.get(ENV_LOG_DIR):
+        return os.path.expanduser(os.environ[ENV_LOG_DIR])
+    return os.path.join(os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect"), "logs")
+
+
+def write_failure_log(exc: BaseException, argv: list[str], line: str) -> str | None:
+    """Write the command, the error line and the full traceback to a new file in the log
+    directory (owner-only: a traceback can show paths and URLs); keep the newest
+    `KEEP_LOG_FILES`. Returns the file's path, or None when it cannot be written (the
+    disk that is full may be this one)."""
     try:
-        return args.func(args)
-    except (InputError, StoreError) as e:
-        print(f"tokenmill: error: {e}", file=sys.stderr)
-        return 2
+        directory = _log_dir()
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        now = dt.datetime.now()
+        path = os.path.join(directory, f"tokenmill-{now:%Y%m%d-%H%M%S-%f}-{os.getpid()}.log")
+        text = (
+            f"{now.isoformat()} tokenmill {' '.join(_redact_argv(argv))}\n"
+            f"tokenmill: error: {line}\n\n" + "".join(traceback.format_exception(exc))
+        )
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
+            f.write(_redact(text))
+        logs = sorted(n for n in os.listdir(directory) if n.startswith("tokenmill-") and n.endswith(".log"))
+        for old in logs[:-KEEP_LOG_FILES]:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, old))
+        return path
+    except OSError:
+        return None
+
+
+def report_failure(exc: BaseException, argv: list[str], store: str | None = None, debug: bool = False, resumable: bool = True) -> int:
+    """Print the one ``tokenmill: error:`` line for `exc` (the traceback too with `debug`),
+    log the traceback to a file, and return the exit status."""
+    failure = describe_failure(exc, store, resumable)
+    log_file = write_failure_log(exc, argv, failure.message)
+    line = failure.message
+    if failure.unexpected:
+        where = f"the full traceback is in {log_file}" if log_file else "the traceback could not be logged"
+        line += f" (a bug in tokenmill: {where}; rerun with --debug to print it)"
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"tokenmill: error: {_redact(line)}", file=sys.stderr, flush=True)
+    return failure.exit_code
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """Turn SIGTERM into `Terminated` in the main thread (so `finally` blocks and Prefect's
+    crash handling run), unless someone else already handles it."""
+    try:
+        if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+            yield
+            return
+    except ValueError:
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise Terminated(signum)
+
+    signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _debug_env(debug: bool):
+    previous = os.environ.get(ENV_DEBUG)
+    if debug:
+        os.environ[ENV_DEBUG] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(ENV_DEBUG, None)
+        else:
+            os.environ[ENV_DEBUG] = previous
+
+
+# Commands that run stages: a rerun after a failure resumes them.
+_RESUMABLE = (cmd_run, cmd_tokenizer_train, cmd_encode, cmd_lm_train, cmd_report, cmd_serve)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Before anything imports Prefect: its logging setup reads this (see PREFECT_CONSOLE_CLASS).
+    # A logging.yml of the user's own is left alone.
+    home = os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect")
+    if not os.environ.get("PREFECT_LOGGING_SETTINGS_PATH") and not os.path.exists(os.path.join(home, "logging.yml")):
+        os.environ.setdefault(*PREFECT_CONSOLE_CLASS)
+    args = build_parser().parse_args(argv)
+    debug = bool(getattr(args, "debug", False)) or os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
+    with _debug_env(debug):
+        try:
+            with _sigterm_raises():
+                return args.func(args)
+        except (SystemExit, GeneratorExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - the one place every failure is reported
+            return report_failure(e, argv, getattr(args, "store", None), debug, resumable=args.func in _RESUMABLE)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ conditional PUT (s3fs mode ``"xb"`` -> ``IfNoneMatch="*"``) where it has one.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import hashlib
 import os
 import tempfile
@@ -26,16 +28,135 @@ from pipeline_lib.errors import InputError  # re-exported: callers import it fro
 CHUNK = 8 << 20
 
 
+# Remote filesystems: every request gets a connect timeout, a read timeout and a bounded
+# number of retries, so a hung endpoint ends in an error naming it instead of a run that
+# waits (with the libraries' own defaults a paused S3 endpoint held a read here for more
+# than 3 minutes without an answer). The defaults are generous for real stores; each key
+# can be overridden with --storage-option (what the caller passes wins, key by key).
+#
+# S3 (botocore's Config, through s3fs's `config_kwargs`): a request that gets no byte for
+# `read_timeout` seconds is tried again by botocore, `total_max_attempts` tries in all with
+# backoff (botocore's `max_attempts`, if you pass it, counts the retries only); s3fs retries
+# a timed-out call up to 4 more times on top (its `S3FileSystem.retries`, 5), so a paused
+# endpoint fails a call after about 5 x 3 x 20 s + backoff, ~5 minutes, and one that refuses
+# connections within seconds. S3 answers in well under a second (it keeps a long
+# CompleteMultipartUpload alive with whitespace), so 20 s of silence means trouble. Shorter:
+#   --storage-option config_kwargs='{"read_timeout": 5, "retries": {"total_max_attempts": 1}}'
+# AWS_MAX_ATTEMPTS / AWS_RETRY_MODE in the environment keep their say over retries.
+S3_CONFIG_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": 10,  # seconds to open a connection
+    "read_timeout": 20,  # seconds without a byte from the server, per attempt
+    "retries": {"total_max_attempts": 3, "mode": "standard"},  # tries per request, the first included
+}
+# HTTP(S) sources (an aiohttp.ClientTimeout in client_kwargs["timeout"]; pass a dict of its
+# fields, e.g. client_kwargs='{"timeout": {"sock_read": 300}}'): no limit on a whole
+# download (a big corpus file may take long), but connecting and every read are bounded.
+HTTP_TIMEOUT_DEFAULTS: dict[str, float | None] = {"total": None, "sock_connect": 10, "sock_read": 60}
+
+
 def filesystem(url: str, **storage_options: Any) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Resolve a URL or plain path into (filesystem, path inside it)."""
+    """Resolve a URL or plain path into (filesystem, path inside it).
+
+    ``s3://`` URLs get `S3_CONFIG_DEFAULTS` and ``http(s)://`` URLs `HTTP_TIMEOUT_DEFAULTS`
+    for whatever the options leave unset; an http(s) source that cannot be reached raises
+    `ConnectionError` / `TimeoutError` naming its host, not fsspec's `FileNotFoundError`.
+
+    >>> fs, path = filesystem("memory://bucket/a.txt")
+    >>> path
+    '/bucket/a.txt'
+    """
     if not isinstance(url, str) or not url:
         raise InputError(f"cannot open {url!r}: expected a non-empty path or URL")
+    protocol = url.split("://", 1)[0].lower() if "://" in url and "::" not in url else None
     try:
+        if protocol in ("s3", "s3a"):
+            storage_options = _with_s3_defaults(storage_options)
+        elif protocol in ("http", "https"):
+            fs = _http_filesystem(**_with_http_defaults(storage_options))
+            return fs, fs._strip_protocol(url)
         return url_to_fs(url, **storage_options)
     except ImportError as e:
         raise InputError(f"cannot open {url!r}: the filesystem for it is not installed ({e})") from e
     except (ValueError, TypeError) as e:
         raise InputError(f"cannot open {url!r}: {e}") from e
+
+
+def _with_s3_defaults(options: dict[str, Any]) -> dict[str, Any]:
+    config = options.get("config_kwargs")
+    if config is not None and not isinstance(config, dict):
+        raise InputError(f"config_kwargs={config!r}: expected a JSON object of botocore Config fields")
+    # Copies: botocore rewrites the retries dict it is given in place (max_attempts ->
+    # total_max_attempts), which would leak into the defaults and the caller's options.
+    merged = copy.deepcopy({**S3_CONFIG_DEFAULTS, **(config or {})})
+    retries = (config or {}).get("retries")
+    if isinstance(retries, dict):
+        # The caller's own count (either spelling) replaces ours; the mode defaults to standard.
+        merged["retries"] = {"mode": S3_CONFIG_DEFAULTS["retries"]["mode"], **copy.deepcopy(retries)}
+        if not {"max_attempts", "total_max_attempts"} & retries.keys():
+            merged["retries"]["total_max_attempts"] = S3_CONFIG_DEFAULTS["retries"]["total_max_attempts"]
+    elif retries is None and (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
+        del merged["retries"]  # the environment's retry settings, which an explicit Config would override
+    return {**options, "config_kwargs": merged}
+
+
+def _with_http_defaults(options: dict[str, Any]) -> dict[str, Any]:
+    import aiohttp
+
+    client_kwargs = dict(options.get("client_kwargs") or {})
+    timeout = client_kwargs.get("timeout")
+    if timeout is None or isinstance(timeout, dict):
+        timeout = aiohttp.ClientTimeout(**{**HTTP_TIMEOUT_DEFAULTS, **(timeout or {})})
+    elif isinstance(timeout, (int, float)):
+        timeout = aiohttp.ClientTimeout(total=timeout)
+    client_kwargs["timeout"] = timeout
+    return {**options, "client_kwargs": client_kwargs}
+
+
+def _http_filesystem(*args: Any, **options: Any) -> fsspec.AbstractFileSystem:
+    """fsspec's HTTPFileSystem, telling an unreachable server from a missing file."""
+    return _http_filesystem_class()(*args, **options)
+
+
+@functools.cache
+def _http_filesystem_class() -> type:
+    # Built on first use: fsspec's HTTP filesystem imports aiohttp (an optional dependency).
+    import asyncio
+
+    import aiohttp
+    from fsspec.implementations.http import HTTPFileSystem
+
+    class _HTTPFileSystem(HTTPFileSystem):
+        async def _info(self, url, **kwargs):
+            # fsspec turns every failure of its HEAD/GET probe into FileNotFoundError, so a
+            # refused connection would read "no such file": keep the network errors.
+            try:
+                return await super()._info(url, **kwargs)
+            except FileNotFoundError as e:
+                raise _network_error(e.__cause__, url) or e from e.__cause__
+
+        def __reduce__(self):  # the class is built at run time: unpickle through the factory
+            return _unpickle_http_filesystem, (self.storage_args, self.storage_options)
+
+    def _network_error(cause: BaseException | None, url: str) -> OSError | None:
+        import urllib.parse
+
+        parts = urllib.parse.urlsplit(url)
+        host = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"  # no credentials
+        if isinstance(cause, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+            return TimeoutError(f"no response from {host} in time (connect/read timeout)")
+        os_error = getattr(cause, "os_error", None)
+        if isinstance(os_error, ConnectionRefusedError):
+            return ConnectionRefusedError(f"connection refused by {host}")
+        if isinstance(cause, aiohttp.ClientConnectionError):
+            reason = os_error.strerror if isinstance(os_error, OSError) and os_error.strerror else type(cause).__name__
+            return ConnectionError(f"cannot connect to {host}: {reason}")
+        return None
+
+    return _HTTPFileSystem
+
+
+def _unpickle_http_filesystem(args: tuple, options: dict[str, Any]) -> fsspec.AbstractFileSystem:
+    return _http_filesystem(*args, **options)
 
 
 def protocol_of(fs: fsspec.AbstractFileSystem) -> str:

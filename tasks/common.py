@@ -59,11 +59,27 @@ _PERMANENT_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUO
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether a task that raised `exc` may succeed when run again (a dropped connection,
-    a timeout, an unknown error), as opposed to a failure that only a person can fix."""
+    """Whether a task that raised `exc` may succeed when run again (a refused or dropped
+    connection, a timeout, an unknown error), as opposed to a failure that only a person
+    can fix (bad input, a full disk, a permission, memory). A connection error counts as
+    transient also when one of our errors wraps it (``InputError(...) from e``)."""
+    cause: BaseException | None = exc
+    for _ in range(10):
+        if cause is None:
+            break
+        if isinstance(cause, (ConnectionError, TimeoutError)) or type(cause).__name__ in _NETWORK_ERRORS:
+            return True
+        cause = cause.__cause__
     if isinstance(exc, (TokenmillError, MemoryError, OverflowError, PermissionError)):
         return False
     return not (isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS)
+
+
+# botocore's and aiohttp's connection errors, by name (neither need be installed).
+_NETWORK_ERRORS = frozenset({
+    "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+    "ClientConnectorError", "ServerDisconnectedError", "ServerTimeoutError", "SocketTimeoutError",
+})
 
 
 def retry_if_transient(task, task_run, state) -> bool:

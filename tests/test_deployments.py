@@ -203,7 +203,7 @@ def test_bad_corpus_url_fails_download_after_retries(served, server):
     (download,) = [t for t in task_runs(run.id) if t.name.startswith("download_corpus")]
     assert download.state.name == "Failed"
     assert download.run_count == 3  # the first try and retries=2
-    assert "missing-corpus.txt" in download.state.message and "no such file" in download.state.message, download.state.message
+    assert "missing-corpus.txt" in download.state.message and "connection refused" in download.state.message, download.state.message
     # Each failed try was visible as AwaitingRetry in the task run's history.
     from prefect.client.orchestration import get_client
 

@@ -23,7 +23,9 @@ from typing import Any, BinaryIO
 import fsspec
 from fsspec.core import url_to_fs
 
-from pipeline_lib.errors import InputError  # re-exported: callers import it from here too
+from pipeline_lib.errors import (
+    InputError,  # re-exported: callers import it from here too
+)
 
 CHUNK = 8 << 20
 
@@ -268,6 +270,29 @@ def local_temp(directory: str, suffix: str = ".part") -> Iterator[str]:
             os.unlink(tmp)
 
 
+@functools.cache
+def _umask() -> int:
+    """The process umask, read once. `os.umask` can only be read by setting it, which
+    races with threads creating files, so read Linux's /proc/self/status (4.7+); elsewhere
+    set 0o077 for an instant (a file created meanwhile is private, never more open)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8) & 0o777
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def user_file_mode() -> int:
+    """The mode `open` gives a new file (0o666 & ~umask): for files written for the user,
+    where mkstemp's 0o600 would hide them from the user's group."""
+    return 0o666 & ~_umask()
+
+
 def _write_local_temp(directory: str, data: bytes) -> str:
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
@@ -275,6 +300,7 @@ def _write_local_temp(directory: str, data: bytes) -> str:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), user_file_mode())
             os.fsync(f.fileno())
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -27,7 +27,6 @@ for `check_shards`) skips the hash, for callers that verified already.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -43,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline_lib.errors import StoreError
-from pipeline_lib.fsio import InputError, check_local_file, fsync_dir
+from pipeline_lib.fsio import InputError, check_local_file, fsync_dir, user_file_mode
 from pipeline_lib.store import MANIFEST, MANIFEST_FORMAT, MAX_MANIFEST_BYTES
 
 TOKENS_KIND = "tokens"
@@ -665,23 +664,6 @@ def _doc_cut(directory: str, meta: Mapping[str, Any], val_fraction: float, verif
     return len(meta["shards"]), 0
 
 
-@functools.cache
-def _umask() -> int:
-    """The process umask, read once. `os.umask` can only be read by setting it, which
-    races with threads creating files, so read Linux's /proc/self/status (4.7+); elsewhere
-    set 0o077 for an instant (a file created meanwhile is private, never more open)."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8) & 0o777
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o077)
-    os.umask(mask)
-    return mask
-
-
 @contextlib.contextmanager
 def _atomic_out(path: str):
     """A file written for the user (outside the store): temp name, fsync, rename, with
@@ -695,7 +677,7 @@ def _atomic_out(path: str):
             f.flush()
             # fchmod before the rename rather than chmod after it: the name never shows a
             # 0o600 file, and no path is looked up twice (nothing to swap in between).
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            os.fchmod(f.fileno(), user_file_mode())
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_dir(directory)

@@ -16,7 +16,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from pipeline_lib import fsio, token_shards
+from pipeline_lib import fsio
 from pipeline_lib.errors import ShardError, StoreError
 from pipeline_lib.lm.data import TokenShards
 from pipeline_lib.lm.testing import write_token_dir
@@ -250,12 +250,13 @@ def test_unlisted_file_and_corrupt_manifest(tmp_path):
 def test_exports_get_the_users_umask(tmp_path, umask, mode):
     d, meta = published_version(tmp_path)
     old = os.umask(umask)
-    token_shards._umask.cache_clear()  # read once per process: make this test's umask the one read
+    fsio._umask.cache_clear()  # read once per process: make this test's umask the one read
     try:
         export_nanogpt(d, meta, str(tmp_path / "nano"))
         export_llmc(d, meta, str(tmp_path / "llmc"))
+        Tokenizer.train(["some text to learn from"], vocab_size=260, special_tokens=()).save(str(tmp_path / "tok"))
     finally:
         os.umask(old)
-        token_shards._umask.cache_clear()
-    for p in ("nano/train.bin", "nano/val.bin", "llmc/tokens_train.bin", "llmc/tokens_val.bin"):
+        fsio._umask.cache_clear()
+    for p in ("nano/train.bin", "nano/val.bin", "llmc/tokens_train.bin", "llmc/tokens_val.bin", "tok/vocab.tiktoken", "tok/tokenmill.json"):
         assert os.stat(tmp_path / p).st_mode & 0o777 == mode, p

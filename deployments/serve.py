@@ -41,9 +41,20 @@ TIMEZONE = "UTC"
 NIGHTLY_CRON = "0 2 * * *"
 WEEKLY_CRON = "0 3 * * 0"
 
-# Parameters shared by the scheduled pipeline deployments (the flow's defaults otherwise).
-TOKENIZE_PARAMETERS: dict[str, Any] = {"shards": 8, "vocab_size": 32768, "pattern": "cl100k", "documents": "paragraph"}
-RETRAIN_PARAMETERS: dict[str, Any] = {"lm_preset": "small", "lm_steps": 600, "device": "auto"}
+# What the scheduled pipeline deployments set, per config (the configs' defaults otherwise).
+# Config dicts: `deployment_specs` validates them against the configs (pipeline_lib.config),
+# and Prefect's server refuses a triggered run whose dict names an unknown field or choice.
+TOKENIZE_PARAMETERS: dict[str, dict[str, Any]] = {"corpus": {"n_shards": 8, "documents": "paragraph"}, "tokenizer": {"vocab_size": 32768}}
+RETRAIN_PARAMETERS: dict[str, dict[str, Any]] = {"lm": {"steps": 600}}
+
+
+def merge_parameters(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Parameters layered left to right; a config dict is merged field by field."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for k, v in layer.items():
+            out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "storage_options" else v
+    return out
 
 
 @dataclass(frozen=True)
@@ -78,20 +89,20 @@ def deployment_specs(store: str = DEFAULT_STORE, corpus: Sequence[str] | None = 
     """
     common: dict[str, Any] = {"store": _absolute(store)}
     if corpus:
-        common["corpus"] = [_absolute(c) for c in corpus]
+        common["corpus"] = {"sources": [_absolute(c) for c in corpus]}
     if storage_options:
         common["storage_options"] = dict(storage_options)
     stage_common = {k: v for k, v in common.items() if k != "corpus"}
-    return [
+    specs = [
         DeploymentSpec(
             "tokenmill_pipeline", "nightly-tokenize",
             "Nightly: fetch the corpus, retrain the tokenizer and re-encode the token shards if the corpus changed (no LM).",
-            cron=NIGHTLY_CRON, parameters={**common, **TOKENIZE_PARAMETERS, "train_model": False}, tags=("tokenmill", "nightly"),
+            cron=NIGHTLY_CRON, parameters=merge_parameters(common, TOKENIZE_PARAMETERS, {"train_model": False}), tags=("tokenmill", "nightly"),
         ),
         DeploymentSpec(
             "tokenmill_pipeline", "weekly-retrain",
             "Weekly: the nightly chain plus the GPT trained on the latest token shards.",
-            cron=WEEKLY_CRON, parameters={**common, **TOKENIZE_PARAMETERS, **RETRAIN_PARAMETERS, "train_model": True}, tags=("tokenmill", "weekly"),
+            cron=WEEKLY_CRON, parameters=merge_parameters(common, TOKENIZE_PARAMETERS, RETRAIN_PARAMETERS, {"train_model": True}), tags=("tokenmill", "weekly"),
         ),
         DeploymentSpec("tokenmill_pipeline", "on-demand", "The whole chain; give any parameters when triggering.", parameters=dict(common)),
         DeploymentSpec(
@@ -103,6 +114,23 @@ def deployment_specs(store: str = DEFAULT_STORE, corpus: Sequence[str] | None = 
         DeploymentSpec("encode_flow", "on-demand", "Encode a corpus reference with a tokenizer reference.", parameters=dict(stage_common)),
         DeploymentSpec("lm_flow", "on-demand", "Train the GPT on a tokens reference.", parameters=dict(stage_common)),
     ]
+    for spec in specs:
+        check_spec(spec)
+    return specs
+
+
+def check_spec(spec: DeploymentSpec) -> None:
+    """Validate a deployment's parameters against its flow's signature and configs
+    (ConfigError naming the deployment, parameter and field)."""
+    from flows.pipeline import check_parameters
+    from pipeline_lib.errors import ConfigError
+
+    from deployments import entrypoints
+
+    try:
+        check_parameters(entrypoints.FLOWS[spec.flow], spec.parameters)
+    except ConfigError as e:
+        raise ConfigError(f"deployment {spec.flow}/{spec.name}: {e}") from e
 
 
 def _require_server() -> str:

@@ -141,36 +141,23 @@ class _ProgressBars:
 
 
 def cmd_run(args) -> int:
+    configs = configs_from_args(args, RUN_CONFIGS)  # every parameter checked before any work
     from flows.pipeline import tokenmill_pipeline
 
-    overrides = {k: getattr(args, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size") if getattr(args, k) is not None}
     flow = tokenmill_pipeline.with_options(task_runner=_runner(args))
     with _ProgressBars():
-        summary = _run_pipeline(flow, args, overrides)
+        summary = flow(**configs, store=args.store, train_model=not args.no_lm, storage_options=_storage_options(args.storage_option) or None)
     _print_summary(summary)
     return 0
 
 
-def _run_pipeline(flow, args, overrides):
-    return flow(
-        corpus=args.corpus, store=args.store, shards=args.shards, documents=args.documents,
-        text_field=args.text_field, errors=args.errors, pattern=args.pattern, vocab_size=args.vocab_size,
-        special_tokens=args.special_token, min_frequency=args.min_frequency, separator=args.separator or None,
-        lm_preset=args.lm_preset, lm_steps=args.lm_steps, device=args.device, seed=args.seed,
-        model_overrides=overrides or None, train_model=not args.no_lm,
-        storage_options=_storage_options(args.storage_option) or None,
-    )
-
-
 def cmd_tokenizer_train(args) -> int:
+    configs = configs_from_args(args, TOKENIZER_CONFIGS)
     from flows.pipeline import corpus_flow, tokenizer_flow
 
     so = _storage_options(args.storage_option) or None
-    corpus = corpus_flow(corpus=args.corpus, store=args.store, shards=args.shards, documents=args.documents, text_field=args.text_field, errors=args.errors, storage_options=so)
-    tok = tokenizer_flow.with_options(task_runner=_runner(args))(
-        corpus, store=args.store, pattern=args.pattern, vocab_size=args.vocab_size,
-        special_tokens=args.special_token, min_frequency=args.min_frequency, storage_options=so,
-    )
+    corpus = corpus_flow(configs.pop("corpus"), store=args.store, storage_options=so)
+    tok = tokenizer_flow.with_options(task_runner=_runner(args))(corpus, store=args.store, **configs, storage_options=so)
     print(f"tokenizer {tok['kind']}/{tok['version']} -> {tok['uri']}")
     if args.out:
         from pipeline_lib.tokenizer import Tokenizer
@@ -208,27 +195,27 @@ def cmd_tokenizer_export(args) -> int:
 
 
 def cmd_encode(args) -> int:
+    configs = configs_from_args(args, ENCODE_CONFIGS)
     from flows.pipeline import corpus_flow, encode_flow
 
     store = _store(args)
     so = _storage_options(args.storage_option) or None
     k, v = _resolve(store, args.tokenizer, "tokenizer")
-    corpus = corpus_flow(corpus=args.corpus, store=args.store, shards=args.shards, documents=args.documents, text_field=args.text_field, errors=args.errors, storage_options=so)
-    tokens = encode_flow.with_options(task_runner=_runner(args))(corpus, _ref_dict(store, k, v), store=args.store, separator=args.separator or None, storage_options=so)
+    corpus = corpus_flow(configs["corpus"], store=args.store, storage_options=so)
+    tokens = encode_flow.with_options(task_runner=_runner(args))(corpus, _ref_dict(store, k, v), store=args.store, encode=configs["encode"], storage_options=so)
     print(f"tokens {tokens['kind']}/{tokens['version']} -> {tokens['uri']}")
     return 0
 
 
 def cmd_lm_train(args) -> int:
+    configs = configs_from_args(args, LM_CONFIGS)
     from flows.pipeline import lm_flow
 
     store = _store(args)
     tk, tv = _resolve(store, args.tokens, "tokens")
     parent = store.manifest(tk, tv)["parents"]["tokenizer"].split("/")
-    overrides = {k: getattr(args, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size") if getattr(args, k) is not None}
     model = lm_flow(
-        _ref_dict(store, tk, tv), _ref_dict(store, *parent), store=args.store, preset=args.lm_preset,
-        steps=args.lm_steps, device=args.device, seed=args.seed, model_overrides=overrides or None,
+        _ref_dict(store, tk, tv), _ref_dict(store, *parent), store=args.store, **configs,
         storage_options=_storage_options(args.storage_option) or None,
     )
     m = store.manifest(model["kind"], model["version"])["meta"]
@@ -246,10 +233,11 @@ def cmd_lm_sample(args) -> int:
     tok_key = store.manifest(mk, mv)["parents"]["tokenizer"].split("/")
     tok = Tokenizer.load(store.local_dir(*tok_key))
     model = load_model(os.path.join(store.local_dir(mk, mv), "model.safetensors"))
+    cfg = configs_from_args(args, SAMPLE_CONFIGS)["sample"]
     sep = tok.special_tokens.get("<|endoftext|>")
-    prompt = tok.encode_ordinary(args.prompt).tolist() if args.prompt else [sep if sep is not None else 10]
-    ids = sample(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
-    print(args.prompt + tok.decode(ids))
+    prompt = tok.encode_ordinary(cfg.prompt).tolist() if cfg.prompt else [sep if sep is not None else 10]
+    ids = sample(model, prompt, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, seed=cfg.seed)
+    print(cfg.prompt + tok.decode(ids))
     return 0
 
 
@@ -292,7 +280,7 @@ def cmd_verify(args) -> int:
     store = _store(args)
     k, v = _resolve(store, args.ref)
     m = store.verify(k, v)
-    if k == "tokens" and store.local:
+    if k == "tokens":  # (a remote version is checked in its hash-checked local cache)
         from pipeline_lib.token_shards import check_shards
 
         check_shards(store.local_dir(k, v), m["meta"])
@@ -319,10 +307,10 @@ def cmd_export_nanogpt(args) -> int:
 
 
 def cmd_report(args) -> int:
+    configs = configs_from_args(args, REPORT_CONFIGS)
     from flows.pipeline import report_flow
 
-    sizes = [int(v) for v in args.vocab_sizes.split(",")]
-    ref = report_flow(corpus=args.corpus, store=args.store, shards=max(2, args.shards), documents=args.documents, pattern=args.pattern, vocab_sizes=sizes, storage_options=_storage_options(args.storage_option) or None)
+    ref = report_flow(**configs, store=args.store, storage_options=_storage_options(args.storage_option) or None)
     store = _store(args)
     print(store.read_bytes(ref["kind"], ref["version"], "report.md").decode())
     print(f"plot: {store.uri(ref['kind'], ref['version'], 'compression.png')}")
@@ -355,34 +343,135 @@ def _add_debug(p: argparse.ArgumentParser, default: Any = False) -> None:
     p.add_argument("--debug", action="store_true", default=default, help="print the full traceback of a failure (also TOKENMILL_DEBUG=1)")
 
 
-def _add_corpus(p: argparse.ArgumentParser, documents: str = "paragraph") -> None:
-    p.add_argument("--corpus", action="append", metavar="URL", help="corpus file URL or glob (repeatable; default: the bundled tiny Shakespeare)")
-    p.add_argument("--shards", type=int, default=2, help="corpus shards, processed in parallel (default: %(default)s)")
-    p.add_argument("--documents", choices=("line", "paragraph", "file"), default=documents, help="what a document is in a text file (default: %(default)s)")
-    p.add_argument("--text-field", default="text", help="JSONL field / Parquet column with the text (default: %(default)s)")
-    p.add_argument("--errors", choices=("replace", "skip-document", "fail"), default="replace", help="invalid UTF-8 policy (default: %(default)s)")
-
-
 def _add_runner(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=0, help="parallel workers for mapped stages (default: all cores)")
     p.add_argument("--runner", choices=("threads", "processes", "dask"), default="threads", help="Prefect task runner (default: %(default)s)")
     p.add_argument("--dask-address", help="existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (with --runner dask)")
 
 
-def _add_tokenizer(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--vocab-size", type=int, default=4096, help="total ids incl. 256 bytes and special tokens (default: %(default)s)")
-    p.add_argument("--pattern", choices=("gpt2", "cl100k", "o200k"), default="cl100k", help="pre-tokenization split pattern (default: %(default)s)")
-    p.add_argument("--special-token", action="append", metavar="TOKEN", help="special token (repeatable; default: <|endoftext|>)")
-    p.add_argument("--min-frequency", type=int, default=2, help="stop merging below this pair count (default: %(default)s)")
+# --------------------------------------------------------------------------- config options
+# Stage parameters are not written here: every field of a stage config (pipeline_lib.config)
+# becomes an option, by one generator. Field `vocab_size` is `--vocab-size`; its description
+# is the --help text, its default the option's default, a Literal its choices, a bool a
+# --flag/--no-flag pair, a tuple a repeatable option. `configs_from_args` builds the configs
+# back and validates them (a bad value is one `tokenmill: error:` line naming the flag).
+# Flags whose name predates the configs and differs from the field's:
+FLAG_ALIASES: dict[tuple[str, str], str] = {
+    ("CorpusConfig", "sources"): "--corpus",
+    ("CorpusConfig", "n_shards"): "--shards",
+    ("TokenizerConfig", "special_tokens"): "--special-token",
+    ("EncodeConfig", "workers"): "--threads-per-shard",  # --workers is the task runner's
+    ("LMConfig", "preset"): "--lm-preset",
+    ("LMConfig", "steps"): "--lm-steps",
+}
 
 
-def _add_lm(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lm-preset", choices=("tiny", "small", "gpt2-124m"), default="small", help="model size and recipe (default: %(default)s)")
-    p.add_argument("--lm-steps", type=int, default=400, help="optimizer steps (default: %(default)s)")
-    p.add_argument("--device", default="auto", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N, mps")
-    p.add_argument("--seed", type=int, default=1337, help="seed for model init, dropout and data order (default: %(default)s)")
-    for name in ("n-layer", "n-head", "n-embd", "block-size", "batch-size"):
-        p.add_argument(f"--{name}", type=int, help=f"override the preset's {name.replace('-', '_')}")
+def _config_classes() -> dict[str, Any]:
+    from pipeline_lib.config import ReportConfig, SampleConfig
+    from pipeline_lib.corpus import CorpusConfig
+    from pipeline_lib.counting import CountConfig
+    from pipeline_lib.lm.config import LMConfig
+    from pipeline_lib.stages import TokenizerConfig
+    from pipeline_lib.token_shards import EncodeConfig
+
+    return {"corpus": CorpusConfig, "count": CountConfig, "tokenizer": TokenizerConfig, "encode": EncodeConfig,
+            "lm": LMConfig, "report": ReportConfig, "sample": SampleConfig}
+
+
+# The configs each command takes, by the flow parameter they go to.
+RUN_CONFIGS = ("corpus", "count", "tokenizer", "encode", "lm")
+TOKENIZER_CONFIGS = ("corpus", "count", "tokenizer")
+ENCODE_CONFIGS = ("corpus", "encode")
+LM_CONFIGS = ("lm",)
+REPORT_CONFIGS = ("corpus", "report")
+SAMPLE_CONFIGS = ("sample",)
+
+
+def flag_of(cls: type, name: str) -> str:
+    return FLAG_ALIASES.get((cls.__name__, name), "--" + name.replace("_", "-"))
+
+
+def _dest(cls: type, name: str) -> str:
+    return f"{cls.__name__}.{name}"
+
+
+def _parse_value(f, text: str) -> Any:
+    if f.optional and text.strip().lower() in ("", "none"):
+        return None
+    try:
+        return f.item_type(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid {f.item_type.__name__} value: {text!r}") from None
+
+
+def add_config_options(p: argparse.ArgumentParser, cls: type, defaults: Any = None) -> None:
+    """One option per described field of config `cls` (defaults from `defaults`, an instance,
+    else from the class)."""
+    from pipeline_lib.config import fields_of
+
+    group = p.add_argument_group(f"{cls.__name__} ({cls.__module__})")
+    for f in fields_of(cls):
+        default = getattr(defaults, f.name) if defaults is not None else f.default
+        shown = ", ".join(map(str, default)) if f.repeated and default else default
+        help_text = f"{f.description} (default: {shown})".replace("%", "%%")
+        kw: dict[str, Any] = {"dest": _dest(cls, f.name), "help": help_text}
+        if f.type is bool:
+            kw.update(action=argparse.BooleanOptionalAction, default=default)
+        elif f.repeated:
+            # Repeatable; numbers may also be given comma-separated (--vocab-sizes 256,512).
+            split = f.item_type in (int, float)
+            kw.update(action="extend", default=None, metavar=f.name.upper().rstrip("S") or f.name.upper(),
+                      type=(lambda t, f=f: [_parse_value(f, x) for x in t.split(",")]) if split else (lambda t, f=f: [_parse_value(f, t)]))
+        else:
+            kw.update(type=lambda t, f=f: _parse_value(f, t), default=default, choices=f.choices, metavar=None if f.choices else f.name.upper())
+        group.add_argument(flag_of(cls, f.name), **kw)
+    p.set_defaults(**{f"_defaults.{cls.__name__}": defaults})
+
+
+def configs_from_args(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    """``{flow parameter: config}`` built from the parsed options, validated.
+
+    Raises:
+        ConfigError: a value a config refuses; the message names the flag.
+    """
+    import dataclasses
+
+    from pipeline_lib.config import fields_of, validate
+    from pipeline_lib.errors import ConfigError, InputError
+
+    classes = _config_classes()
+    out = {}
+    for name in names:
+        cls = classes[name]
+        defaults = getattr(args, f"_defaults.{cls.__name__}", None)
+        values = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(cls)} if defaults is not None else {}
+        for f in fields_of(cls):
+            value = getattr(args, _dest(cls, f.name))
+            if value is not None or not f.repeated:
+                values[f.name] = value
+        try:
+            out[name] = validate(cls, values, cls.__name__)
+        except InputError as e:
+            named = [f for f in fields_of(cls) if re.search(rf"(?<![\w]){f.name}(?![\w])", str(e))]
+            if not named:
+                raise ConfigError(str(e)) from e
+            f = max(named, key=lambda f: len(f.name))
+            value = values.get(f.name)
+            shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+            raise ConfigError(f"{flag_of(cls, f.name)} {shown}: {e}") from e
+    return out
+
+
+def _add_configs(p: argparse.ArgumentParser, names: tuple[str, ...], **defaults: Any) -> None:
+    classes = _config_classes()
+    for name in names:
+        add_config_options(p, classes[name], defaults.get(name))
+
+
+def _report_corpus():
+    from pipeline_lib.stages import REPORT_CORPUS
+
+    return REPORT_CORPUS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -396,14 +485,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run the whole pipeline (default: bundled tiny Shakespeare into ./artifacts)")
-    _add_store(p), _add_corpus(p), _add_tokenizer(p), _add_lm(p), _add_runner(p)
-    p.add_argument("--separator", default="<|endoftext|>", help="document separator token; '' for none (default: %(default)s)")
+    _add_store(p), _add_configs(p, RUN_CONFIGS), _add_runner(p)
     p.add_argument("--no-lm", action="store_true", help="stop after the token shards")
     p.set_defaults(func=cmd_run)
 
     tp = sub.add_parser("tokenizer", help="train, use and export tokenizers").add_subparsers(dest="sub", required=True)
     p = tp.add_parser("train", help="count and learn merges from a corpus")
-    _add_store(p), _add_corpus(p), _add_tokenizer(p), _add_runner(p)
+    _add_store(p), _add_configs(p, TOKENIZER_CONFIGS), _add_runner(p)
     p.add_argument("--out", help="also save the tokenizer files into this directory")
     p.set_defaults(func=cmd_tokenizer_train)
     p = tp.add_parser("encode", help="encode text with a tokenizer")
@@ -423,24 +511,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenizer_export)
 
     p = sub.add_parser("encode", help="encode a corpus into token shards with an existing tokenizer")
-    _add_store(p), _add_corpus(p), _add_runner(p)
+    _add_store(p), _add_configs(p, ENCODE_CONFIGS), _add_runner(p)
     p.add_argument("--tokenizer", default="latest:tokenizer", help="tokenizer REF (default: %(default)s)")
-    p.add_argument("--separator", default="<|endoftext|>")
     p.set_defaults(func=cmd_encode)
 
     lp = sub.add_parser("lm", help="train and sample the language model").add_subparsers(dest="sub", required=True)
     p = lp.add_parser("train", help="train a GPT on a tokens version")
-    _add_store(p), _add_lm(p)
+    _add_store(p), _add_configs(p, LM_CONFIGS)
     p.add_argument("--tokens", default="latest:tokens", help="tokens REF (default: %(default)s)")
     p.set_defaults(func=cmd_lm_train)
     p = lp.add_parser("sample", help="generate text from a trained model")
     _add_store(p)
     p.add_argument("--model", default="latest:model", help="model REF (default: %(default)s)")
-    p.add_argument("--prompt", default="")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=50)
-    p.add_argument("--seed", type=int, default=None)
+    _add_configs(p, SAMPLE_CONFIGS)
     p.set_defaults(func=cmd_lm_sample)
 
     p = sub.add_parser("versions", help="list the versions in a store")
@@ -464,10 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.set_defaults(func=cmd_export_nanogpt)
     p = sub.add_parser("report", help="compression vs vocabulary size, fertility per language, notable tokens")
-    _add_store(p), _add_corpus(p)
-    p.set_defaults(shards=10)
-    p.add_argument("--pattern", choices=("gpt2", "cl100k", "o200k"), default="cl100k")
-    p.add_argument("--vocab-sizes", default="256,300,491,512,1024,2048,4096,8192,16384,32768", help="comma-separated (default: %(default)s)")
+    _add_store(p), _add_configs(p, REPORT_CONFIGS, corpus=_report_corpus())
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("serve", help="serve the scheduled deployments from this process (needs a Prefect server)")
     _add_store(p)

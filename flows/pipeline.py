@@ -10,16 +10,22 @@ flow's task runner: threads by default (the compiled core releases the GIL), pro
 or Dask (`flows.runners`).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: the flows' annotations must be the config
+# classes themselves, not strings. Prefect validates a flow's parameters against them, and a
+# served flow runs a cloudpickled copy of the function whose globals hold only the names its
+# body uses: a string annotation ("CorpusConfig") would not resolve there.
+import dataclasses
+import typing
 from typing import Any
 
 from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_markdown_artifact
 
-from pipeline_lib.corpus import DEFAULT_CORPUS, CorpusConfig
+from pipeline_lib.config import ReportConfig, validate
+from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.counting import CountConfig
-from pipeline_lib.stages import TokenizerConfig, compression_summary
+from pipeline_lib.lm.config import LMConfig
+from pipeline_lib.stages import REPORT_CORPUS, TokenizerConfig, compression_summary
 from pipeline_lib.token_shards import EncodeConfig
 from tasks.common import store_of, to_ref
 from tasks.corpus import download_corpus, shard_corpus
@@ -31,17 +37,40 @@ from tasks.tokenizer import learn_merges
 
 DEFAULT_STORE = "./artifacts"
 
+# Every stage's parameters are one config (pipeline_lib.config): a flow takes the configs of
+# the stages it runs, as parameters named here. Prefect validates a dict given for one (a
+# deployment's parameters) against the config's fields before the run starts.
+CONFIG_PARAMETERS: dict[str, type] = {
+    "corpus": CorpusConfig, "count": CountConfig, "tokenizer": TokenizerConfig,
+    "encode": EncodeConfig, "lm": LMConfig, "report": ReportConfig,
+}
 
-def _corpus_config(corpus, shards, documents, text_field, errors, storage_options, **extra) -> CorpusConfig:
-    return CorpusConfig(
-        sources=tuple(corpus or [DEFAULT_CORPUS]), documents=documents, text_field=text_field,
-        errors=errors, n_shards=shards, storage_options=storage_options or {}, **extra,
-    )
+
+def config_parameters(fn) -> dict[str, type]:
+    """``{parameter: config class}`` of a flow (or its function): the configs it takes."""
+    fn = getattr(fn, "fn", fn)
+    hints = typing.get_type_hints(fn)
+    return {name: tp for name, tp in hints.items() if dataclasses.is_dataclass(tp)}
 
 
-def _tokenizer_config(vocab_size: int, special_tokens: list[str] | None, min_frequency: int) -> TokenizerConfig:
-    specials = special_tokens if special_tokens is not None else ["<|endoftext|>"]
-    return TokenizerConfig(vocab_size=vocab_size, special_tokens=tuple(specials), min_frequency=min_frequency)
+def check_parameters(fn, parameters: dict[str, Any]) -> dict[str, Any]:
+    """`parameters` for flow `fn` with each config given as a dict validated (ConfigError
+    naming the parameter and field otherwise); an unknown parameter is refused too."""
+    fn = getattr(fn, "fn", fn)
+    import inspect
+
+    known = set(inspect.signature(fn).parameters)
+    unknown = sorted(set(parameters) - known)
+    if unknown:
+        from pipeline_lib.errors import ConfigError
+
+        raise ConfigError(f"{fn.__name__}: unknown parameter(s) {unknown}; it takes {sorted(known)}")
+    configs = config_parameters(fn)
+    return {k: (validate(configs[k], v, k) if k in configs else v) for k, v in parameters.items()}
+
+
+def _with_storage(corpus: CorpusConfig, storage_options: dict | None) -> CorpusConfig:
+    return dataclasses.replace(validate(CorpusConfig, corpus, "corpus"), storage_options=storage_options or {})
 
 
 def _n_shards(store_url: str, corpus: dict, storage_options: dict | None) -> int:
@@ -49,40 +78,47 @@ def _n_shards(store_url: str, corpus: dict, storage_options: dict | None) -> int
     return len(store_of(store_url, storage_options).manifest(ref.kind, ref.version)["meta"]["shards"])
 
 
+def _corpus(store: str, corpus: CorpusConfig, storage_options: dict | None) -> dict[str, str]:
+    cfg = _with_storage(corpus, storage_options)
+    raw = download_corpus(store, cfg, storage_options)
+    return shard_corpus(store, raw, cfg, storage_options)
+
+
+def _tokenizer(store: str, corpus_ref: dict, count: CountConfig, tokenizer: TokenizerConfig, storage_options: dict | None) -> dict[str, str]:
+    count, tokenizer = validate(CountConfig, count, "count"), validate(TokenizerConfig, tokenizer, "tokenizer")
+    n = _n_shards(store, corpus_ref, storage_options)
+    records = count_words.map(store, unmapped(corpus_ref), range(n), unmapped(count), unmapped(storage_options))
+    counts = reduce_counts(store, corpus_ref, count, records.result(), storage_options)
+    return learn_merges(store, counts, tokenizer, storage_options)
+
+
+def _encode(store: str, corpus_ref: dict, tokenizer_ref: dict, encode: EncodeConfig, storage_options: dict | None) -> dict[str, str]:
+    encode = validate(EncodeConfig, encode, "encode")
+    n = _n_shards(store, corpus_ref, storage_options)
+    records = encode_shard.map(store, unmapped(corpus_ref), unmapped(tokenizer_ref), range(n), unmapped(encode), unmapped(storage_options))
+    return write_token_manifest(store, corpus_ref, tokenizer_ref, encode, records.result(), storage_options)
+
+
 @flow(name="tokenmill-corpus")
 def corpus_flow(
-    corpus: list[str] | None = None,
+    corpus: CorpusConfig = CorpusConfig(),
     store: str = DEFAULT_STORE,
-    shards: int = 2,
-    documents: str = "line",
-    text_field: str = "text",
-    errors: str = "replace",
-    max_source_bytes: int = 64 << 30,
     storage_options: dict | None = None,
 ) -> dict[str, str]:
     """Download the corpus into the store and split it into Parquet shards."""
-    cfg = _corpus_config(corpus, shards, documents, text_field, errors, storage_options, max_source_bytes=max_source_bytes)
-    raw = download_corpus(store, cfg, storage_options)
-    return shard_corpus(store, raw, cfg, storage_options)
+    return _corpus(store, corpus, storage_options)
 
 
 @flow(name="tokenmill-tokenizer")
 def tokenizer_flow(
     corpus_ref: dict[str, str],
     store: str = DEFAULT_STORE,
-    pattern: str = "cl100k",
-    vocab_size: int = 4096,
-    special_tokens: list[str] | None = None,
-    min_frequency: int = 2,
+    count: CountConfig = CountConfig(),
+    tokenizer: TokenizerConfig = TokenizerConfig(),
     storage_options: dict | None = None,
 ) -> dict[str, str]:
     """Count pieces per shard in parallel, reduce, learn merges: a tokenizer version."""
-    count_cfg = CountConfig(pattern=pattern)
-    n = _n_shards(store, corpus_ref, storage_options)
-    records = count_words.map(store, unmapped(corpus_ref), range(n), unmapped(count_cfg), unmapped(storage_options))
-    counts = reduce_counts(store, corpus_ref, count_cfg, records.result(), storage_options)
-    tok_cfg = _tokenizer_config(vocab_size, special_tokens, min_frequency)
-    return learn_merges(store, counts, tok_cfg, storage_options)
+    return _tokenizer(store, corpus_ref, count, tokenizer, storage_options)
 
 
 @flow(name="tokenmill-encode")
@@ -90,29 +126,11 @@ def encode_flow(
     corpus_ref: dict[str, str],
     tokenizer_ref: dict[str, str],
     store: str = DEFAULT_STORE,
-    separator: str | None = "<|endoftext|>",
-    placement: str = "append",
-    threads_per_shard: int = 1,
+    encode: EncodeConfig = EncodeConfig(),
     storage_options: dict | None = None,
 ) -> dict[str, str]:
     """Encode every corpus shard in parallel and publish the token shards."""
-    cfg = EncodeConfig(separator=separator, placement=placement, workers=threads_per_shard)
-    n = _n_shards(store, corpus_ref, storage_options)
-    records = encode_shard.map(store, unmapped(corpus_ref), unmapped(tokenizer_ref), range(n), unmapped(cfg), unmapped(storage_options))
-    return write_token_manifest(store, corpus_ref, tokenizer_ref, cfg, records.result(), storage_options)
-
-
-def lm_config(preset: str = "small", steps: int | None = None, device: str = "auto", seed: int = 1337, **overrides: Any):
-    from pipeline_lib.lm import preset as lm_preset
-
-    if steps is not None:
-        overrides["max_steps"] = steps
-        cfg = lm_preset(preset, device=device, seed=seed, **overrides)
-        # Keep eval/checkpoint cadence sensible for short runs.
-        interval = max(1, min(cfg.eval_interval, steps // 4 or 1))
-        return cfg.replace(eval_interval=interval, ckpt_interval=max(interval, min(cfg.ckpt_interval, steps)),
-                           warmup_steps=min(cfg.warmup_steps, max(0, steps // 10)))
-    return lm_preset(preset, device=device, seed=seed, **overrides)
+    return _encode(store, corpus_ref, tokenizer_ref, encode, storage_options)
 
 
 @flow(name="tokenmill-lm")
@@ -120,53 +138,34 @@ def lm_flow(
     tokens_ref: dict[str, str],
     tokenizer_ref: dict[str, str],
     store: str = DEFAULT_STORE,
-    preset: str = "small",
-    steps: int | None = None,
-    device: str = "auto",
-    seed: int = 1337,
-    model_overrides: dict[str, Any] | None = None,
+    lm: LMConfig = LMConfig(),
     storage_options: dict | None = None,
 ) -> dict[str, str]:
     """Train the GPT on a tokens version."""
-    cfg = lm_config(preset, steps, device, seed, **(model_overrides or {}))
+    cfg = validate(LMConfig, lm, "lm").train_config()
     return train_lm(store, tokens_ref, tokenizer_ref, cfg, storage_options)
 
 
 @flow(name="tokenmill-report")
 def report_flow(
-    corpus: list[str] | None = None,
+    corpus: CorpusConfig = REPORT_CORPUS,
+    report: ReportConfig = ReportConfig(),
     store: str = DEFAULT_STORE,
-    shards: int = 10,
-    documents: str = "paragraph",
-    pattern: str = "cl100k",
-    vocab_sizes: list[int] | None = None,
     storage_options: dict | None = None,
 ) -> dict[str, str]:
     """The seeds' questions on any corpus: compression vs vocabulary size, fertility per language."""
-    corpus_ref = corpus_flow(corpus, store, shards, documents, storage_options=storage_options)
-    sizes = vocab_sizes or [256, 300, 491, 512, 1024, 2048, 4096, 8192, 16384, 32768]
-    return tokenizer_report(store, corpus_ref, pattern, sizes, storage_options)
+    corpus_ref = _corpus(store, corpus, storage_options)
+    return tokenizer_report(store, corpus_ref, validate(ReportConfig, report, "report"), storage_options)
 
 
 @flow(name="tokenmill-pipeline")
 def tokenmill_pipeline(
-    corpus: list[str] | None = None,
+    corpus: CorpusConfig = CorpusConfig(),
+    count: CountConfig = CountConfig(),
+    tokenizer: TokenizerConfig = TokenizerConfig(),
+    encode: EncodeConfig = EncodeConfig(),
+    lm: LMConfig = LMConfig(),
     store: str = DEFAULT_STORE,
-    shards: int = 2,
-    documents: str = "paragraph",
-    text_field: str = "text",
-    errors: str = "replace",
-    pattern: str = "cl100k",
-    vocab_size: int = 4096,
-    special_tokens: list[str] | None = None,
-    min_frequency: int = 2,
-    separator: str | None = "<|endoftext|>",
-    placement: str = "append",
-    lm_preset: str = "small",
-    lm_steps: int | None = 400,
-    device: str = "auto",
-    seed: int = 1337,
-    model_overrides: dict[str, Any] | None = None,
     train_model: bool = True,
     storage_options: dict | None = None,
 ) -> dict[str, Any]:
@@ -175,27 +174,13 @@ def tokenmill_pipeline(
     Returns the references of every artifact and the headline figures.
     """
     logger = get_run_logger()
-    corpus_cfg = _corpus_config(corpus, shards, documents, text_field, errors, storage_options)
-    raw = download_corpus(store, corpus_cfg, storage_options)
-    corpus_ref = shard_corpus(store, raw, corpus_cfg, storage_options)
-    n = _n_shards(store, corpus_ref, storage_options)
+    lm = validate(LMConfig, lm, "lm")  # every config is checked before any stage runs
+    corpus_ref = _corpus(store, corpus, storage_options)
+    tokenizer_ref = _tokenizer(store, corpus_ref, count, tokenizer, storage_options)
+    tokens = _encode(store, corpus_ref, tokenizer_ref, encode, storage_options)
+    model = train_lm(store, tokens, tokenizer_ref, lm.train_config(), storage_options) if train_model else None
 
-    count_cfg = CountConfig(pattern=pattern)
-    count_records = count_words.map(store, unmapped(corpus_ref), range(n), unmapped(count_cfg), unmapped(storage_options))
-    counts = reduce_counts(store, corpus_ref, count_cfg, count_records.result(), storage_options)
-    tok_cfg = _tokenizer_config(vocab_size, special_tokens, min_frequency)
-    tokenizer = learn_merges(store, counts, tok_cfg, storage_options)
-
-    enc_cfg = EncodeConfig(separator=separator, placement=placement, workers=1)
-    enc_records = encode_shard.map(store, unmapped(corpus_ref), unmapped(tokenizer), range(n), unmapped(enc_cfg), unmapped(storage_options))
-    tokens = write_token_manifest(store, corpus_ref, tokenizer, enc_cfg, enc_records.result(), storage_options)
-
-    model = None
-    if train_model:
-        cfg = lm_config(lm_preset, lm_steps, device, seed, **(model_overrides or {}))
-        model = train_lm(store, tokens, tokenizer, cfg, storage_options)
-
-    summary = summarize(store, corpus_ref, tokenizer, tokens, model, storage_options)
+    summary = summarize(store, corpus_ref, tokenizer_ref, tokens, model, storage_options)
     create_markdown_artifact(key="tokenmill-summary", markdown=summary_markdown(summary), description="tokenmill run: artifacts and headline figures")
     logger.info("done: %s", {k: v for k, v in summary["figures"].items()})
     return summary

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline_lib.config import STRICT, doc
 from pipeline_lib.corpus import iter_shard_batches
 from pipeline_lib.fsio import InputError
 from pipeline_lib.patterns import PATTERNS
@@ -27,7 +29,9 @@ CODE_MODULES = ("pipeline_lib.counting", "pipeline_lib.corpus", "pipeline_lib.bp
 
 @dataclass(frozen=True)
 class CountConfig:
-    pattern: str = "cl100k"  # split pattern: gpt2 | cl100k | o200k
+    __pydantic_config__ = STRICT
+
+    pattern: Annotated[Literal["gpt2", "cl100k", "o200k"], doc("pre-tokenization split pattern")] = "cl100k"
 
     def __post_init__(self):
         if self.pattern not in PATTERNS:

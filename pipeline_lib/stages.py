@@ -17,9 +17,10 @@ import os
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from pipeline_lib import counting, token_shards
+from pipeline_lib.config import STRICT, doc
 from pipeline_lib.corpus import CorpusConfig, download_corpus, shard_corpus  # noqa: F401  (re-exported: the whole chain from one module)
 from pipeline_lib.counting import COUNTS_FILE, COUNTS_KIND, CountConfig
 from pipeline_lib.fsio import InputError
@@ -34,9 +35,11 @@ TOKENIZER_KIND = "tokenizer"
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    vocab_size: int = 4096  # total ids: 256 bytes + merges + special tokens
-    special_tokens: tuple[str, ...] = (ENDOFTEXT,)  # appended after the merges, in this order
-    min_frequency: int = 2  # stop merging when the best pair occurs fewer times
+    __pydantic_config__ = STRICT
+
+    vocab_size: Annotated[int, doc("total ids: 256 bytes + merges + special tokens")] = 4096
+    special_tokens: Annotated[tuple[str, ...], doc("special tokens, appended after the merges in this order")] = (ENDOFTEXT,)
+    min_frequency: Annotated[int, doc("stop merging when the best pair occurs fewer times")] = 2
 
     def __post_init__(self):
         if self.vocab_size < 256 + len(self.special_tokens):
@@ -50,6 +53,11 @@ class TokenizerConfig:
 
     def params(self) -> dict[str, Any]:
         return {**asdict(self), "special_tokens": list(self.special_tokens)}
+
+
+# The report's corpus: paragraphs, and more shards than the pipeline's, for a held-out part
+# per language (the defaults of `tokenmill report` and report_flow).
+REPORT_CORPUS = CorpusConfig(n_shards=10, documents="paragraph")
 
 
 def _code(modules: Sequence[str]) -> str:
@@ -119,17 +127,10 @@ def _reduce_counts(store: ArtifactStore, corpus: VersionRef, config: CountConfig
         if record is None:
             raise InputError(f"counts of corpus shard {i} are missing: run count_shard for every shard first")
         records.append(record)
+    names = [f"parts/shard_{i:06d}.parquet" for i in range(len(shards))]
     with tempfile.TemporaryDirectory(prefix="counts-", dir=store.scratch_dir(COUNTS_KIND)) as tmpdir:
-        if store.local:
-            parts = [staging.local_path(f"parts/shard_{i:06d}.parquet") for i in range(len(shards))]
-        else:
-            parts = []
-            for i in range(len(shards)):
-                p = os.path.join(tmpdir, f"{i}.parquet")
-                with open(p, "wb") as f:
-                    f.write(staging.read_bytes(f"parts/shard_{i:06d}.parquet"))
-                parts.append(p)
-        pieces, counts = counting.reduce_counts(parts, config.pattern)
+        parts_dir = staging.local_dir(names, tmpdir)  # in place on local disk, else downloaded
+        pieces, counts = counting.reduce_counts([os.path.join(parts_dir, *n.split("/")) for n in names], config.pattern)
     with staging.open_write(COUNTS_FILE) as tmp:
         counting.write_counts(tmp, pieces, counts)
     files = {COUNTS_FILE: staging.written[COUNTS_FILE]}
@@ -238,8 +239,8 @@ def _publish_tokens(store: ArtifactStore, corpus: VersionRef, tokenizer: Version
         records, tmeta, tokenizer.key, config, code_version=_code(token_shards.CODE_MODULES),
         corpus_key=corpus.key, corpus_meta=store.manifest(corpus.kind, corpus.version)["meta"],
     )
-    if store.local:
-        token_shards.check_shards(staging.path, meta, deep=False)
+    with tempfile.TemporaryDirectory(prefix="tokens-", dir=store.scratch_dir(TOKENS_KIND)) as tmpdir:
+        token_shards.check_shards(staging.local_dir(files, tmpdir), meta, deep=False)
     return store.publish(staging, files=files, parents={"corpus": corpus, "tokenizer": tokenizer}, params=config.params(), code_version=_code(token_shards.CODE_MODULES), meta=meta)
 
 

@@ -9,32 +9,39 @@ never see it, and `gc` removes it.
   rerun finds it and skips it, and two writers of the same work meet at the same id.
 * The manifest records lineage (parents and their manifest hashes), parameters, every
   file's size and sha256, totals, creation time and tool / code versions. `verify`
-  re-hashes the files against it; `read_bytes` checks the one file it reads; `local_dir`
-  checks sizes (a remote version is hashed while it is downloaded into the cache).
+  re-hashes the files against it; `read_bytes` checks the one file it reads; `local_dir`,
+  `local_file` and `open` check sizes and sha256s (a local file hashed once per process
+  while unchanged, a remote one while it is downloaded into the cache).
 
-Local disk (``file://`` or a plain path)
-    Work in progress lives in ``<root>/<kind>/.staging/<version>/``; temporary files in
-    ``<root>/<kind>/.staging/.tmp/`` (same filesystem, outside any version directory).
-    Every file is written to a temp name, fsynced and `os.replace`d into the staging
-    directory. `publish` writes the manifest into the staging directory, fsyncs it and
-    renames the whole directory to ``<kind>/<version>`` in one `os.rename`, then fsyncs
-    the parent. Why a directory rename rather than writing in place with the manifest
-    last: the version appears whole or not at all even to tools that ignore manifests
-    (``ls``, a nanoGPT loader pointed at the directory), a published directory is never
-    written into, and `rename` onto an existing version fails, which is write-once for
-    free. Puts take a shared `flock` on ``.staging/.lock`` and `publish` an exclusive
-    one, so a slow second writer can never drop a file into a version after it was
-    published: it sees the manifest and skips the write.
+Writing: `stage` a version, put files into its staging area (``<kind>/.staging/<version>/``,
+shared by every writer of that version), `publish` it. Publishing checks the staged files
+against the file list, writes the manifest last and makes the version visible whole: readers
+never see a version half-written, and a published version is never written into again (a
+put that finds the manifest is skipped). The protocol (names, ids, manifests, verification,
+`usable` / `produce` / `claim` / `gc` / `quarantine` decisions) is `ArtifactStore`'s; how
+each step is done on the storage is one of two backends, chosen once per store:
 
-Object stores (``s3://``, ``gs://``, ``memory://`` ...)
-    There is no rename: files go straight to ``<kind>/<version>/`` as single PUTs
-    (multipart uploads complete atomically), and the manifest is PUT last with
-    create-only semantics (s3fs mode ``"xb"`` -> ``IfNoneMatch: *``), so of two
-    concurrent publishers exactly one manifest wins and the other adopts it. A writer
-    checks for the manifest before each PUT, so it stops writing into a published
-    version (a small race remains between the check and the PUT; the stages' outputs are
-    deterministic, so such a late PUT rewrites identical bytes, and `verify` would catch
-    anything else).
+`LocalBackend`: local disk (``file://`` or a plain path)
+    Temp files in ``<kind>/.staging/.tmp/`` (same filesystem, outside any version
+    directory); every file is written to a temp name, fsynced and `os.replace`d into the
+    staging directory. `publish` makes the files read-only (0444), writes the manifest into
+    the staging directory, fsyncs it and renames the whole directory to ``<kind>/<version>``
+    in one `os.rename`, then fsyncs the parent. Why a directory rename rather than writing
+    in place with the manifest last: the version appears whole or not at all even to tools
+    that ignore manifests (``ls``, a nanoGPT loader pointed at the directory), a published
+    directory is never written into, and `rename` onto an existing version fails, which is
+    write-once for free. Puts take a shared `flock` on ``.staging/.lock`` and `publish` an
+    exclusive one, so a slow second writer can never drop a file into a version after it
+    was published. Reads use the files in place, hashed once per process while unchanged.
+
+`ObjectBackend`: object stores (``s3://``, ``gs://``, ``memory://`` ...)
+    There is no rename: each put is a single PUT into the staging prefix (multipart
+    uploads complete atomically); `publish` copies the staged files server-side under
+    ``<kind>/<version>/`` and PUTs the manifest last with create-only semantics (s3fs mode
+    ``"xb"`` -> ``IfNoneMatch: *``), so a tool listing the version prefix sees nothing
+    before the manifest, and of two concurrent publishers exactly one manifest wins and
+    the other adopts it. Reads are hash-checked downloads into a local cache; work and
+    scratch directories live in a local area keyed by the store's URL.
 
 Staged units of work carry completion markers (``_done/<unit>.json``), so a stage killed
 half-way resumes where it stopped (datatrove's ``completions/``); markers are removed
@@ -58,7 +65,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO
 
@@ -197,106 +204,38 @@ class Staging:
 
     Several processes may stage the same version at once (one per mapped unit of work, or
     two runs of the same stage): every put is atomic per file, and once the version is
-    published the remaining puts are skipped.
+    published the remaining puts are skipped. Where the staging area lives and how a file
+    gets into it is the store's backend's business (`LocalBackend`, `ObjectBackend`).
     """
 
     def __init__(self, store: ArtifactStore, kind: str, version: str):
         self.store, self.kind, self.version = store, kind, version
         self.fs = store.fs
-        if store.local:
-            self.path = store._safe(f"{store.root}/{kind}/{STAGING_DIR}/{version}")
-            self.tmp_dir = store._safe(f"{store.root}/{kind}/{STAGING_DIR}/{TMP_DIR}")
-        else:
-            self.path = f"{store.root}/{kind}/{STAGING_DIR}/{version}"
-            self.tmp_dir = None
+        # path: the staging area; tmp_dir: where temp files are made (None: the system's)
+        self.path, self.tmp_dir = store._backend.staging_paths(kind, version)
         self.written: dict[str, FileInfo] = {}  # what open_write published, by name
 
     def __repr__(self) -> str:
         return f"Staging({self.store.url!r}, {self.kind!r}, {self.version!r})"
 
-    def _dirs(self) -> None:
-        """Create the staging and temp directories on first write (reads never create them)."""
-        if self.tmp_dir is not None:
-            os.makedirs(self.path, exist_ok=True)
-            os.makedirs(self.tmp_dir, exist_ok=True)
-
     def _p(self, name: str) -> str:
         check_relpath(name)
         if name == MANIFEST:
             raise InputError(f"{MANIFEST} is written by ArtifactStore.publish only")
-        path = f"{self.path}/{name}"
-        return self.store._safe(path) if self.store.local else path
+        return self.store._safe(f"{self.path}/{name}")
 
     def published(self) -> bool:
         return self.store.exists(self.kind, self.version)
 
-    # ------------------------------------------------------------ local commit
-    def _commit_local(self, tmp: str, dest: str) -> None:
-        """Move a finished, fsynced temp file to `dest` unless the version is published."""
-        with self.store._lock(self.kind, exclusive=False):
-            if self.published():
-                return  # the version is out: never write into it (tmp is removed by the caller)
-            directory = os.path.dirname(dest)
-            os.makedirs(directory, exist_ok=True)
-            os.replace(tmp, dest)
-            fsync_dir(directory)
-
     # ------------------------------------------------------------ puts
     def put_bytes(self, name: str, data: bytes) -> FileInfo:
         dest = self._p(name)
-        info = FileInfo(len(data), hashlib.sha256(data).hexdigest())
-        if self.store.local:
-            self._dirs()
-            fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=".tmp-", suffix=".part")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                self._commit_local(tmp, dest)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-        elif not self.published():
-            self.fs.pipe_file(dest, data)
-        return info
+        self.store._backend.put_bytes(self, dest, data)
+        return FileInfo(len(data), hashlib.sha256(data).hexdigest())
 
     def put_file(self, name: str, local_path: str, move: bool = False) -> FileInfo:
         """Publish a finished local file into the staging area (a rename when on the same disk)."""
-        dest = self._p(name)
-        if self.store.local:
-            self._dirs()
-            if move:
-                with open(local_path, "rb") as f:
-                    info = _hash_stream(f)
-                fsync_file(local_path)
-                try:
-                    self._commit_local(local_path, dest)
-                    if os.path.exists(local_path):  # published meanwhile: the move was skipped
-                        os.unlink(local_path)
-                    return info
-                except OSError:
-                    pass  # another device: copy below
-            fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=".tmp-", suffix=".part")
-            os.close(fd)
-            try:
-                info = _copy_hashed(local_path, tmp)
-                self._commit_local(tmp, dest)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-            if move:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(local_path)
-            return info
-        with open(local_path, "rb") as f:
-            info = _hash_stream(f)
-        if not self.published():
-            self.fs.put_file(local_path, dest)
-        if move:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(local_path)
-        return info
+        return self.store._backend.put_file(self, self._p(name), local_path, move)
 
     @contextlib.contextmanager
     def open_write(self, name: str) -> Iterator[str]:
@@ -306,7 +245,7 @@ class Staging:
         directory), so publishing it is a rename.
         """
         self._p(name)  # validate the name before any work is done
-        self._dirs()
+        self.store._backend.make_staging_dirs(self)
         fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=".tmp-", suffix=".part")
         os.close(fd)
         try:
@@ -319,8 +258,7 @@ class Staging:
     # ------------------------------------------------------------ reads
     def exists(self, name: str) -> bool:
         path = self._p(name)
-        if not self.store.local:
-            self.store._invalidate(path)
+        self.store._invalidate(path)
         return self.fs.exists(path)
 
     def read_bytes(self, name: str) -> bytes:
@@ -329,11 +267,18 @@ class Staging:
         except FileNotFoundError:
             raise StoreError(f"{self.kind}/{self.version} (staging): {name} is missing") from None
 
-    def local_path(self, name: str) -> str:
-        if not self.store.local:
-            raise StoreError("local_path is only available on a local store")
-        self._dirs()
-        return self._p(name)
+    def local_dir(self, names: Iterable[str], directory: str) -> str:
+        """A local directory holding the staged files `names` under their names, to read.
+
+        On local disk it is the staging area itself (nothing is copied); for an object
+        store the files are downloaded into `directory` (a scratch directory the caller
+        removes). Read only: write through `put_*` / `open_write`.
+
+        Raises:
+            StoreError: a file is not in the staging area (never staged, or taken away by
+                a concurrent publisher or `gc`).
+        """
+        return self.store._backend.staged_local_dir(self, [check_relpath(n) for n in names], directory)
 
     def mark_done(self, unit: str, info: Mapping[str, Any]) -> None:
         self.put_bytes(f"{DONE_DIR}/{check_name(unit, 'unit name')}.json", canonical_json(info))
@@ -369,11 +314,12 @@ class ArtifactStore:
         self.url = url
         self.storage_options = storage_options
         self.fs, root = filesystem(url, **storage_options)
-        self.local = is_local(self.fs)
-        self.root = root.rstrip("/") or "/"
-        if self.local:
-            self.root = os.path.abspath(self.root)
-            self._real_root = os.path.realpath(self.root)
+        # Everything that differs between local disk and object stores is the backend's,
+        # chosen here once; the rest of this class is the protocol both follow.
+        backend = LocalBackend if is_local(self.fs) else ObjectBackend
+        self._backend: LocalBackend | ObjectBackend = backend(self, root.rstrip("/") or "/")
+        self.local = self._backend.local  # for diagnostics and tests: code asks the backend
+        self.root = self._backend.root
         self._owned = False  # the marker was found or written through this handle
 
     # ---------------------------------------------------------------- identity
@@ -383,8 +329,7 @@ class ArtifactStore:
     def is_store(self) -> bool:
         """Whether the root holds a tokenmill store marker of the format this code reads."""
         path = self._marker_path()
-        if not self.local:
-            self._invalidate(path)
+        self._invalidate(path)
         try:
             with self.fs.open(path, "rb") as f:
                 raw = f.read(1 << 16)
@@ -401,21 +346,6 @@ class ArtifactStore:
             raise StoreError(f"{self.url} is a store of format {fmt!r}; this tokenmill reads {STORE_FORMAT!r}: upgrade tokenmill")
         return True
 
-    def _root_is_empty(self) -> bool:
-        """No entries but the temp files of a concurrent creator's marker (``.tmp-*``)."""
-        if self.local:
-            try:
-                return all(name.startswith(".tmp-") for name in os.listdir(self.root))
-            except FileNotFoundError:
-                return True
-            except NotADirectoryError:
-                raise StoreError(f"{self.url} is a file, not a directory: choose another --store") from None
-        self._invalidate(self.root)
-        try:
-            return not self.fs.ls(self.root, detail=False)
-        except FileNotFoundError:
-            return True
-
     def ensure_store(self) -> None:
         """Make sure the root is a tokenmill store before anything is written or deleted.
 
@@ -426,7 +356,7 @@ class ArtifactStore:
         if self._owned:
             return
         if not self.is_store():
-            if self._root_is_empty():
+            if self._backend.root_is_empty():
                 self._write_marker()
             elif not self.is_store():  # re-checked: a concurrent creator may have marked it meanwhile
                 raise StoreError(
@@ -437,13 +367,7 @@ class ArtifactStore:
 
     def _write_marker(self) -> None:
         marker = canonical_json({"format": STORE_FORMAT, "created": dt.datetime.now(dt.timezone.utc).isoformat(), "tool_version": __version__})
-        if self.local:
-            os.makedirs(self.root, exist_ok=True)
-            write_bytes_atomic(self.fs, self._marker_path(), marker)  # two creators write equivalent markers
-        else:
-            with contextlib.suppress(FileExistsError):
-                self.fs.makedirs(self.root, exist_ok=True)
-            write_bytes_create_only(self.fs, self._marker_path(), marker)  # a concurrent creator's marker stands
+        self._backend.write_marker(self._marker_path(), marker)
         if not self.is_store():
             raise StoreError(f"{self._marker_path()}: written but cannot be read back")
 
@@ -453,16 +377,11 @@ class ArtifactStore:
     # ---------------------------------------------------------------- paths
     def _safe(self, path: str) -> str:
         """On local disk, refuse a path whose resolved location leaves the store root."""
-        if self.local:
-            real = os.path.realpath(path)
-            if real != self._real_root and not real.startswith(self._real_root.rstrip("/") + "/"):
-                raise InputError(f"{path} resolves to {real}, outside the store root {self._real_root}")
-        return path
+        return self._backend.safe(path)
 
     def _invalidate(self, path: str) -> None:
         """Forget cached listings (s3fs caches them; another process may have written)."""
-        with contextlib.suppress(Exception):
-            self.fs.invalidate_cache(path)
+        self._backend.invalidate(path)
 
     def version_path(self, kind: str, version: str) -> str:
         return self._safe(f"{self.root}/{check_name(kind, 'kind')}/{check_name(version, 'version')}")
@@ -471,7 +390,7 @@ class ArtifactStore:
         path = self.version_path(kind, version)
         if name is not None:
             path = f"{path}/{check_relpath(name)}"
-        return path if self.local else self.fs.unstrip_protocol(path)
+        return self._backend.uri(path)
 
     def file_path(self, kind: str, version: str, name: str) -> str:
         return self._safe(f"{self.version_path(kind, version)}/{check_relpath(name)}")
@@ -479,25 +398,11 @@ class ArtifactStore:
     def _manifest_path(self, kind: str, version: str) -> str:
         return f"{self.version_path(kind, version)}/{MANIFEST}"
 
-    @contextlib.contextmanager
-    def _lock(self, kind: str, exclusive: bool) -> Iterator[None]:
-        if not self.local or fcntl is None:
-            yield
-            return
-        directory = self._safe(f"{self.root}/{check_name(kind, 'kind')}/{STAGING_DIR}")
-        os.makedirs(directory, exist_ok=True)
-        fd = os.open(f"{directory}/{LOCK_FILE}", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock; so does the process dying
-
     def settled_exists(self, kind: str, version: str) -> bool:
         """`exists`, after any publish of this kind in progress has finished (local stores
         publish under an exclusive lock; this waits for it). For a writer whose reads failed
         because a concurrent writer was moving the staging area into place."""
-        with self._lock(kind, exclusive=False):
+        with self._backend.lock(kind, exclusive=False):
             return self.exists(kind, version)
 
     # ---------------------------------------------------------------- writing
@@ -529,7 +434,7 @@ class ArtifactStore:
         if staging.store is not self and staging.store.url != self.url:
             raise StoreError(f"{staging!r} belongs to another store than {self.url}")
         if self.exists(kind, version):
-            self._discard(staging)
+            self._backend.discard(staging)
             return self.ref(kind, version)
         file_map: dict[str, dict[str, Any]] = {}
         for name, info in sorted(files.items()):
@@ -566,17 +471,13 @@ class ArtifactStore:
         data = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False, default=str).encode()
         if len(data) > MAX_MANIFEST_BYTES:
             raise StoreError(f"{kind}/{version}: manifest of {len(data):,} bytes exceeds {MAX_MANIFEST_BYTES:,}")
-        if self.local:
-            self._publish_local(staging, file_map, data)
-        else:
-            self._publish_remote(staging, file_map, data)
+        self._backend.publish(staging, file_map, data)
         return self.ref(kind, version)
 
     def _check_staged(self, staging: Staging, file_map: Mapping[str, Mapping[str, Any]]) -> None:
         for name, info in file_map.items():
-            path = f"{staging.path}/{name}"
             try:
-                size = os.path.getsize(path) if self.local else self.fs.info(path)["size"]
+                size = self._backend.size(f"{staging.path}/{name}")
             except FileNotFoundError:
                 raise StoreError(f"cannot publish {staging.kind}/{staging.version}: {name} is not in the staging area") from None
             if size != info["size"]:
@@ -584,86 +485,10 @@ class ArtifactStore:
                     f"cannot publish {staging.kind}/{staging.version}: {name} has {size:,} bytes, the file list says {info['size']:,}"
                 )
 
-    def _publish_local(self, staging: Staging, file_map: Mapping[str, Any], data: bytes) -> None:
-        kind, version = staging.kind, staging.version
-        with self._lock(kind, exclusive=True):
-            if self.exists(kind, version):
-                self._discard(staging)
-                return
-            staging._dirs()
-            self._check_staged(staging, file_map)  # (a staging area removed by gc fails here)
-            # Drop what is not part of the version (completion markers, scratch dirs).
-            for dirpath, dirnames, filenames in os.walk(staging.path, topdown=False):
-                for fname in filenames:
-                    full = os.path.join(dirpath, fname)
-                    rel = os.path.relpath(full, staging.path).replace(os.sep, "/")
-                    if rel not in file_map:
-                        os.unlink(full)
-                for dname in dirnames:
-                    full = os.path.join(dirpath, dname)
-                    if os.path.islink(full):
-                        os.unlink(full)
-                    elif not os.listdir(full):
-                        os.rmdir(full)
-            for name in file_map:  # published files are read-only; a writer must go through a new version
-                os.chmod(f"{staging.path}/{name}", 0o444)
-            write_bytes_atomic(self.fs, f"{staging.path}/{MANIFEST}", data)
-            os.chmod(f"{staging.path}/{MANIFEST}", 0o444)
-            final = self.version_path(kind, version)
-            if os.path.lexists(final):  # a directory without a manifest: an orphan, not a version
-                trash = f"{self.root}/{kind}/{STAGING_DIR}/{TMP_DIR}/trash-{uuid.uuid4().hex}"
-                os.rename(final, trash)
-                shutil.rmtree(trash, ignore_errors=True)
-            os.rename(staging.path, final)
-            fsync_dir(os.path.dirname(final))
-
-    def _publish_remote(self, staging: Staging, file_map: Mapping[str, Any], data: bytes) -> None:
-        """Copy the staged files under the version's prefix (server-side copies), then PUT
-        the manifest create-only. Until the manifest lands, the version prefix holds only
-        whole files of the same bytes any writer of this version would copy; a publisher
-        killed between the copies and the manifest leaves a manifest-less prefix that
-        readers ignore and `gc` collects."""
-        kind, version = staging.kind, staging.version
-        self._invalidate(staging.path)
-        try:
-            self._check_staged(staging, file_map)
-        except StoreError:
-            if self.exists(kind, version):  # a concurrent writer of this version published it and took the staging area
-                return
-            raise
-        final = self.version_path(kind, version)
-        for name in file_map:
-            if self.exists(kind, version):  # a concurrent writer published: adopt its version
-                break
-            try:
-                self.fs.copy(f"{staging.path}/{name}", f"{final}/{name}")
-            except FileNotFoundError:  # the shared staging area went away under us
-                if self.exists(kind, version):  # ... taken by a concurrent writer that published
-                    return
-                raise StoreError(f"cannot publish {kind}/{version}: {name} vanished from the staging area (was `tokenmill gc` run meanwhile?); rerun") from None
-        created = write_bytes_create_only(self.fs, f"{final}/{MANIFEST}", data)
-        if not created:  # a concurrent writer published first: its manifest stands
-            self._invalidate(final)
-        elif not self.exists(kind, version):
-            raise StoreError(f"{kind}/{version}: the manifest was written but cannot be read back")
-        self._discard(staging)
-
-    def _discard(self, staging: Staging) -> None:
-        if self.local:
-            shutil.rmtree(staging.path, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError, OSError):
-                self.fs.rm(staging.path, recursive=True)
-            self._invalidate(staging.path)
-
     # ---------------------------------------------------------------- reading
     def exists(self, kind: str, version: str) -> bool:
         """Whether `kind/version` is published (has its manifest)."""
-        path = self._manifest_path(kind, version)
-        if self.local:
-            return os.path.isfile(path)
-        self._invalidate(path)
-        return self.fs.exists(path)
+        return self._backend.exists(self._manifest_path(kind, version))
 
     def usable(self, kind: str, version: str) -> bool:
         """Whether `kind/version` is published and sound, for a stage deciding to reuse it.
@@ -678,10 +503,7 @@ class ArtifactStore:
         if not self.exists(kind, version):
             return False
         try:
-            manifest = self.manifest(kind, version)
-            if self.local:
-                for name, info in manifest["files"].items():
-                    self._local_check(self.file_path(kind, version, name), f"{kind}/{version}/{name}", info, full=True)
+            self._backend.check_in_place(kind, version, self.manifest(kind, version))
         except StoreError as e:
             if not self.exists(kind, version):  # moved away meanwhile (a concurrent quarantine)
                 return False
@@ -781,10 +603,10 @@ class ArtifactStore:
     def _check_file(self, kind: str, version: str, name: str, info: Mapping[str, Any], path: str, full: bool) -> None:
         try:
             if full:
-                with open(path, "rb") if self.local else self.fs.open(path, "rb") as f:
+                with self._backend.open_read(path) as f:
                     got = _hash_stream(f)
             else:
-                got = FileInfo(os.path.getsize(path) if self.local else self.fs.info(path)["size"], info["sha256"])
+                got = FileInfo(self._backend.size(path), info["sha256"])
         except (FileNotFoundError, IsADirectoryError):
             raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing") from None
         if got.size != info["size"]:
@@ -806,56 +628,7 @@ class ArtifactStore:
             raise InputError(f"verify={verify!r}: choose size, full or none")
         manifest_raw = self._read_manifest_bytes(kind, version)
         manifest = self._parse_manifest(manifest_raw, kind, version)
-        if self.local:
-            if verify != "none":
-                for name, info in manifest["files"].items():
-                    self._local_check(self.file_path(kind, version, name), f"{kind}/{version}/{name}", info, verify == "full")
-            return self.version_path(kind, version)
-        cache = cache_dir or os.path.join(tempfile.gettempdir(), "tokenmill-cache")
-        dest = os.path.join(cache, kind, version)
-        if self._cache_current(dest, manifest_raw):
-            try:
-                if verify != "none":
-                    for name, info in manifest["files"].items():
-                        self._local_check(os.path.join(dest, *name.split("/")), f"{kind}/{version}/{name} (cached)", info, verify == "full")
-                return dest
-            except StoreError as e:  # a damaged cache copy is ours to replace: download it again
-                _log.warning("%s; downloading %s/%s again", e, kind, version)
-                old = f"{dest}.{uuid.uuid4().hex}.old"
-                with contextlib.suppress(OSError):
-                    os.rename(dest, old)
-                shutil.rmtree(old, ignore_errors=True)
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        tmp = f"{dest}.{uuid.uuid4().hex}.part"
-        try:
-            for name, info in manifest["files"].items():
-                target = os.path.join(tmp, *name.split("/"))
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                try:
-                    with self.fs.open(self.file_path(kind, version, name), "rb") as src, open(target, "wb") as dst:
-                        n, digest = hash_stream(src, dst)
-                except FileNotFoundError:
-                    raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing from {self.url}") from None
-                if n != info["size"] or digest != info["sha256"]:
-                    raise StoreError(f"{kind}/{version}/{name}: downloaded {n:,} bytes that do not match the manifest's size/sha256: corrupt or altered")
-            with open(os.path.join(tmp, MANIFEST), "wb") as f:
-                f.write(manifest_raw)
-            for _ in range(2):
-                try:
-                    os.rename(tmp, dest)
-                    break
-                except OSError:
-                    if self._cache_current(dest, manifest_raw):
-                        break  # another process filled the cache with this version meanwhile
-                    old = f"{dest}.{uuid.uuid4().hex}.old"  # a stale copy: move it aside
-                    with contextlib.suppress(OSError):
-                        os.rename(dest, old)
-                    shutil.rmtree(old, ignore_errors=True)
-            else:
-                raise StoreError(f"cannot fill the cache directory {dest}")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return dest
+        return self._backend.local_dir(kind, version, manifest, manifest_raw, cache_dir, verify)
 
     def local_file(self, kind: str, version: str, name: str, cache_dir: str | None = None) -> str:
         """A local path to one file of a version: the file itself on a local store, else a
@@ -864,50 +637,7 @@ class ArtifactStore:
         info = manifest["files"].get(name)
         if info is None:
             raise StoreError(f"{kind}/{version} has no file {name!r}")
-        if self.local:
-            path = self.file_path(kind, version, name)
-            self._local_check(path, f"{kind}/{version}/{name}", info, full=True)
-            return path
-        cache = cache_dir or os.path.join(tempfile.gettempdir(), "tokenmill-cache")
-        dest = os.path.join(cache, kind, f"{version}.files", info["sha256"][:16], *check_relpath(name).split("/"))
-        if os.path.exists(dest):
-            with contextlib.suppress(StoreError):
-                self._local_check(dest, f"{kind}/{version}/{name} (cached)", info, full=True)
-                return dest
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        tmp = f"{dest}.{uuid.uuid4().hex}.part"
-        try:
-            with self.fs.open(self.file_path(kind, version, name), "rb") as src, open(tmp, "wb") as dst:
-                n, digest = hash_stream(src, dst)
-            if n != info["size"] or digest != info["sha256"]:
-                raise StoreError(f"{kind}/{version}/{name}: downloaded {n:,} bytes that do not match the manifest's size/sha256: corrupt or altered")
-            os.replace(tmp, dest)
-        except FileNotFoundError:
-            raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing from {self.url}") from None
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        return dest
-
-    @staticmethod
-    def _cache_current(dest: str, manifest_raw: bytes) -> bool:
-        try:
-            with open(os.path.join(dest, MANIFEST), "rb") as f:
-                return f.read() == manifest_raw
-        except OSError:
-            return False
-
-    @staticmethod
-    def _local_check(path: str, label: str, info: Mapping[str, Any], full: bool) -> None:
-        if full:
-            check_local_file(path, info["size"], info["sha256"], label)
-            return
-        try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:
-            raise StoreError(f"{label}: missing") from None
-        if size != info["size"]:
-            raise StoreError(f"{label}: {size:,} bytes, manifest says {info['size']:,}: truncated or altered")
+        return self._backend.local_file(kind, version, name, info, cache_dir)
 
     def verify(self, kind: str, version: str, strict: bool = False) -> dict[str, Any]:
         """Re-hash every file against the manifest; raise `StoreError` naming the first bad one.
@@ -920,8 +650,6 @@ class ArtifactStore:
             self._check_file(kind, version, name, info, self.file_path(kind, version, name), full=True)
         if strict:
             base = self.version_path(kind, version)
-            if not self.local:
-                self._invalidate(base)
             for rel, _ in self._relative_files(base):
                 if rel != MANIFEST and rel not in manifest["files"]:
                     raise StoreError(f"{kind}/{version}/{rel}: a file the manifest does not list")
@@ -929,8 +657,7 @@ class ArtifactStore:
 
     def _relative_files(self, base: str) -> list[tuple[str, str]]:
         """(path relative to `base`, full path) of every file under `base`."""
-        if not self.local:
-            self._invalidate(base)
+        self._invalidate(base)
         prefix = base.rstrip("/") + "/"
         out = []
         for path in self.fs.find(base):
@@ -940,8 +667,7 @@ class ArtifactStore:
 
     # ---------------------------------------------------------------- listing
     def _dirs(self, path: str) -> list[str]:
-        if not self.local:
-            self._invalidate(path)
+        self._invalidate(path)
         try:
             entries = self.fs.ls(path, detail=True)
         except (FileNotFoundError, NotADirectoryError):
@@ -995,27 +721,6 @@ class ArtifactStore:
             raise InputError(f"{version_prefix!r} matches {len(hits)} versions in {self.url}; give kind/version")
         return hits[0]
 
-    def _age(self, path: str) -> float:
-        """Seconds since anything under `path` last changed."""
-        newest = 0.0
-        if self.local:
-            for dirpath, _, filenames in os.walk(path):
-                with contextlib.suppress(OSError):
-                    newest = max(newest, os.lstat(dirpath).st_mtime)
-                for f in filenames:
-                    with contextlib.suppress(OSError):
-                        newest = max(newest, os.lstat(os.path.join(dirpath, f)).st_mtime)
-            with contextlib.suppress(OSError):
-                newest = max(newest, os.lstat(path).st_mtime)
-        else:
-            for info in self.fs.find(path, detail=True).values():
-                stamp = info.get("LastModified") or info.get("mtime") or info.get("created") or info.get("updated")
-                if isinstance(stamp, dt.datetime):
-                    newest = max(newest, stamp.timestamp())
-                elif isinstance(stamp, (int, float)):
-                    newest = max(newest, float(stamp))
-        return time.time() - newest if newest else float("inf")
-
     def gc(self, dry_run: bool = False, min_age_s: float = 0.0) -> list[str]:
         """Remove what no reader can see: staging areas, work and temp dirs, and version
         dirs without a manifest. Only in a tokenmill store (refused elsewhere), and only
@@ -1035,33 +740,20 @@ class ArtifactStore:
             if self.fs.exists(staging_root):
                 for e in self.fs.ls(staging_root, detail=False):
                     name = e.rstrip("/").rsplit("/", 1)[-1]
-                    if name != LOCK_FILE and not (self.local and name.endswith(CLAIM_SUFFIX) and _held(e)):
+                    if name != LOCK_FILE and not self._backend.claim_held(e):
                         candidates.append(e.rstrip("/"))
             for v in self._version_dirs(k):
                 if not self.exists(k, v):
                     candidates.append(self.version_path(k, v))
-        if not self.local and os.path.isdir(self._local_area()):
-            for k in os.listdir(self._local_area()):
-                candidates.extend(os.path.join(self._local_area(), k, e) for e in os.listdir(os.path.join(self._local_area(), k)))
-        removed = [p for p in candidates if min_age_s <= 0 or self._age(p) >= min_age_s]
+        candidates.extend(self._backend.local_work_entries())
+        removed = [p for p in candidates if min_age_s <= 0 or self._backend.age(p) >= min_age_s]
         if not dry_run:
             for path in removed:
                 with contextlib.suppress(FileNotFoundError):
-                    if os.path.isabs(path) and (self.local or path.startswith(self._local_area())):
-                        if os.path.isdir(path) and not os.path.islink(path):
-                            shutil.rmtree(path)
-                        else:
-                            os.unlink(path)
-                    else:
-                        self.fs.rm(path, recursive=True)
+                    self._backend.remove(path)
         return removed
 
     # ---------------------------------------------------------------- work areas
-    def _local_area(self) -> str:
-        """Local disk space of a remote store (work dirs, temp files), one per store URL."""
-        digest = hashlib.sha256(f"{protocol_of(self.fs)}://{self.root}".encode()).hexdigest()[:16]
-        return os.path.join(tempfile.gettempdir(), "tokenmill-stores", digest)
-
     def scratch_dir(self, kind: str) -> str:
         """A local directory for temporary files of `kind`'s stages, where `gc` finds leftovers.
 
@@ -1070,10 +762,7 @@ class ArtifactStore:
         """
         check_name(kind, "kind")
         self.ensure_store()
-        if self.local:
-            path = self._safe(f"{self.root}/{kind}/{STAGING_DIR}/{TMP_DIR}")
-        else:
-            path = os.path.join(self._local_area(), kind, TMP_DIR)
+        path = self._backend.scratch_path(kind)
         os.makedirs(path, exist_ok=True)
         return path
 
@@ -1087,20 +776,12 @@ class ArtifactStore:
         check_name(kind, "kind")
         check_name(version, "version")
         self.ensure_store()
-        if self.local:
-            path = self._safe(f"{self.root}/{kind}/{STAGING_DIR}/{version}{WORK_SUFFIX}")
-        else:
-            path = os.path.join(self._local_area(), kind, f"{version}{WORK_SUFFIX}")
+        path = self._backend.work_path(kind, version)
         os.makedirs(path, exist_ok=True)
         return path
 
     def drop_work_dir(self, kind: str, version: str) -> None:
-        path = (
-            f"{self.root}/{kind}/{STAGING_DIR}/{check_name(version, 'version')}{WORK_SUFFIX}"
-            if self.local
-            else os.path.join(self._local_area(), check_name(kind, "kind"), f"{version}{WORK_SUFFIX}")
-        )
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(self._backend.work_path(check_name(kind, "kind"), check_name(version, "version")), ignore_errors=True)
 
     @contextlib.contextmanager
     def claim(self, kind: str, version: str, poll_s: float = 2.0, ttl_s: float = 120.0) -> Iterator[None]:
@@ -1117,16 +798,286 @@ class ArtifactStore:
         check_name(kind, "kind")
         check_name(version, "version")
         self.ensure_store()
-        if self.local:
-            with self._local_claim(kind, version):
-                yield
-        else:
-            with self._lease(kind, version, poll_s, ttl_s):
-                yield
+        with self._backend.claim(kind, version, poll_s, ttl_s):
+            yield
 
+    def produce(self, kind: str, version: str, make: Callable[[], VersionRef]) -> VersionRef:
+        """The one path every stage takes to its output: reuse `kind/version` if it is
+        published and sound (`usable`), else claim it (a concurrent run of the same work
+        waits here, then finds it published) and call `make`, which stages and publishes it.
+        If `make` fails because a concurrent writer published the version meanwhile (its
+        staging area moved away under us), that version is adopted."""
+        if self.usable(kind, version):
+            return self.ref(kind, version)
+        with self.claim(kind, version):
+            if self.usable(kind, version):
+                return self.ref(kind, version)
+            try:
+                return make()
+            except (InputError, StoreError, OSError):
+                if self.settled_exists(kind, version):
+                    return self.ref(kind, version)
+                raise
+
+    # ---------------------------------------------------------------- quarantine
+    def quarantine(self, kind: str, version: str, reason: str) -> str:
+        """Move a corrupt version aside (``<kind>/.quarantine/<version>-<time>``) so a rerun
+        recomputes it; returns where it went. Nothing is deleted."""
+        self.ensure_store()
+        src = self.version_path(kind, version)
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        dest = self._safe(f"{self.root}/{kind}/{QUARANTINE_DIR}/{version}-{stamp}")
+        self._backend.move_aside(src, dest)
+        _log.warning("quarantined %s/%s in %s: %s -> %s", kind, version, self.url, reason, dest)
+        return dest
+
+
+
+# =============================================================================== backends
+# Everything that differs between local disk and object stores, one class each. The
+# store calls them with paths it has built and checked (`check_name`, `_safe`); they
+# call back into the store for the protocol's own questions (`exists`, `_check_staged`).
+
+
+def _check_local(path: str, label: str, info: Mapping[str, Any], full: bool) -> None:
+    """A local copy of a published file against its manifest entry (full: size and sha256,
+    hashed once per process while unchanged; else the size only)."""
+    if full:
+        check_local_file(path, info["size"], info["sha256"], label)
+        return
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        raise StoreError(f"{label}: missing") from None
+    if size != info["size"]:
+        raise StoreError(f"{label}: {size:,} bytes, manifest says {info['size']:,}: truncated or altered")
+
+
+def _local_age(path: str) -> float:
+    """Seconds since anything under the local `path` last changed (inf if nothing is there)."""
+    newest = 0.0
+    for dirpath, _, filenames in os.walk(path):
+        with contextlib.suppress(OSError):
+            newest = max(newest, os.lstat(dirpath).st_mtime)
+        for f in filenames:
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.lstat(os.path.join(dirpath, f)).st_mtime)
+    with contextlib.suppress(OSError):
+        newest = max(newest, os.lstat(path).st_mtime)
+    return time.time() - newest if newest else float("inf")
+
+
+def _remove_local(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+class LocalBackend:
+    """Local disk (``file://`` or a plain path).
+
+    Staging in ``<kind>/.staging/<version>/``, temp files in ``<kind>/.staging/.tmp/`` (the
+    same disk, so a finished file is committed by a rename). Puts hold a shared `flock` on
+    ``.staging/.lock``, `publish` an exclusive one; publish makes the files read-only
+    (0444), writes the manifest and renames the directory into place in one `os.rename`.
+    Claims are `flock`ed files; work and scratch dirs live in the staging area. Every
+    path must resolve under the store root (`safe`).
+    """
+
+    local = True
+
+    def __init__(self, store: ArtifactStore, root: str):
+        self.store, self.fs = store, store.fs
+        self.root = os.path.abspath(root)
+        self._real_root = os.path.realpath(self.root)
+
+    # ---------------------------------------------------------------- paths
+    def safe(self, path: str) -> str:
+        real = os.path.realpath(path)
+        if real != self._real_root and not real.startswith(self._real_root.rstrip("/") + "/"):
+            raise InputError(f"{path} resolves to {real}, outside the store root {self._real_root}")
+        return path
+
+    def invalidate(self, path: str) -> None:
+        """Nothing to forget: local listings are never cached."""
+
+    def uri(self, path: str) -> str:
+        return path
+
+    def staging_paths(self, kind: str, version: str) -> tuple[str, str | None]:
+        staging_root = f"{self.root}/{kind}/{STAGING_DIR}"
+        return self.safe(f"{staging_root}/{version}"), self.safe(f"{staging_root}/{TMP_DIR}")
+
+    def make_staging_dirs(self, staging: Staging) -> None:
+        """Create the staging and temp directories on first write (reads never create them)."""
+        os.makedirs(staging.path, exist_ok=True)
+        os.makedirs(staging.tmp_dir, exist_ok=True)
+
+    def scratch_path(self, kind: str) -> str:
+        return self.safe(f"{self.root}/{kind}/{STAGING_DIR}/{TMP_DIR}")
+
+    def work_path(self, kind: str, version: str) -> str:
+        return self.safe(f"{self.root}/{kind}/{STAGING_DIR}/{version}{WORK_SUFFIX}")
+
+    # ---------------------------------------------------------------- identity
+    def root_is_empty(self) -> bool:
+        """No entries but the temp files of a concurrent creator's marker (``.tmp-*``)."""
+        try:
+            return all(name.startswith(".tmp-") for name in os.listdir(self.root))
+        except FileNotFoundError:
+            return True
+        except NotADirectoryError:
+            raise StoreError(f"{self.store.url} is a file, not a directory: choose another --store") from None
+
+    def write_marker(self, path: str, marker: bytes) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        write_bytes_atomic(self.fs, path, marker)  # two creators write equivalent markers
+
+    # ---------------------------------------------------------------- writing
     @contextlib.contextmanager
-    def _local_claim(self, kind: str, version: str) -> Iterator[None]:
-        directory = self._safe(f"{self.root}/{kind}/{STAGING_DIR}")
+    def lock(self, kind: str, exclusive: bool) -> Iterator[None]:
+        """Puts share it, `publish` holds it alone: no put lands in a published version."""
+        if fcntl is None:
+            yield
+            return
+        directory = self.safe(f"{self.root}/{check_name(kind, 'kind')}/{STAGING_DIR}")
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(f"{directory}/{LOCK_FILE}", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock; so does the process dying
+
+    def _commit(self, staging: Staging, tmp: str, dest: str) -> None:
+        """Move a finished, fsynced temp file to `dest` unless the version is published."""
+        with self.lock(staging.kind, exclusive=False):
+            if staging.published():
+                return  # the version is out: never write into it (tmp is removed by the caller)
+            directory = os.path.dirname(dest)
+            os.makedirs(directory, exist_ok=True)
+            os.replace(tmp, dest)
+            fsync_dir(directory)
+
+    def put_bytes(self, staging: Staging, dest: str, data: bytes) -> None:
+        self.make_staging_dirs(staging)
+        fd, tmp = tempfile.mkstemp(dir=staging.tmp_dir, prefix=".tmp-", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            self._commit(staging, tmp, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def put_file(self, staging: Staging, dest: str, local_path: str, move: bool) -> FileInfo:
+        self.make_staging_dirs(staging)
+        if move:
+            with open(local_path, "rb") as f:
+                info = _hash_stream(f)
+            fsync_file(local_path)
+            try:
+                self._commit(staging, local_path, dest)
+                if os.path.exists(local_path):  # published meanwhile: the move was skipped
+                    os.unlink(local_path)
+                return info
+            except OSError:
+                pass  # another device: copy below
+        fd, tmp = tempfile.mkstemp(dir=staging.tmp_dir, prefix=".tmp-", suffix=".part")
+        os.close(fd)
+        try:
+            info = _copy_hashed(local_path, tmp)
+            self._commit(staging, tmp, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if move:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(local_path)
+        return info
+
+    def staged_local_dir(self, staging: Staging, names: list[str], directory: str) -> str:
+        """The staging area itself: its files are already local."""
+        for name in names:
+            if not os.path.isfile(f"{staging.path}/{name}"):
+                raise StoreError(f"{staging.kind}/{staging.version} (staging): {name} is missing")
+        return staging.path
+
+    def publish(self, staging: Staging, file_map: Mapping[str, Any], data: bytes) -> None:
+        """Under the exclusive lock: drop what is not listed, chmod 0444, write the
+        manifest, rename the staging directory to ``<kind>/<version>``."""
+        kind, version = staging.kind, staging.version
+        with self.lock(kind, exclusive=True):
+            if self.store.exists(kind, version):
+                self.discard(staging)
+                return
+            self.make_staging_dirs(staging)
+            self.store._check_staged(staging, file_map)  # (a staging area removed by gc fails here)
+            # Drop what is not part of the version (completion markers, scratch dirs).
+            for dirpath, dirnames, filenames in os.walk(staging.path, topdown=False):
+                for fname in filenames:
+                    full = os.path.join(dirpath, fname)
+                    rel = os.path.relpath(full, staging.path).replace(os.sep, "/")
+                    if rel not in file_map:
+                        os.unlink(full)
+                for dname in dirnames:
+                    full = os.path.join(dirpath, dname)
+                    if os.path.islink(full):
+                        os.unlink(full)
+                    elif not os.listdir(full):
+                        os.rmdir(full)
+            for name in file_map:  # published files are read-only; a writer must go through a new version
+                os.chmod(f"{staging.path}/{name}", 0o444)
+            write_bytes_atomic(self.fs, f"{staging.path}/{MANIFEST}", data)
+            os.chmod(f"{staging.path}/{MANIFEST}", 0o444)
+            final = self.store.version_path(kind, version)
+            if os.path.lexists(final):  # a directory without a manifest: an orphan, not a version
+                trash = f"{self.root}/{kind}/{STAGING_DIR}/{TMP_DIR}/trash-{uuid.uuid4().hex}"
+                os.rename(final, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+            os.rename(staging.path, final)
+            fsync_dir(os.path.dirname(final))
+
+    def discard(self, staging: Staging) -> None:
+        shutil.rmtree(staging.path, ignore_errors=True)
+
+    # ---------------------------------------------------------------- reading
+    def exists(self, manifest_path: str) -> bool:
+        return os.path.isfile(manifest_path)
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(path)
+
+    def open_read(self, path: str) -> BinaryIO:
+        return open(path, "rb")
+
+    def check_in_place(self, kind: str, version: str, manifest: Mapping[str, Any]) -> None:
+        """For `usable`: every file against the manifest (hashed once per process while unchanged)."""
+        for name, info in manifest["files"].items():
+            _check_local(self.store.file_path(kind, version, name), f"{kind}/{version}/{name}", info, full=True)
+
+    def local_dir(self, kind: str, version: str, manifest: Mapping[str, Any], manifest_raw: bytes, cache_dir: str | None, verify: str) -> str:
+        """The version directory itself, checked in place."""
+        if verify != "none":
+            for name, info in manifest["files"].items():
+                _check_local(self.store.file_path(kind, version, name), f"{kind}/{version}/{name}", info, verify == "full")
+        return self.store.version_path(kind, version)
+
+    def local_file(self, kind: str, version: str, name: str, info: Mapping[str, Any], cache_dir: str | None) -> str:
+        """The published file itself, checked in place."""
+        path = self.store.file_path(kind, version, name)
+        _check_local(path, f"{kind}/{version}/{name}", info, full=True)
+        return path
+
+    # ---------------------------------------------------------------- claims, gc, quarantine
+    @contextlib.contextmanager
+    def claim(self, kind: str, version: str, poll_s: float, ttl_s: float) -> Iterator[None]:
+        """An `flock`ed ``<kind>/.staging/<version>.claim``: the kernel releases it when
+        its holder dies, so it needs no lease (`poll_s` and `ttl_s` are unused)."""
+        directory = self.safe(f"{self.root}/{kind}/{STAGING_DIR}")
         os.makedirs(directory, exist_ok=True)
         path = f"{directory}/{version}{CLAIM_SUFFIX}"
         while True:
@@ -1148,8 +1099,253 @@ class ArtifactStore:
             finally:
                 os.close(fd)
 
+    def claim_held(self, path: str) -> bool:
+        """Whether a staging entry is a claim a live process holds (gc keeps those)."""
+        return path.rstrip("/").endswith(CLAIM_SUFFIX) and _held(path)
+
+    def local_work_entries(self) -> list[str]:
+        """Work areas outside the store: none, they are all in its staging areas."""
+        return []
+
+    def age(self, path: str) -> float:
+        return _local_age(path)
+
+    def remove(self, path: str) -> None:
+        _remove_local(path)
+
+    def move_aside(self, src: str, dest: str) -> None:
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        os.rename(src, dest)
+        fsync_dir(os.path.dirname(src))
+
+
+class ObjectBackend:
+    """Object stores (``s3://``, ``gs://``, ``memory://`` ...): no rename, no locks.
+
+    Each put is one PUT into ``<kind>/.staging/<version>/`` (multipart uploads complete
+    atomically), skipped once the version's manifest exists. `publish` copies the staged
+    files server-side under the version prefix, then PUTs the manifest create-only (s3fs
+    mode ``"xb"`` -> ``IfNoneMatch: *``): of two concurrent publishers exactly one manifest
+    wins and the other adopts it. Reads download into a local cache, hashing as they go.
+    Claims are lease objects; work and scratch dirs are in a local area keyed by the
+    store's URL (`area`). s3fs caches listings, so every existence check forgets them first.
+    """
+
+    local = False
+
+    def __init__(self, store: ArtifactStore, root: str):
+        self.store, self.fs, self.root = store, store.fs, root
+
+    # ---------------------------------------------------------------- paths
+    def safe(self, path: str) -> str:
+        """Object keys cannot escape the root through links: names alone are checked."""
+        return path
+
+    def invalidate(self, path: str) -> None:
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(path)
+
+    def uri(self, path: str) -> str:
+        return self.fs.unstrip_protocol(path)
+
+    def staging_paths(self, kind: str, version: str) -> tuple[str, str | None]:
+        return f"{self.root}/{kind}/{STAGING_DIR}/{version}", None  # temp files: the system's temp dir
+
+    def make_staging_dirs(self, staging: Staging) -> None:
+        """Nothing to make: object stores have no directories."""
+
+    def area(self) -> str:
+        """Local disk space of this store (work dirs, temp files), one per store URL."""
+        digest = hashlib.sha256(f"{protocol_of(self.fs)}://{self.root}".encode()).hexdigest()[:16]
+        return os.path.join(tempfile.gettempdir(), "tokenmill-stores", digest)
+
+    def scratch_path(self, kind: str) -> str:
+        return os.path.join(self.area(), kind, TMP_DIR)
+
+    def work_path(self, kind: str, version: str) -> str:
+        return os.path.join(self.area(), kind, f"{version}{WORK_SUFFIX}")
+
+    # ---------------------------------------------------------------- identity
+    def root_is_empty(self) -> bool:
+        self.invalidate(self.root)
+        try:
+            return not self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return True
+
+    def write_marker(self, path: str, marker: bytes) -> None:
+        with contextlib.suppress(FileExistsError):
+            self.fs.makedirs(self.root, exist_ok=True)
+        write_bytes_create_only(self.fs, path, marker)  # a concurrent creator's marker stands
+
+    # ---------------------------------------------------------------- writing
     @contextlib.contextmanager
-    def _lease(self, kind: str, version: str, poll_s: float, ttl_s: float) -> Iterator[None]:
+    def lock(self, kind: str, exclusive: bool) -> Iterator[None]:
+        """No lock: the create-only manifest PUT alone decides who publishes."""
+        yield
+
+    def put_bytes(self, staging: Staging, dest: str, data: bytes) -> None:
+        if not staging.published():
+            self.fs.pipe_file(dest, data)
+
+    def put_file(self, staging: Staging, dest: str, local_path: str, move: bool) -> FileInfo:
+        with open(local_path, "rb") as f:
+            info = _hash_stream(f)
+        if not staging.published():
+            self.fs.put_file(local_path, dest)
+        if move:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(local_path)
+        return info
+
+    def staged_local_dir(self, staging: Staging, names: list[str], directory: str) -> str:
+        """Download the staged files into `directory`."""
+        for name in names:
+            target = os.path.join(directory, *name.split("/"))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            try:
+                with self.fs.open(f"{staging.path}/{name}", "rb") as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, _CHUNK)
+            except FileNotFoundError:
+                raise StoreError(f"{staging.kind}/{staging.version} (staging): {name} is missing") from None
+        return directory
+
+    def publish(self, staging: Staging, file_map: Mapping[str, Any], data: bytes) -> None:
+        """Copy the staged files under the version's prefix (server-side copies), then PUT
+        the manifest create-only. Until the manifest lands, the version prefix holds only
+        whole files of the same bytes any writer of this version would copy; a publisher
+        killed between the copies and the manifest leaves a manifest-less prefix that
+        readers ignore and `gc` collects."""
+        kind, version = staging.kind, staging.version
+        self.invalidate(staging.path)
+        try:
+            self.store._check_staged(staging, file_map)
+        except StoreError:
+            if self.store.exists(kind, version):  # a concurrent writer of this version published it and took the staging area
+                return
+            raise
+        final = self.store.version_path(kind, version)
+        for name in file_map:
+            if self.store.exists(kind, version):  # a concurrent writer published: adopt its version
+                break
+            try:
+                self.fs.copy(f"{staging.path}/{name}", f"{final}/{name}")
+            except FileNotFoundError:  # the shared staging area went away under us
+                if self.store.exists(kind, version):  # ... taken by a concurrent writer that published
+                    return
+                raise StoreError(f"cannot publish {kind}/{version}: {name} vanished from the staging area (was `tokenmill gc` run meanwhile?); rerun") from None
+        created = write_bytes_create_only(self.fs, f"{final}/{MANIFEST}", data)
+        if not created:  # a concurrent writer published first: its manifest stands
+            self.invalidate(final)
+        elif not self.store.exists(kind, version):
+            raise StoreError(f"{kind}/{version}: the manifest was written but cannot be read back")
+        self.discard(staging)
+
+    def discard(self, staging: Staging) -> None:
+        with contextlib.suppress(FileNotFoundError, OSError):
+            self.fs.rm(staging.path, recursive=True)
+        self.invalidate(staging.path)
+
+    # ---------------------------------------------------------------- reading
+    def exists(self, manifest_path: str) -> bool:
+        self.invalidate(manifest_path)
+        return self.fs.exists(manifest_path)
+
+    def size(self, path: str) -> int:
+        return self.fs.info(path)["size"]
+
+    def open_read(self, path: str) -> BinaryIO:
+        return self.fs.open(path, "rb")
+
+    def check_in_place(self, kind: str, version: str, manifest: Mapping[str, Any]) -> None:
+        """For `usable`: the manifest alone (reads verify each file they download)."""
+
+    def _download(self, kind: str, version: str, name: str, info: Mapping[str, Any], target: str) -> None:
+        """One published file into the local `target`, hashed on the way, checked against `info`."""
+        try:
+            with self.fs.open(self.store.file_path(kind, version, name), "rb") as src, open(target, "wb") as dst:
+                n, digest = hash_stream(src, dst)
+        except FileNotFoundError:
+            raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing from {self.store.url}") from None
+        if n != info["size"] or digest != info["sha256"]:
+            raise StoreError(f"{kind}/{version}/{name}: downloaded {n:,} bytes that do not match the manifest's size/sha256: corrupt or altered")
+
+    @staticmethod
+    def _cache_current(dest: str, manifest_raw: bytes) -> bool:
+        try:
+            with open(os.path.join(dest, MANIFEST), "rb") as f:
+                return f.read() == manifest_raw
+        except OSError:
+            return False
+
+    def local_dir(self, kind: str, version: str, manifest: Mapping[str, Any], manifest_raw: bytes, cache_dir: str | None, verify: str) -> str:
+        """A hash-checked download into ``<cache>/<kind>/<version>`` (with the manifest),
+        reused while its manifest is the store's and its files still match."""
+        cache = cache_dir or os.path.join(tempfile.gettempdir(), "tokenmill-cache")
+        dest = os.path.join(cache, kind, version)
+        if self._cache_current(dest, manifest_raw):
+            try:
+                if verify != "none":
+                    for name, info in manifest["files"].items():
+                        _check_local(os.path.join(dest, *name.split("/")), f"{kind}/{version}/{name} (cached)", info, verify == "full")
+                return dest
+            except StoreError as e:  # a damaged cache copy is ours to replace: download it again
+                _log.warning("%s; downloading %s/%s again", e, kind, version)
+                old = f"{dest}.{uuid.uuid4().hex}.old"
+                with contextlib.suppress(OSError):
+                    os.rename(dest, old)
+                shutil.rmtree(old, ignore_errors=True)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        tmp = f"{dest}.{uuid.uuid4().hex}.part"
+        try:
+            for name, info in manifest["files"].items():
+                target = os.path.join(tmp, *name.split("/"))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                self._download(kind, version, name, info, target)
+            with open(os.path.join(tmp, MANIFEST), "wb") as f:
+                f.write(manifest_raw)
+            for _ in range(2):
+                try:
+                    os.rename(tmp, dest)
+                    break
+                except OSError:
+                    if self._cache_current(dest, manifest_raw):
+                        break  # another process filled the cache with this version meanwhile
+                    old = f"{dest}.{uuid.uuid4().hex}.old"  # a stale copy: move it aside
+                    with contextlib.suppress(OSError):
+                        os.rename(dest, old)
+                    shutil.rmtree(old, ignore_errors=True)
+            else:
+                raise StoreError(f"cannot fill the cache directory {dest}")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return dest
+
+    def local_file(self, kind: str, version: str, name: str, info: Mapping[str, Any], cache_dir: str | None) -> str:
+        """A hash-checked download of that file alone (a worker reading one shard fetches one
+        shard), cached under the file's sha256."""
+        cache = cache_dir or os.path.join(tempfile.gettempdir(), "tokenmill-cache")
+        dest = os.path.join(cache, kind, f"{version}.files", info["sha256"][:16], *check_relpath(name).split("/"))
+        if os.path.exists(dest):
+            with contextlib.suppress(StoreError):
+                _check_local(dest, f"{kind}/{version}/{name} (cached)", info, full=True)
+                return dest
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        tmp = f"{dest}.{uuid.uuid4().hex}.part"
+        try:
+            self._download(kind, version, name, info, tmp)
+            os.replace(tmp, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return dest
+
+    # ---------------------------------------------------------------- claims, gc, quarantine
+    @contextlib.contextmanager
+    def claim(self, kind: str, version: str, poll_s: float, ttl_s: float) -> Iterator[None]:
+        """A lease object ``<kind>/.staging/<version>.claim`` created create-only, renewed
+        every `ttl_s / 3` s by a background thread; an expired one (its holder died) is
+        taken over."""
         import threading
 
         path = f"{self.root}/{kind}/{STAGING_DIR}/{version}{CLAIM_SUFFIX}"
@@ -1159,7 +1355,7 @@ class ArtifactStore:
             if write_bytes_create_only(self.fs, path, body):
                 break
             try:
-                self._invalidate(path)
+                self.invalidate(path)
                 lease = json.loads(self.fs.cat_file(path))
                 expired = float(lease["expires"]) < time.time()
             except FileNotFoundError:
@@ -1188,40 +1384,39 @@ class ArtifactStore:
             with contextlib.suppress(Exception):
                 self.fs.rm_file(path)
 
-    def produce(self, kind: str, version: str, make: Callable[[], VersionRef]) -> VersionRef:
-        """The one path every stage takes to its output: reuse `kind/version` if it is
-        published and sound (`usable`), else claim it (a concurrent run of the same work
-        waits here, then finds it published) and call `make`, which stages and publishes it.
-        If `make` fails because a concurrent writer published the version meanwhile (its
-        staging area moved away under us), that version is adopted."""
-        if self.usable(kind, version):
-            return self.ref(kind, version)
-        with self.claim(kind, version):
-            if self.usable(kind, version):
-                return self.ref(kind, version)
-            try:
-                return make()
-            except (InputError, StoreError, OSError):
-                if self.settled_exists(kind, version):
-                    return self.ref(kind, version)
-                raise
+    def claim_held(self, path: str) -> bool:
+        """A lease cannot be probed; its renewals keep it young, so `gc --min-age` spares it."""
+        return False
 
-    # ---------------------------------------------------------------- quarantine
-    def quarantine(self, kind: str, version: str, reason: str) -> str:
-        """Move a corrupt version aside (``<kind>/.quarantine/<version>-<time>``) so a rerun
-        recomputes it; returns where it went. Nothing is deleted."""
-        self.ensure_store()
-        src = self.version_path(kind, version)
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-        dest = self._safe(f"{self.root}/{kind}/{QUARANTINE_DIR}/{version}-{stamp}")
-        if self.local:
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            os.rename(src, dest)
-            fsync_dir(os.path.dirname(src))
+    def local_work_entries(self) -> list[str]:
+        """The work and scratch dirs of this store in its local area."""
+        area = self.area()
+        if not os.path.isdir(area):
+            return []
+        return [os.path.join(area, k, e) for k in os.listdir(area) for e in os.listdir(os.path.join(area, k))]
+
+    def _in_area(self, path: str) -> bool:
+        return path.startswith(self.area().rstrip(os.sep) + os.sep)
+
+    def age(self, path: str) -> float:
+        if self._in_area(path):
+            return _local_age(path)
+        newest = 0.0
+        for info in self.fs.find(path, detail=True).values():
+            stamp = info.get("LastModified") or info.get("mtime") or info.get("created") or info.get("updated")
+            if isinstance(stamp, dt.datetime):
+                newest = max(newest, stamp.timestamp())
+            elif isinstance(stamp, (int, float)):
+                newest = max(newest, float(stamp))
+        return time.time() - newest if newest else float("inf")
+
+    def remove(self, path: str) -> None:
+        if self._in_area(path):
+            _remove_local(path)
         else:
-            self._invalidate(src)
-            self.fs.mv(src, dest, recursive=True)
-            self._invalidate(src)
-        _log.warning("quarantined %s/%s in %s: %s -> %s", kind, version, self.url, reason, dest)
-        return dest
+            self.fs.rm(path, recursive=True)
 
+    def move_aside(self, src: str, dest: str) -> None:
+        self.invalidate(src)
+        self.fs.mv(src, dest, recursive=True)
+        self.invalidate(src)

@@ -35,12 +35,13 @@ import tempfile
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline_lib.config import STRICT, doc
 from pipeline_lib.errors import StoreError
 from pipeline_lib.fsio import InputError, check_local_file, fsync_dir, user_file_mode
 from pipeline_lib.store import MANIFEST, MANIFEST_FORMAT, MAX_MANIFEST_BYTES
@@ -65,10 +66,13 @@ _DOC_ROWS = 1 << 16
 
 @dataclass(frozen=True)
 class EncodeConfig:
-    separator: str | None = "<|endoftext|>"  # document separator (a special token), or None
-    placement: str = "append"  # "append" (nanoGPT, datatrove) | "prepend" (llm.c, nanochat)
-    workers: int = 0  # native encoding threads per shard (0 = all cores)
-    doc_table: bool = True  # also write <shard>.docs.parquet (one row per document)
+    __pydantic_config__ = STRICT
+
+    separator: Annotated[str | None, doc("document separator, a special token of the tokenizer; none (or '') for no separator")] = "<|endoftext|>"
+    placement: Annotated[Literal["append", "prepend"], doc("separator after each document (nanoGPT, datatrove) or before it (llm.c, nanochat)")] = "append"
+    # 1: the flows already encode the shards in parallel (one task each).
+    workers: Annotated[int, doc("native encoding threads per shard (0 = all cores)")] = 1
+    doc_table: Annotated[bool, doc("also write <shard>.docs.parquet (one row per document)")] = True
 
     def __post_init__(self):
         if self.placement not in ("append", "prepend"):

@@ -9,13 +9,14 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from pipeline_lib import report as report_lib
+from pipeline_lib.config import ReportConfig
 from tasks.common import ref_dict, store_of, to_ref
 
 
 @task(name="tokenizer_report")
-def tokenizer_report(store_url: str, corpus: dict[str, str], pattern: str, vocab_sizes: list[int], storage_options: dict | None = None) -> dict[str, str]:
+def tokenizer_report(store_url: str, corpus: dict[str, str], config: ReportConfig, storage_options: dict | None = None) -> dict[str, str]:
     store = store_of(store_url, storage_options)
-    ref = report_lib.tokenizer_report(store, to_ref(corpus), pattern, vocab_sizes)
+    ref = report_lib.tokenizer_report(store, to_ref(corpus), config.pattern, list(config.vocab_sizes))
     report = json.loads(store.read_bytes(ref.kind, ref.version, "report.json"))
     png = base64.b64encode(store.read_bytes(ref.kind, ref.version, "compression.png")).decode()
     md = store.read_bytes(ref.kind, ref.version, "report.md").decode()

@@ -23,7 +23,8 @@ from prefect_server import task_states  # noqa: E402
 pytest.importorskip("prefect_dask")
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-PARAMS = {"vocab_size": 300, "shards": 4, "train_model": False}
+PARAMS = {"tokenizer": {"vocab_size": 300}, "train_model": False}
+SHARDS = 4
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def _run(corpus: str, store: str, task_runner=None) -> tuple[dict, dict[str, lis
     from flows.pipeline import tokenmill_pipeline
 
     flow = tokenmill_pipeline if task_runner is None else tokenmill_pipeline.with_options(task_runner=task_runner)
-    state = flow(corpus=[corpus], store=store, return_state=True, **PARAMS)
+    state = flow(corpus={"sources": [corpus], "n_shards": SHARDS}, store=store, return_state=True, **PARAMS)
     assert state.is_completed(), state
     return state.result(), task_states(state.state_details.flow_run_id)
 

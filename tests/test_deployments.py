@@ -27,7 +27,9 @@ from prefect_server import PrefectServer, flow_runs, free_port, stop_process, ta
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAKESPEARE = ROOT / "pipeline_lib" / "data" / "tinyshakespeare.txt"
-TINY = {"vocab_size": 300, "shards": 2, "train_model": False}
+def tiny(corpus: str) -> dict:
+    """Trigger-time parameters of a tiny run: config dicts (a dict replaces the deployment's whole dict)."""
+    return {"corpus": {"sources": [corpus], "n_shards": 2}, "tokenizer": {"vocab_size": 300}, "train_model": False}
 RUN_TIMEOUT = 240  # seconds for one tiny triggered run, generous for a loaded 2-core machine
 
 
@@ -53,15 +55,24 @@ def test_prefect_yaml_mirrors_serve_specs():
         assert d["work_pool"]["name"] == WORK_POOL
         crons = [(s["cron"], s["timezone"]) for s in d.get("schedules") or []]
         assert crons == ([(spec.cron, TIMEZONE)] if spec.cron else []), key
-        # Same parameter names, same fixed values; store/corpus/storage_options come from
+        # Same parameters, same fixed values; store/corpus sources/storage_options come from
         # the deploy-time settings step in the YAML and from serve()'s arguments.
-        params = d["parameters"]
-        templated = {k for k, v in params.items() if isinstance(v, str) and v.startswith("{{ settings.")}
-        assert set(params) - {"storage_options"} == set(spec.parameters), key
-        assert {k: v for k, v in params.items() if k not in templated} == {k: v for k, v in spec.parameters.items() if k not in templated}, key
+        settings = {"store": "/s", "corpus": ["/c.txt"], "storage_options": None}
+        params = _render(d["parameters"], settings)
+        params = {k: v for k, v in params.items() if not (k == "storage_options" and v is None)}
+        assert params == spec.parameters, key
         assert set(d["tags"]) == set(spec.tags)
         env = d["work_pool"].get("job_variables", {}).get("env", {})
         assert env.get("TOKENMILL_RUNNER") == spec.runner
+
+
+def _render(value, settings: dict):
+    """prefect.yaml's ``{{ settings.X }}`` placeholders replaced (nested dicts too)."""
+    if isinstance(value, dict):
+        return {k: _render(v, settings) for k, v in value.items()}
+    if isinstance(value, str) and value.startswith("{{ settings."):
+        return settings[value.removeprefix("{{ settings.").removesuffix(" }}")]
+    return value
 
 
 def test_deploy_settings_step(monkeypatch, tmp_path):
@@ -157,7 +168,7 @@ def test_serve_registers_scheduled_deployments(served):
     assert [(s.schedule.cron, s.schedule.timezone) for s in nightly.schedules] == [("0 2 * * *", "UTC")]
     assert [(s.schedule.cron, s.schedule.timezone) for s in weekly.schedules] == [("0 3 * * 0", "UTC")]
     assert nightly.parameters["store"] == served and nightly.parameters["train_model"] is False
-    assert nightly.parameters["vocab_size"] == 32768
+    assert nightly.parameters["tokenizer"]["vocab_size"] == 32768
     assert weekly.parameters["train_model"] is True
 
 
@@ -182,10 +193,10 @@ def test_server_schedules_the_cron_runs(served, server):
     assert all((t.hour, t.minute) in ((2, 0), (3, 0)) for t in times), times  # 02:00 daily, 03:00 Sundays, UTC
 
 
-def test_served_triggered_pipeline_completes(served, server):
+def test_served_triggered_pipeline_completes(served, server, small_corpus):
     from pipeline_lib import ArtifactStore
 
-    run = _trigger("tokenmill-pipeline/on-demand", **TINY)
+    run = _trigger("tokenmill-pipeline/on-demand", **tiny(small_corpus))
     assert run.state.is_completed(), f"{run.state}\n{server.log_tail('serve')}"
     states = task_states(run.id)
     assert states["encode_shard"] == ["Completed"] * 2 and states["count_words"] == ["Completed"] * 2, states
@@ -196,9 +207,23 @@ def test_served_triggered_pipeline_completes(served, server):
     assert tok["meta"]["vocab_size"] == 300
 
 
+@pytest.mark.parametrize("parameters, named", [({"tokenizer": {"vocab_sise": 300}}, "vocab_sise"), ({"count": {"pattern": "gpt4"}}, "gpt4")])
+def test_trigger_with_an_unknown_field_or_choice_is_refused(served, server, parameters, named):
+    """A config dict is checked against the config's schema when the run is triggered."""
+    from prefect.deployments import run_deployment
+
+    try:
+        run = run_deployment("tokenmill-pipeline/on-demand", parameters=parameters, timeout=RUN_TIMEOUT, poll_interval=1, as_subflow=False)
+    except Exception as e:  # noqa: BLE001 - the server refuses to create the run
+        assert named in str(e), e
+        return
+    assert run.state.is_failed() and named in (run.state.message or ""), run.state  # refused before any task
+    assert not task_runs(run.id)
+
+
 def test_bad_corpus_url_fails_download_after_retries(served, server):
     bad = f"http://127.0.0.1:{free_port()}/missing-corpus.txt"  # nothing listens there
-    run = _trigger("tokenmill-pipeline/on-demand", corpus=[bad], **TINY)
+    run = _trigger("tokenmill-pipeline/on-demand", **tiny(bad))
     assert run.state.is_failed(), run.state
     (download,) = [t for t in task_runs(run.id) if t.name.startswith("download_corpus")]
     assert download.state.name == "Failed"
@@ -243,7 +268,7 @@ _CRASH_SCRIPT = textwrap.dedent("""
         stages.encode_shard = encode_then_crash
     # One thread: the shards are encoded one after the other, so exactly `crash_after` finish.
     flow = tokenmill_pipeline.with_options(task_runner=ThreadPoolTaskRunner(max_workers=1))
-    flow(corpus=[corpus], store=store, shards=4, vocab_size=300, train_model=False)
+    flow(corpus={"sources": [corpus], "n_shards": 4}, store=store, tokenizer={"vocab_size": 300}, train_model=False)
 """)
 
 
@@ -322,12 +347,12 @@ def test_prefect_deploy_and_process_worker_run(server, small_corpus, tmp_path):
     with get_client(sync_client=True) as client:
         nightly = client.read_deployment_by_name("tokenmill-pipeline/nightly-tokenize")
     assert nightly.work_pool_name == "tokenmill" and nightly.parameters["store"] == store
-    assert nightly.parameters["corpus"] == [small_corpus]
+    assert nightly.parameters["corpus"] == {"sources": [small_corpus], "n_shards": 8, "documents": "paragraph"}
     assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
     t0 = time.monotonic()
     worker = server.spawn(prefect + ["worker", "start", "--pool", "tokenmill", "--type", "process"], "worker", env=env, cwd=str(ROOT))
     try:
-        run = _trigger("tokenmill-pipeline/nightly-tokenize", vocab_size=300, shards=2)
+        run = _trigger("tokenmill-pipeline/nightly-tokenize", **{k: v for k, v in tiny(small_corpus).items() if k != "train_model"})
         assert run.state.is_completed(), f"{run.state}\n{server.log_tail('worker')}"
         assert run.work_pool_name == "tokenmill"
         print(f"worker start -> run Completed: {time.monotonic() - t0:.1f} s")

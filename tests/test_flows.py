@@ -12,7 +12,12 @@ from pipeline_lib.token_shards import check_shards
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-LM = {"lm_preset": "tiny", "lm_steps": 6, "model_overrides": {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 32, "batch_size": 4}}
+LM = {"lm": {"preset": "tiny", "steps": 6, "n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 32, "batch_size": 4}}
+
+
+def _params(corpus: str, store: str, vocab_size: int, shards: int = 2, **kwargs) -> dict:
+    """The pipeline's parameters as a deployment gives them: config dicts."""
+    return {"corpus": {"sources": [corpus], "n_shards": shards, "documents": "paragraph"}, "store": store, "tokenizer": {"vocab_size": vocab_size}, **kwargs}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +51,7 @@ def _run(**kwargs):
 @pytest.fixture(scope="module")
 def first_run(small_corpus, tmp_path_factory):
     store = str(tmp_path_factory.mktemp("store"))
-    summary, states = _run(corpus=[small_corpus], store=store, vocab_size=400, shards=2, **LM)
+    summary, states = _run(**_params(small_corpus, store, 400, **LM))
     return store, summary, states
 
 
@@ -91,14 +96,14 @@ def test_full_chain_publishes_every_artifact(first_run, small_corpus):
 
 def test_rerun_recomputes_nothing(first_run, small_corpus):
     store_url, summary, _ = first_run
-    again, states = _run(corpus=[small_corpus], store=store_url, vocab_size=400, shards=2, **LM)
+    again, states = _run(**_params(small_corpus, store_url, 400, **LM))
     assert all(s == "Cached" for names in states.values() for s in names), states
     assert again["refs"] == summary["refs"]
 
 
 def test_changed_vocab_size_recomputes_only_downstream(first_run, small_corpus):
     store_url, summary, _ = first_run
-    changed, states = _run(corpus=[small_corpus], store=store_url, vocab_size=420, shards=2, **LM)
+    changed, states = _run(**_params(small_corpus, store_url, 420, **LM))
     for name in ("download_corpus", "shard_corpus", "count_words", "reduce_counts"):
         assert set(states[name]) == {"Cached"}, (name, states)
     for name in ("learn_merges", "encode_shard", "write_token_manifest", "train_lm"):
@@ -113,9 +118,9 @@ def test_lost_store_is_recomputed_not_served_from_cache(small_corpus, tmp_path):
     import shutil
 
     store_url = str(tmp_path / "store")
-    first, _ = _run(corpus=[small_corpus], store=store_url, vocab_size=300, shards=2, train_model=False)
+    first, _ = _run(**_params(small_corpus, store_url, 300, train_model=False))
     shutil.rmtree(store_url)
-    again, states = _run(corpus=[small_corpus], store=store_url, vocab_size=300, shards=2, train_model=False)
+    again, states = _run(**_params(small_corpus, store_url, 300, train_model=False))
     assert all(s == "Completed" for names in states.values() for s in names), states
     versions = {k: r["version"] for k, r in first["refs"].items() if r}
     assert {k: r["version"] for k, r in again["refs"].items() if r} == versions  # same content, same ids

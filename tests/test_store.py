@@ -332,6 +332,20 @@ def test_manifest_size_cap(store, monkeypatch):
         fresh(store).manifest("notes", "v1")
 
 
+def test_staged_files_are_readable_as_a_local_directory(store, tmp_path):
+    """`Staging.local_dir`: the staging area itself on local disk, a download elsewhere."""
+    staging = store.stage("notes", "v1")
+    staging.put_bytes("parts/a.bin", b"aa")
+    staging.put_bytes("b.txt", b"bb")
+    root = staging.local_dir(["parts/a.bin", "b.txt"], str(tmp_path / "dl"))
+    with open(os.path.join(root, "parts", "a.bin"), "rb") as f:
+        assert f.read() == b"aa"
+    with open(os.path.join(root, "b.txt"), "rb") as f:
+        assert f.read() == b"bb"
+    with pytest.raises(StoreError, match="nope.bin is missing"):
+        staging.local_dir(["nope.bin"], str(tmp_path / "dl2"))
+
+
 def test_nothing_is_visible_under_a_version_before_its_manifest(store):
     staging = store.stage("notes", "v1")
     infos = {"a.txt": staging.put_bytes("a.txt", b"hello"), "sub/b.bin": staging.put_bytes("sub/b.bin", b"x" * 1000)}

@@ -226,6 +226,15 @@ def test_remote_work_areas_are_local_per_store_and_collected(tmp_path, monkeypat
     assert wa in a.gc(min_age_s=HOUR) and not os.path.exists(wa) and os.path.exists(wb)
 
 
+def test_gc_min_age_spares_a_fresh_remote_work_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    store = ArtifactStore(f"memory://safety-fresh-{tmp_path.name}")
+    work = store.work_dir("model", "v1")
+    assert work not in store.gc(min_age_s=HOUR) and os.path.exists(work)  # work in progress
+    _old(work)
+    assert work in store.gc(min_age_s=HOUR) and not os.path.exists(work)
+
+
 @pytest.mark.parametrize("backend", ["file", "memory"])
 def test_concurrent_runs_of_a_stage_do_each_unit_once(tmp_path, monkeypatch, backend):
     """Two runs of the same mapped stage and the same publishing stage on one store: each

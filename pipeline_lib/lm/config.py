@@ -268,3 +268,50 @@ def preset(name: str, **overrides: Any) -> TrainConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[name].replace(**overrides)
+
+
+# --------------------------------------------------------------------------- the LM stage
+# What the pipeline's LM stage takes: a preset, the run length and a few overrides. It is
+# the one place their defaults live (CLI options, flow parameters and deployments derive
+# from these fields); `train_config()` turns it into the full `TrainConfig`.
+from typing import Annotated, Literal  # noqa: E402
+
+from pipeline_lib.config import STRICT, doc  # noqa: E402
+from pipeline_lib.errors import ConfigError  # noqa: E402
+
+MODEL_OVERRIDES = ("n_layer", "n_head", "n_embd", "block_size", "batch_size")
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    __pydantic_config__ = STRICT
+
+    preset: Annotated[Literal["tiny", "small", "gpt2-124m"], doc("model size and recipe")] = "small"
+    steps: Annotated[int | None, doc("optimizer steps (none: the preset's own)")] = 400
+    device: Annotated[str, doc("auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N, mps")] = "auto"
+    seed: Annotated[int, doc("seed for model init, dropout and data order")] = 1337
+    n_layer: Annotated[int | None, doc("override the preset's n_layer (transformer blocks)")] = None
+    n_head: Annotated[int | None, doc("override the preset's n_head (attention heads per block)")] = None
+    n_embd: Annotated[int | None, doc("override the preset's n_embd (residual stream width)")] = None
+    block_size: Annotated[int | None, doc("override the preset's block_size (context length in tokens)")] = None
+    batch_size: Annotated[int | None, doc("override the preset's batch_size (windows per micro-batch)")] = None
+
+    def __post_init__(self) -> None:
+        if self.steps is not None and (not _is_int(self.steps) or self.steps < 1):
+            raise ConfigError(f"steps={self.steps!r}: the LM needs at least 1 optimizer step")
+        try:
+            self.train_config()
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+
+    def train_config(self) -> TrainConfig:
+        """The full training config: the preset with these overrides. A short run gets a
+        proportionate eval/checkpoint cadence and warmup."""
+        overrides = {k: getattr(self, k) for k in MODEL_OVERRIDES if getattr(self, k) is not None}
+        if self.steps is None:
+            return preset(self.preset, device=self.device, seed=self.seed, **overrides)
+        steps = self.steps
+        cfg = preset(self.preset, device=self.device, seed=self.seed, max_steps=steps, **overrides)
+        interval = max(1, min(cfg.eval_interval, steps // 4 or 1))
+        return cfg.replace(eval_interval=interval, ckpt_interval=max(interval, min(cfg.ckpt_interval, steps)),
+                           warmup_steps=min(cfg.warmup_steps, max(0, steps // 10)))

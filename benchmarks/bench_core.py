@@ -172,7 +172,7 @@ def bench_pattern(name: str, data: bytes, docs: list[bytes], args) -> None:
     t_nat, ids_nat = float("inf"), None
     for _ in range(args.repeat):
         enc = core.Encoder(tokens, rank_arr, pid)
-        t, ids_nat = best_of(1, lambda: [enc.encode_ordinary(d) for d in docs])
+        t, ids_nat = best_of(1, lambda enc=enc: [enc.encode_ordinary(d) for d in docs])
         t_nat = min(t_nat, t)
     if tiktoken is not None:
         tk = tiktoken.Encoding(name=f"bench_{name}", pat_str=PATTERNS[name], mergeable_ranks=ranks, special_tokens={})

@@ -122,10 +122,9 @@ def deployment_specs(store: str = DEFAULT_STORE, corpus: Sequence[str] | None = 
 def check_spec(spec: DeploymentSpec) -> None:
     """Validate a deployment's parameters against its flow's signature and configs
     (ConfigError naming the deployment, parameter and field)."""
+    from deployments import entrypoints
     from flows.pipeline import check_parameters
     from pipeline_lib.errors import ConfigError
-
-    from deployments import entrypoints
 
     try:
         check_parameters(entrypoints.FLOWS[spec.flow], spec.parameters)

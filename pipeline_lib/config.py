@@ -69,7 +69,7 @@ def _unwrap(tp: Any) -> tuple[Any, str, bool]:
     return tp, description, optional
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fields_of(cls: type) -> tuple[FieldInfo, ...]:
     """The described fields of a config class (fields without a description are internal)."""
     hints = typing.get_type_hints(cls, include_extras=True)

@@ -40,6 +40,6 @@ def pattern_string(name: str) -> str:
         raise ValueError(f"unknown split pattern {name!r}; choose one of {sorted(PATTERNS)}") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiled(name: str) -> regex.Pattern:
     return regex.compile(pattern_string(name))

@@ -69,6 +69,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO
 
+from pipeline_lib.errors import StoreError  # re-exported
 from pipeline_lib.fsio import (
     InputError,
     check_local_file,
@@ -81,7 +82,6 @@ from pipeline_lib.fsio import (
     write_bytes_atomic,
     write_bytes_create_only,
 )
-from pipeline_lib.errors import StoreError  # re-exported
 from pipeline_lib.version import __version__
 
 try:  # POSIX advisory locks; without them (Windows) local publishes are not serialised
@@ -366,7 +366,7 @@ class ArtifactStore:
         self._owned = True
 
     def _write_marker(self) -> None:
-        marker = canonical_json({"format": STORE_FORMAT, "created": dt.datetime.now(dt.timezone.utc).isoformat(), "tool_version": __version__})
+        marker = canonical_json({"format": STORE_FORMAT, "created": dt.datetime.now(dt.UTC).isoformat(), "tool_version": __version__})
         self._backend.write_marker(self._marker_path(), marker)
         if not self.is_store():
             raise StoreError(f"{self._marker_path()}: written but cannot be read back")
@@ -458,7 +458,7 @@ class ArtifactStore:
             "format": MANIFEST_FORMAT,
             "kind": kind,
             "version": version,
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds"),
+            "created": dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"),
             "tool_version": __version__,
             "code_version": code_version,
             "parents": parent_keys,
@@ -825,7 +825,7 @@ class ArtifactStore:
         recomputes it; returns where it went. Nothing is deleted."""
         self.ensure_store()
         src = self.version_path(kind, version)
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
         dest = self._safe(f"{self.root}/{kind}/{QUARANTINE_DIR}/{version}-{stamp}")
         self._backend.move_aside(src, dest)
         _log.warning("quarantined %s/%s in %s: %s -> %s", kind, version, self.url, reason, dest)

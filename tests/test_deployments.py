@@ -189,7 +189,7 @@ def test_server_schedules_the_cron_runs(served, server):
         assert "Can't evaluate bulk DML statement" not in log, "the server's scheduler service crashed:\n" + log[-3000:]
         assert time.monotonic() < deadline, f"no scheduled runs after 90 s (got {names})"
         time.sleep(2)
-    times = sorted(r.expected_start_time.astimezone(dt.timezone.utc) for r in runs)
+    times = sorted(r.expected_start_time.astimezone(dt.UTC) for r in runs)
     assert all((t.hour, t.minute) in ((2, 0), (3, 0)) for t in times), times  # 02:00 daily, 03:00 Sundays, UTC
 
 

@@ -8,7 +8,6 @@ import torch
 
 from pipeline_lib.lm import GPT, PRESETS, GPTConfig, TrainConfig, preset
 
-
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 

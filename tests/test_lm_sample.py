@@ -5,7 +5,6 @@ import torch
 
 from pipeline_lib.lm import GPT, GPTConfig, sample
 
-
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 

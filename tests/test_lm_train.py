@@ -28,7 +28,6 @@ from pipeline_lib.lm import (
 from pipeline_lib.lm.checkpoint import load_optimizer_into, open_checkpoint
 from pipeline_lib.lm.testing import byte_token_lengths, write_byte_token_dir, write_token_dir
 
-
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "pipeline_lib" / "data" / "tinyshakespeare.txt"

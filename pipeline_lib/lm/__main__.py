@@ -137,7 +137,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    from pipeline_lib.lm.checkpoint import load_model, latest_checkpoint, open_checkpoint
+    from pipeline_lib.lm.checkpoint import latest_checkpoint, load_model, open_checkpoint
     from pipeline_lib.lm.sample import sample
 
     model = load_model(args.ckpt, device=args.device)

@@ -14,7 +14,8 @@ Conventions shared with the compiled core:
   The pair merged next is the most frequent; ties go to the pair whose
   ``(left bytes, right bytes)`` is lexicographically smallest. If the merged bytes are
   already a token (the same bytes reached by another split), the pair is merged into that
-  token and no new id is spent.
+  token and no new id is spent. With ``max_token_bytes``, a pair whose merged bytes would
+  be longer is never a candidate.
 * Encoding is rank-based, as in tiktoken: a whole piece found in the vocabulary is one
   token; otherwise the adjacent pair whose concatenation has the lowest rank is merged
   first (leftmost on ties), until no adjacent pair is a token.
@@ -81,12 +82,14 @@ def learn_merges(
     n_merges: int,
     min_frequency: int = 1,
     progress: ProgressFn | None = None,
+    max_token_bytes: int | None = None,
 ) -> list[tuple[int, int, int]]:
     """Learn up to `n_merges` merges from a piece -> count table.
 
     Returns a list of ``(left_id, right_id, merged_id)`` in the order learned; ids 0-255 are
-    the bytes. Stops early when no pair is left or the best pair occurs fewer than
-    `min_frequency` times. Recounts every pair at every step: quadratic, and meant to be.
+    the bytes. Stops early when no pair is left (pairs that would make a token longer than
+    `max_token_bytes` do not count) or the best pair occurs fewer than `min_frequency`
+    times. Recounts every pair at every step: quadratic, and meant to be.
 
     >>> learn_merges({b"aaabdaaabac": 1}, 3)
     [(97, 97, 256), (97, 98, 257), (256, 257, 258)]
@@ -98,6 +101,8 @@ def learn_merges(
     merges: list[tuple[int, int, int]] = []
     while len(merges) < n_merges:
         stats = _pair_stats(words, freqs)
+        if max_token_bytes is not None:
+            stats = Counter({p: c for p, c in stats.items() if len(vocab[p[0]]) + len(vocab[p[1]]) <= max_token_bytes})
         if not stats:
             break
         pair = min(stats, key=lambda p: (-stats[p], vocab[p[0]], vocab[p[1]]))

@@ -40,4 +40,9 @@ class CheckpointError(TokenmillError, RuntimeError):
 
 
 class CancelledError(TokenmillError):
-    """The work was cancelled (Ctrl-C, SIGTERM, or interpreter shutdown)."""
+    """The work was cancelled (Ctrl-C, SIGTERM, or interpreter shutdown).
+
+    The compiled core raises it from a native call that `pipeline_lib.cancel` stopped
+    (`cancel_native_calls`, or interpreter exit), in the thread that made the call; a call
+    that a signal handler stopped raises the handler's exception instead (KeyboardInterrupt).
+    """

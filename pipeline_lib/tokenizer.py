@@ -12,7 +12,13 @@ Policies:
 * Special tokens found in the text are refused unless allowed (tiktoken's rule), see
   `encode`.
 * `decode` replaces invalid UTF-8 with U+FFFD by default (a token boundary can split a
-  character); `decode_bytes` is exact.
+  character); `decode_bytes` is exact. Ids must be integers (Python ints or a NumPy
+  integer array); floats, strings and bools are refused, never cast.
+* Limits, checked on every vocabulary however it arrives (files, constructor): ids are
+  ints in ``[0, MAX_VOCAB_SIZE)``, tokens (special ones as UTF-8) are at most
+  ``MAX_TOKEN_BYTES`` long, a ranks file is at most ``MAX_VOCAB_FILE_BYTES``. Training
+  never makes a longer token (``max_token_bytes``), so whatever it learns saves and loads.
+* Long native calls stop on Ctrl-C / SIGTERM and at interpreter exit (`pipeline_lib.cancel`).
 
 Files: `save` writes ``vocab.tiktoken`` (``base64(token) rank`` per line, tiktoken's
 format) and ``tokenmill.json`` (pattern, special tokens, vocabulary size and the sha256 of
@@ -34,6 +40,7 @@ import numpy as np
 import regex
 
 from pipeline_lib import bpe_reference as ref
+from pipeline_lib import cancel
 from pipeline_lib.fsio import InputError, filesystem, read_bytes, write_bytes_atomic
 from pipeline_lib.patterns import PATTERNS, pattern_string
 
@@ -42,6 +49,12 @@ RANKS_FILE = "vocab.tiktoken"
 META_FILE = "tokenmill.json"
 MAX_VOCAB_FILE_BYTES = 64 << 20
 MAX_META_FILE_BYTES = 1 << 20
+# Every id (ordinary or special) is below MAX_VOCAB_SIZE: 4,194,304 ids, 20x o200k's. The
+# decoder's tables are per id, so this bounds what a file can make us allocate.
+MAX_VOCAB_SIZE = 1 << 22
+# Longest token: 1 MiB, far beyond any natural token (GPT-2/cl100k/o200k: 128 bytes or
+# less) and the default max_token_bytes of training. The compiled core checks both too.
+MAX_TOKEN_BYTES = 1 << 20
 ENDOFTEXT = "<|endoftext|>"
 
 
@@ -56,11 +69,73 @@ def _native_core():
 
 
 _CORE = _native_core()
+if _CORE is not None:
+    cancel.watch(_CORE)
 
 
 def backend() -> Literal["native", "python"]:
     """Which implementation encodes and trains: the compiled core or the reference."""
     return "native" if _CORE is not None else "python"
+
+
+def backend_info() -> dict[str, str | None]:
+    """What trains and encodes here, for manifests.
+
+    Returns ``{"backend": "native" | "python", "core_source_hash": ...}``: the sha256 of
+    the C++ sources the compiled core was built from (``_tokcore.CORE_SOURCE_HASH``), or
+    None when the pure-Python reference runs.
+
+    >>> backend_info()["backend"] in ("native", "python")
+    True
+    """
+    if _CORE is None:
+        return {"backend": "python", "core_source_hash": None}
+    return {"backend": "native", "core_source_hash": _CORE.CORE_SOURCE_HASH}
+
+
+def _check_id(value: Any, what: str) -> int:
+    """`value` as an id: an int (a NumPy integer too, never a bool or a float) in [0, MAX_VOCAB_SIZE)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InputError(f"{what}: ids must be integers, got {value!r} ({type(value).__name__})")
+    if not 0 <= value < MAX_VOCAB_SIZE:
+        raise InputError(f"{what}: id {value} is outside [0, {MAX_VOCAB_SIZE}) (MAX_VOCAB_SIZE)")
+    return int(value)
+
+
+def _check_token_length(n: int, what: str) -> None:
+    if n > MAX_TOKEN_BYTES:
+        raise InputError(f"{what}: a token of {n} bytes is longer than MAX_TOKEN_BYTES ({MAX_TOKEN_BYTES})")
+
+
+def _check_special(tok: Any, i: Any, where: str = "") -> int:
+    """The id of special token `tok`, checked; `where` prefixes messages (a file name)."""
+    what = f"{where}special_tokens[{str(tok)[:40]!r}]"
+    if not isinstance(tok, str) or not tok:
+        raise InputError(f"{what}: a special token must be a non-empty string, got {tok!r}")
+    try:
+        n = len(tok.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InputError(f"{what}: not encodable as UTF-8 ({e.reason})") from None
+    _check_token_length(n, what)
+    return _check_id(i, what)
+
+
+def _id_list(ids: Iterable[int] | np.ndarray) -> list[int]:
+    """Ids as a list of Python ints: an integer array converts at once, anything else
+    must hold ints (NumPy integers included); floats, strings and bools raise TypeError."""
+    if isinstance(ids, np.ndarray):
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"token ids must be integers, got an array of {ids.dtype}")
+        if ids.ndim != 1:
+            raise ValueError(f"token ids must be one-dimensional, got shape {ids.shape}")
+        return ids.tolist()
+    out = list(ids)
+    if all(type(i) is int for i in out):
+        return out
+    for k, i in enumerate(out):
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"token ids must be integers: ids[{k}] is {i!r} ({type(i).__name__})")
+    return [int(i) for i in out]
 
 
 class PieceCounts:
@@ -132,18 +207,27 @@ def count_documents(docs: Iterable[bytes], pattern: str, workers: int = 0, batch
 
     with ThreadPoolExecutor(workers) as pool:
         pending, batch, size = [], [], 0
-        for doc in docs:
-            batch.append(doc)
-            size += len(doc)
-            if size >= batch_bytes:
+        try:
+            for doc in docs:
+                batch.append(doc)
+                size += len(doc)
+                if size >= batch_bytes:
+                    pending.append(pool.submit(work, batch))
+                    batch, size = [], 0
+                    if len(pending) > 2 * workers:  # bound memory: wait for the oldest batch
+                        pending.pop(0).result()
+            if batch:
                 pending.append(pool.submit(work, batch))
-                batch, size = [], 0
-                if len(pending) > 2 * workers:  # bound memory: wait for the oldest batch
-                    pending.pop(0).result()
-        if batch:
-            pending.append(pool.submit(work, batch))
-        for f in pending:
-            f.result()
+            for f in pending:
+                f.result()
+        except BaseException as e:
+            for f in pending:
+                f.cancel()
+            # Leaving the `with` joins the workers: on Ctrl-C / SystemExit stop their native
+            # calls now (every native call in the process) rather than wait for their batches.
+            if not isinstance(e, Exception):
+                cancel.cancel_native_calls()
+            raise
     if not counters:
         return PieceCounts(pattern)
     total = counters[0]
@@ -152,11 +236,13 @@ def count_documents(docs: Iterable[bytes], pattern: str, workers: int = 0, batch
     return total
 
 
-def _learn_merges(pieces: list[bytes], counts: np.ndarray, n_merges: int, min_frequency: int, progress) -> list[tuple[int, int, int]]:
+def _learn_merges(
+    pieces: list[bytes], counts: np.ndarray, n_merges: int, min_frequency: int, progress, max_token_bytes: int
+) -> list[tuple[int, int, int]]:
     if _CORE is not None:
-        rows = _CORE.learn_merges(pieces, np.asarray(counts, dtype=np.int64), n_merges, min_frequency, progress)
+        rows = _CORE.learn_merges(pieces, np.asarray(counts, dtype=np.int64), n_merges, min_frequency, progress, max_token_bytes)
         return [tuple(r) for r in np.asarray(rows).tolist()]
-    return ref.learn_merges(dict(zip(pieces, counts.tolist())), n_merges, min_frequency, progress)
+    return ref.learn_merges(dict(zip(pieces, counts.tolist())), n_merges, min_frequency, progress, max_token_bytes)
 
 
 class Tokenizer:
@@ -199,20 +285,33 @@ class Tokenizer:
             self._encoder = _CORE.Encoder(tokens, ranks, _CORE.PATTERN_IDS[pattern])
 
     def _validate(self) -> None:
-        missing = [b for b in range(256) if bytes([b]) not in self.mergeable_ranks]
+        ranks = self.mergeable_ranks
+        # Whole-vocabulary checks at C speed first; the slow loops only name the culprit.
+        if ranks and set(map(type, ranks)) != {bytes}:
+            bad = next(t for t in ranks if type(t) is not bytes)
+            raise InputError(f"mergeable_ranks: tokens must be bytes, got {bad!r} ({type(bad).__name__})")
+        if ranks and set(map(type, ranks.values())) != {int}:
+            self.mergeable_ranks = ranks = {t: _check_id(i, f"mergeable_ranks[{t!r}]") for t, i in ranks.items()}
+        ids = list(ranks.values())
+        if ids and not (0 <= min(ids) and max(ids) < MAX_VOCAB_SIZE):
+            t, i = next((t, i) for t, i in ranks.items() if not 0 <= i < MAX_VOCAB_SIZE)
+            _check_id(i, f"mergeable_ranks[{t!r}]")
+        longest = max(map(len, ranks), default=0)
+        if longest > MAX_TOKEN_BYTES:
+            _check_token_length(longest, "mergeable_ranks")
+        missing = [b for b in range(256) if bytes([b]) not in ranks]
         if missing:
             raise InputError(f"vocabulary lacks single-byte tokens for bytes {missing[:8]}...: not byte-level, cannot be lossless")
-        ids = list(self.mergeable_ranks.values())
-        if len(set(ids)) != len(ids):
+        id_set = set(ids)
+        if len(id_set) != len(ids):
             raise InputError("vocabulary has two tokens with the same id")
-        if min(ids) < 0:
-            raise InputError("vocabulary has a negative id")
+        specials = {}
         for tok, i in self.special_tokens.items():
-            if not isinstance(tok, str) or not tok:
-                raise InputError(f"special token {tok!r} must be a non-empty string")
-            if i in set(ids):
+            i = specials[tok] = _check_special(tok, i)
+            if i in id_set:
                 raise InputError(f"special token {tok!r} has id {i}, which an ordinary token already uses")
-        if len(set(self.special_tokens.values())) != len(self.special_tokens):
+        self.special_tokens = specials
+        if len(set(specials.values())) != len(specials):
             raise InputError("two special tokens share an id")
 
     # ------------------------------------------------------------------ training
@@ -226,15 +325,19 @@ class Tokenizer:
         min_frequency: int = 1,
         progress: Callable[[int, int], None] | None = None,
         workers: int = 0,
+        max_token_bytes: int = MAX_TOKEN_BYTES,
     ) -> Tokenizer:
         """Learn a vocabulary of `vocab_size` ids (256 bytes + merges + special tokens).
 
         `counts_or_texts` is a piece -> count table (what the counting stage writes) or
         documents to count here, on `workers` threads (0 = all cores). When the corpus cannot give that many merges, training
-        stops early with a warning and the vocabulary is smaller.
+        stops early with a warning and the vocabulary is smaller. A pair whose merged token
+        would be longer than `max_token_bytes` is never merged (the default, 1 MiB, only
+        matters for pathological pieces such as a megabyte of one repeated character).
 
         Raises:
-            InputError: `vocab_size` too small for the bytes and the special tokens.
+            InputError: `vocab_size` too small for the bytes and the special tokens, or too
+                large, or `max_token_bytes` outside [2, MAX_TOKEN_BYTES].
         """
         n_special = len(special_tokens)
         if vocab_size < 256 + n_special:
@@ -242,6 +345,10 @@ class Tokenizer:
                 f"vocab_size={vocab_size} is too small: byte-level BPE needs 256 byte tokens"
                 f" plus {n_special} special token(s), so at least {256 + n_special}"
             )
+        if vocab_size > MAX_VOCAB_SIZE:
+            raise InputError(f"vocab_size={vocab_size} is larger than MAX_VOCAB_SIZE ({MAX_VOCAB_SIZE})")
+        if not 2 <= max_token_bytes <= MAX_TOKEN_BYTES:
+            raise InputError(f"max_token_bytes={max_token_bytes} must be in [2, {MAX_TOKEN_BYTES}] (MAX_TOKEN_BYTES)")
         if isinstance(counts_or_texts, Mapping):
             items = sorted(counts_or_texts.items())
             pieces = [p for p, _ in items]
@@ -250,7 +357,7 @@ class Tokenizer:
             docs = (ref.utf8(t) if isinstance(t, str) else t for t in counts_or_texts)
             pieces, counts = count_documents(docs, pattern, workers).to_arrays()
         n_merges = vocab_size - 256 - n_special
-        merges = _learn_merges(pieces, counts, n_merges, min_frequency, progress)
+        merges = _learn_merges(pieces, counts, n_merges, min_frequency, progress, max_token_bytes)
         ranks = ref.ranks_from_merges(merges)
         if len(merges) < n_merges:
             warnings.warn(
@@ -336,14 +443,19 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ decoding
     def decode_bytes(self, ids: Iterable[int] | np.ndarray) -> bytes:
-        """The exact bytes of a sequence of ids (special tokens as their UTF-8 text)."""
+        """The exact bytes of a sequence of ids (special tokens as their UTF-8 text).
+
+        Raises:
+            TypeError: an id that is not an integer (a float, a string, a bool).
+            InputError: an id that is not in the vocabulary.
+        """
         try:
-            return b"".join(self._token_bytes[int(i)] for i in ids)
+            return b"".join(map(self._token_bytes.__getitem__, _id_list(ids)))
         except KeyError as e:
-            raise ValueError(f"token id {e.args[0]} is not in this vocabulary (size {self.vocab_size})") from None
+            raise InputError(f"token id {e.args[0]} is not in this vocabulary (size {self.vocab_size})") from None
 
     def decode(self, ids: Iterable[int] | np.ndarray, errors: str = "replace") -> str:
-        """Decode ids to text; invalid UTF-8 follows `errors` (default: U+FFFD)."""
+        """Decode ids to text; invalid UTF-8 follows `errors` (default: U+FFFD). Raises as `decode_bytes`."""
         return self.decode_bytes(ids).decode("utf-8", errors)
 
     def token_bytes(self, i: int) -> bytes:
@@ -358,11 +470,19 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ files
     def ranks_text(self) -> bytes:
+        """The ``vocab.tiktoken`` file. Raises InputError if `load` would refuse it (too big)."""
         lines = [
             base64.b64encode(b) + b" " + str(i).encode()
             for b, i in sorted(self.mergeable_ranks.items(), key=lambda kv: kv[1])
         ]
-        return b"\n".join(lines) + b"\n"
+        text = b"\n".join(lines) + b"\n"
+        if len(text) > MAX_VOCAB_FILE_BYTES:
+            raise InputError(
+                f"the ranks file of this vocabulary would be {len(text)} bytes, above the"
+                f" {MAX_VOCAB_FILE_BYTES} (MAX_VOCAB_FILE_BYTES) that loading accepts; train with a smaller"
+                " max_token_bytes or vocab_size"
+            )
+        return text
 
     def metadata(self) -> dict[str, Any]:
         ranks = self.ranks_text()
@@ -412,8 +532,10 @@ class Tokenizer:
         if digest != meta["ranks_sha256"]:
             raise InputError(f"{ranks_url}: sha256 {digest[:12]}… does not match {meta_url} ({meta['ranks_sha256'][:12]}…): the file is corrupt or was changed")
         specials = meta["special_tokens"]
-        if not isinstance(specials, dict) or not all(isinstance(v, int) for v in specials.values()):
+        if not isinstance(specials, dict):
             raise InputError(f"{meta_url}: special_tokens must map strings to integer ids")
+        for tok, i in specials.items():
+            _check_special(tok, i, f"{meta_url}: ")
         return cls(parse_tiktoken_ranks(data, ranks_url), meta["pattern"], specials, name=meta.get("name", "tokenmill"))
 
     @classmethod
@@ -462,7 +584,10 @@ class Tokenizer:
 
 
 def parse_tiktoken_ranks(data: bytes, source: str) -> dict[bytes, int]:
-    """Parse ``base64(token) rank`` lines, naming the file and line of any error."""
+    """Parse ``base64(token) rank`` lines, naming the file and line of any error.
+
+    Ranks are decimal digits below MAX_VOCAB_SIZE; tokens at most MAX_TOKEN_BYTES long.
+    """
     ranks: dict[bytes, int] = {}
     for lineno, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
@@ -470,11 +595,17 @@ def parse_tiktoken_ranks(data: bytes, source: str) -> dict[bytes, int]:
         parts = line.split()
         if len(parts) != 2:
             raise InputError(f"{source}:{lineno}: expected 'base64-token rank', got {line[:60]!r}")
+        if not parts[1].isdigit():  # ASCII digits only: no sign, no '_', no exponent
+            raise InputError(f"{source}:{lineno}: cannot parse {line[:60]!r} (the rank must be a non-negative integer)")
         try:
             token = base64.b64decode(parts[0], validate=True)
             rank = int(parts[1])
         except (binascii.Error, ValueError) as e:
             raise InputError(f"{source}:{lineno}: cannot parse {line[:60]!r} ({e})") from e
+        if rank >= MAX_VOCAB_SIZE:
+            raise InputError(f"{source}:{lineno}: rank {rank} is outside [0, {MAX_VOCAB_SIZE}) (MAX_VOCAB_SIZE)")
+        if len(token) > MAX_TOKEN_BYTES:
+            _check_token_length(len(token), f"{source}:{lineno}")
         if token in ranks:
             raise InputError(f"{source}:{lineno}: token {token!r} appears twice")
         ranks[token] = rank

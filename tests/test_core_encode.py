@@ -377,6 +377,38 @@ def test_encode_batch_empty(real):
         enc.encode_ordinary_batch(["not bytes"])
 
 
+# ---- the pair map on arbitrary vocabularies -------------------------------------------------------
+# The encoder's (left, right) -> merged map is built from sorted prefixes and suffixes; any rank table
+# must give tiktoken's rule, which bpe_reference.bpe_piece states with plain dict lookups. NUL bytes
+# and tokens that share 8+ bytes exercise the sort keys (short tokens are padded with zeros).
+
+vocab_tokens = st.lists(st.binary(min_size=2, max_size=20).map(lambda b: bytes(x % 3 for x in b)), max_size=60, unique=True)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(vocab_tokens, st.lists(st.binary(min_size=1, max_size=40).map(lambda b: bytes(x % 3 for x in b)), min_size=1, max_size=10),
+       st.randoms(use_true_random=False))
+def test_any_vocabulary_matches_reference(extra, pieces, rnd):
+    tokens = [bytes([i]) for i in range(256)] + extra
+    ids = list(range(len(tokens)))
+    rnd.shuffle(ids)  # ranks in any order: a merged token may rank before its parts
+    ranks = dict(zip(tokens, ids))
+    enc = make_encoder(ranks, "gpt2")
+    for piece in pieces + extra:
+        assert enc.encode_piece(piece).tolist() == ref.bpe_piece(piece, ranks), piece
+
+
+def test_long_tokens_sharing_prefixes_and_suffixes():
+    tokens = [bytes([i]) for i in range(256)]
+    for n in (2, 7, 8, 9, 15, 16, 17, 40):
+        tokens += [b"a" * n, b"a" * n + b"b", b"b" + b"a" * n, b"\x00" * n, b"a" + b"\x00" * n]
+    tokens = list(dict.fromkeys(tokens))
+    ranks = {t: i for i, t in enumerate(tokens)}
+    enc = make_encoder(ranks, "gpt2")
+    for piece in [b"a" * 100, b"b" + b"a" * 50 + b"b", b"\x00" * 70, b"a" + b"\x00" * 33 + b"a" * 9]:
+        assert enc.encode_piece(piece).tolist() == ref.bpe_piece(piece, ranks)
+
+
 # ---- API details ----------------------------------------------------------------------------
 
 

@@ -234,6 +234,48 @@ def test_random_counts_any_bytes(counts, n_merges):
     assert native(counts, n_merges) == ref.learn_merges(counts, n_merges)
 
 
+# ---- long pieces (stored as chains of 256-symbol blocks) and the token length cap ------------------
+
+
+def native_capped(counts, n_merges, min_frequency=1, max_token_bytes=None):
+    pieces = list(counts)
+    out = tokcore.learn_merges(pieces, [counts[p] for p in pieces], n_merges, min_frequency, None, max_token_bytes)
+    return [tuple(r) for r in out.tolist()]
+
+
+long_pieces = st.one_of(
+    # overlapping pairs ("aaa"), the same pair on both sides of a block boundary, odd lengths
+    st.tuples(st.sampled_from("ab"), st.integers(1, 1100)).map(lambda t: (t[0] * t[1]).encode()),
+    st.lists(st.sampled_from(b"aab"), min_size=200, max_size=1100).map(bytes),
+    st.lists(st.sampled_from(b"abcd"), min_size=240, max_size=800).map(bytes),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(long_pieces, st.integers(0, 4), min_size=1, max_size=3), st.integers(1, 40),
+       st.integers(0, 2), st.sampled_from([None, 2, 3, 7, 64]))
+def test_long_pieces_match_reference(counts, n_merges, min_frequency, max_token_bytes):
+    assert native_capped(counts, n_merges, min_frequency, max_token_bytes) == ref.learn_merges(
+        counts, n_merges, min_frequency, None, max_token_bytes)
+
+
+@pytest.mark.parametrize("n", [255, 256, 257, 511, 512, 513, 1000, 4097])
+def test_one_repeated_byte_across_blocks(n):
+    counts = {b"x" * n: 3, b"y" + b"x" * (n // 2): 1}
+    assert native_capped(counts, 30) == ref.learn_merges(counts, 30)
+
+
+def test_max_token_bytes():
+    counts = {b"a" * 100: 1}
+    capped = native_capped(counts, 50, max_token_bytes=16)
+    assert capped == ref.learn_merges(counts, 50, max_token_bytes=16)
+    lengths = ref.ranks_from_merges(capped)
+    assert max(map(len, lengths)) == 16
+    assert native_capped(counts, 50) == ref.learn_merges(counts, 50)  # None: no cap
+    with pytest.raises(ValueError, match="max_token_bytes"):
+        tokcore.learn_merges([b"ab"], [1], 5, 1, None, 1)
+
+
 # ---- progress, GIL, scale --------------------------------------------------------------------------
 
 

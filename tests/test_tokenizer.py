@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import importlib.util
+import json
 import os
 import pathlib
 import warnings
@@ -282,3 +284,124 @@ def test_encode_batch_matches_single(trained, multilingual_text):
 def test_decode_rejects_unknown_ids(trained):
     with pytest.raises(ValueError, match="not in this vocabulary"):
         trained.decode([10**9])
+
+
+# ---------------------------------------------------------------- limits on what a file may ask for
+BYTES = {bytes([i]): i for i in range(256)}
+
+
+def _ranks_file(path, extra: bytes) -> str:
+    path.write_bytes(b"".join(base64.b64encode(bytes([i])) + b" %d\n" % i for i in range(256)) + extra)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "line,match",
+    [
+        (b"YWI= 100000000\n", r"rank 100000000 is outside \[0, 4194304\) \(MAX_VOCAB_SIZE\)"),  # 1e8: a 1.2 GB vocabulary before
+        (b"YWI= 4000000000\n", "outside"),  # 4e9: std::bad_alloc before
+        (b"YWI= 100000000000000\n", "outside"),  # 1e14: OverflowError before
+        (b"YWI= 4194304\n", "outside"),
+        (b"YWI= 1e8\n", "must be a non-negative integer"),
+        (b"YWI= -1\n", "must be a non-negative integer"),
+        (b"YWI= +300\n", "must be a non-negative integer"),
+        (b"YWI= 3_00\n", "must be a non-negative integer"),
+        (b"YWI= 300.0\n", "must be a non-negative integer"),
+    ],
+)
+def test_ranks_file_ids_are_capped(tmp_path, line, match):
+    path = _ranks_file(tmp_path / "v.tiktoken", line)
+    with pytest.raises(InputError, match=r"v\.tiktoken:257: .*" + match):
+        Tokenizer.from_tiktoken(path)
+
+
+def test_ranks_file_token_length_is_capped(tmp_path):
+    from pipeline_lib.tokenizer import MAX_TOKEN_BYTES
+
+    ok = _ranks_file(tmp_path / "ok.tiktoken", base64.b64encode(b"a" * MAX_TOKEN_BYTES) + b" 256\n")
+    assert max(Tokenizer.from_tiktoken(ok).token_byte_lengths()) == MAX_TOKEN_BYTES
+    bad = _ranks_file(tmp_path / "long.tiktoken", base64.b64encode(b"a" * (MAX_TOKEN_BYTES + 1)) + b" 256\n")
+    with pytest.raises(InputError, match=r"long\.tiktoken:257: .*MAX_TOKEN_BYTES \(1048576"):
+        Tokenizer.from_tiktoken(bad)
+
+
+@pytest.mark.parametrize(
+    "value,match",
+    [(-1, r"outside \[0, 4194304\)"), (3_000_000_000, "outside"), (10**14, "outside"), (True, "must be integers"),
+     (5.0, "must be integers"), ("300", "must be integers"), (None, "must be integers")],
+)
+def test_constructor_checks_ids(value, match):
+    with pytest.raises(InputError, match=r"special_tokens\['<x>'\]: .*" + match):
+        Tokenizer(BYTES, "gpt2", {"<x>": value})
+    with pytest.raises(InputError, match=r"mergeable_ranks\[b'ab'\]: .*" + match):
+        Tokenizer({**BYTES, b"ab": value}, "gpt2")
+
+
+def test_constructor_accepts_numpy_integers_and_checks_tokens():
+    tok = Tokenizer({**BYTES, b"ab": np.int64(300)}, "gpt2", {"<x>": np.uint32(301)})
+    assert tok.vocab_size == 302 and type(tok.mergeable_ranks[b"ab"]) is int and type(tok.special_tokens["<x>"]) is int
+    with pytest.raises(InputError, match="tokens must be bytes"):
+        Tokenizer({**BYTES, "ab": 300}, "gpt2")
+    with pytest.raises(InputError, match="MAX_TOKEN_BYTES"):
+        Tokenizer(BYTES, "gpt2", {"<" + "x" * (1 << 20) + ">": 300})
+    with pytest.raises(InputError, match="not encodable as UTF-8"):
+        Tokenizer(BYTES, "gpt2", {"<\ud800>": 300})
+
+
+@pytest.mark.parametrize("value", [-1, 3_000_000_000, True, 1.5, "300"])
+def test_load_checks_special_token_ids(tmp_path, trained, value):
+    d = tmp_path / "tok"
+    trained.save(str(d))
+    meta = json.loads((d / "tokenmill.json").read_text())
+    meta["special_tokens"] = {"<|endoftext|>": value}
+    (d / "tokenmill.json").write_text(json.dumps(meta))
+    with pytest.raises(InputError, match=r"tokenmill\.json: special_tokens\['<\|endoftext\|>'\]"):
+        Tokenizer.load(str(d))
+
+
+def test_native_core_refuses_oversized_vocabularies_with_valueerror():
+    """Checked again in C++ (a caller may skip the Python checks): ValueError, never bad_alloc."""
+    tokcore = pytest.importorskip("pipeline_lib._tokcore")
+    base = [bytes([i]) for i in range(256)]
+    ranks = np.arange(256, dtype=np.uint32)
+    for rank in (tokcore.MAX_VOCAB_SIZE, 4_000_000_000, 2**32 - 2):
+        with pytest.raises(ValueError, match="too large"):
+            tokcore.Encoder(base + [b"ab"], np.append(ranks, rank).astype(np.uint32), 0)
+    with pytest.raises(ValueError, match="too long"):
+        tokcore.Encoder(base + [b"a" * (tokcore.MAX_TOKEN_BYTES + 1)], np.append(ranks, 256).astype(np.uint32), 0)
+    from pipeline_lib.tokenizer import MAX_TOKEN_BYTES, MAX_VOCAB_SIZE
+
+    assert (tokcore.MAX_VOCAB_SIZE, tokcore.MAX_TOKEN_BYTES) == (MAX_VOCAB_SIZE, MAX_TOKEN_BYTES)
+
+
+def test_decode_refuses_what_is_not_an_integer(trained):
+    for bad in ([1.7], ["72"], [True], [72, None], np.array([72.0]), np.array(["72"]), np.array([True])):
+        with pytest.raises(TypeError, match="must be integers"):
+            trained.decode(bad)
+    with pytest.raises(ValueError, match="one-dimensional"):
+        trained.decode(np.array([[72]]))
+    expect = trained.decode_bytes([72, 105])
+    assert expect == b"Hi"
+    for ok in ([72, 105], (72, 105), iter([72, 105]), [np.int64(72), np.uint16(105)], np.array([72, 105], np.uint16),
+               np.array([72, 105], np.int64), np.array([72, 105], np.uint32)):
+        assert trained.decode_bytes(ok) == expect
+    assert trained.decode(np.array([], np.uint32)) == ""
+
+
+def test_training_caps_token_length():
+    with pytest.warns(UserWarning, match="gave only"):
+        tok = Tokenizer.train(["a" * 5000], vocab_size=400, pattern="gpt2", special_tokens=(), max_token_bytes=64)
+    assert max(tok.token_byte_lengths()) == 64
+    assert tok.decode(tok.encode("a" * 5000)) == "a" * 5000
+    for bad in (1, (1 << 20) + 1):
+        with pytest.raises(InputError, match="max_token_bytes"):
+            Tokenizer.train(["ab"], vocab_size=300, max_token_bytes=bad)
+
+
+def test_save_refuses_a_ranks_file_that_load_would_refuse(tmp_path, trained, monkeypatch):
+    from pipeline_lib import tokenizer
+
+    monkeypatch.setattr(tokenizer, "MAX_VOCAB_FILE_BYTES", 1000)
+    with pytest.raises(InputError, match="MAX_VOCAB_FILE_BYTES"):
+        trained.save(str(tmp_path / "tok"))
+    assert not (tmp_path / "tok" / "vocab.tiktoken").exists()

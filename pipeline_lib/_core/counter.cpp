@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cancel.h"
 #include "pretokenize.h"
 
 namespace tokcore {
@@ -11,7 +12,9 @@ PieceCounterCore::PieceCounterCore(int pattern) : pattern_(pattern), map_(1 << 1
 
 void PieceCounterCore::add(const uint8_t* data, size_t n) {
     int64_t pieces = 0;
+    cancel::Poll& poll = cancel::current();
     pretok::split_with(data, n, pattern_, [&](size_t b, size_t e) {
+        poll.tick(e - b);
         ++map_.get_or_insert(data + b, e - b, int64_t{0});
         ++pieces;
     });
@@ -27,7 +30,9 @@ std::vector<uint32_t> PieceCounterCore::sorted_order() const {
     const auto& es = map_.entries();
     std::vector<uint32_t> order(es.size());
     for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<uint32_t>(k);
+    cancel::Poll& poll = cancel::current();
     std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        poll.tick();
         const auto& ea = es[a];
         const auto& eb = es[b];
         const size_t m = std::min(ea.len, eb.len);

@@ -1,13 +1,17 @@
 #include "encode.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
+#include "cancel.h"
 #include "pretokenize.h"
 
 namespace tokcore {
@@ -20,26 +24,135 @@ constexpr size_t kSmallPiece = 64;
 constexpr size_t kHugePiece = size_t{1} << 16;
 }  // namespace
 
+namespace {
+
+// Proper prefixes (or, reversed, suffixes) of each token that are tokens themselves.
+// Calls visit(rank, length, stack) once per token, where stack lists them as
+// (length, rank), shortest first; ahead(r8, r4) names the tokens visited 8 and 4 later
+// (to prefetch what visit will read). Token r's bytes are arena[off[r] .. off[r] + length).
+//
+// The tokens are visited in sorted order (read in that direction). A token's prefixes
+// then come before it, and all of them are prefixes of its predecessor in the order too,
+// so a stack of "the tokens that are prefixes of the previous token" is all it takes:
+// pop the entries longer than the common prefix of the previous token and this one, and
+// what is left are this token's prefixes. O(total bytes) besides the sort; trying every
+// cut of every token against a hash map instead hashes every prefix, O(length^2) per
+// token (minutes for a 1 MB token).
+struct Affix {
+    uint32_t len;
+    uint32_t rank;
+};
+
+template <class Visit, class Ahead>
+void visit_affixes(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks, const char* arena,
+                   const std::vector<uint64_t>& off, bool reversed, Visit&& visit, Ahead&& ahead) {
+    cancel::Poll& poll = cancel::current();
+    // The first 8 bytes as a big-endian key (short tokens padded with zeros) decide most
+    // comparisons and common prefixes without touching the bytes.
+    struct Item {
+        uint64_t key;
+        uint32_t rank;
+        uint32_t len;
+    };
+    auto byte_at = [&](const Item& x, size_t i) -> uint8_t {
+        return static_cast<uint8_t>(arena[off[x.rank] + (reversed ? x.len - 1 - i : i)]);
+    };
+    std::vector<Item> items(tokens.size());
+    for (size_t k = 0; k < tokens.size(); ++k) {
+        const std::string& t = tokens[k];
+        const size_t n = t.size();
+        uint64_t key = 0;
+        if (n >= 8) {
+            // little-endian loads: the first 8 bytes byte-swapped, or the last 8 as they are
+            std::memcpy(&key, t.data() + (reversed ? n - 8 : 0), 8);
+            if (!reversed) key = __builtin_bswap64(key);
+        } else {
+            for (size_t i = 0; i < 8; ++i)
+                key = (key << 8) | (i < n ? static_cast<uint8_t>(t[reversed ? n - 1 - i : i]) : 0);
+        }
+        items[k] = Item{key, ranks[k], static_cast<uint32_t>(n)};
+    }
+    // Equal keys: a token of <= 8 bytes is then a prefix of the other one.
+    auto common_prefix = [&](const Item& x, const Item& y) -> size_t {
+        const size_t m = std::min(x.len, y.len);
+        if (x.key != y.key) return std::min<size_t>(static_cast<size_t>(__builtin_clzll(x.key ^ y.key)) / 8, m);
+        size_t i = std::min<size_t>(8, m);
+        while (i < m && byte_at(x, i) == byte_at(y, i)) ++i;
+        return i;
+    };
+    auto less = [&](const Item& x, const Item& y) {
+        if (x.key != y.key) return x.key < y.key;
+        const size_t i = common_prefix(x, y);
+        if (i == std::min(x.len, y.len)) return x.len < y.len;
+        return byte_at(x, i) < byte_at(y, i);
+    };
+    // Radix sort by key (least significant byte first, so stable), then runs of equal keys
+    // by their bytes: a few times faster than comparison sorting the whole vocabulary.
+    {
+        std::vector<std::array<size_t, 256>> count(8);
+        for (auto& c : count) c.fill(0);
+        for (const Item& it : items)
+            for (int b = 0; b < 8; ++b) ++count[b][(it.key >> (8 * b)) & 255];
+        std::vector<Item> tmp(items.size());
+        for (int b = 0; b < 8; ++b) {
+            std::array<size_t, 256>& c = count[b];
+            if (*std::max_element(c.begin(), c.end()) == items.size()) continue;  // one value: nothing moves
+            poll.tick(items.size());
+            size_t at = 0;
+            for (size_t& v : c) at += std::exchange(v, at);
+            for (const Item& it : items) tmp[c[(it.key >> (8 * b)) & 255]++] = it;
+            items.swap(tmp);
+        }
+        for (size_t i = 0, j; i < items.size(); i = j) {
+            for (j = i + 1; j < items.size() && items[j].key == items[i].key;) ++j;
+            if (j - i > 1) {
+                poll.tick(16 * (j - i));  // ~n log n comparisons
+                std::sort(items.begin() + i, items.begin() + j, less);
+            }
+        }
+    }
+
+    std::vector<Affix> stack;
+    for (size_t j = 0; j < items.size(); ++j) {
+        const Item& it = items[j];
+        poll.tick(it.len);
+        if (j + 8 < items.size()) ahead(items[j + 8].rank, items[j + 4].rank);
+        const size_t lcp = j > 0 ? common_prefix(items[j - 1], it) : 0;
+        while (!stack.empty() && stack.back().len > lcp) stack.pop_back();
+        visit(it.rank, it.len, stack);
+        stack.push_back(Affix{it.len, it.rank});
+    }
+}
+
+}  // namespace
+
 EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks,
                          int pattern)
     : pattern_(pattern), vocab_(tokens.size() + 16) {
     if (tokens.size() != ranks.size())
         throw std::invalid_argument("tokens and ranks must have the same length");
+    cancel::Poll& poll = cancel::current();
     uint32_t max_rank = 0;
-    for (uint32_t r : ranks) {
-        if (r == kNone) throw std::invalid_argument("rank 4294967295 is reserved");
-        max_rank = std::max(max_rank, r);
+    size_t total = 0;
+    for (size_t k = 0; k < tokens.size(); ++k) {
+        if (ranks[k] >= kMaxVocabSize)
+            throw std::invalid_argument("rank " + std::to_string(ranks[k]) + " is too large: ids must be below " +
+                                        std::to_string(kMaxVocabSize));
+        if (tokens[k].size() > kMaxTokenBytes)
+            throw std::invalid_argument("a token of " + std::to_string(tokens[k].size()) +
+                                        " bytes is too long: at most " + std::to_string(kMaxTokenBytes));
+        max_rank = std::max(max_rank, ranks[k]);
+        total += tokens[k].size();
     }
     vocab_size_ = tokens.empty() ? 0 : static_cast<size_t>(max_rank) + 1;
     tok_off_.assign(vocab_size_, 0);
     tok_len_.assign(vocab_size_, kNone);
-    size_t total = 0;
-    for (const auto& t : tokens) total += t.size();
     tok_bytes_.reserve(total);
 
     for (size_t k = 0; k < tokens.size(); ++k) {
         const std::string& t = tokens[k];
         const uint32_t r = ranks[k];
+        poll.tick(t.size());
         if (t.empty()) throw std::invalid_argument("empty token in the vocabulary");
         if (tok_len_[r] != kNone)
             throw std::invalid_argument("rank " + std::to_string(r) + " is given to two tokens");
@@ -58,20 +171,48 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
         byte_rank_[b] = *r;
     }
 
-    // (left, right) -> merged for every token and split point where both halves are tokens.
-    size_t n_pairs_guess = 0;
+    // (left, right) -> merged for every token and cut where both halves are tokens: the cut
+    // at d pairs a prefix token of length d with a suffix token of length n - d. The
+    // prefixes are stored, then met by the suffixes.
+    struct Prefixes {
+        uint64_t first;  // into pre
+        uint64_t count;
+    };
+    std::vector<Prefixes> prefixes(vocab_size_);  // by rank
+    std::vector<Affix> pre;
+    pre.reserve(tokens.size() * 4);
+    visit_affixes(
+        tokens, ranks, tok_bytes_.data(), tok_off_, false,
+        [&](uint32_t r, uint32_t, const std::vector<Affix>& stack) {
+            prefixes[r] = Prefixes{pre.size(), stack.size()};
+            pre.insert(pre.end(), stack.begin(), stack.end());
+        },
+        [](uint32_t, uint32_t) {});
+    std::vector<std::pair<uint64_t, uint32_t>> found;  // (left << 32 | right, merged)
+    found.reserve(tokens.size() * 2);
+    visit_affixes(
+        tokens, ranks, tok_bytes_.data(), tok_off_, true,
+        [&](uint32_t r, uint32_t n, const std::vector<Affix>& suf) {
+            const Prefixes& pr = prefixes[r];
+            size_t s = suf.size();  // walks down from the longest suffix
+            for (size_t p = pr.first; p < pr.first + pr.count && s > 0; ++p) {
+                const size_t want = n - pre[p].len;
+                while (s > 0 && suf[s - 1].len > want) --s;
+                if (s > 0 && suf[s - 1].len == want)
+                    found.emplace_back((static_cast<uint64_t>(pre[p].rank) << 32) | suf[s - 1].rank, r);
+            }
+        },
+        [&](uint32_t r8, uint32_t r4) {  // prefixes[r] is read first, then the list it points to
+            __builtin_prefetch(&prefixes[r8]);
+            __builtin_prefetch(pre.data() + prefixes[r4].first);
+        });
+    // Inserted apart from the walk, so that each slot can be fetched a few keys ahead.
+    size_t n_pairs_guess = 0;  // the map's size decides its load factor, hence encoding speed: keep it sparse
     for (const auto& t : tokens) n_pairs_guess += t.size() > 1 ? 2 : 0;
-    pairs_.reset(n_pairs_guess);
-    for (size_t k = 0; k < tokens.size(); ++k) {
-        const auto* p = reinterpret_cast<const uint8_t*>(tokens[k].data());
-        const size_t n = tokens[k].size();
-        for (size_t cut = 1; cut < n; ++cut) {
-            const uint32_t* l = vocab_.find(p, cut);
-            if (!l) continue;
-            const uint32_t* r = vocab_.find(p + cut, n - cut);
-            if (!r) continue;
-            pairs_.get_or_insert((static_cast<uint64_t>(*l) << 32) | *r, ranks[k]);
-        }
+    pairs_.reset(std::max(found.size(), n_pairs_guess));
+    for (size_t i = 0; i < found.size(); ++i) {
+        if (i + 8 < found.size()) pairs_.prefetch(found[i + 8].first);
+        pairs_.get_or_insert(found[i].first, found[i].second);
     }
     // Bloom filter: ~8 bits per pair, both probe bits in one 64-bit word.
     size_t words = 64;
@@ -92,6 +233,7 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
 
 void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
     if (n == 0) return;
+    if (n >= kNone) throw std::length_error("a piece of 4 GiB or more");  // node indices are 32-bit
     if (n == 1) {
         out.push_back(byte_rank_[p[0]]);
         return;
@@ -265,28 +407,43 @@ template <class Queue>
 void EncoderCore::bpe_linked(const uint8_t* p, size_t n, Queue& queue, std::vector<uint32_t>& out) const {
     const uint32_t end = static_cast<uint32_t>(n);
     std::vector<Node>& nodes = scratch_nodes();
+    struct Trim {  // do not keep huge scratch, also when cancelled
+        std::vector<Node>& v;
+        ~Trim() {
+            if (v.capacity() > kHugePiece) std::vector<Node>().swap(v);
+        }
+    } trim{nodes};
+    cancel::Poll& poll = cancel::current();
     nodes.resize(n);
+    // Through a plain pointer: the compiler re-derives a thread_local's address (a call to
+    // __tls_get_addr in a shared library) at uses of `nodes` inside the loop.
+    Node* const nd = nodes.data();
     for (size_t k = 0; k < n; ++k) {
-        nodes[k].tok = byte_rank_[p[k]];
-        nodes[k].nxt = static_cast<uint32_t>(k + 1);
-        nodes[k].prv = k == 0 ? kNone : static_cast<uint32_t>(k - 1);
+        nd[k].tok = byte_rank_[p[k]];
+        nd[k].nxt = static_cast<uint32_t>(k + 1);
+        nd[k].prv = k == 0 ? kNone : static_cast<uint32_t>(k - 1);
     }
     for (size_t k = 0; k < n; ++k) {
         const uint32_t r = k + 1 < n ? merged_bytes(p[k], p[k + 1]) : kNone;
-        nodes[k].rk = r;
+        nd[k].rk = r;
         if (r != kNone) queue.push(r, static_cast<uint32_t>(k));
     }
-    queue.start(nodes.data());
+    queue.start(nd);
     uint32_t r, k;
+    uint32_t pops = 0;  // counted in a register, handed to the poll every 4096
     while (queue.pop(r, k)) {
-        Node& a = nodes[k];
+        if (++pops == 4096) {
+            poll.tick(pops);
+            pops = 0;
+        }
+        Node& a = nd[k];
         if (a.rk != r) continue;  // stale candidate
-        Node& b = nodes[a.nxt];
+        Node& b = nd[a.nxt];
         a.tok = r;
         b.rk = kNone;
         a.nxt = b.nxt;
         if (a.nxt != end) {
-            Node& c = nodes[a.nxt];
+            Node& c = nd[a.nxt];
             c.prv = k;
             a.rk = merged(r, c.tok);
             if (a.rk != kNone) queue.push(a.rk, k);
@@ -294,13 +451,12 @@ void EncoderCore::bpe_linked(const uint8_t* p, size_t n, Queue& queue, std::vect
             a.rk = kNone;
         }
         if (a.prv != kNone) {
-            Node& z = nodes[a.prv];
+            Node& z = nd[a.prv];
             z.rk = merged(z.tok, r);
             if (z.rk != kNone) queue.push(z.rk, a.prv);
         }
     }
-    for (uint32_t i = 0; i != end; i = nodes[i].nxt) out.push_back(nodes[i].tok);
-    if (nodes.capacity() > kHugePiece) std::vector<Node>().swap(nodes);  // do not keep huge scratch
+    for (uint32_t i = 0; i != end; i = nd[i].nxt) out.push_back(nd[i].tok);
 }
 
 void EncoderCore::bpe_large(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
@@ -328,9 +484,11 @@ void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint3
 }
 
 void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const {
+    cancel::Poll& poll = cancel::current();
     pretok::split_with(data, n, pattern_, [&](size_t b, size_t e) {
         const uint8_t* p = data + b;
         const size_t len = e - b;
+        poll.tick(len);
         if (len == 1) {
             out.push_back(byte_rank_[*p]);
             return;
@@ -391,10 +549,13 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     std::atomic<size_t> next{0};
     std::exception_ptr error;
     std::mutex error_mu;
+    cancel::Scope* scope = cancel::current().scope();  // the caller's, shared with the helper threads
 
-    auto worker = [&]() {
+    auto worker = [&](bool helper) {
         std::unique_ptr<PieceCache> cache;
         try {
+            std::optional<cancel::Bind> bind;
+            if (helper && scope != nullptr) bind.emplace(scope, false);
             cache = acquire_cache();
             for (size_t c; (c = next.fetch_add(1)) < nchunks;) {
                 std::vector<uint32_t>& out = chunk_ids[c];
@@ -408,17 +569,24 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
             std::lock_guard<std::mutex> lock(error_mu);
             if (!error) error = std::current_exception();
             next.store(nchunks);
+            if (scope != nullptr) scope->stop();  // the other threads stop within a poll
         }
         if (cache) release_cache(std::move(cache));
     };
 
     if (nt <= 1) {
-        worker();
+        worker(false);
     } else {
         std::vector<std::thread> threads;
         threads.reserve(nt - 1);
-        for (size_t t = 0; t + 1 < nt; ++t) threads.emplace_back(worker);
-        worker();
+        try {
+            for (size_t t = 0; t + 1 < nt; ++t) threads.emplace_back(worker, true);
+        } catch (...) {  // could not start a thread: stop and join the ones that run
+            next.store(nchunks);
+            for (auto& th : threads) th.join();
+            throw;
+        }
+        worker(false);
         for (auto& th : threads) th.join();
     }
     if (error) std::rethrow_exception(error);

@@ -5,8 +5,8 @@
 //   1. the whole piece is a token -> that token;
 //   2. otherwise start from single bytes and repeatedly merge the adjacent pair whose
 //      concatenation has the lowest rank (leftmost on ties) until no adjacent pair is a token.
-// Parts are always tokens, so step 2 runs on ids with a (left id, right id) -> merged id map,
-// built from the vocabulary by trying every split point of every token.
+// Parts are always tokens, so step 2 runs on ids with a (left id, right id) -> merged id map:
+// every split of a token into two tokens (see the constructor: linear in the vocabulary's bytes).
 #pragma once
 
 #include <cstddef>
@@ -39,12 +39,17 @@ struct PieceCache {
     }
 };
 
+// Limits on a vocabulary (pipeline_lib.tokenizer checks the same ones, with file names).
+constexpr size_t kMaxVocabSize = size_t{1} << 22;   // ids are < this
+constexpr size_t kMaxTokenBytes = size_t{1} << 20;  // longest token
+
 class EncoderCore {
 public:
     static constexpr uint32_t kNone = 0xFFFFFFFFu;
 
     // tokens[k] (bytes) has rank ranks[k]. Throws std::invalid_argument on a malformed
-    // vocabulary (duplicate bytes or ranks, empty token, missing single byte).
+    // vocabulary (duplicate bytes or ranks, empty token, missing single byte, a rank
+    // >= kMaxVocabSize, a token longer than kMaxTokenBytes). O(total token bytes).
     EncoderCore(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks, int pattern);
 
     int pattern() const { return pattern_; }

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 namespace tokcore {
@@ -144,6 +145,7 @@ public:
                 }
             }
         }
+        if (n > 0xFFFFFFFFu) throw std::length_error("a key of 4 GiB or more");  // Entry::len is 32-bit
         if (inserted) *inserted = true;
         const uint64_t off = arena_.size();
         arena_.insert(arena_.end(), p, p + n);
@@ -196,6 +198,9 @@ public:
     }
 
     size_t size() const { return size_; }
+
+    // Start fetching the slot where a lookup of `key` begins.
+    void prefetch(uint64_t key) const { __builtin_prefetch(&slots_[hash_u64(key) & mask_]); }
 
     const V* find(uint64_t key) const {
         for (size_t i = hash_u64(key) & mask_;; i = (i + 1) & mask_) {

@@ -2,16 +2,32 @@
 //
 // Everything long-running drops the GIL (nb::gil_scoped_release). Inputs handed to a
 // GIL-free section are either immutable bytes objects the caller holds, or copied first.
+//
+// Long calls stay interruptible (cancel.h): each runs under a CallScope, which a
+// cancel_all() stops, and which, for a call made on Python's main thread, runs Python's
+// signal handlers every ~50 ms. A stopped call raises the handler's exception (e.g.
+// KeyboardInterrupt) or pipeline_lib.errors.CancelledError.
+//
+// At interpreter exit (shutdown(), from pipeline_lib.cancel) running calls are stopped
+// and given a moment to get back into Python: a thread that re-takes the GIL once
+// finalization has begun is ended by Python 3.11 with pthread_exit, whose unwinding
+// through C++ frames aborts the process ("terminate called without an active
+// exception"). Daemon threads, and threads whose join() a signal interrupted (CPython
+// then marks them stopped), are not waited for by the interpreter, hence the wait here.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "cancel.h"
 #include "counter.h"
 #include "encode.h"
 #include "pretokenize.h"
@@ -20,7 +36,46 @@
 namespace nb = nanobind;
 using namespace tokcore;
 
+#ifndef TOKCORE_SOURCE_HASH
+#error "TOKCORE_SOURCE_HASH (sha256 of the core's sources) is defined by CMakeLists.txt"
+#endif
+
 namespace {
+
+// ---- cancellation ------------------------------------------------------------------------
+
+unsigned long g_main_thread = 0;   // threading.main_thread().ident
+std::atomic<int64_t> g_running{0};  // calls between CallScope creation and return
+std::atomic<bool> g_shutdown{false};  // shutdown() ran: the process is going down
+
+// Python runs signal handlers on the main thread only, and only when it gets there: a
+// handler that raised leaves its exception set on this thread, and the call returns it.
+bool check_signals() {
+    nb::gil_scoped_acquire gil;
+    return PyErr_CheckSignals() != 0;
+}
+
+// Made with the GIL held, before the call releases it; destroyed with the GIL held again.
+struct CallScope : cancel::Scope {
+    CallScope() : CallScope(PyThread_get_thread_ident() == g_main_thread) {}
+    explicit CallScope(bool main) : cancel::Scope(main ? &check_signals : nullptr) {
+        // exit handlers run on the main thread and may still encode; other threads may not
+        if (!main && g_shutdown.load()) throw Cancelled();
+        g_running.fetch_add(1);
+    }
+    ~CallScope() { g_running.fetch_sub(1); }
+    CallScope(const CallScope&) = delete;
+    CallScope& operator=(const CallScope&) = delete;
+};
+
+void shutdown(double wait_s) {
+    g_shutdown.store(true);
+    cancel::cancel_all();
+    nb::gil_scoped_release release;  // the stopped calls need the GIL to return
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+    while (g_running.load() > 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 
 // ---- helpers -----------------------------------------------------------------------------
 
@@ -97,9 +152,15 @@ nb::list split_py(nb::bytes data, int pattern) {
     const uint8_t* p = bytes_ptr(data);
     const size_t n = data.size();
     std::vector<size_t> ends;
+    CallScope scope;
     {
         nb::gil_scoped_release release;
-        pretok::split_with(p, n, pattern, [&](size_t, size_t e) { ends.push_back(e); });
+        cancel::Bind bind(&scope, true);
+        cancel::Poll& poll = cancel::current();
+        pretok::split_with(p, n, pattern, [&](size_t b, size_t e) {
+            poll.tick(e - b);
+            ends.push_back(e);
+        });
     }
     return bytes_list(p, ends);
 }
@@ -109,15 +170,38 @@ nb::list split_py(nb::bytes data, int pattern) {
 struct PieceCounter {
     explicit PieceCounter(int pattern) : core((check_pattern(pattern), pattern)) {}
     PieceCounterCore core;
-    std::mutex mu;  // the GIL is released while counting; serialize concurrent calls
+    std::mutex mu;        // the GIL is released while counting; serialize concurrent calls
+    bool broken = false;  // an add stopped half-way (read and written with the GIL held)
 };
+
+void check_not_broken(const PieceCounter& self) {
+    if (self.broken)
+        throw nb::value_error("this PieceCounter was interrupted in the middle of an add and holds partial "
+                              "counts; count again with a new one");
+}
+
+// Runs `work` on the counter with the GIL released. An add that stops half-way (cancelled,
+// out of memory) has counted part of its input, so the counter refuses further use
+// rather than return partial counts.
+template <class F>
+void with_counter(PieceCounter& self, F&& work) {
+    check_not_broken(self);
+    CallScope scope;
+    try {
+        nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
+        std::lock_guard<std::mutex> lock(self.mu);
+        work();
+    } catch (...) {
+        self.broken = true;
+        throw;
+    }
+}
 
 void counter_add(PieceCounter& self, nb::bytes data) {
     const uint8_t* p = bytes_ptr(data);
     const size_t n = data.size();
-    nb::gil_scoped_release release;
-    std::lock_guard<std::mutex> lock(self.mu);
-    self.core.add(p, n);
+    with_counter(self, [&] { self.core.add(p, n); });
 }
 
 void counter_add_batch(PieceCounter& self, nb::handle docs) {
@@ -125,11 +209,9 @@ void counter_add_batch(PieceCounter& self, nb::handle docs) {
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
     collect_bytes(docs, keep, ptrs, lens, "docs");
-    {
-        nb::gil_scoped_release release;
-        std::lock_guard<std::mutex> lock(self.mu);
+    with_counter(self, [&] {
         for (size_t k = 0; k < ptrs.size(); ++k) self.core.add(ptrs[k], lens[k]);
-    }
+    });
 }
 
 void counter_add_counts(PieceCounter& self, nb::handle pieces, nb::handle counts_obj) {
@@ -140,18 +222,23 @@ void counter_add_counts(PieceCounter& self, nb::handle pieces, nb::handle counts
     auto counts = as_array<int64_t>(counts_obj, "int64", "counts");
     if (counts.shape(0) != ptrs.size()) throw nb::value_error("pieces and counts must have the same length");
     const int64_t* c = counts.data();
-    {
-        nb::gil_scoped_release release;
-        std::lock_guard<std::mutex> lock(self.mu);
-        for (size_t k = 0; k < ptrs.size(); ++k) self.core.add_count(ptrs[k], lens[k], c[k]);
-    }
+    with_counter(self, [&] {
+        cancel::Poll& poll = cancel::current();
+        for (size_t k = 0; k < ptrs.size(); ++k) {
+            poll.tick(lens[k] + 1);
+            self.core.add_count(ptrs[k], lens[k], c[k]);
+        }
+    });
 }
 
 nb::tuple counter_to_arrays(PieceCounter& self) {
+    check_not_broken(self);
     std::vector<uint32_t> order;
     std::vector<int64_t> counts;
+    CallScope scope;
     {
         nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
         std::lock_guard<std::mutex> lock(self.mu);
         order = self.core.sorted_order();
         counts.reserve(order.size());
@@ -177,8 +264,14 @@ nb::tuple counter_to_arrays(PieceCounter& self) {
 
 nb::ndarray<nb::numpy, int32_t, nb::ndim<2>> learn_merges_py(nb::handle pieces, nb::handle counts_obj,
                                                              int64_t n_merges, int64_t min_frequency,
-                                                             nb::object progress) {
+                                                             nb::object progress, nb::object max_token_bytes) {
     if (n_merges < 0) throw nb::value_error("n_merges must be >= 0");
+    size_t max_bytes = 0;  // no limit
+    if (!max_token_bytes.is_none()) {
+        const int64_t m = nb::cast<int64_t>(max_token_bytes);
+        if (m < 2) throw nb::value_error("max_token_bytes must be None or >= 2");
+        max_bytes = static_cast<size_t>(m);
+    }
     TrainInput in;
     {
         std::vector<nb::object> keep;
@@ -208,14 +301,13 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<2>> learn_merges_py(nb::handle pieces, 
         };
     }
     std::vector<int32_t> rows;
-    {
+    CallScope scope;
+    try {
         nb::gil_scoped_release release;
-        try {
-            rows = learn_merges(in, static_cast<size_t>(n_merges), min_frequency, fn);
-        } catch (const std::invalid_argument& e) {
-            nb::gil_scoped_acquire acquire;
-            throw nb::value_error(e.what());
-        }
+        cancel::Bind bind(&scope, true);
+        rows = learn_merges(in, static_cast<size_t>(n_merges), min_frequency, fn, max_bytes);
+    } catch (const std::invalid_argument& e) {
+        throw nb::value_error(e.what());
     }
     auto* heap = new std::vector<int32_t>(std::move(rows));
     nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
@@ -239,9 +331,11 @@ void encoder_init(Encoder* self, nb::handle tokens, nb::handle ranks_obj, int pa
     std::vector<std::string> toks(ptrs.size());
     for (size_t k = 0; k < ptrs.size(); ++k) toks[k].assign(reinterpret_cast<const char*>(ptrs[k]), lens[k]);
     std::vector<uint32_t> rk(ranks.data(), ranks.data() + ptrs.size());
+    CallScope scope;
     new (self) Encoder();
     try {
         nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
         self->core = std::make_unique<EncoderCore>(toks, rk, pattern);
     } catch (const std::invalid_argument& e) {
         self->~Encoder();
@@ -256,8 +350,10 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::
     const uint8_t* p = bytes_ptr(data);
     const size_t n = data.size();
     std::vector<uint32_t> out;
+    CallScope scope;
     {
         nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
         out.reserve(n / 4 + 16);
         auto cache = self.core->acquire_cache();
         self.core->encode(p, n, out, cache.get());
@@ -273,8 +369,10 @@ nb::tuple encoder_encode_batch(Encoder& self, nb::handle docs, int num_threads) 
     collect_bytes(docs, keep, ptrs, lens, "docs");
     std::vector<uint32_t> ids;
     std::vector<uint64_t> offsets;
+    CallScope scope;
     {
         nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
         self.core->encode_batch(ptrs, lens, num_threads, ids, offsets);
     }
     return nb::make_tuple(numpy_1d(std::move(ids)), numpy_1d(std::move(offsets)));
@@ -284,8 +382,10 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode_piece(Encoder& self
     const uint8_t* p = bytes_ptr(piece);
     const size_t n = piece.size();
     std::vector<uint32_t> out;
+    CallScope scope;
     {
         nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
         self.core->encode_piece(p, n, out);
     }
     return numpy_1d(std::move(out));
@@ -341,7 +441,33 @@ nb::bytes encoder_decode(Encoder& self, nb::handle ids_obj) {
 
 NB_MODULE(_tokcore, m) {
     m.doc() = "tokenmill compiled core: pre-tokenize, count, learn BPE merges, encode/decode.";
-    m.attr("CORE_VERSION") = "1";
+    // sha256 over the core's source files and CMakeLists.txt, computed by CMake at build time
+    m.attr("CORE_SOURCE_HASH") = TOKCORE_SOURCE_HASH;
+    m.attr("MAX_VOCAB_SIZE") = kMaxVocabSize;
+    m.attr("MAX_TOKEN_BYTES") = kMaxTokenBytes;
+
+    g_main_thread = nb::cast<unsigned long>(nb::module_::import_("threading").attr("main_thread")().attr("ident"));
+    // Threads the interpreter abandons at exit (daemon threads, threads whose join() a signal
+    // interrupted) still hold our objects then; nanobind would report those as leaks.
+    nb::set_leak_warnings(false);
+    nb::object cancelled = nb::module_::import_("pipeline_lib.errors").attr("CancelledError");
+    nb::register_exception_translator(
+        [](const std::exception_ptr& p, void* payload) {
+            try {
+                std::rethrow_exception(p);
+            } catch (const Cancelled&) {
+                if (!PyErr_Occurred())  // else a signal handler's exception is already set: keep it
+                    PyErr_SetString(static_cast<PyObject*>(payload),
+                                    "native call cancelled (cancel_all(): Ctrl-C, SIGTERM or interpreter exit)");
+            }
+        },
+        cancelled.release().ptr());
+    m.def("cancel_all", &cancel::cancel_all,
+          "Stop every native call now running, in any thread (each raises CancelledError, or the exception "
+          "of the signal handler that stopped it); calls started afterwards run normally.");
+    m.def("shutdown", &shutdown, nb::arg("wait_s") = 0.0,
+          "For a process going down: cancel_all(), make later calls from threads other than the main one "
+          "raise CancelledError at once, and wait up to wait_s for the running calls to return.");
     nb::dict ids;
     ids["gpt2"] = static_cast<int>(kGpt2);
     ids["cl100k"] = static_cast<int>(kCl100k);
@@ -369,7 +495,7 @@ NB_MODULE(_tokcore, m) {
              "(pieces, counts): pieces sorted by bytes ascending, counts as int64.");
 
     m.def("learn_merges", &learn_merges_py, nb::arg("pieces"), nb::arg("counts"), nb::arg("n_merges"),
-          nb::arg("min_frequency") = 1, nb::arg("progress") = nb::none(),
+          nb::arg("min_frequency") = 1, nb::arg("progress") = nb::none(), nb::arg("max_token_bytes") = nb::none(),
           "BPE merges (left_id, right_id, merged_id) as an int32 array of shape (m, 3); "
           "equal to bpe_reference.learn_merges(dict(zip(pieces, counts)), ...).");
 

@@ -10,10 +10,18 @@
 //   out of date is dropped (and re-pushed with the current count if that is lower; any
 //   pair whose count grows gets a fresh entry when it grows), so the first up-to-date entry
 //   popped is the reference's `min(stats, key=(-count, left bytes, right bytes))`.
-// * a pair whose merged bytes already are a token reuses that token's id.
+// * a pair whose merged bytes already are a token reuses that token's id;
+// * a pair whose merged bytes would be longer than max_token_bytes is never a candidate.
 //
 // "Occurrences" are tracked next to the weighted count so that a pair that only occurs in
 // pieces of count 0 still exists for the reference (stats[pair] == 0 is a candidate).
+//
+// Long pieces: a merge rewrites every word on the pair's list, O(word length) each, so one
+// 100 MB piece would cost 100 MB per merge. Pieces longer than kBlock symbols are therefore
+// stored as a chain of blocks of at most kBlock symbols, each a word of its own (same
+// count) linked to its neighbours; a pair across a boundary belongs to the block of its
+// left symbol. A merge then rewrites only the blocks that hold the pair: O(kBlock) per
+// occurrence whatever the piece's length.
 #include "train.h"
 
 #include <algorithm>
@@ -21,6 +29,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cancel.h"
 #include "hashing.h"
 
 namespace tokcore {
@@ -40,9 +49,13 @@ struct HeapEntry {
     uint32_t pair;
 };
 
+constexpr uint32_t kBlock = 256;
+constexpr uint32_t kNoWord = 0xFFFFFFFFu;
+
 class Trainer {
 public:
-    Trainer(const TrainInput& in, int64_t min_frequency) : min_frequency_(min_frequency) {
+    Trainer(const TrainInput& in, int64_t min_frequency, size_t max_token_bytes)
+        : min_frequency_(min_frequency), max_token_bytes_(max_token_bytes ? max_token_bytes : SIZE_MAX) {
         tokens_.reserve(256 + 1024);
         for (int b = 0; b < 256; ++b) {
             tokens_.emplace_back(1, static_cast<char>(b));
@@ -58,6 +71,7 @@ public:
         out.reserve(std::min<size_t>(n_merges, 1 << 20) * 3);
         size_t done = 0, reported = 0;
         while (done < n_merges) {
+            poll_.tick();
             const int64_t best = select();
             if (best < 0) break;
             if (pairs_[best].count < min_frequency_) break;
@@ -95,21 +109,36 @@ private:
         const size_t np = in.counts.size();
         const bool unique = strictly_sorted(in);
         BytesMap<uint32_t> seen(unique ? 16 : np / 2 + 16);
+        sym_.reserve(in.bytes.size());
+        words_.reserve(np + in.bytes.size() / kBlock);
         for (size_t k = 0; k < np; ++k) {
             if (in.counts[k] < 0) throw std::invalid_argument("counts must be >= 0");
             const uint64_t b = in.offsets[k], e = in.offsets[k + 1];
+            poll_.tick(e - b + 1);
             if (e - b < 2) continue;  // no pairs
             if (!unique) {
                 bool inserted = false;
                 uint32_t& w = seen.get_or_insert(in.bytes.data() + b, e - b,
                                                  static_cast<uint32_t>(words_.size()), &inserted);
-                if (!inserted) {  // duplicate piece: the last count wins
-                    words_[w].freq = in.counts[k];
+                if (!inserted) {  // duplicate piece: the last count wins (in each of its blocks)
+                    for (uint32_t v = w; v != kNoWord; v = words_[v].next) words_[v].freq = in.counts[k];
                     continue;
                 }
             }
-            words_.push_back(Word{sym_.size(), static_cast<uint32_t>(e - b), 0xFFFFFFFFu, in.counts[k]});
-            for (uint64_t i = b; i < e; ++i) sym_.push_back(in.bytes[i]);
+            if (words_.size() + (e - b) / kBlock + 1 >= kNoWord)
+                throw std::invalid_argument("too many distinct pieces (at most 4294967294 words of 256 bytes)");
+            uint32_t prev = kNoWord;
+            for (uint64_t s = b; s < e; s += kBlock) {
+                const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(kBlock, e - s));
+                const uint32_t w = static_cast<uint32_t>(words_.size());
+                words_.push_back(Word{sym_.size(), len, 0xFFFFFFFFu, in.counts[k], kNoWord, prev});
+                if (prev != kNoWord) {
+                    words_[prev].next = w;
+                    chained_ = true;
+                }
+                prev = w;
+                for (uint64_t i = s; i < s + len; ++i) sym_.push_back(in.bytes[i]);
+            }
         }
     }
 
@@ -117,14 +146,23 @@ private:
         pair_index_.reset(words_.size() + 1024);
         for (uint32_t w = 0; w < words_.size(); ++w) {
             const Word& wd = words_[w];
+            poll_.tick(wd.len);
             const int32_t* s = sym_.data() + wd.start;
             for (uint32_t i = 0; i + 1 < wd.len; ++i) add(s[i], s[i + 1], w, wd.freq, 0xFFFFFFFEu);
+            if (wd.next != kNoWord) add(s[wd.len - 1], first_symbol(wd.next), w, wd.freq, 0xFFFFFFFEu);
         }
         touched_.clear();
         heap_.reserve(pairs_.size());
         for (uint32_t p = 0; p < pairs_.size(); ++p)
-            if (pairs_[p].occ > 0) heap_.push_back({pairs_[p].count, p});
+            if (pairs_[p].occ > 0 && !too_long(pairs_[p])) heap_.push_back({pairs_[p].count, p});
         std::make_heap(heap_.begin(), heap_.end(), Lower{this});
+    }
+
+    int32_t first_symbol(uint32_t w) const { return sym_[words_[w].start]; }
+    int32_t last_symbol(uint32_t w) const { return sym_[words_[w].start + words_[w].len - 1]; }
+
+    bool too_long(const PairInfo& P) const {
+        return tokens_[P.left].size() + tokens_[P.right].size() > max_token_bytes_;
     }
 
     // ---- pair bookkeeping ------------------------------------------------------------
@@ -195,6 +233,7 @@ private:
     // Best live pair (left on the heap), or -1 if no pair exists.
     int64_t select() {
         while (!heap_.empty()) {
+            poll_.tick();
             const HeapEntry top = heap_.front();
             const PairInfo& P = pairs_[top.pair];
             if (P.occ == 0) {
@@ -225,6 +264,9 @@ private:
         std::vector<uint32_t> words;
         words.swap(pairs_[pi].words);
         touched_.clear();
+        // (a, a) overlaps itself ("aaa" -> x a): the blocks of one piece must be rewritten
+        // left to right, as the reference scans a word. Block ids grow along a chain.
+        if (a == b && chained_) std::sort(words.begin(), words.end());
         const size_t nw = words.size();
         for (size_t k = 0; k < nw; ++k) {
             // the word lists are mostly in increasing word order; fetch a little ahead
@@ -233,45 +275,79 @@ private:
             const uint32_t w = words[k];
             if (words_[w].stamp == step) continue;
             words_[w].stamp = step;
+            poll_.tick(words_[w].len + 1);
             merge_word(w, a, b, x, step);
         }
         pairs_[pi].count = 0;  // every occurrence of the pair was merged
         pairs_[pi].occ = 0;
         for (uint32_t p : touched_) {
             const PairInfo& P = pairs_[p];
-            if (P.occ > 0) push({P.count, p});
+            if (P.occ > 0 && !too_long(P)) push({P.count, p});
         }
     }
 
+    // Rewrite block w's occurrences of (a, b) as x, left to right, the pair across its end
+    // included (b is then taken off the front of the next block).
     void merge_word(uint32_t w, int32_t a, int32_t b, int32_t x, uint32_t step) {
-        int32_t* s = sym_.data() + words_[w].start;
-        const uint32_t n = words_[w].len;
+        Word& W = words_[w];
+        int32_t* s = sym_.data() + W.start;
+        const uint32_t n = W.len;
+        // does the symbol at i (== a) pair with b?
+        auto pairs_with_b = [&](uint32_t i) {
+            return i + 1 < n ? s[i + 1] == b : (W.next != kNoWord && first_symbol(W.next) == b);
+        };
         uint32_t i = 0;
-        while (i + 1 < n && !(s[i] == a && s[i + 1] == b)) ++i;
-        if (i + 1 >= n) return;  // stale entry
-        const int64_t f = words_[w].freq;
+        while (i < n && !(s[i] == a && pairs_with_b(i))) ++i;
+        if (i >= n) return;  // stale entry
+        const int64_t f = W.freq;
         uint32_t o = i;
         while (i < n) {
-            if (i + 1 < n && s[i] == a && s[i + 1] == b) {
-                if (o > 0) {
-                    remove(s[o - 1], a, f);
-                    add(s[o - 1], x, w, f, step);
-                }
-                // (a, b) itself: all its occurrences go; apply() zeroes it at the end
-                if (i + 2 < n) {
-                    remove(b, s[i + 2], f);
-                    add(x, s[i + 2], w, f, step);
-                }
-                s[o++] = x;
+            if (!(s[i] == a && pairs_with_b(i))) {
+                s[o++] = s[i++];
+                continue;
+            }
+            // left neighbour: this block's output so far, else the previous block's end
+            if (o > 0) {
+                remove(s[o - 1], a, f);
+                add(s[o - 1], x, w, f, step);
+            } else if (W.prev != kNoWord) {
+                const int32_t z = last_symbol(W.prev);
+                remove(z, a, f);
+                add(z, x, W.prev, f, step);
+            }
+            // (a, b) itself: all its occurrences go; apply() zeroes it at the end
+            if (i + 1 < n) {
                 i += 2;
             } else {
-                s[o++] = s[i++];
+                take_first(W.next, w);
+                i += 1;
             }
+            // right neighbour: the symbol after b, here or at the next block's start
+            const bool here = i < n;
+            if (here || W.next != kNoWord) {
+                const int32_t c = here ? s[i] : first_symbol(W.next);
+                remove(b, c, f);
+                add(x, c, w, f, step);
+            }
+            s[o++] = x;
         }
-        words_[w].len = o;
+        W.len = o;
+    }
+
+    // Drop the first symbol of block v (w's successor); unlink v if it is left empty.
+    void take_first(uint32_t v, uint32_t w) {
+        Word& V = words_[v];
+        ++V.start;
+        if (--V.len > 0) return;
+        words_[w].next = V.next;
+        if (V.next != kNoWord) words_[V.next].prev = w;
+        V.next = V.prev = kNoWord;
     }
 
     int64_t min_frequency_;
+    size_t max_token_bytes_;
+    cancel::Poll& poll_ = cancel::current();
+    bool chained_ = false;             // some piece is longer than one block
     std::vector<std::string> tokens_;  // id -> bytes
     BytesMap<int32_t> id_of_;          // bytes -> id
     struct Word {
@@ -279,6 +355,8 @@ private:
         uint32_t len;    // current length (merges shrink words in place)
         uint32_t stamp;  // last merge step that visited the word
         int64_t freq;    // count
+        uint32_t next;   // next / previous block of the same piece, or kNoWord
+        uint32_t prev;
     };
     std::vector<int32_t> sym_;         // all words, flat
     std::vector<Word> words_;
@@ -291,9 +369,9 @@ private:
 }  // namespace
 
 std::vector<int32_t> learn_merges(const TrainInput& input, size_t n_merges, int64_t min_frequency,
-                                  const ProgressFn& progress, size_t progress_every) {
+                                  const ProgressFn& progress, size_t max_token_bytes, size_t progress_every) {
     if (n_merges == 0) return {};
-    Trainer t(input, min_frequency);
+    Trainer t(input, min_frequency, max_token_bytes);
     return t.run(n_merges, progress, progress_every);
 }
 

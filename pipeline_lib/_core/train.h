@@ -19,8 +19,11 @@ struct TrainInput {
 
 // Learn up to n_merges merges. Returns rows (left_id, right_id, merged_id) flattened.
 // Duplicate pieces: the last count wins (as dict(zip(pieces, counts)) does).
-// Counts must be >= 0. progress (if set) is called every `progress_every` merges and at the end.
+// Counts must be >= 0. A pair whose merged token would be longer than max_token_bytes is
+// never merged (0 = no limit). progress (if set) is called every `progress_every` merges
+// and at the end.
 std::vector<int32_t> learn_merges(const TrainInput& input, size_t n_merges, int64_t min_frequency,
-                                  const ProgressFn& progress, size_t progress_every = 1000);
+                                  const ProgressFn& progress, size_t max_token_bytes = 0,
+                                  size_t progress_every = 1000);
 
 }  // namespace tokcore

@@ -1,0 +1,69 @@
+"""The compiled core's build: its source hash (part of every version id) and its warnings."""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+
+from pipeline_lib import tokenizer, version
+
+tokcore = pytest.importorskip("pipeline_lib._tokcore")
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CORE = ROOT / "pipeline_lib" / "_core"
+
+
+def source_hash() -> str:
+    """CMakeLists.txt's CORE_SOURCE_HASH: sha256 of "<path> <sha256>\\n" per file, sorted by path."""
+    files = sorted([*CORE.glob("*.cpp"), *CORE.glob("*.h"), ROOT / "CMakeLists.txt"], key=lambda p: p.relative_to(ROOT).as_posix())
+    manifest = "".join(f"{p.relative_to(ROOT).as_posix()} {hashlib.sha256(p.read_bytes()).hexdigest()}\n" for p in files)
+    return hashlib.sha256(manifest.encode()).hexdigest()
+
+
+def test_built_from_these_sources():
+    """A stale build (sources edited, core not rebuilt) fails here: rebuild with `pip install -e .`."""
+    assert tokcore.CORE_SOURCE_HASH == source_hash()
+
+
+def test_backend_info():
+    assert tokenizer.backend_info() == {"backend": "native", "core_source_hash": tokcore.CORE_SOURCE_HASH}
+
+
+def test_code_version_follows_the_core(monkeypatch):
+    modules = ("pipeline_lib.tokenizer", "pipeline_lib.stages")
+    version.code_version.cache_clear()
+    try:
+        before = version.code_version(*modules)
+        unrelated = version.code_version("pipeline_lib.corpus")
+        monkeypatch.setattr(tokcore, "CORE_SOURCE_HASH", "0" * 64)
+        version.code_version.cache_clear()
+        assert version.code_version(*modules) != before
+        assert version.code_version("pipeline_lib.bpe_reference") != before  # also names the core
+        assert version.code_version("pipeline_lib.corpus") == unrelated  # no native code in it
+        # with the pure-Python reference, the module sources alone count
+        monkeypatch.setattr(tokenizer, "_CORE", None)
+        version.code_version.cache_clear()
+        assert version.code_version(*modules) != before
+        assert tokenizer.backend_info() == {"backend": "python", "core_source_hash": None}
+    finally:
+        version.code_version.cache_clear()
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+def test_core_compiles_without_warnings():
+    """The build's flags (-O3 -Wall -Wextra) with -Werror, file by file (~10 s)."""
+    import nanobind
+
+    assert "-O3 -Wall -Wextra" in (ROOT / "CMakeLists.txt").read_text()
+    include = pathlib.Path(nanobind.include_dir())
+    flags = ["-std=c++17", "-O3", "-Wall", "-Wextra", "-Werror", "-c", "-o", "/dev/null", '-DTOKCORE_SOURCE_HASH="x"',
+             f"-I{sysconfig.get_paths()['include']}", f"-isystem{include}",
+             f"-isystem{include.parent / 'ext' / 'robin_map' / 'include'}"]
+    for src in sorted(CORE.glob("*.cpp")):
+        proc = subprocess.run(["c++", *flags, str(src)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{src.name}:\n{proc.stderr[-3000:]}"

@@ -8,8 +8,8 @@ memory is bounded by the largest document (a few times its size), not by the cor
 `download_corpus` copies the sources byte for byte into a ``raw`` version whose id is the
 hash of their contents (each source's size and sha256 are in the manifest), so a retried
 or repeated download lands on the same version. `shard_corpus` reads the raw version and
-writes ``n_shards`` Parquet text shards of about equal bytes, split at document
-boundaries, as a ``corpus`` version.
+writes ``n_shards`` Parquet text shards of about equal bytes (or of about ``shard_bytes``),
+split at document boundaries, as a ``corpus`` version.
 
 A document is a line, a paragraph or a whole file for text files (`CorpusConfig.documents`),
 a record for JSONL (`text_field`) and a row for Parquet (`text_field` column). Documents
@@ -29,6 +29,7 @@ import contextlib
 import gzip
 import io
 import json
+import logging
 import lzma
 import os
 import re
@@ -36,7 +37,7 @@ import shutil
 import tempfile
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, BinaryIO, Literal
 
@@ -49,6 +50,8 @@ from pipeline_lib.fsio import InputError, filesystem, hash_file, hash_stream, pr
 from pipeline_lib.store import ArtifactStore, FileInfo, VersionRef, version_id
 from pipeline_lib.version import code_version
 
+log = logging.getLogger(__name__)
+
 RAW_KIND = "raw"
 CORPUS_KIND = "corpus"
 DEFAULT_CORPUS = os.path.join(os.path.dirname(__file__), "data", "tinyshakespeare.txt")
@@ -57,6 +60,7 @@ _FORMATS = (".txt", ".text", ".md", ".jsonl", ".ndjson", ".json", ".parquet")
 _SNIFF_BYTES = 1 << 16
 _BATCH_BYTES = 8 << 20  # Parquet row group / write batch
 _BATCH_DOCS = 1 << 16
+MAX_SHARDS = 100_000
 _BIG_DOC = 4 << 20  # documents above this are validated in slices and written on their own
 # Magic numbers of common binary formats that are not text (compressed ones are handled
 # by extension; a compressed file without its extension is refused here).
@@ -92,6 +96,7 @@ class CorpusConfig:
     text_field: Annotated[str, doc("JSONL field / Parquet column holding the text")] = "text"
     errors: Annotated[Literal["replace", "skip-document", "fail"], doc("invalid UTF-8 policy")] = "replace"
     n_shards: Annotated[int, doc("corpus shards of about equal bytes, split at document boundaries, processed in parallel")] = 2
+    shard_bytes: Annotated[int, doc("target bytes per shard instead of a count (0: n_shards shards); the count becomes ceil(corpus bytes / shard_bytes)")] = 0
     max_source_bytes: Annotated[int, doc("cap on one source's decompressed size in bytes (bomb guard)")] = 64 << 30
     storage_options: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # fsspec options; given by the flow, not a stage parameter
 
@@ -112,10 +117,18 @@ class CorpusConfig:
             raise InputError(f"errors={self.errors!r}: choose replace, skip-document or fail")
         if not isinstance(self.text_field, str) or not self.text_field:
             raise InputError(f"text_field={self.text_field!r}: give the JSONL field / Parquet column with the text")
-        if not isinstance(self.n_shards, int) or not 1 <= self.n_shards <= 100_000:
-            raise InputError(f"n_shards={self.n_shards}: must be between 1 and 100000")
+        if not isinstance(self.n_shards, int) or not 1 <= self.n_shards <= MAX_SHARDS:
+            raise InputError(f"n_shards={self.n_shards}: must be between 1 and {MAX_SHARDS}")
         if not isinstance(self.max_source_bytes, int) or self.max_source_bytes <= 0:
             raise InputError("max_source_bytes must be a positive number of bytes")
+        if not isinstance(self.shard_bytes, int) or self.shard_bytes < 0:
+            raise InputError(f"shard_bytes={self.shard_bytes}: give a positive number of bytes, or 0 to use n_shards")
+
+    def planned_shards(self, total_bytes: int) -> int:
+        """How many shards a corpus of `total_bytes` is cut into (fewer if it has fewer documents)."""
+        if self.shard_bytes:
+            return max(1, min(MAX_SHARDS, -(-total_bytes // self.shard_bytes)))
+        return self.n_shards
 
     def shard_params(self) -> dict[str, Any]:
         """The parameters that decide the shards' content (part of their version id).
@@ -650,9 +663,73 @@ def shard_name(i: int) -> str:
     return f"shard_{i:06d}"
 
 
-def corpus_version(raw: VersionRef, config: CorpusConfig) -> str:
-    """The version id `shard_corpus` publishes for these inputs."""
-    return version_id(CORPUS_KIND, {"raw": raw.key}, config.shard_params(), code_version("pipeline_lib.corpus"))
+class _ShardPlan:
+    """Where the shard boundaries fall, decided one document at a time (streaming, deterministic).
+
+    Each shard aims at the bytes still to come divided by the shards still to make, so a
+    big early shard does not starve the later ones (cutting at fixed k/n marks of the
+    running total made a 12-byte shard after a 6 MB document). The current shard is closed
+    before a document when adding it would overshoot the target by more than leaving it out
+    falls short, and after a document that brings it to the target. A document at least as
+    large as a shard's share gets a shard of its own (flagged ``oversize`` in the manifest;
+    documents are never split). The last shard takes what is left, so there are at most
+    `n` shards. Sizes are source bytes walked, the unit of `total`, separators included.
+    """
+
+    def __init__(self, total: int, n: int):
+        self.share = total / n
+        self.remaining = total  # bytes not in a closed shard yet
+        self.left = n  # shards still to make, the current one included
+        self.current = 0  # bytes in the current shard
+        self.oversize = False  # the current shard is one document larger than a shard's share
+
+    def _close(self) -> None:
+        self.remaining -= self.current
+        self.left -= 1
+        self.current = 0
+
+    def place(self, size: int) -> tuple[bool, bool]:
+        """(close the current shard before this document, close it after)."""
+        before = after = False
+        if self.current and self.left > 1:
+            target = self.remaining / self.left
+            if size >= target or self.current + size - target > target - self.current:
+                self._close()
+                before = True
+        # a document alone in its shard and larger than a shard's share of the corpus (until another joins it)
+        self.oversize = self.current == 0 and size > self.share
+        target = self.remaining / self.left
+        self.current += size
+        if self.left > 1 and self.current >= target:
+            self._close()
+            after = True
+        return before, after
+
+    def skip(self, size: int) -> None:
+        """Source bytes after the last document of a source (they belong to the current shard)."""
+        self.current += size
+
+
+def shard_balance(shards: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The shard-size spread of a corpus version (bytes of text per shard)."""
+    sizes = [int(s["n_bytes"]) for s in shards]
+    mean = sum(sizes) / len(sizes) if sizes else 0.0
+    return {
+        "n_shards": len(sizes),
+        "min_bytes": min(sizes, default=0),
+        "max_bytes": max(sizes, default=0),
+        "mean_bytes": round(mean),
+        "max_over_mean": round(max(sizes) / mean, 3) if mean else None,
+        "oversize_shards": [s["name"] for s in shards if s.get("oversize")],
+    }
+
+
+def format_balance(balance: Mapping[str, Any]) -> str:
+    text = (f"shard bytes min {balance['min_bytes']:,} / mean {balance['mean_bytes']:,} / max {balance['max_bytes']:,}"
+            f" (max/mean {balance['max_over_mean']})")
+    if balance["oversize_shards"]:
+        text += f", {len(balance['oversize_shards'])} holding one oversize document"
+    return text
 
 
 class _ShardWriter:
@@ -721,11 +798,12 @@ class _ShardWriter:
 
 
 def shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) -> VersionRef:
-    """Split a `raw` version into up to `n_shards` Parquet shards of about equal bytes.
+    """Split a `raw` version into up to `n_shards` Parquet shards of about equal bytes
+    (or shards of about `shard_bytes`).
 
-    Shard boundaries fall on document boundaries, at the documents where the running
-    count of source bytes crosses k/n of the total (a document larger than a shard's
-    share makes fewer shards). Two streaming passes: the first measures (free for
+    Shard boundaries fall on document boundaries (`_ShardPlan`: each shard aims at the
+    bytes left over the shards left; a document larger than a shard's share gets a shard
+    of its own, flagged ``oversize``); the manifest's ``balance`` reports the spread. Two streaming passes: the first measures (free for
     uncompressed sources), the second writes; memory stays bounded by the largest
     document. Deterministic: the same raw version and config give byte-identical shards.
     """
@@ -751,23 +829,34 @@ def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, v
     shards: list[dict[str, Any]] = []
     per_source: list[dict[str, Any]] = []
     stats = DecodeStats()
+    plan = _ShardPlan(total, config.planned_shards(total))
     writer: _ShardWriter | None = None
-    consumed = 0  # source bytes walked through, across sources
+
+    def close(oversize: bool = False) -> None:
+        nonlocal writer
+        assert writer is not None
+        record = writer.close()
+        if oversize:
+            record["oversize"] = True  # one document larger than a shard's share, alone
+        files[record["file"]] = writer.info
+        writer = None
+        shards.append(record)
+
     try:
         for (path, name), smeta, extent in zip(sources, raw_sources, extents):
             sstats = DecodeStats()
-            before = consumed
+            last = 0  # source bytes walked through in this source
             for data, pos in _iter_docs(path, name, config, sstats):
+                close_before, close_after = plan.place(pos - last)
+                last = pos
+                if close_before and writer is not None:
+                    close()
                 if writer is None:
                     writer = _ShardWriter(staging, len(shards))
                 writer.add(data, name)
-                consumed = before + pos
-                if len(shards) < config.n_shards - 1 and consumed * config.n_shards >= total * (len(shards) + 1):
-                    record = writer.close()
-                    files[record["file"]] = writer.info
-                    writer = None
-                    shards.append(record)
-            consumed = before + extent
+                if close_after:
+                    close(plan.oversize)
+            plan.skip(extent - last)  # bytes after the last document (blank lines, a torn tail)
             stats.add(sstats)
             per_source.append({
                 "name": name, "url": smeta.get("url"), "size": smeta.get("size"), "sha256": smeta.get("sha256"),
@@ -775,10 +864,7 @@ def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, v
                 "replaced_documents": sstats.replaced_documents, "skipped_documents": sstats.skipped_documents,
             })
         if writer is not None:
-            record = writer.close()
-            files[record["file"]] = writer.info
-            writer = None
-            shards.append(record)
+            close(plan.oversize)
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -799,7 +885,9 @@ def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, v
         "empty_documents": stats.empty_documents,
         "errors_policy": config.errors,
         "sources": per_source,
+        "balance": shard_balance(shards),
     }
+    log.info("corpus %s: %d shards, %s", version[:12], len(shards), format_balance(meta["balance"]))
     return store.publish(staging, files=files, parents={"raw": raw}, params=params, code_version=code, meta=meta)
 
 

@@ -198,6 +198,39 @@ def test_shards_are_balanced_and_split_at_documents(store, shakespeare_text):
     assert meta["sources"][0]["n_docs"] == len(expected)
 
 
+@pytest.mark.parametrize("giant_at", ["start", "middle", "end"])
+def test_one_giant_document_among_many_small_ones(store, tmp_path, giant_at):
+    """A document larger than a shard's share gets a shard of its own, the others stay
+    balanced (cutting at fixed k/n marks once gave 10 MB / 12 bytes / 4.8 MB / 4.9 MB)."""
+    small = [f"line {i} " + "y" * (i % 50) for i in range(40_000)]  # ~1.3 MB in all
+    giant = "G" * (1 << 20)
+    at = {"start": 0, "middle": len(small) // 3, "end": len(small)}[giant_at]
+    docs = small[:at] + [giant] + small[at:]
+    (tmp_path / "c.txt").write_text("\n".join(docs) + "\n")
+    _, corpus = ingest(store, [str(tmp_path / "c.txt")], n_shards=4)
+    meta = store.manifest("corpus", corpus.version)["meta"]
+    shards = meta["shards"]
+    assert len(shards) == 4
+    alone = [s for s in shards if s.get("oversize")]
+    assert len(alone) == 1 and alone[0]["n_docs"] == 1 and alone[0]["n_bytes"] == len(giant)
+    rest = [s["n_bytes"] for s in shards if not s.get("oversize")]
+    if giant_at != "end":  # streaming, no look-ahead: a giant last document leaves the shard before it short
+        assert max(rest) / min(rest) < 1.1, rest  # the small documents share the other shards evenly
+    assert min(rest) > 100_000  # never a sliver (once: 12 bytes)
+    assert corpus_docs(store, corpus) == [d.encode() for d in docs]
+    balance = meta["balance"]
+    assert balance["oversize_shards"] == [alone[0]["name"]]
+    assert balance["max_bytes"] == len(giant) and balance["min_bytes"] == min(rest)
+
+
+def test_shard_bytes_sets_the_shard_size(store, tmp_path):
+    (tmp_path / "c.txt").write_text("".join(f"document {i:05d}\n" for i in range(10_000)))  # 150,000 bytes
+    _, corpus = ingest(store, [str(tmp_path / "c.txt")], shard_bytes=20_000)
+    sizes = [s["n_bytes"] for s in store.manifest("corpus", corpus.version)["meta"]["shards"]]
+    assert len(sizes) == 8  # ceil(150,000 / 20,000)
+    assert max(sizes) / min(sizes) < 1.01
+
+
 def test_sharding_is_deterministic(tmp_path):
     src = tmp_path / "c.txt.zst"
     write_compressed(src, "\n".join(f"document {i} " + "x" * (i % 97) for i in range(5000)).encode())

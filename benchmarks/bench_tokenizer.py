@@ -182,8 +182,8 @@ def bench_encoding(train_path: str, heldout_text: str, vocab: int, threads: int,
 
     docs_b = [d.encode("utf-8") for d in docs]
     timed("tokenmill encode_ordinary (1 thread)", lambda: sum(len(tok.encode_ordinary(d)) for d in docs))
-    timed("tokenmill encode_ordinary_batch (1 thread)", lambda: len(tok.encode_ordinary_batch(docs_b, 1)[0]))
-    timed(f"tokenmill encode_ordinary_batch ({threads} threads)", lambda: len(tok.encode_ordinary_batch(docs_b, threads)[0]))
+    timed("tokenmill encode_ordinary_batch (1 thread)", lambda: len(tok.encode_ordinary_batch_to_numpy(docs_b, 1)[0]))
+    timed(f"tokenmill encode_ordinary_batch ({threads} threads)", lambda: len(tok.encode_ordinary_batch_to_numpy(docs_b, threads)[0]))
     try:
         enc = tok.to_tiktoken()
         timed("tiktoken encode_ordinary (1 thread)", lambda: sum(len(enc.encode_ordinary(d)) for d in docs))

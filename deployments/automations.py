@@ -1,4 +1,4 @@
-"""Server-side automation: mark "zombie" flow runs Crashed.
+"""Server-side automations: mark "zombie" flow runs Crashed; notify when a run fails.
 
 A flow-run process that dies without reporting (SIGKILL, OOM killer, a lost machine)
 leaves its run `Running` in the UI forever: nothing is left to report the end. Prefect's
@@ -13,14 +13,32 @@ then safe to rerun: finished shards come back Cached (see docs/operations.md).
 Idempotent: an automation of the same name is replaced. Set the heartbeat on whatever
 starts flow runs: the worker's or `tokenmill serve`'s environment
 (PREFECT_FLOWS_HEARTBEAT_FREQUENCY=30), or a deployment's job_variables.env.
+
+The second automation sends a notification through a notification block you name
+(`custom-webhook/NAME`, `slack-webhook/NAME`, ...; create it in the UI under Blocks or with
+`CustomWebhookNotificationBlock(...).save(NAME)`) whenever a flow run of a tokenmill flow
+(`tokenmill-*`) ends Failed or Crashed, including runs the zombie automation marks Crashed:
+
+    python -m deployments.automations --notify custom-webhook/ops-alerts
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import timedelta
 
 NAME = "tokenmill: crash zombie flow runs"
+FAILURE_NAME = "tokenmill: notify on failed flow runs"
+FLOW_NAMES = "tokenmill-*"  # the flows of flows.pipeline (tokenmill-pipeline, tokenmill-corpus ...)
+SUBJECT = "tokenmill: {{ flow.name }} run {{ flow_run.name }} {{ flow_run.state.name }}"
+BODY = (
+    "Flow run {{ flow_run.name }} of {{ flow.name }}"
+    "{% if deployment %} (deployment {{ deployment.name }}){% endif %} ended {{ flow_run.state.name }}: "
+    "{{ flow_run.state.message }}\n"
+    "store: {{ flow_run.parameters.store }}\n"
+    "{{ flow_run|ui_url }}"
+)
 
 
 def zombie_automation(within: float = 90.0):
@@ -53,21 +71,78 @@ def zombie_automation(within: float = 90.0):
     )
 
 
-def install(within: float = 90.0):
-    """Create (or replace) the automation on the server PREFECT_API_URL points at."""
+def _replace(automation):
     from prefect.automations import Automation
 
     try:
-        Automation.read(name=NAME).delete()
+        Automation.read(name=automation.name).delete()
     except ValueError:  # none yet
         pass
-    return zombie_automation(within).create()
+    return automation.create()
+
+
+def install(within: float = 90.0):
+    """Create (or replace) the zombie automation on the server PREFECT_API_URL points at."""
+    return _replace(zombie_automation(within))
+
+
+def failure_automation(block_document_id, flows: str = FLOW_NAMES):
+    """The failure-notification automation (not yet saved): a flow run of a flow named
+    `flows` (a trailing * matches any suffix) entering Failed or Crashed sends SUBJECT/BODY
+    through the notification block `block_document_id`."""
+    from prefect.automations import Automation
+    from prefect.events.actions import SendNotification
+    from prefect.events.schemas.automations import EventTrigger, Posture
+    from prefect.events.schemas.events import ResourceSpecification
+
+    return Automation(
+        name=FAILURE_NAME,
+        description=f"Notify when a flow run of {flows} ends Failed or Crashed.",
+        trigger=EventTrigger(
+            expect={"prefect.flow-run.Failed", "prefect.flow-run.Crashed"},
+            match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
+            match_related=ResourceSpecification({"prefect.resource.role": "flow", "prefect.resource.name": flows}),
+            posture=Posture.Reactive,
+            threshold=1,
+            within=timedelta(0),
+        ),
+        actions=[SendNotification(block_document_id=block_document_id, subject=SUBJECT, body=BODY)],
+    )
+
+
+def install_failure_notification(block: str, flows: str = FLOW_NAMES):
+    """Create (or replace) the failure-notification automation, sending through the
+    notification block `block` ("block-type/name", e.g. "custom-webhook/ops-alerts").
+
+    Raises:
+        InputError: no such block, or a block that cannot send notifications.
+    """
+    from deployments.steps import load_block
+    from pipeline_lib.errors import InputError
+
+    document = load_block(block, "--notify")
+    if "notify" not in (document.block_schema.capabilities if document.block_schema else []):
+        raise InputError(
+            f"--notify {block!r} is not a notification block: use a custom-webhook, slack-webhook, "
+            "ms-teams-webhook ... block (one with the 'notify' capability)"
+        )
+    return _replace(failure_automation(document.id, flows))
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m deployments.automations", description=__doc__.split("\n\n")[0])
     p.add_argument("--within", type=float, default=90.0, help="seconds without a heartbeat before a run counts as crashed (default 90; >= 2x the heartbeat)")
+    p.add_argument("--notify", metavar="BLOCK", help="also notify through this notification block (e.g. custom-webhook/ops-alerts) when a run fails or crashes")
     args = p.parse_args(argv)
+    from pipeline_lib.errors import TokenmillError
+
+    try:
+        if args.notify:
+            notify = install_failure_notification(args.notify)
+            print(f"automation {notify.name!r} ({notify.id}): failed or crashed {FLOW_NAMES} runs notify through {args.notify}")
+    except TokenmillError as e:
+        print(f"python -m deployments.automations: error: {e}", file=sys.stderr)
+        return 2
     automation = install(args.within)
     print(f"automation {automation.name!r} ({automation.id}): runs without a heartbeat for {args.within:.0f} s become Crashed")
     return 0

@@ -1,9 +1,11 @@
 """Deployment entrypoints: the flows of `flows.pipeline`, with the task runner picked by
 the environment of the process that runs them.
 
-A process worker starts each flow run as ``python -m prefect.engine``, which imports this
-file and takes the flow named by the deployment's entrypoint (``deployments/entrypoints.py:
-tokenmill_pipeline``). The task runner is chosen at that moment from
+A process worker starts each flow run as ``python -m prefect.engine``, which runs the
+deployment's pull steps (clone and install the repository: deployments/steps.py), imports
+this module from the installed package and takes the flow named by the deployment's
+entrypoint (``deployments.entrypoints.tokenmill_pipeline``). The task runner is chosen at
+that moment from
 
     TOKENMILL_RUNNER        threads (default) | processes | dask
     TOKENMILL_WORKERS       parallel workers, 0 = one per core (default)

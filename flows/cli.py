@@ -10,7 +10,11 @@
 
 A REF names a version in the store: ``kind/version``, a unique version-id prefix, or
 ``latest:KIND``. Commands that run flows use Prefect's API when PREFECT_API_URL is set,
-else a temporary local one.
+else tokenmill's local Prefect server: started in the background by the first such command
+(on 127.0.0.1), reused by the next ones, stopped after an hour unused or by
+`tokenmill server stop`. It keeps its database (prefect.db), log and the runs' task results
+in $PREFECT_HOME/tokenmill (default ~/.prefect/tokenmill), and nothing else in
+$PREFECT_HOME; `tokenmill gc --prefect-home` removes them. TOKENMILL_PREFECT_SERVER=temporary uses Prefect's per-command server instead.
 
 A failure prints one ``tokenmill: error:`` line naming the file, URL or store and what to
 do; the traceback goes to a log file ($TOKENMILL_LOG_DIR, default $PREFECT_HOME/logs) and
@@ -94,6 +98,13 @@ def _load_tokenizer(args):
     return Tokenizer.load(store.local_dir(k, v))
 
 
+def _flow_api():
+    """The Prefect API for the flows a command runs (flows.prefect_api)."""
+    from flows.prefect_api import flow_api
+
+    return flow_api()
+
+
 def _runner(args):
     from flows.runners import make_task_runner
 
@@ -142,22 +153,24 @@ class _ProgressBars:
 
 def cmd_run(args) -> int:
     configs = configs_from_args(args, RUN_CONFIGS)  # every parameter checked before any work
-    from flows.pipeline import tokenmill_pipeline
+    with _flow_api():
+        from flows.pipeline import tokenmill_pipeline
 
-    flow = tokenmill_pipeline.with_options(task_runner=_runner(args))
-    with _ProgressBars():
-        summary = flow(**configs, store=args.store, train_model=not args.no_lm, storage_options=_storage_options(args.storage_option) or None)
+        flow = tokenmill_pipeline.with_options(task_runner=_runner(args))
+        with _ProgressBars():
+            summary = flow(**configs, store=args.store, train_model=not args.no_lm, storage_options=_storage_options(args.storage_option) or None)
     _print_summary(summary)
     return 0
 
 
 def cmd_tokenizer_train(args) -> int:
     configs = configs_from_args(args, TOKENIZER_CONFIGS)
-    from flows.pipeline import corpus_flow, tokenizer_flow
-
     so = _storage_options(args.storage_option) or None
-    corpus = corpus_flow(configs.pop("corpus"), store=args.store, storage_options=so)
-    tok = tokenizer_flow.with_options(task_runner=_runner(args))(corpus, store=args.store, **configs, storage_options=so)
+    with _flow_api():
+        from flows.pipeline import corpus_flow, tokenizer_flow
+
+        corpus = corpus_flow(configs.pop("corpus"), store=args.store, storage_options=so)
+        tok = tokenizer_flow.with_options(task_runner=_runner(args))(corpus, store=args.store, **configs, storage_options=so)
     print(f"tokenizer {tok['kind']}/{tok['version']} -> {tok['uri']}")
     if args.out:
         from pipeline_lib.tokenizer import Tokenizer
@@ -171,7 +184,7 @@ def cmd_tokenizer_train(args) -> int:
 def cmd_tokenizer_encode(args) -> int:
     tok = _load_tokenizer(args)
     text = args.text if args.text is not None else open(args.input, encoding="utf-8", errors="surrogateescape").read()
-    ids = tok.encode(text, allowed_special=set(args.allow_special or []))
+    ids = tok.encode_to_numpy(text, allowed_special=set(args.allow_special or []))
     if args.output:
         import numpy as np
 
@@ -186,6 +199,10 @@ def cmd_tokenizer_export(args) -> int:
     tok = _load_tokenizer(args)
     if args.format == "hf":
         tok.to_hf_json(args.out)
+    elif args.format == "transformers":
+        tok.to_transformers(args.out)
+    elif args.format == "gpt2":
+        tok.to_gpt2(args.out)
     else:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "wb") as f:
@@ -196,28 +213,30 @@ def cmd_tokenizer_export(args) -> int:
 
 def cmd_encode(args) -> int:
     configs = configs_from_args(args, ENCODE_CONFIGS)
-    from flows.pipeline import corpus_flow, encode_flow
-
     store = _store(args)
     so = _storage_options(args.storage_option) or None
     k, v = _resolve(store, args.tokenizer, "tokenizer")
-    corpus = corpus_flow(configs["corpus"], store=args.store, storage_options=so)
-    tokens = encode_flow.with_options(task_runner=_runner(args))(corpus, _ref_dict(store, k, v), store=args.store, encode=configs["encode"], storage_options=so)
+    with _flow_api():
+        from flows.pipeline import corpus_flow, encode_flow
+
+        corpus = corpus_flow(configs["corpus"], store=args.store, storage_options=so)
+        tokens = encode_flow.with_options(task_runner=_runner(args))(corpus, _ref_dict(store, k, v), store=args.store, encode=configs["encode"], storage_options=so)
     print(f"tokens {tokens['kind']}/{tokens['version']} -> {tokens['uri']}")
     return 0
 
 
 def cmd_lm_train(args) -> int:
     configs = configs_from_args(args, LM_CONFIGS)
-    from flows.pipeline import lm_flow
-
     store = _store(args)
     tk, tv = _resolve(store, args.tokens, "tokens")
     parent = store.manifest(tk, tv)["parents"]["tokenizer"].split("/")
-    model = lm_flow(
-        _ref_dict(store, tk, tv), _ref_dict(store, *parent), store=args.store, **configs,
-        storage_options=_storage_options(args.storage_option) or None,
-    )
+    with _flow_api():
+        from flows.pipeline import lm_flow
+
+        model = lm_flow(
+            _ref_dict(store, tk, tv), _ref_dict(store, *parent), store=args.store, **configs,
+            storage_options=_storage_options(args.storage_option) or None,
+        )
     m = store.manifest(model["kind"], model["version"])["meta"]
     print(f"model {model['kind']}/{model['version']} -> {model['uri']}")
     print(json.dumps(m["metrics"], indent=2, default=str))
@@ -225,19 +244,11 @@ def cmd_lm_train(args) -> int:
 
 
 def cmd_lm_sample(args) -> int:
-    from pipeline_lib.lm import load_model, sample
-    from pipeline_lib.tokenizer import Tokenizer
+    from pipeline_lib.model_stage import sample_text
 
     store = _store(args)
-    mk, mv = _resolve(store, args.model, "model")
-    tok_key = store.manifest(mk, mv)["parents"]["tokenizer"].split("/")
-    tok = Tokenizer.load(store.local_dir(*tok_key))
-    model = load_model(os.path.join(store.local_dir(mk, mv), "model.safetensors"))
-    cfg = configs_from_args(args, SAMPLE_CONFIGS)["sample"]
-    sep = tok.special_tokens.get("<|endoftext|>")
-    prompt = tok.encode_ordinary(cfg.prompt).tolist() if cfg.prompt else [sep if sep is not None else 10]
-    ids = sample(model, prompt, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, seed=cfg.seed)
-    print(cfg.prompt + tok.decode(ids))
+    _, mv = _resolve(store, args.model, "model")
+    print(sample_text(store, mv, configs_from_args(args, SAMPLE_CONFIGS)["sample"]))
     return 0
 
 
@@ -289,10 +300,47 @@ def cmd_verify(args) -> int:
 
 
 def cmd_gc(args) -> int:
-    removed = _store(args).gc(dry_run=args.dry_run, min_age_s=args.min_age)
-    for path in removed:
-        print(("would remove " if args.dry_run else "removed ") + path)
-    print(f"{len(removed)} unpublished item(s)")
+    if not args.prefect_home:
+        removed = _store(args).gc(dry_run=args.dry_run, min_age_s=args.min_age)
+        for path in removed:
+            print(("would remove " if args.dry_run else "removed ") + path)
+        print(f"{len(removed)} unpublished item(s)")
+    else:
+        from pathlib import Path
+
+        from flows.prefect_api import LocalServer, server_dir
+
+        log_dir = None if os.environ.get(ENV_LOG_DIR) else Path(_log_dir())  # a log directory of the user's own is theirs
+        local = LocalServer(server_dir())
+        removed, notes = local.gc(args.min_age, args.dry_run, log_dir)
+        for note in notes:
+            print(note)
+        for path in removed:
+            print(("would remove " if args.dry_run else "removed ") + path)
+        print(f"{len(removed)} file(s) of tokenmill's local Prefect server and logs ({local.directory})")
+    return 0
+
+
+def cmd_server(args) -> int:
+    from flows.prefect_api import DEFAULT_STARTUP_TIMEOUT_S, ENV_STARTUP_TIMEOUT, LocalServer, read_float_env, server_dir
+
+    local = LocalServer(server_dir())
+    if args.action == "start":
+        state = local.ensure(read_float_env(ENV_STARTUP_TIMEOUT, DEFAULT_STARTUP_TIMEOUT_S))
+        print(f"tokenmill's local Prefect server: {state['api_url']} (pid {state['pid']}, files in {local.directory})")
+    elif args.action == "stop":
+        pid = local.stop()
+        print(f"stopped tokenmill's local Prefect server (pid {pid})" if pid else f"no local Prefect server was running ({local.directory})")
+    else:
+        state = local.status()
+        if state is None:
+            print(f"not running; tokenmill starts it in {local.directory} when a command runs flows without PREFECT_API_URL")
+        else:
+            clients = local.live_clients()
+            print(f"running: {state['api_url']} (pid {state['pid']}, since {dt.datetime.fromtimestamp(state['started']):%Y-%m-%d %H:%M:%S})")
+            print(f"  files:    {local.directory} (database {local.db_path.name}, log {local.log_path.name}, results {local.storage_dir.name}/)")
+            print(f"  commands: {len(clients)} running" + (f" (pid {', '.join(map(str, clients))})" if clients else ""))
+            print(f"  use it elsewhere: export PREFECT_API_URL={state['api_url']}")
     return 0
 
 
@@ -306,11 +354,22 @@ def cmd_export_nanogpt(args) -> int:
     return 0
 
 
+def cmd_export_llmc(args) -> int:
+    from pipeline_lib.token_shards import export_llmc
+
+    store = _store(args)
+    k, v = _resolve(store, args.tokens, "tokens")
+    written = export_llmc(store.local_dir(k, v), store.manifest(k, v)["meta"], args.out, args.val_fraction, args.prefix, separator_placement=args.separator_placement)
+    print(f"{args.prefix}_train.bin: {written['train']:,} tokens, {args.prefix}_val.bin: {written['val']:,} tokens -> {args.out}")
+    return 0
+
+
 def cmd_report(args) -> int:
     configs = configs_from_args(args, REPORT_CONFIGS)
-    from flows.pipeline import report_flow
+    with _flow_api():
+        from flows.pipeline import report_flow
 
-    ref = report_flow(**configs, store=args.store, storage_options=_storage_options(args.storage_option) or None)
+        ref = report_flow(**configs, store=args.store, storage_options=_storage_options(args.storage_option) or None)
     store = _store(args)
     print(store.read_bytes(ref["kind"], ref["version"], "report.md").decode())
     print(f"plot: {store.uri(ref['kind'], ref['version'], 'compression.png')}")
@@ -325,6 +384,12 @@ def cmd_serve(args) -> int:
         runner=args.runner, workers=args.workers, dask_address=args.dask_address, paused=args.paused,
     )
     return 0
+
+
+def cmd_deploy(args) -> int:
+    from deployments.deploy import run
+
+    return run(args)
 
 
 # --------------------------------------------------------------------------- parser
@@ -363,6 +428,7 @@ FLAG_ALIASES: dict[tuple[str, str], str] = {
     ("EncodeConfig", "workers"): "--threads-per-shard",  # --workers is the task runner's
     ("LMConfig", "preset"): "--lm-preset",
     ("LMConfig", "steps"): "--lm-steps",
+    ("LMConfig", "minutes"): "--lm-minutes",
 }
 
 
@@ -462,7 +528,7 @@ def configs_from_args(args: argparse.Namespace, names: tuple[str, ...]) -> dict[
     return out
 
 
-def _add_configs(p: argparse.ArgumentParser, names: tuple[str, ...], **defaults: Any) -> None:
+def _add_config_groups(p: argparse.ArgumentParser, names: tuple[str, ...], **defaults: Any) -> None:
     classes = _config_classes()
     for name in names:
         add_config_options(p, classes[name], defaults.get(name))
@@ -474,7 +540,22 @@ def _report_corpus():
     return REPORT_CORPUS
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_path(argv: list[str] | None) -> tuple[str, ...] | None:
+    """The command words `argv` starts with, e.g. ``("tokenizer", "train")``; None for all."""
+    if argv is None:
+        return None
+    return tuple(a for a in argv if not a.startswith("-"))[:2]
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given the command line, it has the stage options only of the command
+    that line names: they import the stages' config classes (numpy, pyarrow...)."""
+    path = _command_path(argv)
+
+    def _add_configs(p: argparse.ArgumentParser, command: tuple[str, ...], names: tuple[str, ...], **defaults: Any) -> None:
+        if path is None or path[: len(command)] == command:
+            _add_config_groups(p, names, **{k: v() for k, v in defaults.items()})
+
     parser = argparse.ArgumentParser(
         prog="tokenmill",
         description="Raw text -> byte-level BPE tokenizer -> token shards -> GPT, as versioned Prefect flows.",
@@ -485,13 +566,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run the whole pipeline (default: bundled tiny Shakespeare into ./artifacts)")
-    _add_store(p), _add_configs(p, RUN_CONFIGS), _add_runner(p)
+    _add_store(p), _add_configs(p, ("run",), RUN_CONFIGS), _add_runner(p)
     p.add_argument("--no-lm", action="store_true", help="stop after the token shards")
     p.set_defaults(func=cmd_run)
 
     tp = sub.add_parser("tokenizer", help="train, use and export tokenizers").add_subparsers(dest="sub", required=True)
     p = tp.add_parser("train", help="count and learn merges from a corpus")
-    _add_store(p), _add_configs(p, TOKENIZER_CONFIGS), _add_runner(p)
+    _add_store(p), _add_configs(p, ("tokenizer", "train"), TOKENIZER_CONFIGS), _add_runner(p)
     p.add_argument("--out", help="also save the tokenizer files into this directory")
     p.set_defaults(func=cmd_tokenizer_train)
     p = tp.add_parser("encode", help="encode text with a tokenizer")
@@ -503,27 +584,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="write ids as .npy instead of printing")
     p.add_argument("--allow-special", action="append", metavar="TOKEN", help="special token allowed in the text")
     p.set_defaults(func=cmd_tokenizer_encode)
-    p = tp.add_parser("export", help="export to HF tokenizer.json or a .tiktoken ranks file")
+    p = tp.add_parser("export", help="export to HF tokenizer.json, a transformers directory, GPT-2's vocab.json + merges.txt or a .tiktoken ranks file")
     _add_store(p)
     p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store or a saved tokenizer directory")
-    p.add_argument("--format", choices=("hf", "tiktoken"), required=True)
+    p.add_argument("--format", choices=("hf", "tiktoken", "transformers", "gpt2"), required=True, help="transformers and gpt2 write into the directory --out")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_tokenizer_export)
 
     p = sub.add_parser("encode", help="encode a corpus into token shards with an existing tokenizer")
-    _add_store(p), _add_configs(p, ENCODE_CONFIGS), _add_runner(p)
+    _add_store(p), _add_configs(p, ("encode",), ENCODE_CONFIGS), _add_runner(p)
     p.add_argument("--tokenizer", default="latest:tokenizer", help="tokenizer REF (default: %(default)s)")
     p.set_defaults(func=cmd_encode)
 
     lp = sub.add_parser("lm", help="train and sample the language model").add_subparsers(dest="sub", required=True)
     p = lp.add_parser("train", help="train a GPT on a tokens version")
-    _add_store(p), _add_configs(p, LM_CONFIGS)
+    _add_store(p), _add_configs(p, ("lm", "train"), LM_CONFIGS)
     p.add_argument("--tokens", default="latest:tokens", help="tokens REF (default: %(default)s)")
     p.set_defaults(func=cmd_lm_train)
     p = lp.add_parser("sample", help="generate text from a trained model")
     _add_store(p)
     p.add_argument("--model", default="latest:model", help="model REF (default: %(default)s)")
-    _add_configs(p, SAMPLE_CONFIGS)
+    _add_configs(p, ("lm", "sample"), SAMPLE_CONFIGS)
     p.set_defaults(func=cmd_lm_sample)
 
     p = sub.add_parser("versions", help="list the versions in a store")
@@ -539,15 +620,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store(p)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--min-age", type=float, default=3600, help="spare leftovers younger than this many seconds: a running flow's staging area (default: %(default)s)")
+    p.add_argument(
+        "--prefect-home", action="store_true",
+        help="instead of the store: remove what tokenmill's local Prefect server left in $PREFECT_HOME/tokenmill (its "
+        "database, log, task results older than --min-age; it is stopped first unless a tokenmill command is using it) "
+        "and tokenmill's failure logs ($PREFECT_HOME/logs/tokenmill-*.log) older than --min-age; nothing else",
+    )
     p.set_defaults(func=cmd_gc)
+    p = sub.add_parser("server", help="tokenmill's local Prefect server, used when PREFECT_API_URL is unset: status, start or stop it")
+    p.add_argument("action", choices=("status", "start", "stop"))
+    _add_debug(p, default=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_server)
     p = sub.add_parser("export-nanogpt", help="write nanoGPT's train.bin / val.bin from a tokens version")
     _add_store(p)
     p.add_argument("--tokens", default="latest:tokens")
     p.add_argument("--out", required=True)
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.set_defaults(func=cmd_export_nanogpt)
+    p = sub.add_parser("export-llmc", help="write llm.c's <prefix>_train.bin / <prefix>_val.bin from a tokens version")
+    _add_store(p)
+    p.add_argument("--tokens", default="latest:tokens")
+    p.add_argument("--out", required=True)
+    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument("--prefix", default="tokens")
+    p.add_argument("--separator-placement", choices=("append", "prepend"), help="separator after or before each document (default: as encoded; llm.c's scripts prepend)")
+    p.set_defaults(func=cmd_export_llmc)
     p = sub.add_parser("report", help="compression vs vocabulary size, fertility per language, notable tokens")
-    _add_store(p), _add_configs(p, REPORT_CONFIGS, corpus=_report_corpus())
+    _add_store(p), _add_configs(p, ("report",), REPORT_CONFIGS, corpus=_report_corpus)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("serve", help="serve the scheduled deployments from this process (needs a Prefect server)")
     _add_store(p)
@@ -555,6 +654,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runner(p)
     p.add_argument("--paused", action="store_true", help="register the schedules paused")
     p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("deploy", help="create the deployments on a Prefect server, for process workers on any machine (they clone and install the project)")
+    if path is None or path[:1] == ("deploy",):  # its options import Prefect's deployment machinery
+        from deployments.deploy import add_arguments as add_deploy_arguments
+
+        add_deploy_arguments(p)
+    p.set_defaults(func=cmd_deploy)
     return parser
 
 
@@ -572,6 +677,7 @@ KEEP_LOG_FILES = 50
 # its console handler becomes flows.console.ConsoleHandler, which drops run-failure
 # tracebacks, here and in the worker processes that inherit the environment.
 PREFECT_CONSOLE_CLASS = ("PREFECT_LOGGING_HANDLERS_CONSOLE_CLASS", "flows.console.ConsoleHandler")
+_EPHEMERAL_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API server"  # prefect.server.api.server
 RERUN_RESUMES = "then rerun the same command (finished stages are reused; nothing was published half)"
 RERUN_READ_ONLY = "then rerun the command"
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -736,12 +842,29 @@ def describe_failure(exc: BaseException, store: str | None = None, resumable: bo
             f"permission denied for {store_part} ({_one_line(denied, 300)}): check the credentials "
             f"(--storage-option key=... / AWS_PROFILE) and the bucket's policy, {rerun}", EXIT_FAILURE,
         )
+    if any(isinstance(e, RuntimeError) and str(e).startswith(_EPHEMERAL_TIMEOUT) for e in chain):
+        return Failure(
+            "Prefect's temporary API server did not start in time (TOKENMILL_PREFECT_SERVER=temporary): unset "
+            "TOKENMILL_PREFECT_SERVER to use tokenmill's reused local server, allow it more time "
+            f"(TOKENMILL_SERVER_STARTUP_TIMEOUT=600) or set PREFECT_API_URL to a running server (prefect server start), {rerun}",
+            EXIT_FAILURE,
+        )
+    # Only Prefect's client speaks httpx here.
+    if status := next((e for e in chain if _type_names(e) & {"httpx.HTTPStatusError"}), None):
+        response = getattr(status, "response", None)
+        code = getattr(response, "status_code", "?")
+        url = _url_of(chain) or "the Prefect API"
+        if isinstance(code, int) and code >= 500:
+            return Failure(
+                f"the Prefect API at {url} failed (HTTP {code}): check that server and its log (tokenmill's local one: "
+                f"tokenmill server status; restart it with tokenmill server stop), {rerun}", EXIT_FAILURE,
+            )
     if net := next((e for e in chain if _is_network(e)), None):
         url = _url_of(chain) or store_part
-        if any(_type_names(e) & {"httpx.TransportError"} for e in chain):  # only Prefect's client speaks httpx here
+        if any(_type_names(e) & {"httpx.TransportError"} for e in chain):
             return Failure(
                 f"cannot reach the Prefect API at {url} ({_one_line(net, 300)}): start that server (prefect server start) "
-                f"or unset PREFECT_API_URL to use a temporary one, {rerun}", EXIT_FAILURE,
+                f"or unset PREFECT_API_URL to use tokenmill's local one, {rerun}", EXIT_FAILURE,
             )
         if any(isinstance(e, ConnectionRefusedError) or _errno_in(e, "ECONNREFUSED") or _REFUSED_TEXT.search(str(e)) for e in chain):
             return Failure(
@@ -863,7 +986,7 @@ def main(argv: list[str] | None = None) -> int:
     home = os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect")
     if not os.environ.get("PREFECT_LOGGING_SETTINGS_PATH") and not os.path.exists(os.path.join(home, "logging.yml")):
         os.environ.setdefault(*PREFECT_CONSOLE_CLASS)
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
     with _debug_env(debug):
         try:

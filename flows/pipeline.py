@@ -18,7 +18,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from prefect import flow, get_run_logger, unmapped
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from pipeline_lib.config import ReportConfig, validate
@@ -27,13 +27,13 @@ from pipeline_lib.counting import CountConfig
 from pipeline_lib.lm.config import LMConfig
 from pipeline_lib.stages import REPORT_CORPUS, TokenizerConfig, compression_summary
 from pipeline_lib.token_shards import EncodeConfig
-from tasks.common import store_of, to_ref
-from tasks.corpus import download_corpus, shard_corpus
-from tasks.counting import count_words, reduce_counts
-from tasks.encoding import encode_shard, write_token_manifest
-from tasks.lm import train_lm
+from tasks.common import store_of
+from tasks.corpus import DOWNLOAD, SHARD
+from tasks.counting import COUNTS
+from tasks.encoding import TOKENS
+from tasks.lm import TRAIN
 from tasks.report import tokenizer_report
-from tasks.tokenizer import learn_merges
+from tasks.tokenizer import TOKENIZER
 
 DEFAULT_STORE = "./artifacts"
 
@@ -73,30 +73,21 @@ def _with_storage(corpus: CorpusConfig, storage_options: dict | None) -> CorpusC
     return dataclasses.replace(validate(CorpusConfig, corpus, "corpus"), storage_options=storage_options or {})
 
 
-def _n_shards(store_url: str, corpus: dict, storage_options: dict | None) -> int:
-    ref = to_ref(corpus)
-    return len(store_of(store_url, storage_options).manifest(ref.kind, ref.version)["meta"]["shards"])
-
-
 def _corpus(store: str, corpus: CorpusConfig, storage_options: dict | None) -> dict[str, str]:
     cfg = _with_storage(corpus, storage_options)
-    raw = download_corpus(store, cfg, storage_options)
-    return shard_corpus(store, raw, cfg, storage_options)
+    raw = DOWNLOAD(store, {}, cfg, storage_options)
+    return SHARD(store, {"raw": raw}, cfg, storage_options)
 
 
 def _tokenizer(store: str, corpus_ref: dict, count: CountConfig, tokenizer: TokenizerConfig, storage_options: dict | None) -> dict[str, str]:
     count, tokenizer = validate(CountConfig, count, "count"), validate(TokenizerConfig, tokenizer, "tokenizer")
-    n = _n_shards(store, corpus_ref, storage_options)
-    records = count_words.map(store, unmapped(corpus_ref), range(n), unmapped(count), unmapped(storage_options))
-    counts = reduce_counts(store, corpus_ref, count, records.result(), storage_options)
-    return learn_merges(store, counts, tokenizer, storage_options)
+    counts = COUNTS(store, {"corpus": corpus_ref}, count, storage_options)
+    return TOKENIZER(store, {"counts": counts}, tokenizer, storage_options)
 
 
 def _encode(store: str, corpus_ref: dict, tokenizer_ref: dict, encode: EncodeConfig, storage_options: dict | None) -> dict[str, str]:
     encode = validate(EncodeConfig, encode, "encode")
-    n = _n_shards(store, corpus_ref, storage_options)
-    records = encode_shard.map(store, unmapped(corpus_ref), unmapped(tokenizer_ref), range(n), unmapped(encode), unmapped(storage_options))
-    return write_token_manifest(store, corpus_ref, tokenizer_ref, encode, records.result(), storage_options)
+    return TOKENS(store, {"corpus": corpus_ref, "tokenizer": tokenizer_ref}, encode, storage_options)
 
 
 @flow(name="tokenmill-corpus")
@@ -143,7 +134,7 @@ def lm_flow(
 ) -> dict[str, str]:
     """Train the GPT on a tokens version."""
     cfg = validate(LMConfig, lm, "lm").train_config()
-    return train_lm(store, tokens_ref, tokenizer_ref, cfg, storage_options)
+    return TRAIN(store, {"tokens": tokens_ref, "tokenizer": tokenizer_ref}, cfg, storage_options)
 
 
 @flow(name="tokenmill-report")
@@ -178,7 +169,7 @@ def tokenmill_pipeline(
     corpus_ref = _corpus(store, corpus, storage_options)
     tokenizer_ref = _tokenizer(store, corpus_ref, count, tokenizer, storage_options)
     tokens = _encode(store, corpus_ref, tokenizer_ref, encode, storage_options)
-    model = train_lm(store, tokens, tokenizer_ref, lm.train_config(), storage_options) if train_model else None
+    model = TRAIN(store, {"tokens": tokens, "tokenizer": tokenizer_ref}, lm.train_config(), storage_options) if train_model else None
 
     summary = summarize(store, corpus_ref, tokenizer_ref, tokens, model, storage_options)
     create_markdown_artifact(key="tokenmill-summary", markdown=summary_markdown(summary), description="tokenmill run: artifacts and headline figures")

@@ -2,14 +2,15 @@
 
 Nothing here imports Prefect; `tasks/` and `flows/` wrap these functions.
 
-    from pipeline_lib import Tokenizer
+    from pipeline_lib import Tokenizer, get_encoding
     tok = Tokenizer.train(["some text", ...], vocab_size=4096, pattern="cl100k")
-    ids = tok.encode("hello world")          # numpy uint32
+    ids = tok.encode("hello world")          # a list of ints, as tiktoken's
     tok.decode(ids)
+    get_encoding("cl100k_base").encode("hello world")   # tiktoken's ids, from local files
 """
 
 from pipeline_lib.store import ArtifactStore, VersionRef
-from pipeline_lib.tokenizer import Tokenizer, backend
+from pipeline_lib.tokenizer import Tokenizer, backend, encoding_for_model, get_encoding
 from pipeline_lib.version import __version__
 
-__all__ = ["ArtifactStore", "Tokenizer", "VersionRef", "__version__", "backend"]
+__all__ = ["ArtifactStore", "Tokenizer", "VersionRef", "__version__", "backend", "encoding_for_model", "get_encoding"]

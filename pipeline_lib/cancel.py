@@ -27,13 +27,12 @@ This module installs no signal handler.
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
 # concurrent.futures.thread registers the exit hook that joins executor threads when it is
 # imported; threading runs these hooks last-registered-first, so importing it before
 # registering ours makes ours run before that join.
 import concurrent.futures.thread  # noqa: F401
+import threading
+from typing import Any
 
 _cores: list[Any] = []  # the compiled core, once pipeline_lib.tokenizer has loaded it
 

@@ -148,7 +148,7 @@ class SampleConfig:
     prompt: Annotated[str, doc("prompt text (empty: start from the separator)")] = ""
     max_new_tokens: Annotated[int, doc("tokens to generate")] = 200
     temperature: Annotated[float, doc("softmax temperature; 0 is greedy")] = 0.8
-    top_k: Annotated[int, doc("sample among the k most likely tokens (nanoGPT's default)")] = 200
+    top_k: Annotated[int, doc("sample among the k most likely tokens (nanoGPT's default); 0: no top-k filter")] = 200
     seed: Annotated[int | None, doc("random seed (none: a fresh one)")] = None
 
     def __post_init__(self):
@@ -156,5 +156,5 @@ class SampleConfig:
             raise InputError(f"max_new_tokens={self.max_new_tokens}: must be at least 1")
         if self.temperature < 0:
             raise InputError(f"temperature={self.temperature}: must be >= 0")
-        if self.top_k < 1:
-            raise InputError(f"top_k={self.top_k}: must be at least 1")
+        if self.top_k < 0:
+            raise InputError(f"top_k={self.top_k}: must be at least 0 (0: no top-k filter)")

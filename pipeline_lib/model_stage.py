@@ -16,6 +16,16 @@
   resume notes describe one run: they go to the log and to the manifest's ``meta["run"]``.
   The manifest is the per-publish record (it already carries its ``created`` time, so its
   hash was never the same across publishes); the version id and the files are not.
+* Time budget (`LMConfig.minutes`, `TrainConfig.time_budget_s`): the id hashes the config,
+  budget included, not the step count the budget buys on the machine that trains. That
+  count is decided once, after a few measured steps (`pipeline_lib.lm.train.plan_steps`),
+  and recorded in the work dir (``plan.json``) and in every later checkpoint, so a run
+  resumed after a crash finishes the same plan and publishes the bytes the uninterrupted
+  run would have. Within a store an id is published once, so it names one set of bytes.
+  Across stores, same id and same bytes hold when the budget does not bind (the plan is
+  then max_steps) or with ``minutes=None``; a budget that binds on machines of different
+  speed can publish different step counts under one id, and ``metrics.json`` (``steps``,
+  ``planned_steps``, ``planned_by_time_budget``) says which.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -103,7 +114,13 @@ def _train_and_publish(
     from pipeline_lib.lm import load_model, sample, train, write_loss_plot
     from pipeline_lib.lm.checkpoint import MARKER, open_checkpoint
     from pipeline_lib.lm.report import run_metrics, versioned_metrics
+    from pipeline_lib.lm.sample import documents_text
     from pipeline_lib.lm.train import versioned_history
+
+    def say(msg: str) -> None:  # every phase after training gets a line: none is silent
+        _log.info(msg)
+        if log is not None:
+            log(msg)
 
     tok = load_tokenizer(store, tokenizer)
     tmeta = store.manifest(tokens.kind, tokens.version)["meta"]
@@ -121,6 +138,8 @@ def _train_and_publish(
     staging = store.stage(MODEL_KIND, version)
     outdir = tempfile.mkdtemp(prefix="model-", dir=store.scratch_dir(MODEL_KIND))
     try:
+        t0 = time.monotonic()
+        say(f"staging checkpoint {os.path.basename(result.checkpoint_dir)} and weights")
         ckpt = open_checkpoint(result.checkpoint_dir)  # sizes and sha256 against its marker
         files: dict[str, FileInfo] = {}
         for name in sorted([*ckpt.marker["files"], MARKER]):
@@ -133,18 +152,21 @@ def _train_and_publish(
         if files[WEIGHTS_FILE].sha256 != ckpt.marker["files"][WEIGHTS_FILE]["sha256"]:
             raise CheckpointError(f"{ckpt.path / WEIGHTS_FILE}: sha256 changed while it was being published")
 
-        model = load_model(ckpt.path)
+        t1 = time.monotonic()
+        say(f"staged in {t1 - t0:.1f} s; sampling {n_samples} x up to {sample_tokens} tokens")
+        model = load_model(ckpt.path, verify=False)  # checked by open_checkpoint above
         sep = tmeta.get("separator")
         prompt = [sep["id"]] if sep else list(tok.encode_ordinary("\n"))
         samples = []
         for i in range(n_samples):
             ids = sample(model, prompt, sample_tokens, temperature=0.8, top_k=50, seed=train_config.seed + i)
-            if sep and sep["id"] in ids:
-                ids = ids[: ids.index(sep["id"])]
-            samples.append(tok.decode(ids))
+            samples.append(documents_text(tok, ids, sep["id"] if sep else None))
+        t2 = time.monotonic()
+        say(f"sampled {n_samples * sample_tokens} tokens in {t2 - t1:.1f} s; drawing the loss plot")
         plot = os.path.join(outdir, "loss.png")
         write_loss_plot(result.history, plot)
         files["loss.png"] = staging.put_file("loss.png", plot)
+        say(f"loss plot in {time.monotonic() - t2:.1f} s; writing metrics and publishing")
         summary = versioned_metrics(result)
         docs = {
             "metrics.json": summary,
@@ -193,3 +215,30 @@ def load_published_model(store: ArtifactStore, model: VersionRef | str, device: 
 
     kind, version = (model.kind, model.version) if isinstance(model, VersionRef) else (MODEL_KIND, model)
     return load_model(store.local_file(kind, version, WEIGHTS_FILE), device=device)
+
+
+def sample_text(store: ArtifactStore, model: VersionRef | str, config=None, device: str = "cpu") -> str:
+    """The prompt and its continuation by a published model (`tokenmill lm sample`).
+
+    `config` is a `pipeline_lib.config.SampleConfig` (None: its defaults). The weights are
+    checked against the version manifest (`load_published_model`); the prompt is encoded
+    with the model's tokenizer, and an empty one starts a fresh document from the
+    separator the model was trained with. The model writes document after document: each
+    separator it emits is a line break in the text (`documents_text`).
+    """
+    from pipeline_lib.config import SampleConfig
+    from pipeline_lib.lm import sample
+    from pipeline_lib.lm.sample import documents_text
+
+    cfg = config if config is not None else SampleConfig()
+    version = model.version if isinstance(model, VersionRef) else model
+    parents = store.manifest(MODEL_KIND, version)["parents"]
+    tok = load_tokenizer(store, store.ref(*parents["tokenizer"].split("/", 1)))
+    sep = tok.special_tokens.get("<|endoftext|>")
+    if "tokens" in parents:
+        tsep = store.manifest(*parents["tokens"].split("/", 1))["meta"].get("separator")
+        sep = tsep["id"] if tsep else sep
+    gpt = load_published_model(store, version, device=device)
+    prompt = [int(i) for i in tok.encode_ordinary(cfg.prompt)] if cfg.prompt else [sep if sep is not None else 10]
+    ids = sample(gpt, prompt, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, seed=cfg.seed)
+    return cfg.prompt + documents_text(tok, ids, sep)

@@ -138,6 +138,12 @@ def check_relpath(relpath: str) -> str:
     return relpath
 
 
+def _backend() -> dict[str, Any]:
+    from pipeline_lib.tokenizer import backend_info  # lazy: nothing else in the store needs it
+
+    return dict(backend_info())
+
+
 def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
@@ -460,6 +466,7 @@ class ArtifactStore:
             "version": version,
             "created": dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"),
             "tool_version": __version__,
+            "backend": _backend(),  # which tokenizer backend ran: native core (its source hash) or Python
             "code_version": code_version,
             "parents": parent_keys,
             "parent_manifests": parent_manifests,

@@ -14,7 +14,8 @@ vocabulary size, separator token (id and placement), tokenizer version and ranks
 the sources with their size and sha256, the encoder's code version and parameters,
 per-shard counts and hashes, and totals. `check_shards` is the one integrity checker;
 `open_tokens` the memory-mapped reader (it checks the file size against the header
-first); `export_nanogpt` / `export_llmc` write the flat ``.bin`` files those trainers read.
+first); `export_nanogpt` / `export_llmc` write the flat ``.bin`` files those trainers read
+(and nanoGPT's ``meta.pkl``), with the separator on either side of each document.
 
 Verified reads: a directory holding the store's ``manifest.json`` is a published version
 (or a hash-checked cache copy of one), and every reader here checks each file it reads
@@ -30,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import os
+import pickle  # nanoGPT's meta.pkl, written only (export_nanogpt)
 import re
 import tempfile
 import threading
@@ -181,7 +183,7 @@ def encode_documents(
                 docs, sources = batch, None
             if not len(docs):
                 continue
-            flat, offsets = tokenizer.encode_ordinary_batch(docs, config.workers)
+            flat, offsets = tokenizer.encode_ordinary_batch_to_numpy(docs, config.workers)
             flat = np.asarray(flat)
             offsets = np.asarray(offsets, dtype=np.int64)
             lengths = np.diff(offsets)
@@ -690,7 +692,30 @@ def _atomic_out(path: str):
             os.unlink(tmp)
 
 
-def _export(directory: str, meta: dict[str, Any], paths: tuple[str, str], val_fraction: float, dtype: np.dtype, header, verify: bool) -> dict[str, int]:
+Placement = Literal["append", "prepend"]
+
+
+def _separator_move(meta: Mapping[str, Any], separator_placement: Placement | None) -> tuple[int | None, Placement | None]:
+    """(separator id, placement to write) when the export asks for a placement other than
+    the shards': each split holds whole documents, each with one separator, so moving every
+    separator to the other side of its document is moving one token from one end of the
+    split to the other. (None, None) when there is nothing to move."""
+    if separator_placement is None:
+        return None, None
+    if separator_placement not in ("append", "prepend"):
+        raise InputError(f"separator_placement={separator_placement!r}: choose append or prepend")
+    sep = meta.get("separator")
+    if not sep:
+        raise InputError(f"separator_placement={separator_placement!r}, but these shards were encoded without a separator: encode them with one (separator)")
+    if sep.get("placement") == separator_placement:
+        return None, None
+    return int(sep["id"]), separator_placement
+
+
+def _export(
+    directory: str, meta: dict[str, Any], paths: tuple[str, str], val_fraction: float, dtype: np.dtype, header, verify: bool, separator_placement: Placement | None = None
+) -> dict[str, int]:
+    sep_id, move_to = _separator_move(meta, separator_placement)
     files = version_files(directory) if verify else None
     for shard in meta["shards"]:
         name = str(shard.get("name", ""))
@@ -699,46 +724,99 @@ def _export(directory: str, meta: dict[str, Any], paths: tuple[str, str], val_fr
         if files is not None:  # every shard before any output: a corrupt one fails fast
             check_version_file(directory, f"{name}.npy", files)
     cut_shard, cut_offset = _doc_cut(directory, meta, val_fraction, verify)
-    counts = {"train": 0, "val": 0}
+    # (shard path, start, stop) pieces of each split, in order
+    splits: tuple[list[list[Any]], list[list[Any]]] = ([], [])
+    layouts = []
     for i, shard in enumerate(meta["shards"]):
-        n = int(shard["n_tokens"])
-        counts["train"] += n if i < cut_shard else cut_offset if i == cut_shard else 0
-    counts["val"] = int(meta["totals"]["n_tokens"]) - counts["train"]
+        path = os.path.join(directory, f"{shard['name']}.npy")
+        n, file_dtype, offset = _checked_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens")
+        if n != int(shard["n_tokens"]):
+            raise InputError(f"{path}: {n:,} tokens, manifest says {shard['n_tokens']:,}")
+        layouts.append((file_dtype, offset))
+        split = n if i < cut_shard else cut_offset if i == cut_shard else 0
+        for pieces, a, b in ((splits[0], 0, split), (splits[1], split, n)):
+            if b > a:
+                pieces.append([i, path, a, b])
+    lead, trail = ([False, False], [False, False])
+    if sep_id is not None:
+        for k, pieces in enumerate(splits):
+            if not pieces:
+                continue
+            # append -> prepend: the split's last token (a separator) goes first; the reverse for prepend -> append
+            i, path, a, b = piece = pieces[-1] if move_to == "prepend" else pieces[0]
+            at = b - 1 if move_to == "prepend" else a
+            token = next(_read_chunks(path, layouts[i][0], layouts[i][1], at, at + 1))[1][0]
+            if int(token) != sep_id:
+                raise InputError(f"{path}: token {at:,} is {int(token)}, not the separator {sep_id} the manifest places there")
+            if move_to == "prepend":
+                piece[3] -= 1
+                lead[k] = True
+            else:
+                piece[2] += 1
+                trail[k] = True
+    counts = {"train": int(sum(p[3] - p[2] for p in splits[0])) + lead[0] + trail[0], "val": int(sum(p[3] - p[2] for p in splits[1])) + lead[1] + trail[1]}
+    sep_bytes = np.array([sep_id or 0], dtype=dtype).tobytes()
     with _atomic_out(paths[0]) as train, _atomic_out(paths[1]) as val:
-        if header is not None:
-            train.write(header(counts["train"]))
-            val.write(header(counts["val"]))
-        for i, shard in enumerate(meta["shards"]):
-            path = os.path.join(directory, f"{shard['name']}.npy")
-            n, file_dtype, offset = _checked_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens")
-            if n != int(shard["n_tokens"]):
-                raise InputError(f"{path}: {n:,} tokens, manifest says {shard['n_tokens']:,}")
-            split = n if i < cut_shard else cut_offset if i == cut_shard else 0
-            for out, a, b in ((train, 0, split), (val, split, n)):
-                for _, chunk in _read_chunks(path, file_dtype, offset, a, b):
+        for k, (out, pieces) in enumerate(((train, splits[0]), (val, splits[1]))):
+            if header is not None:
+                out.write(header(counts["train" if k == 0 else "val"]))
+            if lead[k]:
+                out.write(sep_bytes)
+            for i, path, a, b in pieces:
+                for _, chunk in _read_chunks(path, layouts[i][0], layouts[i][1], a, b):
                     out.write(chunk.astype(dtype, copy=False).tobytes())
+            if trail[k]:
+                out.write(sep_bytes)
     return counts
 
 
-def export_nanogpt(directory: str, meta: dict[str, Any], out_dir: str, val_fraction: float = 0.1, *, verify: bool = True) -> dict[str, int]:
-    """Write nanoGPT's ``train.bin`` / ``val.bin`` (raw uint16, no header) from token shards.
+NANOGPT_META = "meta.pkl"
+
+
+def nanogpt_meta(meta: Mapping[str, Any], separator_placement: Placement | None = None) -> dict[str, Any]:
+    """The dict `export_nanogpt` pickles as ``meta.pkl``, plain ints and strings: nanoGPT's
+    ``train.py`` reads ``vocab_size`` from it (and sizes the model's embedding by it)."""
+    out: dict[str, Any] = {"vocab_size": int(meta["vocab_size"]), "dtype": "uint16"}
+    sep = meta.get("separator")
+    if sep:
+        out.update(separator=str(sep["token"]), separator_id=int(sep["id"]), placement=str(separator_placement or sep["placement"]))
+    tokenizer = (meta.get("tokenizer") or {}).get("version")
+    if tokenizer:
+        out["tokenizer"] = str(tokenizer)
+    return out
+
+
+def export_nanogpt(
+    directory: str, meta: dict[str, Any], out_dir: str, val_fraction: float = 0.1, *, separator_placement: Placement | None = None, verify: bool = True
+) -> dict[str, int]:
+    """Write nanoGPT's ``train.bin`` / ``val.bin`` (raw uint16, no header, read with
+    ``np.memmap(path, dtype=np.uint16, mode="r")``) and the ``meta.pkl`` its ``train.py``
+    takes ``vocab_size`` from (`nanogpt_meta`; nanoGPT's format, the one pickle written
+    here, never read here). nanoGPT's ``sample.py`` expects its character-level
+    ``stoi``/``itos`` in a ``meta.pkl``: sample with this tokenizer instead.
 
     The documents after the first document end at ``(1 - val_fraction)`` of the tokens
-    (in shard order) go to ``val.bin``; no document straddles the two files. Both files
-    are written to temp names and renamed into place, with the mode a plain ``open``
+    (in shard order) go to ``val.bin``; no document straddles the two files.
+    `separator_placement` (``append``, nanoGPT's, or ``prepend``) moves each separator to that side of its
+    document when the shards were encoded the other way; None keeps the shards' order.
+    Files are written to temp names and renamed into place, with the mode a plain ``open``
     gives (0o666 & ~umask). In a published version every shard read is first checked
     against the version's manifest (as `open_tokens`; `verify=False` skips the hash).
     Returns token counts.
 
     Raises:
         StoreError: a shard that does not match its version's manifest (before any output).
-        InputError: a vocabulary that needs uint32, or a shard that disagrees with `meta`.
+        InputError: a vocabulary that needs uint32, a placement for shards without a
+            separator, or a shard that disagrees with `meta`.
     """
     if token_dtype(int(meta["vocab_size"])) != np.dtype("<u2"):
         raise InputError(f"nanoGPT's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}")
     os.makedirs(out_dir, exist_ok=True)
     paths = (os.path.join(out_dir, "train.bin"), os.path.join(out_dir, "val.bin"))
-    return _export(directory, meta, paths, val_fraction, np.dtype("<u2"), None, verify)
+    counts = _export(directory, meta, paths, val_fraction, np.dtype("<u2"), None, verify, separator_placement)
+    with _atomic_out(os.path.join(out_dir, NANOGPT_META)) as f:
+        pickle.dump(nanogpt_meta(meta, separator_placement), f, protocol=4)
+    return counts
 
 
 LLMC_MAGIC = 20240520
@@ -751,14 +829,27 @@ def _llmc_header(n: int) -> bytes:
     return header.tobytes()
 
 
-def export_llmc(directory: str, meta: dict[str, Any], out_dir: str, val_fraction: float = 0.1, prefix: str = "tokens", *, verify: bool = True) -> dict[str, int]:
+def export_llmc(
+    directory: str,
+    meta: dict[str, Any],
+    out_dir: str,
+    val_fraction: float = 0.1,
+    prefix: str = "tokens",
+    *,
+    separator_placement: Placement | None = None,
+    verify: bool = True,
+) -> dict[str, int]:
     """Write llm.c's ``<prefix>_train.bin`` / ``<prefix>_val.bin``: a 256 x int32 header
-    (magic 20240520, version 1, token count) then uint16 tokens. Split, file modes and
+    (magic 20240520, version 1, token count) then uint16 tokens. llm.c's own data scripts
+    put the separator before each document: ``separator_placement="prepend"`` gives that from shards
+    encoded with ``append`` (None keeps the shards' order). Split, file modes and
     verification as `export_nanogpt`."""
     if token_dtype(int(meta["vocab_size"])) != np.dtype("<u2"):
         raise InputError(f"llm.c's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}")
     if int(meta["totals"]["n_tokens"]) >= 1 << 31:
         raise InputError("llm.c's header counts tokens in an int32: too many tokens for one file")
+    if not prefix or "/" in prefix or "\\" in prefix or prefix.startswith("."):
+        raise InputError(f"prefix={prefix!r}: a plain file name prefix")
     os.makedirs(out_dir, exist_ok=True)
     paths = (os.path.join(out_dir, f"{prefix}_train.bin"), os.path.join(out_dir, f"{prefix}_val.bin"))
-    return _export(directory, meta, paths, val_fraction, np.dtype("<u2"), _llmc_header, verify)
+    return _export(directory, meta, paths, val_fraction, np.dtype("<u2"), _llmc_header, verify, separator_placement)

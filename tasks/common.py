@@ -1,9 +1,7 @@
-"""Shared pieces of the Prefect tasks: store handles, cache keys, artifact helpers.
+"""Shared pieces of the Prefect tasks: store handles, references, retries, progress.
 
-Tasks are thin: they resolve the store, call one `pipeline_lib.stages` function and return
-a small JSON-able reference. Their cache keys are the output's version id (which already
-hashes the inputs' versions, the stage config and the code version), and a key only
-counts as a hit while the store still holds what it points to.
+Tasks are thin: `tasks.factory` makes them from the stage specs of `pipeline_lib.stages`;
+they resolve the store, run the stage and return a small JSON-able reference.
 """
 
 from __future__ import annotations
@@ -11,10 +9,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import hashlib
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from pipeline_lib.errors import InputError, StoreError, TokenmillError
@@ -37,20 +33,6 @@ def to_ref(ref: dict[str, str] | VersionRef) -> VersionRef:
 
 def ref_dict(ref: VersionRef) -> dict[str, str]:
     return {"kind": ref.kind, "version": ref.version, "uri": ref.uri, "manifest_sha256": ref.manifest_sha256}
-
-
-def checked_key(store: ArtifactStore, key: str, present: bool) -> str:
-    """The cache key (per store), after forgetting a cached result whose output the store lost.
-
-    Prefect would otherwise return the cached reference to a version that is gone (the
-    store was wiped), and the next task would fail.
-    """
-    key = f"{key}-{hashlib.sha256(store.url.encode()).hexdigest()[:8]}"
-    if not present:
-        from prefect.settings import PREFECT_LOCAL_STORAGE_PATH
-
-        (Path(PREFECT_LOCAL_STORAGE_PATH.value()).expanduser() / key).unlink(missing_ok=True)
-    return key
 
 
 # Errors a retry cannot fix: the input, the configuration, the store's content, a full disk,

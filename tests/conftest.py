@@ -11,12 +11,23 @@ os.environ.setdefault("PREFECT_HOME", _PREFECT_TMP)
 os.environ["PREFECT_LOCAL_STORAGE_PATH"] = os.path.join(_PREFECT_TMP, "storage")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# CLI subprocesses without PREFECT_API_URL start tokenmill's local server in this PREFECT_HOME;
+# it goes away on its own soon after them, and `_stop_local_server` stops it at the end.
+os.environ.setdefault("TOKENMILL_SERVER_IDLE_TIMEOUT", "120")
 
 import pytest  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHAKESPEARE = ROOT / "pipeline_lib" / "data" / "tinyshakespeare.txt"
 MULTILINGUAL = ROOT / "tests" / "data" / "multilingual.txt"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_local_server():
+    yield
+    from flows.prefect_api import LocalServer, server_dir
+
+    LocalServer(server_dir(pathlib.Path(_PREFECT_TMP))).stop()
 
 
 @pytest.fixture(scope="session")

@@ -179,7 +179,7 @@ def test_deployment_parameters_validate_against_the_configs():
         check_parameters(tokenmill_pipeline, params)
     # prefect.yaml's parameters, their settings placeholders filled in
     for d in yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())["deployments"]:
-        flow = _flows()[d["entrypoint"].rsplit(":", 1)[1]]
+        flow = _flows()[d["entrypoint"].rsplit(".", 1)[1]]  # module path: deployments.entrypoints.FLOW
         rendered = {k: v for k, v in d["parameters"].items() if not (isinstance(v, str) and v.startswith("{{"))}
         for k, v in rendered.items():
             if isinstance(v, dict):

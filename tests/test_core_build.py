@@ -46,7 +46,7 @@ def test_code_version_follows_the_core(monkeypatch):
         assert version.code_version("pipeline_lib.bpe_reference") != before  # also names the core
         assert version.code_version("pipeline_lib.corpus") == unrelated  # no native code in it
         # with the pure-Python reference, the module sources alone count
-        monkeypatch.setattr(tokenizer, "_CORE", None)
+        monkeypatch.setattr(tokenizer.core, "_CORE", None)
         version.code_version.cache_clear()
         assert version.code_version(*modules) != before
         assert tokenizer.backend_info() == {"backend": "python", "core_source_hash": None}

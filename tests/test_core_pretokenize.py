@@ -51,12 +51,12 @@ MAX_CP = 0x110000
 # ---- the two engines' character classes ----------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _all_chars() -> str:
     return "".join(chr(c) for c in range(MAX_CP) if not 0xD800 <= c < 0xE000)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiktoken_class(pat: str) -> frozenset[int]:
     """Code points tiktoken's engine matches with `pat` (a one-character class)."""
     ranks = {bytes([i]): i for i in range(256)}
@@ -64,7 +64,7 @@ def tiktoken_class(pat: str) -> frozenset[int]:
     return frozenset(ord(c) for c in bytes(enc.encode_ordinary(_all_chars())).decode("utf-8"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def regex_class(pat: str) -> frozenset[int]:
     return frozenset(ord(c) for c in regex.findall(pat, _all_chars()))
 
@@ -73,7 +73,7 @@ def class_pattern(name: str) -> str:
     return r"\s" if name == "S" else r"\p{%s}" % name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def discrepant() -> frozenset[int]:
     """Code points whose class membership differs between `regex` and tiktoken."""
     out: set[int] = set()
@@ -92,7 +92,7 @@ def _ranges(cps) -> str:
     return "".join("\\U%08x" % a if a == b else "\\U%08x-\\U%08x" % (a, b) for a, b in out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiktoken_tables_pattern(name: str) -> regex.Pattern:
     """PATTERNS[name] with each \\p{X} replaced by tiktoken's explicit code point set."""
     pat, out, i, depth = PATTERNS[name], [], 0, 0

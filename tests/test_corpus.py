@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from pipeline_lib import corpus as corpus_module
 from pipeline_lib import counting, stages
 from pipeline_lib.corpus import (
     CorpusConfig,
@@ -187,7 +188,7 @@ def test_source_names_are_sanitised(store, tmp_path):
 
 # --------------------------------------------------------------------------- sharding
 def test_shards_are_balanced_and_split_at_documents(store, shakespeare_text):
-    path = os.path.join(os.path.dirname(stages.__file__), "data", "tinyshakespeare.txt")
+    path = os.path.join(os.path.dirname(corpus_module.__file__), "data", "tinyshakespeare.txt")
     _, corpus = ingest(store, [path], n_shards=4)
     meta = store.manifest("corpus", corpus.version)["meta"]
     sizes = [s["n_bytes"] for s in meta["shards"]]

@@ -39,56 +39,105 @@ def _yaml_deployments() -> list[dict]:
 
 
 def _flow_of(entrypoint: str) -> str:
-    return entrypoint.rsplit(":", 1)[1]
+    return entrypoint.rsplit(".", 1)[1]
 
 
 def test_prefect_yaml_mirrors_serve_specs():
     from deployments import entrypoints
     from deployments.serve import TIMEZONE, WORK_POOL, deployment_specs
+    from deployments.steps import job_env, pull_steps
 
     specs = {(s.flow, s.name): s for s in deployment_specs("/s", ["/c.txt"])}
     docs = {(_flow_of(d["entrypoint"]), d["name"]): d for d in _yaml_deployments()}
     assert set(docs) == set(specs)
+    # Same parameters, same fixed values; store/corpus sources/storage_options come from
+    # the deploy-time settings step in the YAML and from serve()'s arguments.
+    settings = {"store": "/s", "corpus": ["/c.txt"], "storage_options": None, "env": job_env("remote-file-system/r"),
+                "dask_env": job_env("remote-file-system/r", "dask"), "repo": "/r", "branch": "b", "install": "i"}
     for key, d in docs.items():
         spec = specs[key]
         assert d["entrypoint"] == spec.entrypoint and _flow_of(d["entrypoint"]) in entrypoints.FLOWS
-        assert d["work_pool"]["name"] == WORK_POOL
+        assert d["work_pool"]["name"] == WORK_POOL and d["work_pool"]["work_queue_name"] == spec.work_queue, key
         crons = [(s["cron"], s["timezone"]) for s in d.get("schedules") or []]
         assert crons == ([(spec.cron, TIMEZONE)] if spec.cron else []), key
-        # Same parameters, same fixed values; store/corpus sources/storage_options come from
-        # the deploy-time settings step in the YAML and from serve()'s arguments.
-        settings = {"store": "/s", "corpus": ["/c.txt"], "storage_options": None}
         params = _render(d["parameters"], settings)
         params = {k: v for k, v in params.items() if not (k == "storage_options" and v is None)}
         assert params == spec.parameters, key
         assert set(d["tags"]) == set(spec.tags)
-        env = d["work_pool"].get("job_variables", {}).get("env", {})
-        assert env.get("TOKENMILL_RUNNER") == spec.runner
+        assert _render(d["work_pool"]["job_variables"]["env"], settings) == job_env("remote-file-system/r", spec.runner), key
+        limit = d.get("concurrency_limit")
+        assert (limit and (limit["limit"], limit["collision_strategy"])) == (spec.concurrency_limit and (spec.concurrency_limit, "ENQUEUE")), key
+    # The scheduled deployments: one run at a time each, and one queue between them.
+    assert {(s.name, s.concurrency_limit, s.work_queue) for s in specs.values() if s.cron} == {("nightly-tokenize", 1, "scheduled"), ("weekly-retrain", 1, "scheduled")}
+    # The YAML's pull steps are the ones `tokenmill deploy` writes.
+    raw = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
+    assert _render(raw["pull"], settings) == pull_steps("/r", "b", "i")
+    assert {"deployments.steps.work_queue": {"pool": WORK_POOL, "name": "scheduled", "concurrency_limit": 1}} in raw["build"]
 
 
 def _render(value, settings: dict):
     """prefect.yaml's ``{{ settings.X }}`` placeholders replaced (nested dicts too)."""
     if isinstance(value, dict):
         return {k: _render(v, settings) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_render(v, settings) for v in value]
     if isinstance(value, str) and value.startswith("{{ settings."):
         return settings[value.removeprefix("{{ settings.").removesuffix(" }}")]
     return value
 
 
 def test_deploy_settings_step(monkeypatch, tmp_path):
-    from deployments.steps import settings
+    from deployments.steps import DEFAULT_INSTALL, settings
+    from pipeline_lib.fsio import InputError
 
-    for var in ("TOKENMILL_STORE", "TOKENMILL_CORPUS", "TOKENMILL_STORAGE_OPTIONS"):
+    for var in ("TOKENMILL_STORE", "TOKENMILL_CORPUS", "TOKENMILL_STORAGE_OPTIONS", "TOKENMILL_REPO", "TOKENMILL_BRANCH",
+                "TOKENMILL_INSTALL", "TOKENMILL_RESULT_STORAGE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)
-    assert settings() == {"store": str(tmp_path / "artifacts"), "corpus": None, "storage_options": None}
+    with pytest.raises(InputError, match="TOKENMILL_REPO"):  # not a git checkout: nothing for workers to clone
+        settings()
+    monkeypatch.setenv("TOKENMILL_REPO", "https://git.example.org/tokenmill.git")
+    assert settings() == {"store": str(tmp_path / "artifacts"), "corpus": None, "storage_options": None,
+                          "repo": "https://git.example.org/tokenmill.git", "branch": None, "install": DEFAULT_INSTALL,
+                          "env": {}, "dask_env": {"TOKENMILL_RUNNER": "dask"}}
     monkeypatch.setenv("TOKENMILL_STORE", "s3://bucket/tm")
     monkeypatch.setenv("TOKENMILL_CORPUS", "a.txt 'https://example.org/b c.txt'")
     monkeypatch.setenv("TOKENMILL_STORAGE_OPTIONS", '{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}')
+    monkeypatch.setenv("TOKENMILL_BRANCH", "release")
+    monkeypatch.setenv("TOKENMILL_INSTALL", "python -m pip install --no-deps .")
+    monkeypatch.setenv("TOKENMILL_RESULT_STORAGE", "remote-file-system/results")
     out = settings()
     assert out["store"] == "s3://bucket/tm"
     assert out["corpus"] == [str(tmp_path / "a.txt"), "https://example.org/b c.txt"]
     assert out["storage_options"] == {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}
+    assert (out["branch"], out["install"]) == ("release", "python -m pip install --no-deps .")
+    assert out["env"] == {"PREFECT_DEFAULT_RESULT_STORAGE_BLOCK": "remote-file-system/results"}
+    assert out["dask_env"] == {"PREFECT_DEFAULT_RESULT_STORAGE_BLOCK": "remote-file-system/results", "TOKENMILL_RUNNER": "dask"}
+    monkeypatch.setenv("TOKENMILL_RESULT_STORAGE", "results")
+    with pytest.raises(InputError, match="BLOCK-TYPE/NAME"):
+        settings()
+
+
+def test_deploy_source_defaults_from_the_checkout(tmp_path):
+    """Unset repo/branch come from the deploying checkout: its origin remote (a relative
+    path made absolute) and branch; without a remote, the checkout itself."""
+    from deployments.steps import source_settings
+
+    def git(*args, cwd):
+        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    git("init", "-q", "-b", "dev", cwd=origin)
+    (origin / "f.txt").write_text("x")
+    git("add", "f.txt", cwd=origin)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c", cwd=origin)
+    assert source_settings(cwd=str(origin)) == {"repo": str(origin), "branch": "dev", "install": "python -m pip install ."}
+    git("clone", "-q", "origin", "checkout", cwd=tmp_path)
+    git("remote", "set-url", "origin", "../origin", cwd=tmp_path / "checkout")  # relative to the checkout
+    assert source_settings(cwd=str(tmp_path / "checkout"), install="make install")["repo"] == str(origin)
+    assert source_settings(cwd=str(tmp_path / "checkout"))["branch"] == "dev"
+    assert source_settings(repo="git@host:org/tm.git", cwd=str(tmp_path)) == {"repo": "git@host:org/tm.git", "branch": None, "install": "python -m pip install ."}
 
 
 def test_serve_refuses_without_server(monkeypatch):
@@ -250,22 +299,24 @@ _CRASH_SCRIPT = textwrap.dedent("""
     import os, signal, sys, threading
     from prefect.task_runners import ThreadPoolTaskRunner
     from flows.pipeline import tokenmill_pipeline
-    from pipeline_lib import stages
+    from pipeline_lib.stages import spec as engine
 
     corpus, store, crash_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if crash_after >= 0:
-        real, done, lock = stages.encode_shard, [], threading.Lock()
+        real, done, lock = engine.run_unit, [], threading.Lock()
 
-        def encode_then_crash(*args, **kwargs):
+        def encode_then_crash(stage, *args, **kwargs):
+            if stage.kind != "tokens":
+                return real(stage, *args, **kwargs)
             with lock:
                 if len(done) >= crash_after:
                     os.kill(os.getpid(), signal.SIGKILL)  # a real crash: no cleanup, no final state
-            record = real(*args, **kwargs)
+            record = real(stage, *args, **kwargs)
             with lock:
                 done.append(record["shard"])
             return record
 
-        stages.encode_shard = encode_then_crash
+        engine.run_unit = encode_then_crash
     # One thread: the shards are encoded one after the other, so exactly `crash_after` finish.
     flow = tokenmill_pipeline.with_options(task_runner=ThreadPoolTaskRunner(max_workers=1))
     flow(corpus={"sources": [corpus], "n_shards": 4}, store=store, tokenizer={"vocab_size": 300}, train_model=False)
@@ -331,36 +382,5 @@ def test_zombie_automation_marks_killed_run_crashed(server, small_corpus, tmp_pa
 
 
 # ----------------------------------------------------------------------------- prefect deploy
-def test_prefect_deploy_and_process_worker_run(server, small_corpus, tmp_path):
-    """`prefect deploy` from deployments/prefect.yaml + a process worker run a triggered run."""
-    if "proc" in _SERVE:  # the served deployments have the same names: stop the server-side runner
-        stop_process(_SERVE.pop("proc"))
-    store = str(tmp_path / "store")
-    env = server.client_env(TOKENMILL_STORE=store, TOKENMILL_CORPUS=small_corpus, PREFECT_WORKER_QUERY_SECONDS="1")
-    prefect = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
-    for argv in (prefect + ["work-pool", "create", "tokenmill", "--type", "process", "--overwrite"],
-                 prefect + ["deploy", "--all", "--prefect-file", "deployments/prefect.yaml"]):
-        done = subprocess.run(argv, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        nightly = client.read_deployment_by_name("tokenmill-pipeline/nightly-tokenize")
-    assert nightly.work_pool_name == "tokenmill" and nightly.parameters["store"] == store
-    assert nightly.parameters["corpus"] == {"sources": [small_corpus], "n_shards": 8, "documents": "paragraph"}
-    assert [s.schedule.cron for s in nightly.schedules] == ["0 2 * * *"]
-    t0 = time.monotonic()
-    worker = server.spawn(prefect + ["worker", "start", "--pool", "tokenmill", "--type", "process"], "worker", env=env, cwd=str(ROOT))
-    try:
-        run = _trigger("tokenmill-pipeline/nightly-tokenize", **{k: v for k, v in tiny(small_corpus).items() if k != "train_model"})
-        assert run.state.is_completed(), f"{run.state}\n{server.log_tail('worker')}"
-        assert run.work_pool_name == "tokenmill"
-        print(f"worker start -> run Completed: {time.monotonic() - t0:.1f} s")
-    finally:
-        stop_process(worker)  # needs the second signal: SIGINT, then SIGTERM, then SIGKILL
-    assert worker.poll() is not None
-    states = task_states(run.id)
-    assert states["encode_shard"] == ["Completed"] * 2, states
-    from pipeline_lib import ArtifactStore
-
-    assert ArtifactStore(store).latest("tokens") is not None
+# `prefect deploy` / `tokenmill deploy` and a process worker on a clean clone, with the pull
+# steps that clone and install the package: tests/test_deploy_clean_worker.py.

@@ -27,8 +27,8 @@ import pytest
 
 from flows import cli
 from flows.cli import describe_failure, main
-from pipeline_lib import stages
 from pipeline_lib.errors import CancelledError, CheckpointError, ConfigError, InputError, ShardError, StoreError
+from pipeline_lib.stages import spec as engine
 from pipeline_lib.store import ArtifactStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -228,6 +228,22 @@ def _raise(exc: BaseException):
     return stage
 
 
+# Where the tasks enter a stage (`pipeline_lib.stages.spec`): the engine's entry point and
+# the stage's output kind, by the library function the cases are named after.
+_ENTRIES = {"learn_tokenizer": ("produce", "tokenizer"), "count_shard": ("run_unit", "counts"), "publish_tokens": ("produce", "tokens")}
+
+
+def _patch_stage(monkeypatch, stage: str, replacement) -> None:
+    """Make the tasks' calls into `stage` go to `replacement`; other stages run as usual."""
+    entry, kind = _ENTRIES[stage]
+    real = getattr(engine, entry)
+
+    def patched(spec, *args, **kwargs):
+        return (replacement if spec.kind == kind else real)(spec, *args, **kwargs)
+
+    monkeypatch.setattr(engine, entry, patched)
+
+
 @pytest.mark.usefixtures("flows_ready")
 @pytest.mark.parametrize(
     "stage, exc, code, words",
@@ -244,7 +260,7 @@ def _raise(exc: BaseException):
     ids=["ShardError", "CheckpointError", "MemoryError", "OverflowError", "PermissionError", "KeyboardInterrupt", "CancelledError", "bug"],
 )
 def test_failing_stage(stage, exc, code, words, corpus, tmp_path, monkeypatch, capsys, log_dir):
-    monkeypatch.setattr(stages, stage, _raise(exc))
+    _patch_stage(monkeypatch, stage, _raise(exc))
     store = str(tmp_path / "store")
     assert main(run_args(corpus, store)) == code
     captured = capsys.readouterr()
@@ -259,7 +275,7 @@ def test_failing_stage(stage, exc, code, words, corpus, tmp_path, monkeypatch, c
 
 @pytest.mark.usefixtures("flows_ready")
 def test_debug_prints_the_traceback(corpus, tmp_path, monkeypatch, capsys, log_dir):
-    monkeypatch.setattr(stages, "learn_tokenizer", _raise(ZeroDivisionError("division by zero")))
+    _patch_stage(monkeypatch, "learn_tokenizer", _raise(ZeroDivisionError("division by zero")))
     assert main(["--debug", *run_args(corpus, str(tmp_path / "store"))]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "ZeroDivisionError" in err and err.count("tokenmill: error:") == 1
@@ -279,20 +295,20 @@ def test_http_source_refused_through_the_cli(tmp_path, capsys, log_dir):
 def test_gc_removes_the_staging_area_of_a_running_flow(corpus, tmp_path, monkeypatch, capsys, log_dir):
     """`tokenmill gc --min-age 0` while a run is between encoding and publishing its tokens."""
     store = str(tmp_path / "store")
-    real = stages.publish_tokens
+    real = engine.produce
 
-    def gc_then_publish(store_handle, *args, **kwargs):
+    def gc_then_publish(*args, **kwargs):
         assert main(["gc", "--store", store, "--min-age", "0"]) == 0
-        return real(store_handle, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(stages, "publish_tokens", gc_then_publish)
+    _patch_stage(monkeypatch, "publish_tokens", gc_then_publish)
     assert main(run_args(corpus, store)) == 1
     captured = capsys.readouterr()
     line = one_error_line(captured.err, captured.out)
     assert "staging" in line and "tokenmill gc" in line and "rerun the same command" in line, line
     assert ArtifactStore(store).latest("tokens") is None
     assert_nothing_half_published(store)
-    monkeypatch.setattr(stages, "publish_tokens", real)
+    monkeypatch.setattr(engine, "produce", real)
     assert main(run_args(corpus, store)) == 0  # the rerun completes it
     assert ArtifactStore(store).latest("tokens") is not None
 
@@ -356,10 +372,11 @@ def test_console_bad_input(tmp_path, api_url):
 
 def test_console_bug_in_a_mapped_task(tmp_path, corpus, api_url):
     inject = """
-        import pipeline_lib.stages as stages
-        def count_shard(*args, **kwargs):
-            return {}["missing"]
-        stages.count_shard = count_shard
+        import pipeline_lib.stages.spec as engine
+        real = engine.run_unit
+        def run_unit(stage, *args, **kwargs):
+            return {}["missing"] if stage.kind == "counts" else real(stage, *args, **kwargs)
+        engine.run_unit = run_unit
     """
     proc = _cli_process(tmp_path, run_args(corpus, str(tmp_path / "s")), inject, api_url)
     out, err = proc.communicate(timeout=120)
@@ -375,11 +392,14 @@ def test_console_signal(tmp_path, corpus, api_url, signum, code):
     started = tmp_path / "started"
     inject = f"""
         import pathlib, time
-        import pipeline_lib.stages as stages
-        def learn_tokenizer(*args, **kwargs):
+        import pipeline_lib.stages.spec as engine
+        real = engine.produce
+        def produce(stage, *args, **kwargs):
+            if stage.kind != "tokenizer":
+                return real(stage, *args, **kwargs)
             pathlib.Path({str(started)!r}).touch()
             time.sleep(60)
-        stages.learn_tokenizer = learn_tokenizer
+        engine.produce = produce
     """
     proc = _cli_process(tmp_path, run_args(corpus, str(tmp_path / "s")), inject, api_url)
     try:

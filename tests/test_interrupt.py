@@ -43,7 +43,7 @@ PRELUDE = textwrap.dedent("""
 
     def long_encoding(workers):  # 100,000 pieces of a million bytes each: an hour
         tok = Tokenizer.train([b"a" * (1 << 20)], 300, pattern="gpt2", special_tokens=())
-        tok.encode_ordinary_batch([b"a" * ((1 << 20) - 1)] * 100_000, workers)
+        tok.encode_ordinary_batch_to_numpy([b"a" * ((1 << 20) - 1)] * 100_000, workers)
 
     def long_training(workers):  # Tokenizer.train over the same 37 GB
         Tokenizer.train([DOC] * 4096, 1024, workers=workers)
@@ -155,7 +155,7 @@ def test_cancel_all_stops_running_calls_and_the_next_call_works(threads):
     doc = b"a" * ((1 << 20) - 1)
     big = open(os.path.join(ROOT, "pipeline_lib", "data", "tinyshakespeare.txt"), "rb").read() * 8
     counter = PieceCounts("cl100k")
-    jobs = [_in_thread(lambda: tok.encode_ordinary_batch([doc] * 100_000, threads)),
+    jobs = [_in_thread(lambda: tok.encode_ordinary_batch_to_numpy([doc] * 100_000, threads)),
             _in_thread(lambda: counter.add_documents([big] * 4096))]
     time.sleep(0.5)
     t0 = time.monotonic()
@@ -169,7 +169,7 @@ def test_cancel_all_stops_running_calls_and_the_next_call_works(threads):
     # the counter stopped half-way and says so; everything else works as before
     with pytest.raises(ValueError, match="interrupted"):
         counter.to_arrays()
-    flat, offsets = tok.encode_ordinary_batch([doc] * 3, threads)
+    flat, offsets = tok.encode_ordinary_batch_to_numpy([doc] * 3, threads)
     assert offsets.tolist() == [0, 20, 40, 60] and tok.decode(flat[:20]) == doc.decode()
     fresh = PieceCounts("cl100k")
     fresh.add_documents([b"hello world"])

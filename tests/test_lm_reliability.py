@@ -68,7 +68,7 @@ def cfg(**kw):
 def corpus():
     text = SHAKESPEARE.read_text(encoding="utf-8")[:60_000]
     tok = Tokenizer.train([text], vocab_size=320, pattern="gpt2")
-    docs = [tok.encode_ordinary(p + "\n\n").astype(np.int64) for p in text.split("\n\n") if p.strip()]
+    docs = [np.asarray(tok.encode_ordinary(p + "\n\n"), dtype=np.int64) for p in text.split("\n\n") if p.strip()]
     return tok, docs
 
 

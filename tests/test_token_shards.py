@@ -186,6 +186,61 @@ def test_export_llmc_header(tmp_path):
     assert len(body) == written["train"]
 
 
+def test_export_nanogpt_meta_pkl_as_train_py_reads_it(tmp_path):
+    import pickle
+
+    tok = byte_tokenizer(sep_id=300)  # vocabulary 301 ids, not nanoGPT's default 50304
+    meta = write_shards(tmp_path / "tok", DOCS, tok, EncodeConfig())
+    export_nanogpt(str(tmp_path / "tok"), meta, str(tmp_path / "out"), val_fraction=0.3)
+    # nanoGPT's train.py: meta = pickle.load(f); meta_vocab_size = meta['vocab_size']
+    with open(tmp_path / "out" / "meta.pkl", "rb") as f:
+        nano = pickle.load(f)
+    assert nano["vocab_size"] == tok.vocab_size == 301
+    assert nano == {"vocab_size": 301, "dtype": "uint16", "separator": EOT, "separator_id": 300, "placement": "append", "tokenizer": "tokenizer/test"}
+    assert type(nano) is dict and all(type(v) in (int, str) for v in nano.values())
+    train = np.memmap(tmp_path / "out" / "train.bin", dtype=np.uint16, mode="r")
+    val = np.memmap(tmp_path / "out" / "val.bin", dtype=np.uint16, mode="r")
+    assert int(max(train.max(), val.max())) < nano["vocab_size"]
+    assert not [p for p in os.listdir(tmp_path / "out") if p.startswith(".tmp")]
+
+
+def _documents_with_separators(docs, placement, sep=256):
+    """Each document's ids with its separator on the side `placement` gives."""
+    return [list(d) + [sep] if placement == "append" else [sep] + list(d) for shard in docs for d in shard]
+
+
+@pytest.mark.parametrize("exporter", ["nanogpt", "llmc"])
+@pytest.mark.parametrize("encoded", ["append", "prepend"])
+@pytest.mark.parametrize("wanted", [None, "append", "prepend"])
+def test_exports_place_the_separator(tmp_path, exporter, encoded, wanted):
+    docs = [[f"document {i} ".encode() * (1 + i % 4) for i in range(30)], [f"more {i}".encode() for i in range(12)]]
+    meta = write_shards(tmp_path / "tok", docs, byte_tokenizer(), EncodeConfig(separator=EOT, placement=encoded))
+    check_shards(str(tmp_path / "tok"), meta)
+    out = tmp_path / "out"
+    if exporter == "nanogpt":
+        written = export_nanogpt(str(tmp_path / "tok"), meta, str(out), val_fraction=0.4, separator_placement=wanted)
+        train, val = (np.fromfile(out / f"{s}.bin", dtype="<u2") for s in ("train", "val"))
+    else:
+        written = export_llmc(str(tmp_path / "tok"), meta, str(out), val_fraction=0.4, separator_placement=wanted)
+        train, val = (np.fromfile(out / f"tokens_{s}.bin", dtype="<u2", offset=1024) for s in ("train", "val"))
+        assert [np.fromfile(out / f"tokens_{s}.bin", dtype="<i4", count=3)[2] for s in ("train", "val")] == [len(train), len(val)]
+    assert written == {"train": len(train), "val": len(val)} and len(val) > 0
+    expected = _documents_with_separators(docs, wanted or encoded)
+    n_train = next(k for k in range(len(expected) + 1) if sum(map(len, expected[:k])) == len(train))  # whole documents
+    assert train.tolist() == [t for d in expected[:n_train] for t in d]
+    assert val.tolist() == [t for d in expected[n_train:] for t in d]
+
+
+def test_export_placement_needs_a_separator(tmp_path):
+    meta = write_shards(tmp_path / "tok", DOCS, byte_tokenizer(), EncodeConfig(separator=None))
+    for export in (export_nanogpt, export_llmc):
+        with pytest.raises(InputError, match="encoded without a separator"):
+            export(str(tmp_path / "tok"), meta, str(tmp_path / "out"), separator_placement="prepend")
+        export(str(tmp_path / "tok"), meta, str(tmp_path / "out"))  # as encoded: fine
+    with pytest.raises(InputError, match="choose append or prepend"):
+        export_llmc(str(tmp_path / "tok"), meta, str(tmp_path / "out"), separator_placement="middle")
+
+
 # --------------------------------------------------------------------------- stage
 def test_encode_stage_on_shakespeare(tmp_path, shakespeare_text):
     store = ArtifactStore(str(tmp_path / "store"))

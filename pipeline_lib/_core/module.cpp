@@ -287,7 +287,7 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<2>> learn_merges_py(nb::handle pieces, 
         size_t off = 0;
         for (size_t k = 0; k < ptrs.size(); ++k) {
             in.offsets[k] = off;
-            std::memcpy(in.bytes.data() + off, ptrs[k], lens[k]);
+            if (lens[k] != 0) std::memcpy(in.bytes.data() + off, ptrs[k], lens[k]);  // data() may be null
             off += lens[k];
         }
         in.offsets[ptrs.size()] = off;

@@ -14,13 +14,46 @@ published there is loaded with `pipeline_lib.model_stage.load_published_model`, 
 checks its weights against the version manifest.
 """
 
-from pipeline_lib.lm.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_model
-from pipeline_lib.lm.config import PRESETS, GPTConfig, TrainConfig, preset
-from pipeline_lib.lm.data import ShardError, TokenShards, WindowSampler
-from pipeline_lib.lm.model import GPT
-from pipeline_lib.lm.report import metrics, write_loss_plot, write_metrics
-from pipeline_lib.lm.sample import sample
-from pipeline_lib.lm.train import TrainResult, bits_per_byte, evaluate, lr_at, train
+# The names below load on first use (PEP 562): `pipeline_lib.lm.config` (the LM's config,
+# which every flow's signature names) must import without torch, which most of the rest needs.
+import importlib
+import sys
+import types
+
+_SOURCES = {
+    "checkpoint": ("CheckpointError", "latest_checkpoint", "list_checkpoints", "load_model"),
+    "config": ("PRESETS", "GPTConfig", "TrainConfig", "preset"),
+    "data": ("ShardError", "TokenShards", "WindowSampler"),
+    "model": ("GPT",),
+    "report": ("metrics", "write_loss_plot", "write_metrics"),
+    "sample": ("sample",),
+    "train": ("TrainResult", "bits_per_byte", "evaluate", "lr_at", "train"),
+}
+_MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value) -> None:
+        # Importing submodule `train` (or `sample`) binds it here under the name of the
+        # function this package exports: keep `pipeline_lib.lm.train` the function.
+        if isinstance(value, types.ModuleType) and _MODULE_OF.get(name) == name:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "GPT",

@@ -28,6 +28,7 @@ import numpy as np
 # CLI flag -> config field (TrainConfig or GPTConfig).
 _OVERRIDES = {
     "steps": "max_steps",
+    "time_budget_s": "time_budget_s",
     "batch_size": "batch_size",
     "grad_accum": "grad_accum_steps",
     "lr": "learning_rate",
@@ -61,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="run directory for checkpoints and reports")
     t.add_argument("--preset", default="small", help="tiny | small | gpt2-124m (default small)")
     t.add_argument("--steps", type=int, help="max optimizer steps")
+    t.add_argument("--time-budget-s", type=float,
+                   help="seconds for the run: the step count (at most --steps) is planned after a few measured steps")
     t.add_argument("--device", help="auto | cpu | cuda | cuda:N | mps")
     t.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
     t.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
@@ -97,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt-ids", help="comma-separated prompt ids instead of text (no tokenizer needed)")
     s.add_argument("--max-new-tokens", type=int, default=200)
     s.add_argument("--temperature", type=float, default=0.8)
-    s.add_argument("--top-k", type=int, default=200)
+    s.add_argument("--top-k", type=int, default=200, help="0: no top-k filter")
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--device", default="cpu")
     return p
@@ -138,7 +141,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_sample(args: argparse.Namespace) -> int:
     from pipeline_lib.lm.checkpoint import latest_checkpoint, load_model, open_checkpoint
-    from pipeline_lib.lm.sample import sample
+    from pipeline_lib.lm.sample import documents_text, sample
 
     model = load_model(args.ckpt, device=args.device)
     tok = None
@@ -150,12 +153,14 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         if tok is None:
             raise SystemExit("--prompt needs --tokenizer (or give --prompt-ids)")
         ids = [int(i) for i in tok.encode(args.prompt, allowed_special="all")]
-    else:  # start a fresh document from the separator recorded with the checkpoint
-        ckpt_dir = Path(args.ckpt)
-        if not (ckpt_dir / "checkpoint.json").exists():
-            ckpt_dir = latest_checkpoint(ckpt_dir) or ckpt_dir
-        state = open_checkpoint(ckpt_dir, verify=False).json("trainer_state.json")
-        sep = state.get("data", {}).get("separator_id")
+    sep = None  # the separator recorded with the checkpoint, if it is a checkpoint directory
+    ckpt_dir = Path(args.ckpt)
+    if ckpt_dir.is_dir() and not (ckpt_dir / "checkpoint.json").exists():
+        ckpt_dir = latest_checkpoint(ckpt_dir) or ckpt_dir
+    if (ckpt_dir / "checkpoint.json").exists():
+        sep = open_checkpoint(ckpt_dir, verify=False).json("trainer_state.json").get("data", {}).get("separator_id")
+    fresh = not args.prompt_ids and not args.prompt
+    if fresh:  # start a fresh document from the separator
         if sep is None:
             raise SystemExit("empty prompt and the training data had no separator: give --prompt")
         ids = [int(sep)]
@@ -163,8 +168,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     new = sample(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=top_k, seed=args.seed)
     if tok is None:
         print(",".join(str(i) for i in ids + new))
-    else:
-        sys.stdout.write(tok.decode(ids + new) + "\n")
+    else:  # documents on their own lines: the separator is not printed
+        sys.stdout.write(documents_text(tok, (ids + new)[1 if fresh else 0 :], sep) + "\n")
     return 0
 
 

@@ -91,6 +91,10 @@ class TrainConfig:
     min_lr: float = 1e-4  # floor of the cosine decay
     warmup_steps: int = 100  # linear warmup steps
     lr_decay_steps: int | None = None  # None: decay over max_steps
+    # -- time budget: None, or seconds for the whole `train` call. After a few calibration
+    # steps the run is re-planned to the step count that fits (at most max_steps) and the
+    # schedule is stretched over it, so it completes; see `plan_steps` in train.py.
+    time_budget_s: float | None = None
     # -- AdamW
     weight_decay: float = 0.1  # applied to >= 2-D parameters only
     beta1: float = 0.9
@@ -141,6 +145,12 @@ class TrainConfig:
             isinstance(self.ckpt_every_s, (int, float)) and not isinstance(self.ckpt_every_s, bool)
             and self.ckpt_every_s >= 0,
             f"TrainConfig.ckpt_every_s must be a number of seconds >= 0 (0: off), got {self.ckpt_every_s!r}",
+        )
+        _check(
+            self.time_budget_s is None
+            or (isinstance(self.time_budget_s, (int, float)) and not isinstance(self.time_budget_s, bool)
+                and self.time_budget_s > 0),
+            f"TrainConfig.time_budget_s must be None or a number of seconds > 0, got {self.time_budget_s!r}",
         )
         _check(
             _is_int(self.warmup_steps) and self.warmup_steps >= 0,
@@ -274,6 +284,10 @@ def preset(name: str, **overrides: Any) -> TrainConfig:
 # What the pipeline's LM stage takes: a preset, the run length and a few overrides. It is
 # the one place their defaults live (CLI options, flow parameters and deployments derive
 # from these fields); `train_config()` turns it into the full `TrainConfig`.
+# The run length is a cap and a time budget: `steps` at most, planned down to what fits in
+# `minutes` (see `plan_steps` in train.py). The default, 1 minute of the "small" model, keeps
+# `tokenmill run` (everything, fixed costs included) well within 90 s on an idle 2-core
+# machine: ~200 steps there, the whole 400 on a faster one.
 from typing import Annotated, Literal  # noqa: E402
 
 from pipeline_lib.config import STRICT, doc  # noqa: E402
@@ -287,7 +301,12 @@ class LMConfig:
     __pydantic_config__ = STRICT
 
     preset: Annotated[Literal["tiny", "small", "gpt2-124m"], doc("model size and recipe")] = "small"
-    steps: Annotated[int | None, doc("optimizer steps (none: the preset's own)")] = 400
+    steps: Annotated[int | None, doc("optimizer steps, at most (none: the preset's own)")] = 400
+    minutes: Annotated[
+        float | None,
+        doc("time budget of the LM training: after a few measured steps the run is planned to the step count "
+            "that fits (at most --lm-steps) and the LR schedule completes there (none: all the steps)"),
+    ] = 1.0
     device: Annotated[str, doc("auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N, mps")] = "auto"
     seed: Annotated[int, doc("seed for model init, dropout and data order")] = 1337
     n_layer: Annotated[int | None, doc("override the preset's n_layer (transformer blocks)")] = None
@@ -299,6 +318,8 @@ class LMConfig:
     def __post_init__(self) -> None:
         if self.steps is not None and (not _is_int(self.steps) or self.steps < 1):
             raise ConfigError(f"steps={self.steps!r}: the LM needs at least 1 optimizer step")
+        if self.minutes is not None and not (isinstance(self.minutes, (int, float)) and self.minutes > 0):
+            raise ConfigError(f"minutes={self.minutes!r}: the LM time budget must be > 0 minutes (or none)")
         try:
             self.train_config()
         except ValueError as e:
@@ -308,6 +329,7 @@ class LMConfig:
         """The full training config: the preset with these overrides. A short run gets a
         proportionate eval/checkpoint cadence and warmup."""
         overrides = {k: getattr(self, k) for k in MODEL_OVERRIDES if getattr(self, k) is not None}
+        overrides["time_budget_s"] = None if self.minutes is None else float(self.minutes) * 60.0
         if self.steps is None:
             return preset(self.preset, device=self.device, seed=self.seed, **overrides)
         steps = self.steps

@@ -6,6 +6,8 @@
 * Attention is `F.scaled_dot_product_attention(..., is_causal=True)` (flash / memory
   efficient kernels on GPU, a fused math kernel on CPU).
 * The output projection shares its weight with the token embedding (weight tying).
+* Generation passes a `KVCache`: the keys and values of the positions seen so far are
+  kept per block, so each new token costs one position's forward pass, not the context's.
 * GPT-2 initialisation: N(0, 0.02) everywhere, zero biases, and the residual output
   projections (`c_proj`) scaled by 1/sqrt(2 * n_layer).
 """
@@ -21,6 +23,37 @@ from torch.nn import functional as F
 from pipeline_lib.lm.config import GPTConfig
 
 
+class LayerCache:
+    """One block's keys and values so far, (B, n_head, T, head_dim) each, for generation."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new positions' keys and values; returns all of them."""
+        if self.k is not None and self.v is not None:
+            k, v = torch.cat((self.k, k), dim=2), torch.cat((self.v, v), dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+
+class KVCache:
+    """Every block's keys and values of the positions fed so far (positions 0..len-1).
+
+    Pass the same cache to successive `GPT.forward` calls with the new tokens only: they
+    are placed after the cached positions, and the result is the same as running the
+    model on the whole sequence. It holds at most block_size positions.
+    """
+
+    def __init__(self, n_layer: int) -> None:
+        self.layers = [LayerCache() for _ in range(n_layer)]
+
+    def __len__(self) -> int:
+        k = self.layers[0].k
+        return 0 if k is None else k.size(2)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -31,15 +64,22 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         # (B, T, C) -> (B, n_head, T, head_dim)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if cache is not None:  # attend to the cached positions too
+            k, v = cache.extend(k, v)
+        S = k.size(2)  # positions attended to: the T new ones last
+        mask = None
+        if T > 1 and S > T:  # new query i sees every cached position and new ones up to i
+            mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=T > 1 and S == T,  # one new query (generation) needs no mask
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
         return self.resid_dropout(self.c_proj(y))
@@ -65,8 +105,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -105,21 +145,27 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        reduction: str = "mean",
+        cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx, targets: (B, T) int64. Returns (logits, loss).
 
         With targets: logits for every position, (B, T, vocab), and the cross entropy
         (fp32) with `reduction` ("mean", "sum" or "none"). Without: logits for the last
         position only, (B, 1, vocab) — all that sampling needs — and loss None.
+        With a `cache`, idx holds the tokens that follow the cached ones (see `KVCache`).
         """
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)
+        past = len(cache) if cache is not None else 0
+        if past + T > self.config.block_size:
+            raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
-            x = block(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, cache.layers[i] if cache is not None else None)
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None

@@ -68,7 +68,9 @@ def metrics(result: TrainResult) -> dict[str, Any]:
         "final_val_loss": _num(result.final_val_loss),
         "best_val_loss": min(vals) if vals else None,
         "val_bpb": _num(result.val_bpb),
-        "steps": result.steps,
+        "steps": result.steps,  # reached
+        "planned_steps": result.max_steps,  # the run's length: max_steps, or the time budget's plan
+        "planned_by_time_budget": result.planned_by_budget,
         "tokens_per_s": _num(result.tokens_per_s),
         "mfu": _num(result.mfu),
         "n_params": result.n_params,

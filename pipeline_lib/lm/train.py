@@ -25,6 +25,18 @@ ranks through the per-step loss all-reduce), and at the last step; the newest `k
 are kept. Saving reads the RNG states without drawing from them, so the cadence never
 changes the result.
 
+Time budget (`TrainConfig.time_budget_s`): the first steps are a calibration (at most
+`CALIBRATION_STEPS`, and within warmup + 1 steps, whose learning rates do not depend on
+the run length). After them the run commits to a step count, `plan_steps`: the most
+(up to max_steps) whose remaining steps and evaluations fit in what is left of the
+budget at the measured seconds per step and per evaluation. The schedule is stretched
+over that count (`stretch_schedule`: same warmup, cosine decay ending at the new last
+step), so the weights are those of a run configured with that many steps from the
+start. The plan is decided once: rank 0 decides, every rank follows; it is written to
+``plan.json`` in out_dir and into every later checkpoint (``planned_steps``), and a
+resumed run takes it from there instead of measuring again. Which count a budget buys
+depends on the machine, so the step count reached is part of what a run publishes.
+
 Self-healing resume: the newest checkpoint that passes its marker's sha256 checks and
 parses is used; a corrupt one is moved aside (``.corrupt-ckpt_*``) with a warning on the
 "tokenmill.lm" logger naming the fallback (the previous checkpoint, or a fresh start).
@@ -37,6 +49,7 @@ write the same bytes. Timings stay in `TrainResult` and the log.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import math
@@ -78,6 +91,9 @@ EventFn = Callable[[dict[str, Any]], None]
 
 _log = logging.getLogger("tokenmill.lm")
 _clock = time.monotonic  # the checkpoint time cadence's clock (a module global for tests)
+_budget_clock = time.monotonic  # the time budget's clock (likewise)
+CALIBRATION_STEPS = 10  # most steps measured before a time-budgeted run is planned
+PLAN_FILE = "plan.json"  # in out_dir: the step plan of a time-budgeted run
 
 # History entry keys that measure the run rather than the model: kept in memory and in the
 # log, stripped from every file (checkpoints, published history) by `versioned_history`.
@@ -102,7 +118,7 @@ PEAK_FLOPS_BF16: list[tuple[str, float]] = [
 
 @dataclass
 class TrainResult:
-    final_train_loss: float | None  # mean loss of the last optimizer step
+    final_train_loss: float | None  # train split at the last step, on eval_iters fixed batches like val
     final_val_loss: float | None  # last evaluation (None if there is no val split)
     val_bpb: float | None  # bits per byte at the last evaluation
     steps: int  # optimizer steps completed (including those before a resume)
@@ -114,6 +130,8 @@ class TrainResult:
     device: str = "cpu"
     messages: list[str] = field(default_factory=list)  # warnings about the data (e.g. empty val split)
     run_messages: list[str] = field(default_factory=list)  # about this invocation (resume fallbacks)
+    max_steps: int | None = None  # the step count the run was planned to (the budget's plan, else max_steps)
+    planned_by_budget: bool = False  # max_steps came from the time budget's plan
 
 
 # -- small pieces ------------------------------------------------------------------------
@@ -128,6 +146,73 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     ratio = (step - cfg.warmup_steps) / (cfg.decay_steps - cfg.warmup_steps)
     coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
     return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
+
+
+def plan_steps(
+    cfg: TrainConfig, *, done: int, elapsed_s: float, step_s: float, eval_s: float, evals: bool = True
+) -> int:
+    """The step count a time-budgeted run commits to, `done` steps and `elapsed_s` seconds in.
+
+    The largest count up to cfg.max_steps for which the remaining steps (`step_s` each)
+    and evaluations (`eval_s` each: every eval_interval steps when `evals`, at the last
+    step, and the train split's at the last step) fit in what is left of
+    cfg.time_budget_s. At least 2 * (warmup_steps + 1), a decay as long as the warmup, so
+    the schedule completes even when a budget too small for that is overrun.
+    """
+    if cfg.time_budget_s is None:
+        raise ValueError("plan_steps needs a TrainConfig with time_budget_s")
+    left = cfg.time_budget_s - elapsed_s
+    every = cfg.eval_interval
+
+    def cost(n: int) -> float:
+        n_evals = (n // every - done // every + (n % every != 0)) if evals else 0
+        return (n - done) * step_s + (n_evals + 1) * eval_s
+
+    lo, hi = min(cfg.max_steps, max(done, 2 * (cfg.warmup_steps + 1))), cfg.max_steps
+    if cost(lo) > left:
+        return lo
+    while lo < hi:  # cost grows with n: the largest n that fits
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if cost(mid) <= left else (lo, mid - 1)
+    return lo
+
+
+def stretch_schedule(cfg: TrainConfig, steps: int) -> TrainConfig:
+    """`cfg` planned to `steps` optimizer steps: the same warmup, and the cosine decay
+    ending at the new last step (an explicit lr_decay_steps is scaled with the run)."""
+    if steps == cfg.max_steps:
+        return cfg
+    decay = None
+    w = cfg.warmup_steps
+    if cfg.lr_decay_steps is not None and cfg.max_steps > w:
+        decay = w + max(1, round((cfg.lr_decay_steps - w) * max(0, steps - w) / (cfg.max_steps - w)))
+    return cfg.replace(max_steps=steps, lr_decay_steps=decay)
+
+
+def _plan_key(cfg: TrainConfig, world_size: int) -> str:
+    blob = json.dumps({"train_config": cfg.versioned_dict(), "world_size": world_size}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _read_plan(out_dir: Path, key: str) -> dict[str, Any] | None:
+    """The plan recorded in out_dir by an earlier run of the same config, if any."""
+    try:
+        plan = json.loads((out_dir / PLAN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(plan, dict) and plan.get("key") == key and _is_pos_int(plan.get("planned_steps"))
+    return plan if ok else None
+
+
+def _is_pos_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def _write_plan(out_dir: Path, plan: dict[str, Any]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{PLAN_FILE}.tmp-{os.getpid()}"
+    tmp.write_bytes(_json_bytes(plan))
+    os.replace(tmp, out_dir / PLAN_FILE)
 
 
 def bits_per_byte(nats: float, n_bytes: float) -> float:
@@ -380,6 +465,8 @@ def _fmt(entry: dict[str, Any], max_steps: int) -> str:
     parts = [f"step {entry['step']:>6}/{max_steps}"]
     if entry.get("train_loss") is not None:
         parts.append(f"train loss {entry['train_loss']:.4f}")
+    if entry.get("train_eval_loss") is not None:
+        parts.append(f"train split {entry['train_eval_loss']:.4f}")
     if entry.get("val_loss") is not None:
         bpb = entry.get("val_bpb")
         parts.append(f"val loss {entry['val_loss']:.4f}" + (f" bpb {bpb:.4f}" if bpb is not None else ""))
@@ -412,9 +499,11 @@ def train(
     and on_step(entry) each step, after that step's checkpoint (rank 0).
     resume: overrides train_config.resume — continue from out_dir's latest complete checkpoint.
     """
+    t_start = _budget_clock()
     d = _setup_dist(train_config)
     try:
         return _train(
+            t_start,
             train_config,
             Path(data_dir),
             Path(out_dir),
@@ -431,6 +520,7 @@ def train(
 
 
 def _train(
+    t_start: float,
     cfg: TrainConfig,
     data_dir: Path,
     out_dir: Path,
@@ -555,6 +645,25 @@ def _train(
             )
             torch.manual_seed(cfg.seed + d.rank + 7919 * start_step)
 
+    # -- the step plan: max_steps, or (time budget) the count a calibration chose, once
+    budget = cfg.time_budget_s
+    plan_key = _plan_key(cfg, d.world_size)
+    planned: int | None = None
+    if budget is not None:
+        saved = ckpt.state.get("planned_steps") if ckpt is not None else None
+        if _is_pos_int(saved):
+            planned = saved
+        elif resume:
+            plan = _read_plan(out_dir, plan_key)
+            planned = plan["planned_steps"] if plan is not None else None
+        if d.enabled:  # every rank follows rank 0's plan
+            planned = _broadcast_int(planned or 0, d, device) or None
+        if planned is not None:
+            emit(f"time budget: continuing the recorded plan of {planned} steps")
+    run_cfg = stretch_schedule(cfg, planned) if planned is not None else cfg
+    # Steps measured before planning; their learning rates are the same under any plan.
+    cal_end = min(cfg.max_steps, max(min(cfg.warmup_steps + 1, CALIBRATION_STEPS), start_step + 1))
+
     n_params = raw_model.num_params()
     tokens_per_step = cfg.batch_size * mcfg.block_size * cfg.grad_accum_steps * d.world_size
     flops_per_token = raw_model.flops_per_token()
@@ -567,15 +676,15 @@ def _train(
         + (f" | resuming at step {start_step} from {ckpt.path}" if ckpt is not None else "")
     )
 
-    def run_eval() -> dict[str, Any]:
+    def run_eval(regions: list[Region] = split.val, stream: int = 1) -> dict[str, Any]:
         return evaluate(
             eval_model,
             shards,
-            split.val,
+            regions,
             block_size=mcfg.block_size,
             batch_size=cfg.batch_size,
             eval_iters=cfg.eval_iters,
-            seed=[cfg.seed, d.rank, 1],
+            seed=[cfg.seed, d.rank, stream],
             device=device,
             autocast=autocast,
             token_byte_lengths=tbl,
@@ -601,7 +710,8 @@ def _train(
                 "trainer_state.json": _json_bytes(
                     {
                         "step": step,
-                        "lr": lr_at(step, cfg),
+                        "lr": lr_at(step, run_cfg),
+                        "planned_steps": planned,  # the time budget's plan (None: max_steps)
                         # only what decides the weights: no paths, timings or run-only settings
                         "train_config": cfg.versioned_dict(),
                         "model_config": mcfg.to_dict(),
@@ -635,26 +745,35 @@ def _train(
             dist.barrier()
         return path
 
+    def event(entry: dict[str, Any]) -> dict[str, Any]:  # for on_eval / on_step: with the planned total
+        return {**entry, "max_steps": run_cfg.max_steps}
+
     last_ckpt: Path | None = ckpt.path if ckpt is not None else None
+    eval_s: float | None = None  # one evaluation's seconds, for the time budget's plan
     if start_step == 0 and has_val:
-        entry = {"step": 0, "train_loss": None, "lr": lr_at(0, cfg), "tokens_per_s": None, "mfu": None}
+        entry = {"step": 0, "train_loss": None, "lr": lr_at(0, run_cfg), "tokens_per_s": None, "mfu": None}
+        t_eval = _budget_clock()
         entry.update({k: v for k, v in run_eval().items() if k in ("val_loss", "val_bpb")})
+        eval_s = _budget_clock() - t_eval
         history.append(entry)
-        emit(_fmt(entry, cfg.max_steps))
+        emit(_fmt(entry, run_cfg.max_steps))
         if master and on_eval is not None:
-            on_eval(dict(entry))
+            on_eval(event(entry))
 
     # -- train
     model.train()
     step = start_step
     timed_tokens, timed_s = 0, 0.0
-    every_steps, every_s = cfg.ckpt_steps, float(cfg.ckpt_every_s)
+    every_steps, every_s = run_cfg.ckpt_steps, float(cfg.ckpt_every_s)
     last_save_t = _clock()
-    while step < cfg.max_steps:
-        lr = lr_at(step, cfg)
+    step_starts: list[float] = []  # when this invocation's steps began, until the plan is made
+    while step < run_cfg.max_steps:
+        lr = lr_at(step, run_cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
         t0 = time.perf_counter()
+        if budget is not None and planned is None:
+            step_starts.append(_budget_clock())
         loss_sum = torch.zeros((), device=device)
         for micro in range(cfg.grad_accum_steps):
             x, y = _to_batch(train_sampler.next_batch(), device)
@@ -685,6 +804,16 @@ def _train(
         step += 1
         if not math.isfinite(train_loss):
             raise FloatingPointError(f"non-finite training loss {train_loss} at step {step}")
+        if budget is not None and planned is None and step >= cal_end:
+            # A step's time is start to start: its logging, callbacks and checkpoints count too.
+            now = _budget_clock()
+            step_times = [b - a for a, b in zip(step_starts, [*step_starts[1:], now])]
+            planned = _make_plan(
+                cfg, d, device, out_dir, plan_key, emit, done=step, elapsed_s=now - t_start,
+                step_times=step_times, eval_s=eval_s, evals=has_val,
+            )
+            run_cfg = stretch_schedule(cfg, planned)
+            every_steps = run_cfg.ckpt_steps
         if step > start_step + 1 or cfg.max_steps - start_step == 1:  # skip the warm-up step
             timed_tokens += tokens_per_step
             timed_s += dt
@@ -698,27 +827,32 @@ def _train(
             "tokens_per_s": tps,
             "mfu": flops_per_token * tps / (peak * d.world_size) if peak else None,
         }
-        last = step == cfg.max_steps
+        last = step == run_cfg.max_steps
         evaluated = False
         if has_val and (step % cfg.eval_interval == 0 or last):
             entry.update({k: v for k, v in run_eval().items() if k in ("val_loss", "val_bpb")})
             evaluated = True
+        if last:  # the train split on fixed batches too, comparable with val (not one batch)
+            ev = run_eval(split.train, 2)
+            entry.update(train_eval_loss=ev["val_loss"], train_eval_bpb=ev["val_bpb"])
+            evaluated = True
         if step % cfg.log_interval == 0 or evaluated or last:
             history.append(entry)
-            emit(_fmt(entry, cfg.max_steps))
+            emit(_fmt(entry, run_cfg.max_steps))
         if evaluated and master and on_eval is not None:
-            on_eval(dict(entry))
+            on_eval(event(entry))
         if step % every_steps == 0 or last or time_due:
             last_ckpt = save(step) or last_ckpt
             last_save_t = _clock()
         if master and on_step is not None:
-            on_step(dict(entry))
+            on_step(event(entry))
 
     tokens_per_s = timed_tokens / timed_s if timed_s > 0 else None
-    train_entries = [h for h in history if h.get("train_loss") is not None]
+    train_evals = [h["train_eval_loss"] for h in history if h.get("train_eval_loss") is not None]
+    train_losses = [h["train_loss"] for h in history if h.get("train_loss") is not None]
     val_entries = [h for h in history if h.get("val_loss") is not None]
     return TrainResult(
-        final_train_loss=train_entries[-1]["train_loss"] if train_entries else None,
+        final_train_loss=(train_evals or train_losses or [None])[-1],
         final_val_loss=val_entries[-1]["val_loss"] if val_entries else None,
         val_bpb=val_entries[-1]["val_bpb"] if val_entries else None,
         steps=step,
@@ -730,4 +864,45 @@ def _train(
         device=str(device),
         messages=messages,
         run_messages=run_messages,
+        max_steps=run_cfg.max_steps,
+        planned_by_budget=planned is not None,
     )
+
+
+def _make_plan(
+    cfg: TrainConfig,
+    d: _Dist,
+    device: torch.device,
+    out_dir: Path,
+    key: str,
+    emit: LogFn,
+    *,
+    done: int,
+    elapsed_s: float,
+    step_times: list[float],
+    eval_s: float | None,
+    evals: bool,
+) -> int:
+    """Commit a time-budgeted run to its step count (rank 0 decides; recorded in out_dir)."""
+    # The first step of a process pays one-off costs (allocations, kernel selection).
+    timed = step_times[1:] or step_times
+    step_s = sum(timed) / len(timed)
+    if eval_s is None:  # resumed before any evaluation of this process: a forward pass is ~1/3 of a step
+        eval_s = step_s * cfg.eval_iters / 3
+    planned = plan_steps(cfg, done=done, elapsed_s=elapsed_s, step_s=step_s, eval_s=eval_s, evals=evals)
+    if d.enabled:
+        planned = _broadcast_int(planned, d, device)
+    if d.rank == 0:
+        plan = {
+            "key": key, "planned_steps": planned, "max_steps": cfg.max_steps, "time_budget_s": cfg.time_budget_s,
+            "calibration_steps": done, "elapsed_s": round(elapsed_s, 3), "step_s": round(step_s, 5),
+            "eval_s": round(eval_s, 4),
+        }
+        _write_plan(out_dir, plan)
+        need = elapsed_s + (planned - done) * step_s
+        over = f" (~{need:.0f} s: the shortest complete schedule overruns the budget)" if need > (cfg.time_budget_s or 0) else ""
+        emit(
+            f"time budget {cfg.time_budget_s:g} s: {elapsed_s:.1f} s used, {step_s:.3f} s/step, {eval_s:.2f} s/eval "
+            f"-> {planned} of at most {cfg.max_steps} steps, LR schedule stretched to end there{over}"
+        )
+    return planned

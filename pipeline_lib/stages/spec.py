@@ -1,0 +1,238 @@
+"""One `Stage` spec per stage, and the one engine that runs them all (no Prefect here).
+
+A stage declares what it makes and from what; the engine does the rest, the same way for
+every stage:
+
+    version id = version_id(kind, {input: ref.key}, params(config), code_version(*code))
+    reuse it if the store holds it and it is sound (`store.produce` -> `usable`)
+    else claim it, stage the files (`run`), publish the manifest (parents, params, code)
+
+A mapped stage also declares `units`: one unit of work per corpus shard, each written into
+the output's staging area under a claim of its own with a completion record (`mark_done`)
+last, so a killed run resumes with the shards it had not finished; its `run` then reads the
+records and returns what to publish.
+
+Two stages predate the spec and publish by themselves (corpus sharding, LM training): their
+code lives in modules that are part of their own code version, so moving it would change
+their ids. They are declared with ``publishes=True``; the engine calls them (they claim and
+reuse through `store.produce` themselves) and checks that they published the version the
+spec declares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline_lib.errors import InputError, StoreError
+from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef, version_id
+from pipeline_lib.version import code_version
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a stage's `run` staged: the files to publish (name -> FileInfo) and the manifest's meta."""
+
+    files: Mapping[str, FileInfo]
+    meta: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a stage's `run` (or one unit of a mapped stage) works with."""
+
+    store: ArtifactStore
+    inputs: Mapping[str, VersionRef]
+    config: Any
+    version: str | None  # None: a content-addressed stage, whose id its run computes
+    code_version: str
+    staging: Staging | None = None  # the output's staging area (None for publishes=True stages)
+    unit: str | None = None  # a unit's name ("shard_000003") and index, for a unit of work
+    index: int | None = None
+    records: tuple[dict[str, Any], ...] = ()  # a mapped stage's unit records, in unit order
+    progress: Callable[[int, int], None] | None = None  # (done, total), for long runs
+    log: Callable[[str], None] | None = None
+
+
+def config_params(config: Any) -> Mapping[str, Any]:
+    return config.params()
+
+
+def corpus_shard_count(store: ArtifactStore, inputs: Mapping[str, VersionRef]) -> int:
+    corpus = inputs["corpus"]
+    return len(store.manifest(corpus.kind, corpus.version)["meta"]["shards"])
+
+
+@dataclass(frozen=True)
+class Units:
+    """The per-shard work of a mapped stage, done before its `run` publishes.
+
+    `run(ctx)` writes unit `ctx.index` into `ctx.staging` and returns its completion record
+    (a JSON-able dict); `count(store, inputs)` is how many units there are.
+    """
+
+    name: str
+    run: Callable[[Context], dict[str, Any]]
+    count: Callable[[ArtifactStore, Mapping[str, VersionRef]], int] = corpus_shard_count
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage: its output kind, its inputs (parent names), its config type and the code
+    modules its output depends on (hashed into the code version), and its `run`.
+
+    name: the stage's name in the flow (the Prefect task's name).
+    params: the config's part of the version id (default: ``config.params()``); None for a
+        content-addressed stage (download), whose id hashes what its run fetched.
+    fingerprint: for a content-addressed stage, what identifies its output before it runs
+        (for caching); it may raise InputError when that cannot be known (the run reports).
+    publishes: `run(ctx)` stages and publishes by itself and returns the ref (see module doc);
+        otherwise it returns an `Output` and the engine publishes it.
+    """
+
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    config: type
+    code: tuple[str, ...]
+    run: Callable[[Context], Output | VersionRef]
+    units: Units | None = None
+    params: Callable[[Any], Mapping[str, Any]] | None = config_params
+    fingerprint: Callable[[Any], Any] | None = None
+    publishes: bool = False
+
+    def code_version(self) -> str:
+        return code_version(*self.code)
+
+    def version(self, inputs: Mapping[str, VersionRef], config: Any) -> str | None:
+        """The output's version id for these inputs and config (None: content-addressed)."""
+        inputs = check_inputs(self, inputs)
+        if self.params is None:
+            return None
+        return version_id(self.kind, {name: ref.key for name, ref in inputs.items()}, dict(self.params(config)), self.code_version())
+
+
+def check_inputs(stage: Stage, inputs: Mapping[str, VersionRef]) -> dict[str, VersionRef]:
+    if set(inputs) != set(stage.inputs):
+        raise InputError(f"stage {stage.name} takes the inputs {list(stage.inputs)}, got {sorted(inputs)}")
+    for name, ref in inputs.items():
+        if not isinstance(ref, VersionRef):
+            raise InputError(f"stage {stage.name}: input {name!r} must be a VersionRef, got {type(ref).__name__}")
+    return {name: inputs[name] for name in stage.inputs}
+
+
+def cache_identity(stage: Stage, inputs: Mapping[str, VersionRef], config: Any) -> str | None:
+    """What names this stage's output before it runs: its version id, or for a
+    content-addressed stage a hash of its fingerprint and code version. None when it cannot
+    be known (an unreachable source): nothing to reuse."""
+    version = stage.version(inputs, config)
+    if version is not None:
+        return version
+    if stage.fingerprint is None:
+        return None
+    try:
+        fingerprint = stage.fingerprint(config)
+    except InputError:
+        return None
+    payload = json.dumps([stage.kind, fingerprint, stage.code_version()], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def unit_name(index: int) -> str:
+    return f"shard_{index:06d}"
+
+
+def unit_count(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef]) -> int:
+    if stage.units is None:
+        raise InputError(f"stage {stage.name} is not a mapped stage")
+    return stage.units.count(store, check_inputs(stage, inputs))
+
+
+# --------------------------------------------------------------------------- the engine
+def produce(
+    stage: Stage,
+    store: ArtifactStore,
+    inputs: Mapping[str, VersionRef],
+    config: Any,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> VersionRef:
+    """The stage's output for `inputs` and `config`: reused if the store holds it (sound),
+    else made under the claim and published. For a mapped stage every unit must be done."""
+    inputs = check_inputs(stage, inputs)
+    version = stage.version(inputs, config)
+    code = stage.code_version()
+    if stage.publishes:
+        ref = stage.run(Context(store, inputs, config, version, code, progress=progress, log=log))
+        if not isinstance(ref, VersionRef) or ref.kind != stage.kind or (version is not None and ref.version != version):
+            got = ref.key if isinstance(ref, VersionRef) else type(ref).__name__
+            raise StoreError(f"stage {stage.name} published {got}, its spec declares {stage.kind}/{version}: the spec's inputs, params or code modules disagree with the stage's code")
+        return ref
+    if version is None:
+        raise InputError(f"stage {stage.name} is content-addressed: it must publish by itself (publishes=True)")
+
+    def make() -> VersionRef:
+        staging = store.stage(stage.kind, version)
+        records = _unit_records(stage, store, inputs, staging) if stage.units is not None else ()
+        out = stage.run(Context(store, inputs, config, version, code, staging, records=records, progress=progress, log=log))
+        if not isinstance(out, Output):
+            raise TypeError(f"stage {stage.name}: run returned {type(out).__name__}, not an Output")
+        # The unit parts a mapped stage left in staging and did not list are dropped by
+        # publish (deleting them here would pull them from under a concurrent run).
+        return store.publish(staging, files=out.files, parents=inputs, params=dict(stage.params(config)), code_version=code, meta=out.meta)
+
+    return store.produce(stage.kind, version, make)
+
+
+def _unit_records(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], staging: Staging) -> tuple[dict[str, Any], ...]:
+    records = []
+    for i in range(stage.units.count(store, inputs)):
+        record = staging.done(unit_name(i))
+        if record is None:
+            raise InputError(f"{stage.kind}/{staging.version}: shard {i} is not done yet: run {stage.units.name} for every shard first")
+        records.append(record)
+    return tuple(records)
+
+
+def _unit_state(stage: Stage, store: ArtifactStore, version: str, index: int) -> tuple[Staging | None, dict[str, Any] | None]:
+    """(staging area, completion record or None) of one unit; no staging once published."""
+    if store.usable(stage.kind, version):
+        return None, {"shard": index, "cached": True}
+    staging = store.stage(stage.kind, version)
+    return staging, staging.done(unit_name(index))
+
+
+def run_unit(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any, index: int) -> dict[str, Any]:
+    """One unit of a mapped stage: a finished unit is skipped; otherwise its work writes it
+    into the staging area under a claim, so two runs never do the same unit at once, and
+    its completion record is written last."""
+    if stage.units is None:
+        raise InputError(f"stage {stage.name} is not a mapped stage")
+    inputs = check_inputs(stage, inputs)
+    version = stage.version(inputs, config)
+    unit = unit_name(index)
+    staging, done = _unit_state(stage, store, version, index)
+    if done is not None:
+        return done
+    with store.claim(stage.kind, f"{version}.{unit}"):
+        staging, done = _unit_state(stage, store, version, index)  # finished by the run we waited for?
+        if done is not None:
+            return done
+        record = stage.units.run(Context(store, inputs, config, version, stage.code_version(), staging, unit=unit, index=index))
+        staging.mark_done(unit, record)
+        return record
+
+
+def unit_present(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any, index: int) -> bool:
+    """Whether unit `index` needs no work: the output is published, or the unit is staged."""
+    version = stage.version(inputs, config)
+    return store.usable(stage.kind, version) or store.stage(stage.kind, version).done(unit_name(index)) is not None
+
+
+def output_current(store: ArtifactStore, ref: VersionRef) -> bool:
+    """Whether the store still holds `ref` (sound, and the very manifest it points to)."""
+    return store.usable(ref.kind, ref.version) and store.check_ref(ref)

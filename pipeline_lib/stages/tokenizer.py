@@ -1,0 +1,89 @@
+"""Stage: learn BPE merges from a counts version; publish the tokenizer files."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Annotated, Any
+
+from pipeline_lib import counting
+from pipeline_lib.config import STRICT, doc
+from pipeline_lib.counting import COUNTS_FILE
+from pipeline_lib.fsio import InputError
+from pipeline_lib.report import notable_tokens
+from pipeline_lib.stages import spec
+from pipeline_lib.stages.spec import Context, Output, Stage
+from pipeline_lib.store import ArtifactStore, VersionRef
+from pipeline_lib.tokenizer import ENDOFTEXT, META_FILE, RANKS_FILE, Tokenizer
+
+TOKENIZER_KIND = "tokenizer"
+# This module (the stage's code), the tokenizer and its reference implementation; with the
+# compiled core, code_version adds the core's source hash (pipeline_lib.version).
+TOKENIZER_MODULES = ("pipeline_lib.tokenizer", "pipeline_lib.bpe_reference", "pipeline_lib.stages.tokenizer")
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    __pydantic_config__ = STRICT
+
+    vocab_size: Annotated[int, doc("total ids: 256 bytes + merges + special tokens")] = 4096
+    special_tokens: Annotated[tuple[str, ...], doc("special tokens, appended after the merges in this order")] = (ENDOFTEXT,)
+    min_frequency: Annotated[int, doc("stop merging when the best pair occurs fewer times")] = 2
+
+    def __post_init__(self):
+        if self.vocab_size < 256 + len(self.special_tokens):
+            raise InputError(f"vocab_size={self.vocab_size} is too small: need at least 256 + {len(self.special_tokens)} special token(s)")
+        if self.vocab_size > 1 << 31:
+            raise InputError(f"vocab_size={self.vocab_size} is too large")
+        if len(set(self.special_tokens)) != len(self.special_tokens):
+            raise InputError(f"duplicate special tokens in {self.special_tokens}")
+        if self.min_frequency < 1:
+            raise InputError("min_frequency must be at least 1")
+
+    def params(self) -> dict[str, Any]:
+        return {**asdict(self), "special_tokens": list(self.special_tokens)}
+
+
+def tokenizer_files(tok: Tokenizer) -> dict[str, bytes]:
+    return {RANKS_FILE: tok.ranks_text(), META_FILE: json.dumps(tok.metadata(), indent=2, ensure_ascii=False).encode()}
+
+
+def load_tokenizer(store: ArtifactStore, ref: VersionRef) -> Tokenizer:
+    return Tokenizer.load(store.local_dir(ref.kind, ref.version))
+
+
+def _learn(ctx: Context) -> Output:
+    counts, config = ctx.inputs["counts"], ctx.config
+    cmeta = ctx.store.manifest(counts.kind, counts.version)
+    path = os.path.join(ctx.store.local_dir(counts.kind, counts.version), COUNTS_FILE)
+    pieces, cnt = counting.read_counts(path)
+    tok = Tokenizer.train(
+        dict(zip(pieces, cnt.tolist())), config.vocab_size, pattern=cmeta["meta"]["pattern"],
+        special_tokens=config.special_tokens, min_frequency=config.min_frequency, progress=ctx.progress,
+    )
+    files = {name: ctx.staging.put_bytes(name, data) for name, data in tokenizer_files(tok).items()}
+    notable = notable_tokens(tok, 10)
+    meta = {
+        **tok.metadata(),
+        "n_merges": len(tok.merges or []),
+        "requested_vocab_size": config.vocab_size,
+        "first_merges": notable["first"],
+        "last_merges": notable["last"],
+        "longest_tokens": notable["longest"],
+    }
+    return Output(files=files, meta=meta)
+
+
+TOKENIZER = Stage(
+    name="learn_merges", kind=TOKENIZER_KIND, inputs=("counts",), config=TokenizerConfig, code=TOKENIZER_MODULES, run=_learn,
+)
+
+
+def tokenizer_version(counts: VersionRef, config: TokenizerConfig) -> str:
+    return TOKENIZER.version({"counts": counts}, config)
+
+
+def learn_tokenizer(store: ArtifactStore, counts: VersionRef, config: TokenizerConfig, progress=None) -> VersionRef:
+    """Learn merges from a counts version; publish the tokenizer files."""
+    return spec.produce(TOKENIZER, store, {"counts": counts}, config, progress=progress)

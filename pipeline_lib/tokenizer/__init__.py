@@ -1,0 +1,66 @@
+"""`Tokenizer`: byte-level BPE with tiktoken's API and ids, trained here or loaded from files.
+
+Laid out as tiktoken is:
+
+* `core`: the `Tokenizer` class (encoding, decoding; tiktoken's `Encoding` methods), no I/O;
+  which backend runs (`backend`, `backend_info`): the compiled core
+  (`pipeline_lib._tokcore`) when it is built, else the pure-Python `bpe_reference`
+  (``TOKENMILL_PURE_PYTHON=1`` forces it); both give the same ids.
+* `train`: counting pieces on threads (`PieceCounts`, `count_documents`) and learning merges.
+* `load`: ``save`` / ``load`` through fsspec, ``.tiktoken`` ranks files, GPT-2's files.
+* `export`: HF ``tokenizer.json``, a transformers directory, GPT-2's ``vocab.json`` +
+  ``merges.txt``, and `tiktoken.Encoding`.
+* `registry`: ``get_encoding("cl100k_base")``, ``encoding_for_model("gpt-4o")``, from local
+  files only.
+"""
+
+from pipeline_lib.tokenizer import core
+from pipeline_lib.tokenizer.core import (
+    ENDOFTEXT,
+    MAX_TOKEN_BYTES,
+    MAX_VOCAB_SIZE,
+    Tokenizer,
+    UnknownTokenError,
+    backend,
+    backend_info,
+)
+from pipeline_lib.tokenizer.load import (
+    FORMAT,
+    MAX_META_FILE_BYTES,
+    MAX_VOCAB_FILE_BYTES,
+    META_FILE,
+    RANKS_FILE,
+    parse_tiktoken_ranks,
+)
+from pipeline_lib.tokenizer.registry import (
+    UnknownModelError,
+    encoding_for_model,
+    encoding_name_for_model,
+    get_encoding,
+    list_encoding_names,
+)
+from pipeline_lib.tokenizer.train import PieceCounts, count_documents
+
+__all__ = [
+    "ENDOFTEXT",
+    "FORMAT",
+    "MAX_META_FILE_BYTES",
+    "MAX_TOKEN_BYTES",
+    "MAX_VOCAB_FILE_BYTES",
+    "MAX_VOCAB_SIZE",
+    "META_FILE",
+    "RANKS_FILE",
+    "PieceCounts",
+    "Tokenizer",
+    "UnknownModelError",
+    "UnknownTokenError",
+    "backend",
+    "backend_info",
+    "core",
+    "count_documents",
+    "encoding_for_model",
+    "encoding_name_for_model",
+    "get_encoding",
+    "list_encoding_names",
+    "parse_tiktoken_ranks",
+]

@@ -1,0 +1,663 @@
+"""`Tokenizer`: encoding and decoding with tiktoken's `Encoding` API. No I/O here.
+
+The vocabulary is a table of *mergeable ranks* (token bytes -> id), a split pattern and
+special tokens, as in tiktoken. Encoding runs in the compiled core
+(`pipeline_lib._tokcore`) when it is built, else in `bpe_reference` (set
+``TOKENMILL_PURE_PYTHON=1`` to force the reference); both give the same ids.
+
+Training, files and exports live beside this module (`train`, `load`, `export`); the
+`Tokenizer` methods for them (`train`, `save`, `load`, `to_hf_json`, ...) call into them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import regex
+
+from pipeline_lib import bpe_reference as ref
+from pipeline_lib import cancel
+from pipeline_lib.errors import InputError
+from pipeline_lib.patterns import PATTERNS, pattern_string
+
+# Every id (ordinary or special) is below MAX_VOCAB_SIZE: 4,194,304 ids, 20x o200k's. The
+# decoder's tables are per id, so this bounds what a file can make us allocate.
+MAX_VOCAB_SIZE = 1 << 22
+# Longest token: 1 MiB, far beyond any natural token (GPT-2/cl100k/o200k: 128 bytes or
+# less) and the default max_token_bytes of training. The compiled core checks both too.
+MAX_TOKEN_BYTES = 1 << 20
+ENDOFTEXT = "<|endoftext|>"
+
+# tiktoken runs its threads in Rust; ours are the native core's. Same default count.
+DEFAULT_THREADS = 8
+
+
+def _native_core():
+    if os.environ.get("TOKENMILL_PURE_PYTHON"):
+        return None
+    try:
+        from pipeline_lib import _tokcore
+    except ImportError:
+        return None
+    return _tokcore if hasattr(_tokcore, "Encoder") else None
+
+
+# The other modules of the package read `core._CORE` at call time, so a test can swap it.
+_CORE = _native_core()
+if _CORE is not None:
+    cancel.watch(_CORE)
+
+
+def backend() -> Literal["native", "python"]:
+    """Which implementation encodes and trains: the compiled core or the reference."""
+    return "native" if _CORE is not None else "python"
+
+
+def backend_info() -> dict[str, str | None]:
+    """What trains and encodes here, for manifests.
+
+    Returns ``{"backend": "native" | "python", "core_source_hash": ...}``: the sha256 of
+    the C++ sources the compiled core was built from (``_tokcore.CORE_SOURCE_HASH``), or
+    None when the pure-Python reference runs.
+
+    >>> backend_info()["backend"] in ("native", "python")
+    True
+    """
+    if _CORE is None:
+        return {"backend": "python", "core_source_hash": None}
+    return {"backend": "native", "core_source_hash": _CORE.CORE_SOURCE_HASH}
+
+
+class UnknownTokenError(InputError, KeyError):
+    """A token id, or bytes, that the vocabulary does not have.
+
+    A `KeyError`, as tiktoken raises, and an `InputError` (a `ValueError`), as the rest of
+    tokenmill expects for bad input.
+    """
+
+    __str__ = Exception.__str__  # KeyError's own would quote the message
+
+
+def check_id(value: Any, what: str) -> int:
+    """`value` as an id: an int (a NumPy integer too, never a bool or a float) in [0, MAX_VOCAB_SIZE)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InputError(f"{what}: ids must be integers, got {value!r} ({type(value).__name__})")
+    if not 0 <= value < MAX_VOCAB_SIZE:
+        raise InputError(f"{what}: id {value} is outside [0, {MAX_VOCAB_SIZE}) (MAX_VOCAB_SIZE)")
+    return int(value)
+
+
+def check_token_length(n: int, what: str) -> None:
+    if n > MAX_TOKEN_BYTES:
+        raise InputError(f"{what}: a token of {n} bytes is longer than MAX_TOKEN_BYTES ({MAX_TOKEN_BYTES})")
+
+
+def check_special(tok: Any, i: Any, where: str = "") -> int:
+    """The id of special token `tok`, checked; `where` prefixes messages (a file name)."""
+    what = f"{where}special_tokens[{str(tok)[:40]!r}]"
+    if not isinstance(tok, str) or not tok:
+        raise InputError(f"{what}: a special token must be a non-empty string, got {tok!r}")
+    try:
+        n = len(tok.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InputError(f"{what}: not encodable as UTF-8 ({e.reason})") from None
+    check_token_length(n, what)
+    return check_id(i, what)
+
+
+def _id_list(ids: Iterable[int] | np.ndarray) -> list[int]:
+    """Ids as a list of Python ints: an integer array converts at once, anything else
+    must hold ints (NumPy integers included); floats, strings and bools raise TypeError."""
+    if isinstance(ids, np.ndarray):
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"token ids must be integers, got an array of {ids.dtype}")
+        if ids.ndim != 1:
+            raise ValueError(f"token ids must be one-dimensional, got shape {ids.shape}")
+        return ids.tolist()
+    out = list(ids)
+    if all(type(i) is int for i in out):
+        return out
+    for k, i in enumerate(out):
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"token ids must be integers: ids[{k}] is {i!r} ({type(i).__name__})")
+    return [int(i) for i in out]
+
+
+def _one_id(token: Any) -> int:
+    if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+        raise TypeError(f"a token id must be an integer, got {token!r} ({type(token).__name__})")
+    return int(token)
+
+
+@functools.lru_cache(maxsize=128)
+def _special_regex(tokens: frozenset[str]) -> regex.Pattern:
+    """One regex matching any of `tokens`; the longest first where two start at one place."""
+    return regex.compile("|".join(regex.escape(t) for t in sorted(tokens, key=lambda t: (-len(t), t))))
+
+
+def _disallowed_error(token: str, offset: int) -> ValueError:
+    return ValueError(
+        f"the text contains the special token {token!r} (at offset {offset}), which this call does not allow."
+        f" To encode it as its special id, pass allowed_special={{{token!r}}} (or allowed_special='all');"
+        f" to encode it as plain text, pass disallowed_special=() or leave it out of disallowed_special."
+    )
+
+
+SpecialSet = Literal["all"] | Collection[str]
+
+
+class Tokenizer:
+    """A byte-level BPE tokenizer: mergeable ranks + split pattern + special tokens.
+
+    Its methods are tiktoken's `Encoding` API (same names, arguments, results and
+    policies), plus array paths (`encode_to_numpy`, `encode_ordinary_batch_to_numpy`),
+    training and files. ``Tokenizer(**kwargs)`` also takes tiktoken's constructor keywords
+    (``name``, ``pat_str``, ``mergeable_ranks``, ``special_tokens``, ``explicit_n_vocab``)
+    for the three split patterns the core implements (gpt2/r50k/p50k, cl100k, o200k).
+
+    Policies:
+
+    * Any `str` encodes. Lone surrogates (which UTF-8 cannot carry) become U+FFFD, as
+      tiktoken does; surrogate pairs are joined. Any `bytes` encodes with `encode_bytes`,
+      losslessly, with tiktoken's ids.
+    * Special tokens found in the text are refused unless allowed (tiktoken's rule), see
+      `encode`. Names in ``allowed_special`` that are not special tokens here are ignored.
+    * `decode` replaces invalid UTF-8 with U+FFFD by default (a token boundary can split a
+      character); `decode_bytes` is exact. Ids must be integers (Python ints or a NumPy
+      integer array); floats, strings and bools are refused (TypeError), never cast. An id
+      not in the vocabulary raises `UnknownTokenError` (a KeyError, as in tiktoken).
+    * Limits, checked on every vocabulary however it arrives (files, constructor): ids are
+      ints in ``[0, MAX_VOCAB_SIZE)``, tokens (special ones as UTF-8) are at most
+      ``MAX_TOKEN_BYTES`` long. Two special tokens may share an id (tiktoken's
+      ``o200k_harmony`` does); the first one decodes it.
+    * Long native calls stop on Ctrl-C / SIGTERM and at interpreter exit (`pipeline_lib.cancel`).
+    * Pickles and deep-copies by value (ranks, pattern, special tokens, merges); the
+      native encoder is rebuilt on the other side.
+
+    >>> tok = Tokenizer.train(["hello hello world"], vocab_size=260, pattern="gpt2", special_tokens=())
+    >>> tok.decode(tok.encode("hello world"))
+    'hello world'
+    """
+
+    def __init__(
+        self,
+        mergeable_ranks: Mapping[bytes, int],
+        pattern: str = "cl100k",
+        special_tokens: Mapping[str, int] | None = None,
+        *,
+        merges: Sequence[tuple[int, int, int]] | None = None,
+        name: str = "tokenmill",
+        pat_str: str | None = None,
+        explicit_n_vocab: int | None = None,
+    ):
+        if pat_str is not None:
+            pattern = _pattern_name(pat_str)
+        self.pattern = pattern
+        self.pattern_str = pattern_string(pattern)
+        self.name = name
+        self.mergeable_ranks: dict[bytes, int] = dict(mergeable_ranks)
+        self.special_tokens: dict[str, int] = dict(special_tokens or {})
+        self.merges = list(merges) if merges is not None else None
+        self._validate()
+        self._token_bytes: dict[int, bytes] = {i: b for b, i in self.mergeable_ranks.items()}
+        for tok, i in self.special_tokens.items():
+            self._token_bytes.setdefault(i, tok.encode("utf-8"))  # a shared id decodes to its first name
+        self.max_token_value = max(self._token_bytes)
+        self.vocab_size = self.max_token_value + 1
+        if explicit_n_vocab:
+            if len(self.mergeable_ranks) + len(self.special_tokens) != explicit_n_vocab or self.vocab_size != explicit_n_vocab:
+                raise InputError(
+                    f"explicit_n_vocab={explicit_n_vocab}, but the vocabulary has {len(self.mergeable_ranks)} ordinary and"
+                    f" {len(self.special_tokens)} special tokens, the largest id {self.max_token_value}"
+                )
+        self._special_names = frozenset(self.special_tokens)
+        self._special_ids = frozenset(self.special_tokens.values())
+        self._core, self._encoder = _CORE, None
+        if _CORE is not None:
+            tokens = list(self.mergeable_ranks)
+            ranks = np.fromiter(self.mergeable_ranks.values(), dtype=np.uint32, count=len(tokens))
+            self._encoder = _CORE.Encoder(tokens, ranks, _CORE.PATTERN_IDS[pattern])
+
+    def _validate(self) -> None:
+        ranks = self.mergeable_ranks
+        # Whole-vocabulary checks at C speed first; the slow loops only name the culprit.
+        if ranks and set(map(type, ranks)) != {bytes}:
+            bad = next(t for t in ranks if type(t) is not bytes)
+            raise InputError(f"mergeable_ranks: tokens must be bytes, got {bad!r} ({type(bad).__name__})")
+        if ranks and set(map(type, ranks.values())) != {int}:
+            self.mergeable_ranks = ranks = {t: check_id(i, f"mergeable_ranks[{t!r}]") for t, i in ranks.items()}
+        ids = list(ranks.values())
+        if ids and not (0 <= min(ids) and max(ids) < MAX_VOCAB_SIZE):
+            t, i = next((t, i) for t, i in ranks.items() if not 0 <= i < MAX_VOCAB_SIZE)
+            check_id(i, f"mergeable_ranks[{t!r}]")
+        longest = max(map(len, ranks), default=0)
+        if longest > MAX_TOKEN_BYTES:
+            check_token_length(longest, "mergeable_ranks")
+        missing = [b for b in range(256) if bytes([b]) not in ranks]
+        if missing:
+            raise InputError(f"vocabulary lacks single-byte tokens for bytes {missing[:8]}...: not byte-level, cannot be lossless")
+        id_set = set(ids)
+        if len(id_set) != len(ids):
+            raise InputError("vocabulary has two tokens with the same id")
+        specials = {}
+        for tok, i in self.special_tokens.items():
+            i = specials[tok] = check_special(tok, i)
+            if i in id_set:
+                raise InputError(f"special token {tok!r} has id {i}, which an ordinary token already uses")
+        self.special_tokens = specials
+
+    # tiktoken's private attributes, which its README uses to extend an encoding
+    @property
+    def _pat_str(self) -> str:
+        return self.pattern_str
+
+    @property
+    def _mergeable_ranks(self) -> dict[bytes, int]:
+        return self.mergeable_ranks
+
+    @property
+    def _special_tokens(self) -> dict[str, int]:
+        return self.special_tokens
+
+    # ------------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "mergeable_ranks": self.mergeable_ranks,
+            "pattern": self.pattern,
+            "special_tokens": self.special_tokens,
+            "merges": self.merges,
+            "name": self.name,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # rebuilds the native encoder, which does not pickle
+
+    # ------------------------------------------------------------------ training and files
+    @classmethod
+    def train(
+        cls,
+        counts_or_texts: Mapping[bytes, int] | Iterable[str | bytes],
+        vocab_size: int,
+        pattern: str = "cl100k",
+        special_tokens: Sequence[str] | Mapping[str, int] = (ENDOFTEXT,),
+        min_frequency: int = 1,
+        progress: Callable[[int, int], None] | None = None,
+        workers: int = 0,
+        max_token_bytes: int = MAX_TOKEN_BYTES,
+    ) -> Tokenizer:
+        """Learn a vocabulary of `vocab_size` ids; see `pipeline_lib.tokenizer.train.train_tokenizer`."""
+        from pipeline_lib.tokenizer.train import train_tokenizer
+
+        return train_tokenizer(cls, counts_or_texts, vocab_size, pattern, special_tokens, min_frequency, progress, workers, max_token_bytes)
+
+    def ranks_text(self) -> bytes:
+        """The ``vocab.tiktoken`` file (see `pipeline_lib.tokenizer.load.ranks_text`)."""
+        from pipeline_lib.tokenizer.load import ranks_text
+
+        return ranks_text(self)
+
+    def metadata(self) -> dict[str, Any]:
+        """The ``tokenmill.json`` content (see `pipeline_lib.tokenizer.load.metadata`)."""
+        from pipeline_lib.tokenizer.load import metadata
+
+        return metadata(self)
+
+    def save(self, url: str, **storage_options: Any) -> None:
+        """Write ``vocab.tiktoken`` and ``tokenmill.json`` into the directory `url` (any fsspec URL)."""
+        from pipeline_lib.tokenizer.load import save
+
+        save(self, url, **storage_options)
+
+    @classmethod
+    def load(cls, url: str, **storage_options: Any) -> Tokenizer:
+        """Load a tokenizer saved by `save`, checking the ranks file's sha256 (InputError if not)."""
+        from pipeline_lib.tokenizer.load import load
+
+        return load(cls, url, **storage_options)
+
+    @classmethod
+    def from_tiktoken(cls, path_or_url: str, pattern: str = "cl100k", special_tokens: Mapping[str, int] | None = None, **storage_options: Any) -> Tokenizer:
+        """Load a ``.tiktoken`` ranks file (optionally ``.gz``), e.g. cl100k_base or o200k_base."""
+        from pipeline_lib.tokenizer.load import from_tiktoken
+
+        return from_tiktoken(cls, path_or_url, pattern, special_tokens, **storage_options)
+
+    @classmethod
+    def from_gpt2(cls, encoder_json: str, vocab_bpe: str, pattern: str = "gpt2", **storage_options: Any) -> Tokenizer:
+        """Load GPT-2's ``encoder.json`` + ``vocab.bpe`` (ids equal to tiktoken's ``gpt2``), or
+        the ``vocab.json`` + ``merges.txt`` of `to_gpt2` with the `pattern` it was trained with."""
+        from pipeline_lib.tokenizer.load import from_gpt2
+
+        return from_gpt2(cls, encoder_json, vocab_bpe, pattern, **storage_options)
+
+    def to_hf_json(self, path: str) -> None:
+        """Write a HF ``tokenizer.json`` that `tokenizers.Tokenizer.from_file` loads, with our ids."""
+        from pipeline_lib.tokenizer.export import to_hf_json
+
+        to_hf_json(self, path)
+
+    def to_transformers(self, directory: str, model_max_length: int | None = None, **kwargs: Any) -> None:
+        """Write a directory ``transformers.AutoTokenizer.from_pretrained`` loads, with our ids
+        (see `pipeline_lib.tokenizer.export.to_transformers`)."""
+        from pipeline_lib.tokenizer.export import to_transformers
+
+        to_transformers(self, directory, model_max_length, **kwargs)
+
+    def to_gpt2(self, directory: str, **storage_options: Any) -> None:
+        """Write GPT-2's ``vocab.json`` + ``merges.txt`` into `directory`; `from_gpt2` loads them back."""
+        from pipeline_lib.tokenizer.export import to_gpt2
+
+        to_gpt2(self, directory, **storage_options)
+
+    def to_tiktoken(self):
+        """A `tiktoken.Encoding` with the same ranks, pattern and special tokens."""
+        from pipeline_lib.tokenizer.export import to_tiktoken
+
+        return to_tiktoken(self)
+
+    # ------------------------------------------------------------------ the native paths
+    def _ordinary_array(self, data: bytes) -> np.ndarray:
+        """uint32 ids of bytes, no special tokens; invalid UTF-8 bytes split as characters of their own."""
+        if self._encoder is not None:
+            return self._encoder.encode_ordinary(data)
+        return np.array(ref.encode_ordinary(data, self.mergeable_ranks, self.pattern), dtype=np.uint32)
+
+    def _ordinary_batch(self, docs: list[bytes], num_threads: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._encoder is not None:
+            return self._encoder.encode_ordinary_batch(docs, num_threads)
+        arrays = [self._ordinary_array(d) for d in docs]
+        offsets = np.zeros(len(arrays) + 1, dtype=np.uint64)
+        np.cumsum([len(a) for a in arrays], out=offsets[1:])
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.uint32)
+        return flat.astype(np.uint32, copy=False), offsets
+
+    def _bpe_piece(self, piece: bytes) -> list[int]:
+        if self._encoder is not None:
+            return self._encoder.encode_piece(piece).tolist()
+        return ref.bpe_piece(piece, self.mergeable_ranks)
+
+    def _split(self, data: bytes) -> list[bytes]:
+        if self._core is not None:
+            return self._core.split(data, self._core.PATTERN_IDS[self.pattern])
+        return ref.split_bytes(data, self.pattern)
+
+    # ------------------------------------------------------------------ special tokens
+    def _allowed(self, text_or_texts: str | Sequence[str], allowed_special: SpecialSet, disallowed_special: SpecialSet) -> frozenset[str]:
+        """The special tokens to encode as such; raises if a text holds a disallowed one."""
+        if allowed_special == "all":
+            allowed = self._special_names
+        elif isinstance(allowed_special, str):
+            raise TypeError(f"allowed_special must be 'all' or a collection of strings, got {allowed_special!r}")
+        else:
+            allowed = frozenset(allowed_special) & self._special_names
+        if disallowed_special == "all":
+            disallowed = self._special_names - allowed if allowed else self._special_names  # the cached regex's key
+        elif isinstance(disallowed_special, str):
+            raise TypeError(f"disallowed_special must be 'all' or a collection of strings, got {disallowed_special!r}")
+        else:
+            disallowed = frozenset(disallowed_special)
+        if disallowed:
+            pattern = _special_regex(disallowed)
+            for text in [text_or_texts] if isinstance(text_or_texts, str) else text_or_texts:
+                if found := pattern.search(text):
+                    raise _disallowed_error(found.group(), found.start())
+        return allowed
+
+    def _parts(self, text: str, allowed: frozenset[str]) -> list[str | int]:
+        """`text` cut around the allowed special tokens: ordinary strings and special ids."""
+        parts: list[str | int] = []
+        start = 0
+        for m in _special_regex(allowed).finditer(text):
+            parts.append(text[start : m.start()])
+            parts.append(self.special_tokens[m.group()])
+            start = m.end()
+        parts.append(text[start:])
+        return parts
+
+    # ------------------------------------------------------------------ encoding (tiktoken's API)
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Encode text, treating special-token strings as plain text.
+
+        The same as ``encode(text, disallowed_special=())``.
+        """
+        return self._ordinary_array(ref.utf8(text)).tolist()
+
+    def encode(self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all") -> list[int]:
+        """Encode text into a list of ids.
+
+        Special tokens are refused by default: text that contains one raises, because text
+        from users must not inject control tokens. Pass ``allowed_special={"<|endoftext|>"}``
+        (or ``"all"``) to encode them as special ids, or ``disallowed_special=()`` to encode
+        them as ordinary text. ``disallowed_special`` may also name any other strings to
+        refuse.
+
+        Raises:
+            ValueError: the text contains a disallowed special token.
+        """
+        allowed = self._allowed(text, allowed_special, disallowed_special)
+        if not allowed:
+            return self.encode_ordinary(text)
+        out: list[int] = []
+        for part in self._parts(text, allowed):
+            if isinstance(part, int):
+                out.append(part)
+            elif part:
+                out += self.encode_ordinary(part)
+        return out
+
+    def encode_to_numpy(self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all") -> np.ndarray:
+        """`encode`, as a uint32 array (no list of Python ints is made)."""
+        allowed = self._allowed(text, allowed_special, disallowed_special)
+        if not allowed:
+            return self._ordinary_array(ref.utf8(text))
+        arrays = [
+            np.array([part], dtype=np.uint32) if isinstance(part, int) else self._ordinary_array(ref.utf8(part))
+            for part in self._parts(text, allowed)
+        ]
+        return np.concatenate(arrays)
+
+    def encode_batch(
+        self,
+        text: Sequence[str],
+        *,
+        num_threads: int = DEFAULT_THREADS,
+        allowed_special: SpecialSet = frozenset(),
+        disallowed_special: SpecialSet = "all",
+    ) -> list[list[int]]:
+        """`encode` for many texts, on `num_threads` native threads; raises as `encode`."""
+        allowed = self._allowed(text, allowed_special, disallowed_special)
+        if not allowed:
+            return self.encode_ordinary_batch(text, num_threads=num_threads)
+        parts = [self._parts(t, allowed) for t in text]
+        segments = [ref.utf8(p) for ps in parts for p in ps if isinstance(p, str)]
+        flat, offsets = self._ordinary_batch(segments, num_threads)
+        ids, ends = flat.tolist(), offsets.tolist()
+        out: list[list[int]] = []
+        k = 0
+        for ps in parts:
+            doc: list[int] = []
+            for p in ps:
+                if isinstance(p, int):
+                    doc.append(p)
+                else:
+                    doc += ids[ends[k] : ends[k + 1]]
+                    k += 1
+            out.append(doc)
+        return out
+
+    def encode_ordinary_batch(self, text: Sequence[str], *, num_threads: int = DEFAULT_THREADS) -> list[list[int]]:
+        """`encode_ordinary` for many texts, on `num_threads` native threads."""
+        flat, offsets = self._ordinary_batch([ref.utf8(t) for t in text], num_threads)
+        ids, ends = flat.tolist(), offsets.tolist()
+        return [ids[a:b] for a, b in zip(ends, ends[1:])]
+
+    def encode_ordinary_batch_to_numpy(self, docs: Sequence[bytes | str], num_threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Encode documents into one flat uint32 id array plus cumulative end offsets (uint64, len+1).
+
+        The encoding stage's path: `num_threads` native threads (0 = all cores), no
+        special tokens, no Python ints. Documents may be bytes; bytes that are not valid
+        UTF-8 split as characters of their own (as counting and training split them), so
+        on such bytes the ids can differ from `encode_bytes`, which follows tiktoken.
+        """
+        return self._ordinary_batch([ref.utf8(d) if isinstance(d, str) else d for d in docs], num_threads)
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        """Encode any bytes, valid UTF-8 or not, losslessly: tiktoken's ``_encode_bytes`` ids.
+
+        Valid UTF-8 encodes as `encode_ordinary`. Otherwise (as tiktoken does) the valid
+        prefix is encoded, its last piece (widened over trailing whitespace tokens) is
+        joined to everything from the first invalid byte on, and that tail is one BPE
+        piece, with no regex split.
+        """
+        data = bytes(data)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return self._encode_invalid_utf8(data, e.start)
+        return self._ordinary_array(data).tolist()
+
+    _encode_bytes = encode_bytes  # tiktoken's (private) name
+
+    def _encode_invalid_utf8(self, data: bytes, valid: int) -> list[int]:
+        prefix = data[:valid]
+        tokens = self._ordinary_array(prefix).tolist()
+        n_last = 0  # tokens of the prefix's last regex piece
+        if tokens:
+            size, last = 0, len(self._split(prefix)[-1])
+            while size < last:
+                n_last += 1
+                size += len(self._token_bytes[tokens[-n_last]])
+
+            def all_space(i: int) -> bool:
+                return all(c in b" \n\t" for c in self._token_bytes[i])
+
+            if all_space(tokens[-n_last]):
+                while n_last < len(tokens) and all_space(tokens[-n_last - 1]):
+                    n_last += 1
+        tail = b"".join(self._token_bytes[i] for i in tokens[len(tokens) - n_last :]) + data[valid:]
+        del tokens[len(tokens) - n_last :]
+        rank = self.mergeable_ranks.get(tail)
+        tokens += [rank] if rank is not None else self._bpe_piece(tail)
+        return tokens
+
+    def encode_single_token(self, text_or_bytes: str | bytes) -> int:
+        """The id of text or bytes that is exactly one token, special tokens included.
+
+        Raises:
+            UnknownTokenError (a KeyError): not a single token of this vocabulary.
+        """
+        data = text_or_bytes.encode("utf-8") if isinstance(text_or_bytes, str) else bytes(text_or_bytes)
+        rank = self.mergeable_ranks.get(data)
+        if rank is not None:
+            return rank
+        try:
+            return self.special_tokens[data.decode("utf-8")]
+        except (UnicodeDecodeError, KeyError):
+            raise UnknownTokenError(f"{text_or_bytes!r} is not a single token of this vocabulary") from None
+
+    def _encode_single_piece(self, text_or_bytes: str | bytes) -> list[int]:
+        """BPE of text or bytes as one piece: no regex split, no special tokens (tiktoken's private helper)."""
+        data = text_or_bytes.encode("utf-8") if isinstance(text_or_bytes, str) else bytes(text_or_bytes)
+        return self._bpe_piece(data)
+
+    # ------------------------------------------------------------------ decoding
+    def decode_bytes(self, tokens: Iterable[int] | np.ndarray) -> bytes:
+        """The exact bytes of a sequence of ids (special tokens as their UTF-8 text).
+
+        Raises:
+            TypeError: an id that is not an integer (a float, a string, a bool).
+            UnknownTokenError (a KeyError and a ValueError): an id not in the vocabulary.
+        """
+        try:
+            return b"".join(map(self._token_bytes.__getitem__, _id_list(tokens)))
+        except KeyError as e:
+            raise UnknownTokenError(f"token id {e.args[0]} is not in this vocabulary (size {self.vocab_size})") from None
+
+    def decode(self, tokens: Iterable[int] | np.ndarray, errors: str = "replace") -> str:
+        """Decode ids to text; invalid UTF-8 follows `errors` (default: U+FFFD). Raises as `decode_bytes`."""
+        return self.decode_bytes(tokens).decode("utf-8", errors)
+
+    def decode_single_token_bytes(self, token: int) -> bytes:
+        """The bytes of one id, special tokens included. Raises as `decode_bytes`."""
+        try:
+            return self._token_bytes[_one_id(token)]
+        except KeyError:
+            raise UnknownTokenError(f"token id {token} is not in this vocabulary (size {self.vocab_size})") from None
+
+    def decode_tokens_bytes(self, tokens: Iterable[int] | np.ndarray) -> list[bytes]:
+        """The bytes of each id, one item per id."""
+        return [self.decode_single_token_bytes(t) for t in _id_list(tokens)]
+
+    def decode_with_offsets(self, tokens: Iterable[int] | np.ndarray) -> tuple[str, list[int]]:
+        """The text and, per token, the index of the first character holding its bytes.
+
+        A token that starts inside a character (its first byte a UTF-8 continuation byte)
+        gets that character's index. Raises UnicodeDecodeError when the tokens do not
+        decode to valid UTF-8, as tiktoken does.
+        """
+        token_bytes = self.decode_tokens_bytes(tokens)
+        offsets, n_chars = [], 0
+        for b in token_bytes:
+            offsets.append(max(0, n_chars - (0x80 <= b[0] < 0xC0)))
+            n_chars += sum(1 for c in b if not 0x80 <= c < 0xC0)
+        return b"".join(token_bytes).decode("utf-8", "strict"), offsets
+
+    def decode_batch(self, batch: Sequence[Sequence[int]], *, errors: str = "replace", num_threads: int = DEFAULT_THREADS) -> list[str]:
+        """`decode` of each id sequence. `num_threads` is taken for tiktoken's signature;
+        decoding is a dictionary lookup per id and runs on the calling thread."""
+        return [self.decode(ids, errors) for ids in batch]
+
+    def decode_bytes_batch(self, batch: Sequence[Sequence[int]], *, num_threads: int = DEFAULT_THREADS) -> list[bytes]:
+        """`decode_bytes` of each id sequence (on the calling thread, as `decode_batch`)."""
+        return [self.decode_bytes(ids) for ids in batch]
+
+    # ------------------------------------------------------------------ the vocabulary
+    def token_byte_values(self) -> list[bytes]:
+        """The bytes of every ordinary token, sorted (tiktoken's order)."""
+        return sorted(self.mergeable_ranks)
+
+    @property
+    def eot_token(self) -> int:
+        """The id of ``<|endoftext|>`` (KeyError if this vocabulary has none)."""
+        return self.special_tokens[ENDOFTEXT]
+
+    @functools.cached_property
+    def special_tokens_set(self) -> set[str]:
+        return set(self.special_tokens)
+
+    def is_special_token(self, token: int) -> bool:
+        return _one_id(token) in self._special_ids
+
+    @property
+    def n_vocab(self) -> int:
+        """The largest id + 1 (what tiktoken calls n_vocab; also `vocab_size`)."""
+        return self.vocab_size
+
+    def token_bytes(self, i: int) -> bytes:
+        return self._token_bytes[i]
+
+    def token_byte_lengths(self) -> np.ndarray:
+        """Byte length of every id (0 for unused ids and special tokens): for bits per byte."""
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)
+        for b, i in self.mergeable_ranks.items():
+            lengths[i] = len(b)
+        return lengths
+
+    def __repr__(self) -> str:
+        names = sorted(self.special_tokens, key=self.special_tokens.__getitem__)
+        special = names if len(names) <= 8 else [*names[:4], f"... {len(names)} in all"]
+        return f"Tokenizer(name={self.name!r}, pattern={self.pattern!r}, vocab_size={self.vocab_size}, special={special})"
+
+
+def _pattern_name(pat_str: str) -> str:
+    for name, s in PATTERNS.items():
+        if s == pat_str:
+            return name
+    raise InputError(
+        f"pat_str {pat_str[:60]!r}... is not one of the split patterns the core implements"
+        f" ({', '.join(sorted(PATTERNS))}: tiktoken's r50k/p50k, cl100k and o200k patterns)"
+    )

@@ -1,0 +1,161 @@
+"""Tokenizer files, through fsspec (any local path or URL): save, load, and other formats in.
+
+`save` writes ``vocab.tiktoken`` (``base64(token) rank`` per line, tiktoken's format) and
+``tokenmill.json`` (pattern, special tokens, vocabulary size and the sha256 of the ranks
+file, checked on `load`). `from_tiktoken` reads a ``.tiktoken`` ranks file (``.gz`` too),
+`from_gpt2` GPT-2's ``encoder.json`` + ``vocab.bpe``. No pickle anywhere.
+
+Limits: a ranks file is at most ``MAX_VOCAB_FILE_BYTES``, a manifest ``MAX_META_FILE_BYTES``;
+ranks are decimal digits below ``MAX_VOCAB_SIZE``, tokens at most ``MAX_TOKEN_BYTES`` long.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pipeline_lib.formats import gpt2_vocab
+from pipeline_lib.fsio import InputError, filesystem, read_bytes, write_bytes_atomic
+from pipeline_lib.patterns import PATTERNS
+from pipeline_lib.tokenizer.core import MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, check_special, check_token_length
+
+if TYPE_CHECKING:
+    from pipeline_lib.tokenizer.core import Tokenizer
+
+FORMAT = "tokenmill.tokenizer/1"
+RANKS_FILE = "vocab.tiktoken"
+META_FILE = "tokenmill.json"
+MAX_VOCAB_FILE_BYTES = 64 << 20
+MAX_META_FILE_BYTES = 1 << 20
+
+
+def ranks_text(tok: Tokenizer) -> bytes:
+    """The ``vocab.tiktoken`` file. Raises InputError if `load` would refuse it (too big)."""
+    lines = [base64.b64encode(b) + b" " + str(i).encode() for b, i in sorted(tok.mergeable_ranks.items(), key=lambda kv: kv[1])]
+    text = b"\n".join(lines) + b"\n"
+    if len(text) > MAX_VOCAB_FILE_BYTES:
+        raise InputError(
+            f"the ranks file of this vocabulary would be {len(text)} bytes, above the"
+            f" {MAX_VOCAB_FILE_BYTES} (MAX_VOCAB_FILE_BYTES) that loading accepts; train with a smaller"
+            " max_token_bytes or vocab_size"
+        )
+    return text
+
+
+def metadata(tok: Tokenizer) -> dict[str, Any]:
+    """The ``tokenmill.json`` content."""
+    ranks = ranks_text(tok)
+    return {
+        "format": FORMAT,
+        "name": tok.name,
+        "pattern": tok.pattern,
+        "pattern_str": tok.pattern_str,
+        "special_tokens": tok.special_tokens,
+        "vocab_size": tok.vocab_size,
+        "n_ranks": len(tok.mergeable_ranks),
+        "ranks_file": RANKS_FILE,
+        "ranks_sha256": hashlib.sha256(ranks).hexdigest(),
+    }
+
+
+def save(tok: Tokenizer, url: str, **storage_options: Any) -> None:
+    """Write ``vocab.tiktoken`` and ``tokenmill.json`` into the directory `url`."""
+    fs, root = filesystem(url, **storage_options)
+    fs.makedirs(root, exist_ok=True)
+    write_bytes_atomic(fs, f"{root}/{RANKS_FILE}", ranks_text(tok))
+    meta = json.dumps(metadata(tok), indent=2, ensure_ascii=False).encode()
+    write_bytes_atomic(fs, f"{root}/{META_FILE}", meta)
+
+
+def load(cls: type[Tokenizer], url: str, **storage_options: Any) -> Tokenizer:
+    """Load a tokenizer saved by `save`, checking the ranks file's sha256.
+
+    Raises:
+        InputError: a missing, corrupt or tampered file, named in the message.
+    """
+    meta_url = f"{url.rstrip('/')}/{META_FILE}"
+    raw = read_bytes(meta_url, MAX_META_FILE_BYTES, **storage_options)
+    try:
+        meta = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{meta_url}: not valid JSON ({e})") from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise InputError(f"{meta_url}: not a tokenmill tokenizer file (format {meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT!r})")
+    for key in ("pattern", "special_tokens", "ranks_sha256"):
+        if key not in meta:
+            raise InputError(f"{meta_url}: missing field {key!r}")
+    if meta["pattern"] not in PATTERNS:
+        raise InputError(f"{meta_url}: unknown pattern {meta['pattern']!r}")
+    ranks_url = f"{url.rstrip('/')}/{RANKS_FILE}"
+    data = read_bytes(ranks_url, MAX_VOCAB_FILE_BYTES, **storage_options)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != meta["ranks_sha256"]:
+        raise InputError(f"{ranks_url}: sha256 {digest[:12]}… does not match {meta_url} ({meta['ranks_sha256'][:12]}…): the file is corrupt or was changed")
+    specials = meta["special_tokens"]
+    if not isinstance(specials, dict):
+        raise InputError(f"{meta_url}: special_tokens must map strings to integer ids")
+    for tok, i in specials.items():
+        check_special(tok, i, f"{meta_url}: ")
+    return cls(parse_tiktoken_ranks(data, ranks_url), meta["pattern"], specials, name=meta.get("name", "tokenmill"))
+
+
+def from_tiktoken(
+    cls: type[Tokenizer],
+    path_or_url: str,
+    pattern: str = "cl100k",
+    special_tokens: Mapping[str, int] | None = None,
+    **storage_options: Any,
+) -> Tokenizer:
+    """Load a ``.tiktoken`` ranks file (optionally ``.gz``), e.g. cl100k_base or o200k_base."""
+    data = read_bytes(path_or_url, MAX_VOCAB_FILE_BYTES, **storage_options)
+    name = os.path.basename(path_or_url).split(".")[0]
+    return cls(parse_tiktoken_ranks(data, path_or_url), pattern, special_tokens, name=name)
+
+
+def from_gpt2(cls: type[Tokenizer], encoder_json: str, vocab_bpe: str, pattern: str = "gpt2", **storage_options: Any) -> Tokenizer:
+    """Load GPT-2's ``encoder.json`` + ``vocab.bpe`` (or a pair `to_gpt2` wrote: ``vocab.json``
+    + ``merges.txt``): ids from the encoder, special tokens its entries that no merge makes
+    (`formats.gpt2_vocab`); GPT-2's own files give tiktoken's ``gpt2``. The files hold no
+    split pattern: `pattern` names it."""
+    enc = read_bytes(encoder_json, MAX_VOCAB_FILE_BYTES, **storage_options)
+    bpe = read_bytes(vocab_bpe, MAX_VOCAB_FILE_BYTES, **storage_options)
+    ranks, specials = gpt2_vocab(enc, bpe, encoder_json, vocab_bpe)
+    for tok, i in specials.items():
+        check_special(tok, i, f"{encoder_json}: ")
+    return cls(ranks, pattern, specials, name="gpt2" if pattern == "gpt2" else os.path.basename(os.path.dirname(encoder_json)) or "tokenmill")
+
+
+def parse_tiktoken_ranks(data: bytes, source: str) -> dict[bytes, int]:
+    """Parse ``base64(token) rank`` lines, naming the file and line of any error.
+
+    Ranks are decimal digits below MAX_VOCAB_SIZE; tokens at most MAX_TOKEN_BYTES long.
+    """
+    ranks: dict[bytes, int] = {}
+    for lineno, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise InputError(f"{source}:{lineno}: expected 'base64-token rank', got {line[:60]!r}")
+        if not parts[1].isdigit():  # ASCII digits only: no sign, no '_', no exponent
+            raise InputError(f"{source}:{lineno}: cannot parse {line[:60]!r} (the rank must be a non-negative integer)")
+        try:
+            token = base64.b64decode(parts[0], validate=True)
+            rank = int(parts[1])
+        except (binascii.Error, ValueError) as e:
+            raise InputError(f"{source}:{lineno}: cannot parse {line[:60]!r} ({e})") from e
+        if rank >= MAX_VOCAB_SIZE:
+            raise InputError(f"{source}:{lineno}: rank {rank} is outside [0, {MAX_VOCAB_SIZE}) (MAX_VOCAB_SIZE)")
+        if len(token) > MAX_TOKEN_BYTES:
+            check_token_length(len(token), f"{source}:{lineno}")
+        if token in ranks:
+            raise InputError(f"{source}:{lineno}: token {token!r} appears twice")
+        ranks[token] = rank
+    if not ranks:
+        raise InputError(f"{source}: no tokens in the file")
+    return ranks

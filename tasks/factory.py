@@ -1,0 +1,189 @@
+"""One factory turns a `pipeline_lib` stage spec into Prefect tasks; one cache policy for all.
+
+    counts = stage_tasks(stages.COUNTS, after=...)   # reduce_counts, and count_words per shard
+    ref = counts(store_url, {"corpus": corpus_ref}, CountConfig(), storage_options)
+
+A stage task calls the engine (`pipeline_lib.stages.spec.produce`, `run_unit`) and returns
+what tasks hand each other: ``{kind, version, uri, manifest_sha256}`` (a unit task: the
+unit's completion record). Retries, where a stage asks for them, are for transient failures
+only (`retry_if_transient`).
+
+Caching (`StoreCachePolicy`): the key is the output's identity (its version id, which
+already hashes the inputs' ids, the config and the code; plus the unit for a unit task) and
+the store. A cached result counts only while the store still holds what it describes: the
+policy reads the record Prefect has under the key and checks it against the store. When the
+store lost it (wiped, `gc`, quarantined), the key moves to the next generation
+(``<key>.1``, ``<key>.2``, ...), so the task runs again and its new result is recorded there;
+stale records stay where they are, never deleted by us, and are skipped. A rerun therefore
+finds the first generation whose record the store still backs: Cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import Task, get_run_logger, task, unmapped
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import CachePolicy
+
+from pipeline_lib.stages import spec as engine
+from pipeline_lib.stages.spec import Stage
+from pipeline_lib.store import ArtifactStore, VersionRef
+from tasks.common import progress, ref_dict, retry_if_transient, staging_kept, store_of, to_ref
+
+# How many stale generations of one key to step over before giving up on caching that run
+# (each generation is one lost output: a store wiped this often is not worth caching).
+MAX_GENERATIONS = 32
+
+
+@dataclass
+class StoreCachePolicy(CachePolicy):
+    """Cache a stage task on its output's identity and store, valid while the store holds it."""
+
+    stage: Stage | None = None
+    unit: bool = False  # a unit task of a mapped stage (its key names the unit)
+
+    def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> str | None:
+        store = store_of(inputs["store_url"], inputs.get("storage_options"))
+        parents = {name: to_ref(ref) for name, ref in (inputs.get("parents") or {}).items()}
+        config = inputs["config"]
+        identity = engine.cache_identity(self.stage, parents, config)
+        if identity is None:  # not knowable before the run (an unreachable source): no caching
+            return None
+        name, unit = (self.stage.units.name, f"-{engine.unit_name(inputs['unit'])}") if self.unit else (self.stage.name, "")
+        base = f"{name}-{identity}{unit}-{hashlib.sha256(store.url.encode()).hexdigest()[:8]}"
+        results = task_ctx.result_store
+        for generation in range(MAX_GENERATIONS):
+            key = base if generation == 0 else f"{base}.{generation}"
+            if not results.exists(key):
+                return key
+            try:
+                value = results.read(key).result
+            except Exception:  # an unreadable record: step over it like a stale one
+                continue
+            if self.holds(store, parents, config, inputs, value):
+                return key
+        return None
+
+    def holds(self, store: ArtifactStore, parents: dict[str, VersionRef], config: Any, inputs: dict[str, Any], value: Any) -> bool:
+        """Whether the store still backs `value`, a result recorded under this task's key."""
+        if self.unit:
+            return engine.unit_present(self.stage, store, parents, config, inputs["unit"])
+        try:
+            ref = to_ref(value)
+        except TypeError:
+            return False
+        return ref.kind == self.stage.kind and engine.output_current(store, ref)
+
+
+class _Progress:
+    """A stage's progress callback ``(done, total)``: the CLI's bars, a log line per tenth,
+    and a Prefect progress artifact (updated per percent) where the stage asks for one."""
+
+    def __init__(self, name: str, artifact_key: str | None):
+        self.name, self.logger = name, get_run_logger()
+        self.artifact = create_progress_artifact(progress=0.0, key=artifact_key, description=f"{name} progress") if artifact_key else None
+        self.tenth = self.percent = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        progress(self.name, done=done, total=total)
+        fraction = done / total if total else 1.0
+        if math.floor(fraction * 10) > self.tenth:
+            self.tenth = math.floor(fraction * 10)
+            self.logger.info("%s: %s / %s", self.name, f"{done:,}", f"{total:,}")
+        if self.artifact is not None and math.floor(fraction * 100) > self.percent:
+            self.percent = math.floor(fraction * 100)
+            update_progress_artifact(self.artifact, progress=float(self.percent))
+
+    def finish(self) -> None:
+        if self.artifact is not None:
+            update_progress_artifact(self.artifact, progress=100.0)
+
+
+def _task_options(retries: int) -> dict[str, Any]:
+    options: dict[str, Any] = {"persist_result": True, "result_serializer": "json"}
+    if retries:
+        options.update(retries=retries, retry_delay_seconds=2, retry_condition_fn=retry_if_transient)
+    return options
+
+
+def _named(fn, name: str):
+    """`fn` under the stage's name: Prefect tells tasks apart by qualname and code (every
+    stage task shares the code), and a traceback (the CLI's ``in FILE:LINE (function)``)
+    then names the stage that failed."""
+    fn.__code__ = fn.__code__.replace(co_name=name, co_qualname=name)
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+@dataclass(frozen=True)
+class StageTasks:
+    """A stage's Prefect tasks: `task` makes (publishes) the output, `unit_task` does one
+    unit of a mapped stage. Calling it runs the stage inside a flow: the units mapped on the
+    flow's task runner, then the publish."""
+
+    stage: Stage
+    task: Task
+    unit_task: Task | None = None
+
+    def __call__(self, store_url: str, parents: dict[str, dict[str, str]], config: Any, storage_options: dict | None = None) -> dict[str, str]:
+        if self.unit_task is None:
+            return self.task(store_url, parents, config, None, storage_options)
+        refs = {name: to_ref(ref) for name, ref in parents.items()}
+        n = engine.unit_count(self.stage, store_of(store_url, storage_options), refs)
+        records = self.unit_task.map(store_url, unmapped(parents), unmapped(config), range(n), unmapped(storage_options))
+        return self.task(store_url, parents, config, records.result(), storage_options)
+
+
+def stage_tasks(
+    stage: Stage,
+    *,
+    after: Callable[[ArtifactStore, VersionRef, Any], None] | None = None,
+    unit_after: Callable[[dict[str, Any], Any], None] | None = None,
+    retries: int = 0,
+    progress_artifact: str | None = None,
+) -> StageTasks:
+    """The Prefect tasks of `stage`, cached with `StoreCachePolicy`.
+
+    after(store, ref, logger): what the task shows once the output is there (log lines,
+        Prefect artifacts); unit_after(record, logger) likewise per unit.
+    retries: retries of the publish task, for transient failures only.
+    progress_artifact: key of a Prefect progress artifact to follow the stage's progress.
+    """
+
+    def run_stage(store_url: str, parents: dict[str, dict[str, str]], config: Any, unit_records: list[dict] | None = None, storage_options: dict | None = None) -> dict[str, str]:
+        logger = get_run_logger()
+        store = store_of(store_url, storage_options)
+        refs = {name: to_ref(ref) for name, ref in parents.items()}
+        report = _Progress(stage.name, progress_artifact)
+        if stage.units is None:
+            ref = engine.produce(stage, store, refs, config, progress=report, log=logger.info)
+        else:
+            with staging_kept(store, stage.kind, stage.version(refs, config), unit_records):
+                ref = engine.produce(stage, store, refs, config, progress=report, log=logger.info)
+        report.finish()
+        if after is not None:
+            after(store, ref, logger)
+        return ref_dict(ref)
+
+    publish = task(name=stage.name, cache_policy=StoreCachePolicy(stage=stage), **_task_options(retries))(_named(run_stage, stage.name))
+    if stage.units is None:
+        return StageTasks(stage, publish)
+
+    units_name = stage.units.name
+
+    def run_unit(store_url: str, parents: dict[str, dict[str, str]], config: Any, unit: int, storage_options: dict | None = None) -> dict[str, Any]:
+        store = store_of(store_url, storage_options)
+        refs = {name: to_ref(ref) for name, ref in parents.items()}
+        record = engine.run_unit(stage, store, refs, config, unit)
+        if unit_after is not None:
+            unit_after(record, get_run_logger())
+        progress(f"{units_name} (shards)", advance=1, total=engine.unit_count(stage, store, refs))
+        return record
+
+    unit_task = task(name=units_name, cache_policy=StoreCachePolicy(stage=stage, unit=True), **_task_options(0))(_named(run_unit, units_name))
+    return StageTasks(stage, publish, unit_task)

@@ -1,0 +1,251 @@
+"""How `tokenmill` starts: what it imports, which Prefect API its flows use, and what the
+local Prefect server leaves in PREFECT_HOME (flows/prefect_api.py, flows/local_server.py).
+
+The commands run in subprocesses with their own PREFECT_HOME and no PREFECT_API_URL, as a
+user's shell runs them; every local server a test starts is stopped before it ends.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from flows.prefect_api import LocalServer, server_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_"))}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
+               TOKENMILL_SERVER_IDLE_TIMEOUT="300")  # a server a failed test leaves stops by itself
+    env.update(extra)
+    return env
+
+
+def _tokenmill(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _assert_one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("tokenmill: error:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr[-3000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def corpus(tmp_path, shakespeare_text) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text(shakespeare_text[:40_000], encoding="utf-8")
+    return path
+
+
+def _train_args(corpus: Path, store: Path) -> list[str]:
+    return ["tokenizer", "train", "--corpus", str(corpus), "--vocab-size", "300", "--workers", "2", "--store", str(store)]
+
+
+# ------------------------------------------------------------------------------ imports
+def test_tokenizer_commands_import_neither_torch_nor_matplotlib():
+    script = """
+import sys
+import flows.cli
+argv = ["tokenizer", "train", "--corpus", "x.txt", "--vocab-size", "512"]
+flows.cli.build_parser(argv).parse_args(argv)
+assert "prefect" not in sys.modules, "parsing imports prefect"
+import flows.pipeline  # what `tokenizer train` imports to run its flows
+heavy = sorted(m for m in ("torch", "matplotlib") if m in sys.modules)
+assert not heavy, heavy
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_lm_package_loads_torch_only_when_used():
+    script = """
+import sys, types
+import pipeline_lib.lm.config
+assert "torch" not in sys.modules
+import pipeline_lib.lm.report  # imports submodule pipeline_lib.lm.train
+import pipeline_lib.lm as lm
+from pipeline_lib.lm import train, sample, GPT, PRESETS
+assert isinstance(lm.train, types.FunctionType) and lm.train is train, lm.train
+assert isinstance(sample, types.FunctionType) and "tiny" in PRESETS and GPT.__name__ == "GPT"
+assert "torch" in sys.modules
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------ start path
+def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
+    home = tmp_path / "home"
+    env = _env(home)
+    local = LocalServer(server_dir(home))
+    try:
+        first = _tokenmill(_train_args(corpus, tmp_path / "s1"), env)
+        assert first.returncode == 0, first.stderr[-3000:]
+        state = json.loads(local.state_path.read_text())
+        second = _tokenmill(_train_args(corpus, tmp_path / "s2"), env)
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert json.loads(local.state_path.read_text())["pid"] == state["pid"]  # the same server
+        assert "View at" not in first.stderr + first.stdout  # the server has no UI to link to
+        status = _tokenmill(["server", "status"], env, timeout=120)
+        assert status.returncode == 0 and state["api_url"] in status.stdout, status.stdout
+        assert any(local.storage_dir.iterdir())  # the runs' task results are kept with it
+        assert not (home / "storage").exists() and not (home / "prefect.db").exists()
+    finally:
+        stop = _tokenmill(["server", "stop"], env, timeout=120)
+    assert stop.returncode == 0 and "stopped" in stop.stdout, stop.stdout + stop.stderr
+    assert not local.state_path.exists()
+    assert "not running" in _tokenmill(["server", "status"], env, timeout=120).stdout
+
+
+def test_a_server_that_does_not_answer_in_time_is_one_error_line(tmp_path, corpus):
+    home = tmp_path / "home"
+    proc = _tokenmill(_train_args(corpus, tmp_path / "store"), _env(home, TOKENMILL_SERVER_STARTUP_TIMEOUT="0.01"))
+    _assert_one_error_line(proc, "did not answer within 0.01 s", "PREFECT_API_URL", "TOKENMILL_SERVER_STARTUP_TIMEOUT")
+    local = LocalServer(server_dir(home))
+    assert local.read_state() is None and local.status() is None  # the half-started server was stopped
+
+
+def test_a_server_that_exits_while_starting_is_one_error_line(tmp_path, corpus):
+    home = tmp_path / "home"
+    bad_db = f"sqlite+aiosqlite:///{tmp_path}/no/such/dir/prefect.db"
+    proc = _tokenmill(_train_args(corpus, tmp_path / "store"), _env(home, PREFECT_API_DATABASE_CONNECTION_URL=bad_db))
+    line = _assert_one_error_line(proc, "exited with status", "while starting", "server.log")
+    assert str(server_dir(home)) in line
+
+
+def test_an_unreachable_api_url_is_one_error_line(tmp_path, corpus):
+    from tests.prefect_server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
+    proc = _tokenmill(_train_args(corpus, tmp_path / "store"), _env(tmp_path / "home", PREFECT_API_URL=url))
+    _assert_one_error_line(proc, "cannot reach the Prefect API", "127.0.0.1")
+    assert not server_dir(tmp_path / "home").exists()  # PREFECT_API_URL set: no local server
+
+
+class _Failing(http.server.BaseHTTPRequestHandler):
+    def _fail(self):
+        body = b'{"detail": "broken"}'
+        self.send_response(500)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _fail
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_broken_api_is_one_error_line(tmp_path, corpus):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/api"
+        proc = _tokenmill(_train_args(corpus, tmp_path / "store"), _env(tmp_path / "home", PREFECT_API_URL=url))
+    finally:
+        server.shutdown()
+    _assert_one_error_line(proc, "HTTP 500")
+
+
+def test_a_bad_mode_is_bad_input(tmp_path, corpus):
+    proc = _tokenmill(_train_args(corpus, tmp_path / "store"), _env(tmp_path / "home", TOKENMILL_PREFECT_SERVER="remote"))
+    assert proc.returncode == 2 and proc.stderr.count("tokenmill: error:") == 1, proc.stderr[-3000:]
+    assert "TOKENMILL_PREFECT_SERVER" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------ gc
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _write(path: Path, text: str = "x", age_s: float = 0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if age_s:
+        t = time.time() - age_s
+        os.utime(path, (t, t))
+    return path
+
+
+def _prefect_home(tmp_path: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
+    """A PREFECT_HOME with tokenmill's local-server files and files of others."""
+    home = tmp_path / "home"
+    ours_dir = home / "tokenmill"
+    dead = _dead_pid()
+    ours = {
+        "db": _write(ours_dir / "prefect.db"), "wal": _write(ours_dir / "prefect.db-wal"), "shm": _write(ours_dir / "prefect.db-shm"),
+        "log": _write(ours_dir / "server.log"), "memo": _write(ours_dir / "memo_store.toml"),
+        "state": _write(ours_dir / "server.json", json.dumps({"pid": dead, "port": 1, "api_url": "http://127.0.0.1:1/api"})),
+        "client": _write(ours_dir / "clients" / str(dead)),
+        "result": _write(ours_dir / "storage" / "count_words-abc", age_s=7200),
+        "nested": _write(ours_dir / "storage" / "sub" / "learn_merges-def", age_s=7200),
+        "failure_log": _write(home / "logs" / "tokenmill-20260101-000000-000000-1.log", age_s=7200),
+    }
+    others = {
+        "young_result": _write(ours_dir / "storage" / "encode_shard-new"),  # younger than --min-age
+        "young_log": _write(home / "logs" / "tokenmill-20990101-000000-000000-2.log"),
+        "prefect_db": _write(home / "prefect.db", age_s=7200), "profiles": _write(home / "profiles.toml", age_s=7200),
+        "prefect_storage": _write(home / "storage" / "some-result", age_s=7200),
+        "other_log": _write(home / "logs" / "prefect-server.log", age_s=7200),
+        "other_in_dir": _write(ours_dir / "notes.txt", age_s=7200),
+    }
+    return home, ours, others
+
+
+def test_gc_prefect_home_removes_only_what_tokenmill_put_there(tmp_path, monkeypatch, capsys):
+    home, ours, others = _prefect_home(tmp_path)
+    monkeypatch.setenv("PREFECT_HOME", str(home))
+    monkeypatch.delenv("TOKENMILL_LOG_DIR", raising=False)
+    store = str(tmp_path / "store")
+
+    assert main(["gc", "--prefect-home", "--store", store, "--min-age", "3600", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert all(p.exists() for p in [*ours.values(), *others.values()])
+    assert all(f"would remove {p}" in out for p in ours.values()), out
+
+    assert main(["gc", "--prefect-home", "--store", store, "--min-age", "3600"]) == 0
+    out = capsys.readouterr().out
+    gone = [name for name, p in ours.items() if p.exists()]
+    assert not gone, (gone, out)
+    kept = [name for name, p in others.items() if not p.exists()]
+    assert not kept, (kept, out)
+    for p in others.values():
+        assert f"removed {p}\n" not in out
+
+
+def test_gc_prefect_home_keeps_the_database_while_a_command_runs(tmp_path, monkeypatch, capsys):
+    home, ours, _others = _prefect_home(tmp_path)
+    monkeypatch.setenv("PREFECT_HOME", str(home))
+    _write(home / "tokenmill" / "clients" / str(os.getpid()))  # this process: a running command
+    assert main(["gc", "--prefect-home", "--store", str(tmp_path / "store"), "--min-age", "3600"]) == 0
+    out = capsys.readouterr().out
+    assert "command(s) running" in out and str(os.getpid()) in out
+    assert ours["db"].exists() and ours["wal"].exists() and ours["log"].exists()
+    assert not ours["result"].exists() and not ours["client"].exists()  # old results and dead registrations go
+
+
+def test_server_status_and_stop_when_none_runs(tmp_path):
+    env = _env(tmp_path / "home")
+    status = _tokenmill(["server", "status"], env, timeout=120)
+    assert status.returncode == 0 and "not running" in status.stdout
+    stop = _tokenmill(["server", "stop"], env, timeout=120)
+    assert stop.returncode == 0 and "no local Prefect server" in stop.stdout

@@ -18,7 +18,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, tags
 from prefect.artifacts import create_markdown_artifact
 
 from pipeline_lib.config import ReportConfig, validate
@@ -27,10 +27,11 @@ from pipeline_lib.counting import CountConfig
 from pipeline_lib.lm.config import LMConfig
 from pipeline_lib.stages import REPORT_CORPUS, TokenizerConfig, compression_summary
 from pipeline_lib.token_shards import EncodeConfig
-from tasks.common import store_of
+from tasks.common import store_of, to_ref
 from tasks.corpus import DOWNLOAD, SHARD
 from tasks.counting import COUNTS
 from tasks.encoding import TOKENS
+from tasks.factory import artifact_key
 from tasks.lm import TRAIN
 from tasks.report import tokenizer_report
 from tasks.tokenizer import TOKENIZER
@@ -69,6 +70,65 @@ def check_parameters(fn, parameters: dict[str, Any]) -> dict[str, Any]:
     return {k: (validate(configs[k], v, k) if k in configs else v) for k, v in parameters.items()}
 
 
+# --------------------------------------------------------------------------- run names and tags
+# What a data engineer reads in the UI's run list: `pipeline-tinyshakespeare-cl100k-4k@artifacts`,
+# `tokenizer-cl100k-32k@tm` ... and tags to filter by (stage tags come from tasks.factory).
+def _field(config: Any, name: str, default: Any) -> Any:
+    """A config field, whether the flow got the config or (from a deployment) a dict."""
+    if isinstance(config, dict):
+        return config.get(name, default)
+    return getattr(config, name, default)
+
+
+def _short(url: Any) -> str:
+    """The last path component of a store or corpus URL, without extensions: `s3://b/tm` -> `tm`."""
+    text = str(url or "").rstrip("/")
+    tail = text.rsplit("/", 1)[-1] or text
+    return tail.split(".", 1)[0] or tail
+
+
+def _vocab(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def _corpus_name(corpus: Any) -> str:
+    sources = _field(corpus, "sources", None) or CorpusConfig().sources
+    name = _short(sources[0] if isinstance(sources, (list, tuple)) else sources)
+    return name + (f"+{len(sources) - 1}" if isinstance(sources, (list, tuple)) and len(sources) > 1 else "")
+
+
+def _run_name(kind: str):
+    """A `flow_run_name` callable: the kind, what the run works on, and the store."""
+
+    def name() -> str:
+        from prefect.runtime import flow_run
+
+        p = flow_run.parameters or {}
+        store = _short(p.get("store", DEFAULT_STORE))
+        count, tok = p.get("count", CountConfig()), p.get("tokenizer", TokenizerConfig())
+        pattern = _field(count, "pattern", CountConfig().pattern)
+        vocab = _vocab(int(_field(tok, "vocab_size", TokenizerConfig().vocab_size)))
+        if kind == "pipeline":
+            return f"pipeline-{_corpus_name(p.get('corpus', CorpusConfig()))}-{pattern}-{vocab}@{store}"
+        if kind == "tokenizer":
+            return f"tokenizer-{pattern}-{vocab}@{store}"
+        if kind in ("corpus", "report"):
+            return f"{kind}-{_corpus_name(p.get('corpus', CorpusConfig()))}@{store}"
+        return f"{kind}@{store}"
+
+    return name
+
+
+def _run_tags(store: str, corpus: Any = None, corpus_ref: dict | None = None) -> list[str]:
+    """Tags for the task runs of a flow run: the store and the corpus they work on."""
+    out = ["tokenmill", f"store:{_short(store)}"]
+    if corpus is not None:
+        out.append(f"corpus:{_corpus_name(corpus)}")
+    elif corpus_ref:
+        out.append(f"corpus:{to_ref(corpus_ref).version[:12]}")
+    return out
+
+
 def _with_storage(corpus: CorpusConfig, storage_options: dict | None) -> CorpusConfig:
     return dataclasses.replace(validate(CorpusConfig, corpus, "corpus"), storage_options=storage_options or {})
 
@@ -90,17 +150,18 @@ def _encode(store: str, corpus_ref: dict, tokenizer_ref: dict, encode: EncodeCon
     return TOKENS(store, {"corpus": corpus_ref, "tokenizer": tokenizer_ref}, encode, storage_options)
 
 
-@flow(name="tokenmill-corpus")
+@flow(name="tokenmill-corpus", flow_run_name=_run_name("corpus"))
 def corpus_flow(
     corpus: CorpusConfig = CorpusConfig(),
     store: str = DEFAULT_STORE,
     storage_options: dict | None = None,
 ) -> dict[str, str]:
     """Download the corpus into the store and split it into Parquet shards."""
-    return _corpus(store, corpus, storage_options)
+    with tags(*_run_tags(store, corpus)):
+        return _corpus(store, corpus, storage_options)
 
 
-@flow(name="tokenmill-tokenizer")
+@flow(name="tokenmill-tokenizer", flow_run_name=_run_name("tokenizer"))
 def tokenizer_flow(
     corpus_ref: dict[str, str],
     store: str = DEFAULT_STORE,
@@ -109,10 +170,11 @@ def tokenizer_flow(
     storage_options: dict | None = None,
 ) -> dict[str, str]:
     """Count pieces per shard in parallel, reduce, learn merges: a tokenizer version."""
-    return _tokenizer(store, corpus_ref, count, tokenizer, storage_options)
+    with tags(*_run_tags(store, corpus_ref=corpus_ref)):
+        return _tokenizer(store, corpus_ref, count, tokenizer, storage_options)
 
 
-@flow(name="tokenmill-encode")
+@flow(name="tokenmill-encode", flow_run_name=_run_name("encode"))
 def encode_flow(
     corpus_ref: dict[str, str],
     tokenizer_ref: dict[str, str],
@@ -121,10 +183,11 @@ def encode_flow(
     storage_options: dict | None = None,
 ) -> dict[str, str]:
     """Encode every corpus shard in parallel and publish the token shards."""
-    return _encode(store, corpus_ref, tokenizer_ref, encode, storage_options)
+    with tags(*_run_tags(store, corpus_ref=corpus_ref)):
+        return _encode(store, corpus_ref, tokenizer_ref, encode, storage_options)
 
 
-@flow(name="tokenmill-lm")
+@flow(name="tokenmill-lm", flow_run_name=_run_name("lm"))
 def lm_flow(
     tokens_ref: dict[str, str],
     tokenizer_ref: dict[str, str],
@@ -134,10 +197,11 @@ def lm_flow(
 ) -> dict[str, str]:
     """Train the GPT on a tokens version."""
     cfg = validate(LMConfig, lm, "lm").train_config()
-    return TRAIN(store, {"tokens": tokens_ref, "tokenizer": tokenizer_ref}, cfg, storage_options)
+    with tags(*_run_tags(store)):
+        return TRAIN(store, {"tokens": tokens_ref, "tokenizer": tokenizer_ref}, cfg, storage_options)
 
 
-@flow(name="tokenmill-report")
+@flow(name="tokenmill-report", flow_run_name=_run_name("report"))
 def report_flow(
     corpus: CorpusConfig = REPORT_CORPUS,
     report: ReportConfig = ReportConfig(),
@@ -145,11 +209,12 @@ def report_flow(
     storage_options: dict | None = None,
 ) -> dict[str, str]:
     """The seeds' questions on any corpus: compression vs vocabulary size, fertility per language."""
-    corpus_ref = _corpus(store, corpus, storage_options)
-    return tokenizer_report(store, corpus_ref, validate(ReportConfig, report, "report"), storage_options)
+    with tags(*_run_tags(store, corpus)):
+        corpus_ref = _corpus(store, corpus, storage_options)
+        return tokenizer_report(store, corpus_ref, validate(ReportConfig, report, "report"), storage_options)
 
 
-@flow(name="tokenmill-pipeline")
+@flow(name="tokenmill-pipeline", flow_run_name=_run_name("pipeline"))
 def tokenmill_pipeline(
     corpus: CorpusConfig = CorpusConfig(),
     count: CountConfig = CountConfig(),
@@ -166,13 +231,15 @@ def tokenmill_pipeline(
     """
     logger = get_run_logger()
     lm = validate(LMConfig, lm, "lm")  # every config is checked before any stage runs
-    corpus_ref = _corpus(store, corpus, storage_options)
-    tokenizer_ref = _tokenizer(store, corpus_ref, count, tokenizer, storage_options)
-    tokens = _encode(store, corpus_ref, tokenizer_ref, encode, storage_options)
-    model = TRAIN(store, {"tokens": tokens, "tokenizer": tokenizer_ref}, lm.train_config(), storage_options) if train_model else None
+    with tags(*_run_tags(store, corpus)):
+        corpus_ref = _corpus(store, corpus, storage_options)
+        tokenizer_ref = _tokenizer(store, corpus_ref, count, tokenizer, storage_options)
+        tokens = _encode(store, corpus_ref, tokenizer_ref, encode, storage_options)
+        model = TRAIN(store, {"tokens": tokens, "tokenizer": tokenizer_ref}, lm.train_config(), storage_options) if train_model else None
 
     summary = summarize(store, corpus_ref, tokenizer_ref, tokens, model, storage_options)
-    create_markdown_artifact(key="tokenmill-summary", markdown=summary_markdown(summary), description="tokenmill run: artifacts and headline figures")
+    summary_key = artifact_key("tokenmill-summary", store_of(store, storage_options), to_ref(tokens))
+    create_markdown_artifact(key=summary_key, markdown=summary_markdown(summary), description="tokenmill run: artifacts and headline figures")
     logger.info("done: %s", {k: v for k, v in summary["figures"].items()})
     return summary
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect.artifacts import create_table_artifact
 
 from pipeline_lib import stages
-from tasks.factory import stage_tasks
+from tasks.factory import artifact_key, stage_tasks
 
 
 def _counted(record, logger) -> None:
@@ -16,7 +16,7 @@ def _reduced(store, ref, logger) -> None:
     meta = store.manifest(ref.kind, ref.version)["meta"]
     logger.info("counts: %s distinct pieces, %s occurrences (%s pattern)", f"{meta['n_pieces']:,}", f"{meta['n_occurrences']:,}", meta["pattern"])
     create_table_artifact(
-        key="word-counts",
+        key=artifact_key("word-counts", store, ref),
         table=[
             {"shard": r["shard"], "docs": r["n_docs"], "bytes": r["n_bytes"], "pieces": r["n_occurrences"], "distinct pieces": r["n_pieces"]}
             for r in meta["shards"]

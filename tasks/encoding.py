@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect.artifacts import create_table_artifact
 
 from pipeline_lib import stages
-from tasks.factory import stage_tasks
+from tasks.factory import artifact_key, stage_tasks
 
 
 def _encoded(record, logger) -> None:
@@ -21,7 +21,7 @@ def _published(store, ref, logger) -> None:
         f"{meta['totals']['n_tokens']:,}", len(meta["shards"]), meta["dtype"], summary["bytes_per_token"], ref.uri,
     )
     create_table_artifact(
-        key="token-shards",
+        key=artifact_key("token-shards", store, ref),
         table=stages.shard_table(meta),
         description=f"Token shards {ref.version}: per-shard documents, bytes, tokens and compression",
     )

@@ -130,13 +130,21 @@ class StageTasks:
     task: Task
     unit_task: Task | None = None
 
+    after: Callable[[ArtifactStore, VersionRef, Any], None] | None = None
+
     def __call__(self, store_url: str, parents: dict[str, dict[str, str]], config: Any, storage_options: dict | None = None) -> dict[str, str]:
         if self.unit_task is None:
-            return self.task(store_url, parents, config, None, storage_options)
-        refs = {name: to_ref(ref) for name, ref in parents.items()}
-        n = engine.unit_count(self.stage, store_of(store_url, storage_options), refs)
-        records = self.unit_task.map(store_url, unmapped(parents), unmapped(config), range(n), unmapped(storage_options))
-        return self.task(store_url, parents, config, records.result(), storage_options)
+            ref = self.task(store_url, parents, config, None, storage_options)
+        else:
+            refs = {name: to_ref(r) for name, r in parents.items()}
+            n = engine.unit_count(self.stage, store_of(store_url, storage_options), refs)
+            records = self.unit_task.map(store_url, unmapped(parents), unmapped(config), range(n), unmapped(storage_options), unmapped(n))
+            ref = self.task(store_url, parents, config, records.result(), storage_options)
+        if self.after is not None:
+            # In the flow, not in the task: a Cached task does not run, and a nightly run with
+            # nothing to do must still show (and link) the artifacts of the versions it reused.
+            self.after(store_of(store_url, storage_options), to_ref(ref), get_run_logger())
+        return ref
 
 
 def stage_tasks(
@@ -149,8 +157,9 @@ def stage_tasks(
 ) -> StageTasks:
     """The Prefect tasks of `stage`, cached with `StoreCachePolicy`.
 
-    after(store, ref, logger): what the task shows once the output is there (log lines,
-        Prefect artifacts); unit_after(record, logger) likewise per unit.
+    after(store, ref, logger): what the run shows once the output is there (log lines,
+        Prefect artifacts), called in the flow, so Cached runs show it too;
+        unit_after(record, logger): likewise per unit, in the unit's task.
     retries: retries of the publish task, for transient failures only.
     progress_artifact: key of a Prefect progress artifact to follow the stage's progress.
     """
@@ -166,17 +175,16 @@ def stage_tasks(
             with staging_kept(store, stage.kind, stage.version(refs, config), unit_records):
                 ref = engine.produce(stage, store, refs, config, progress=report, log=logger.info)
         report.finish()
-        if after is not None:
-            after(store, ref, logger)
         return ref_dict(ref)
 
-    publish = task(name=stage.name, cache_policy=StoreCachePolicy(stage=stage), **_task_options(retries))(_named(run_stage, stage.name))
+    tags = ["tokenmill", f"stage:{stage.name}"]
+    publish = task(name=stage.name, cache_policy=StoreCachePolicy(stage=stage), tags=tags, **_task_options(retries))(_named(run_stage, stage.name))
     if stage.units is None:
-        return StageTasks(stage, publish)
+        return StageTasks(stage, publish, after=after)
 
     units_name = stage.units.name
 
-    def run_unit(store_url: str, parents: dict[str, dict[str, str]], config: Any, unit: int, storage_options: dict | None = None) -> dict[str, Any]:
+    def run_unit(store_url: str, parents: dict[str, dict[str, str]], config: Any, unit: int, storage_options: dict | None = None, n_units: int | None = None) -> dict[str, Any]:
         store = store_of(store_url, storage_options)
         refs = {name: to_ref(ref) for name, ref in parents.items()}
         record = engine.run_unit(stage, store, refs, config, unit)
@@ -185,5 +193,28 @@ def stage_tasks(
         progress(f"{units_name} (shards)", advance=1, total=engine.unit_count(stage, store, refs))
         return record
 
-    unit_task = task(name=units_name, cache_policy=StoreCachePolicy(stage=stage, unit=True), **_task_options(0))(_named(run_unit, units_name))
-    return StageTasks(stage, publish, unit_task)
+    unit_task = task(
+        name=units_name, cache_policy=StoreCachePolicy(stage=stage, unit=True), tags=[*tags, f"stage:{units_name}"],
+        task_run_name=f"{units_name}[shard={{unit}}/{{n_units}}]", **_task_options(0),
+    )(_named(run_unit, units_name))
+    return StageTasks(stage, publish, unit_task, after=after)
+
+
+def artifact_key(base: str, store: ArtifactStore, ref: VersionRef) -> str:
+    """A Prefect artifact key per store and corpus (`base-<8 hex>`), so that runs on other
+    stores or corpora do not overwrite each other's artifact history."""
+    return f"{base}-{hashlib.sha256(f'{store.url}|{corpus_of(store, ref)}'.encode()).hexdigest()[:8]}"
+
+
+def corpus_of(store: ArtifactStore, ref: VersionRef) -> str:
+    """The key (``corpus/<version>``) of the corpus `ref` descends from, or "" if none."""
+    key = f"{ref.kind}/{ref.version}"
+    for _ in range(8):  # raw -> corpus -> counts -> tokenizer -> tokens -> model
+        kind, version = key.split("/", 1)
+        if kind == "corpus":
+            return key
+        parents = store.manifest(kind, version).get("parents") or {}
+        key = parents.get("corpus") or parents.get("tokens") or parents.get("counts") or parents.get("tokenizer") or ""
+        if not key:
+            return ""
+    return ""

@@ -7,21 +7,21 @@ import base64
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from pipeline_lib.stages.lm import LM
-from tasks.factory import stage_tasks
+from tasks.factory import artifact_key, stage_tasks
 
 
 def _trained(store, ref, logger) -> None:
     manifest = store.manifest(ref.kind, ref.version)
     m = manifest["meta"]["metrics"]
     create_table_artifact(
-        key="lm-metrics",
+        key=artifact_key("lm-metrics", store, ref),
         table=[{"metric": k, "value": v} for k, v in m.items() if not isinstance(v, (list, dict))],
         description=f"Model {ref.version}: final metrics",
     )
     png = store.read_bytes(ref.kind, ref.version, "loss.png")
     samples = "\n\n".join(f"```text\n{s}\n```" for s in manifest["meta"]["samples"])
     create_markdown_artifact(
-        key="lm-report",
+        key=artifact_key("lm-report", store, ref),
         markdown=(
             f"## Language model {ref.version}\n\n"
             f"![loss curve](data:image/png;base64,{base64.b64encode(png).decode()})\n\n"

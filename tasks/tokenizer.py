@@ -5,14 +5,14 @@ from __future__ import annotations
 from prefect.artifacts import create_markdown_artifact
 
 from pipeline_lib import stages
-from tasks.factory import stage_tasks
+from tasks.factory import artifact_key, stage_tasks
 
 
 def _learned(store, ref, logger) -> None:
     meta = store.manifest(ref.kind, ref.version)["meta"]
     logger.info("tokenizer: %d ids (%d merges) -> %s", meta["vocab_size"], meta["n_merges"], ref.uri)
     create_markdown_artifact(
-        key="tokenizer-merges",
+        key=artifact_key("tokenizer-merges", store, ref),
         markdown=merges_markdown(meta),
         description=f"Tokenizer {ref.version}: first and last merges",
     )

@@ -206,7 +206,7 @@ def task_states(flow_run_id) -> dict[str, list[str]]:
     """
     out: dict[str, list[tuple[str, str]]] = {}
     for run in task_runs(flow_run_id):
-        out.setdefault(run.name.rsplit("-", 1)[0], []).append((str(run.start_time or run.expected_start_time), run.state.name if run.state else "?"))
+        out.setdefault(run.name.split("[")[0].rsplit("-", 1)[0], []).append((str(run.start_time or run.expected_start_time), run.state.name if run.state else "?"))
     return {k: [s for _, s in sorted(v)] for k, v in out.items()}
 
 

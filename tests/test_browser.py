@@ -150,7 +150,8 @@ def run(tmp_path_factory):
             (flow_run,) = flow_runs("tokenmill-pipeline")
             with get_client(sync_client=True) as client:
                 artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
-            yield server, flow_run, {a.key: a for a in artifacts}
+            # keys are per store and corpus: "<name>-<8 hex>"
+            yield server, flow_run, {a.key.rsplit("-", 1)[0]: a for a in artifacts if a.key}
 
 
 @pytest.fixture(scope="module")

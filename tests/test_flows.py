@@ -36,7 +36,7 @@ def _task_states(flow_state) -> dict[str, list[str]]:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     states: dict[str, list[str]] = {}
     for run in runs:
-        states.setdefault(run.name.rsplit("-", 1)[0], []).append(run.state.name)
+        states.setdefault(run.name.split("[")[0].rsplit("-", 1)[0], []).append(run.state.name)
     return states
 
 
@@ -99,6 +99,36 @@ def test_rerun_recomputes_nothing(first_run, small_corpus):
     again, states = _run(**_params(small_corpus, store_url, 400, **LM))
     assert all(s == "Cached" for names in states.values() for s in names), states
     assert again["refs"] == summary["refs"]
+
+
+def test_runs_read_well_in_the_ui(first_run, small_corpus):
+    """Run names say what and where, task runs name their shard, tags carry stage, store and
+    corpus, and a run whose every task is Cached still shows the artifacts of what it reused,
+    under keys of this store and corpus."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+
+    store_url, _, _ = first_run
+    from flows.pipeline import tokenmill_pipeline
+
+    state = tokenmill_pipeline(return_state=True, **_params(small_corpus, store_url, 400, **LM))
+    assert state.is_completed()
+    flow_run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(flow_run_id)
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    store_name = os.path.basename(store_url.rstrip("/"))
+    assert flow_run.name == f"pipeline-shakespeare_head-cl100k-400@{store_name}", flow_run.name
+    assert {r.state.name for r in runs} == {"Cached"}
+    names = sorted(r.name for r in runs)
+    assert "count_words[shard=0/2]" in names and "encode_shard[shard=1/2]" in names, names
+    count_run = next(r for r in runs if r.name == "count_words[shard=0/2]")
+    assert {"tokenmill", "stage:count_words", f"store:{store_name}", "corpus:shakespeare_head"} <= set(count_run.tags), count_run.tags
+    keys = {a.key.rsplit("-", 1)[0]: a.key for a in artifacts if a.key}
+    assert {"word-counts", "tokenizer-merges", "token-shards", "lm-metrics", "lm-report", "tokenmill-summary"} <= set(keys), sorted(keys)
+    suffixes = {k.rsplit("-", 1)[1] for k in keys.values()}
+    assert len(suffixes) == 1 and len(suffixes.pop()) == 8  # one key suffix: this store and corpus
 
 
 def test_changed_vocab_size_recomputes_only_downstream(first_run, small_corpus):

@@ -159,7 +159,7 @@ def _task_states(flow_state) -> dict[str, list[str]]:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id])))
     states: dict[str, list[str]] = {}
     for run in runs:
-        states.setdefault(run.name.rsplit("-", 1)[0], []).append(run.state.name)
+        states.setdefault(run.name.split("[")[0].rsplit("-", 1)[0], []).append(run.state.name)
     return states
 
 

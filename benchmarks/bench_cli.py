@@ -89,8 +89,14 @@ def prefect_server(home: str):
     env.update(PREFECT_UI_ENABLED="false", PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(port))
     os.makedirs(home, exist_ok=True)
     with open(os.path.join(home, "server.log"), "wb") as log:
-        proc = subprocess.Popen([os.path.join(BIN, "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [os.path.join(BIN, "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}/api"
     try:
         t0 = time.perf_counter()
@@ -123,7 +129,7 @@ def head_tail(path: str, mb: float, out: str) -> str:
     head = data[:n]
     head = head[: head.rfind(b"\n") + 1]
     tail = data[-n:]
-    tail = tail[tail.find(b"\n") + 1:]
+    tail = tail[tail.find(b"\n") + 1 :]
     with open(out, "wb") as f:
         f.write(head + tail)
     return out
@@ -142,6 +148,7 @@ def main() -> None:
     try:
         import rustbpe  # noqa: F401
         import tiktoken  # noqa: F401
+
         has_rustbpe = True
     except ImportError:
         has_rustbpe = False
@@ -156,8 +163,21 @@ def main() -> None:
     tokenmill = [sys.executable, "-m", "flows.cli"]
 
     def train_cmd(store: str) -> list[str]:
-        return [*tokenmill, "tokenizer", "train", "--corpus", corpus, "--vocab-size", str(args.vocab_size), "--pattern", "cl100k",
-                "--workers", str(args.workers), "--store", store]
+        return [
+            *tokenmill,
+            "tokenizer",
+            "train",
+            "--corpus",
+            corpus,
+            "--vocab-size",
+            str(args.vocab_size),
+            "--pattern",
+            "cl100k",
+            "--workers",
+            str(args.workers),
+            "--store",
+            store,
+        ]
 
     print(f"{corpus}: {size / 1e6:.1f} MB, vocab {args.vocab_size}, {args.workers} workers, {os.cpu_count()} CPUs, {load()}", flush=True)
     results: dict[str, list[float]] = {}
@@ -173,8 +193,10 @@ def main() -> None:
         script = os.path.join(work, "rustbpe_train.py")
         with open(script, "w") as f:
             f.write(RUSTBPE_SCRIPT)
-        record("rustbpe + tiktoken", timed([sys.executable, script, corpus, str(args.vocab_size), os.path.join(work, "rustbpe.ranks"), CL100K],
-                                           env, os.path.join(work, "rustbpe.log")))
+        record(
+            "rustbpe + tiktoken",
+            timed([sys.executable, script, corpus, str(args.vocab_size), os.path.join(work, "rustbpe.ranks"), CL100K], env, os.path.join(work, "rustbpe.log")),
+        )
     else:
         print("  rustbpe + tiktoken: not installed (pip install -e '.[bench]'), no ratio", flush=True)
 

@@ -77,18 +77,45 @@ def child(args: argparse.Namespace) -> None:
     tokens = step("encode", encode)
     cmeta = store.manifest(corpus.kind, corpus.version)["meta"]
     tmeta = store.manifest(tokens.kind, tokens.version)["meta"]
-    print(json.dumps({
-        "bytes": cmeta["n_bytes"], "docs": cmeta["n_docs"], "shards": n, "tokens": tmeta["totals"]["n_tokens"],
-        "base_mb": round(base, 1), "peak_mb": round(_rss_mb(), 1), "peaks_mb": peaks, "seconds": times,
-    }))
+    print(
+        json.dumps(
+            {
+                "bytes": cmeta["n_bytes"],
+                "docs": cmeta["n_docs"],
+                "shards": n,
+                "tokens": tmeta["totals"]["n_tokens"],
+                "base_mb": round(base, 1),
+                "peak_mb": round(_rss_mb(), 1),
+                "peaks_mb": peaks,
+                "seconds": times,
+            }
+        )
+    )
 
 
 def run(sources: list[str], args: argparse.Namespace, label: str) -> dict:
     store = tempfile.mkdtemp(prefix="bench-ingest-store-", dir=args.tmp)
     try:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--store", store, "--shards", str(args.shards),
-               "--vocab-size", str(args.vocab_size), "--workers", str(args.workers), "--pattern", args.pattern,
-               "--documents", args.documents, "--text-field", args.text_field, *sources]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            "--store",
+            store,
+            "--shards",
+            str(args.shards),
+            "--vocab-size",
+            str(args.vocab_size),
+            "--workers",
+            str(args.workers),
+            "--pattern",
+            args.pattern,
+            "--documents",
+            args.documents,
+            "--text-field",
+            args.text_field,
+            *sources,
+        ]
         t = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -98,9 +125,11 @@ def run(sources: list[str], args: argparse.Namespace, label: str) -> dict:
     finally:
         shutil.rmtree(store, ignore_errors=True)
     mb = result["bytes"] / 1e6
-    print(f"{label:>6}: {mb:8.1f} MB text, {result['docs']:,} docs, {result['tokens']:,} tokens in {result['shards']} shards | "
-          f"peak RSS {result['peak_mb']:.0f} MB (post-import baseline {result['base_mb']:.0f} MB, +{result['peak_mb'] - result['base_mb']:.0f} MB) | "
-          f"{result['wall_s']} s")
+    print(
+        f"{label:>6}: {mb:8.1f} MB text, {result['docs']:,} docs, {result['tokens']:,} tokens in {result['shards']} shards | "
+        f"peak RSS {result['peak_mb']:.0f} MB (post-import baseline {result['base_mb']:.0f} MB, +{result['peak_mb'] - result['base_mb']:.0f} MB) | "
+        f"{result['wall_s']} s"
+    )
     print(f"        peak after each stage (MB): {result['peaks_mb']}")
     print(f"        seconds per stage:          {result['seconds']}")
     return result

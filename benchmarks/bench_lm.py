@@ -64,8 +64,7 @@ def main() -> None:
         if not args.cuda_only:
             data = write_byte_token_dir(tmp / "bytes", (ROOT / "pipeline_lib/data/tinyshakespeare.txt").read_bytes())
             # fixed small config: the "small" preset (4 x 128, block 128, batch 16), no eval
-            cfg = preset("small", max_steps=args.steps, device="cpu", val_fraction=0.0, ckpt_interval=10**6,
-                         log_interval=10**6)
+            cfg = preset("small", max_steps=args.steps, device="cpu", val_fraction=0.0, ckpt_interval=10**6, log_interval=10**6)
             default = torch.get_num_threads()
             for n in args.threads or sorted({1, default}):
                 torch.set_num_threads(n)
@@ -74,8 +73,16 @@ def main() -> None:
             rng = np.random.default_rng(0)
             docs = [[rng.integers(0, 50256, size=1_000_000)] for _ in range(2)]
             data = write_token_dir(tmp / "gpt2", docs, vocab_size=50257, separator_id=50256)
-            cfg = preset("gpt2-124m", max_steps=args.cuda_steps, grad_accum_steps=1, val_fraction=0.0,
-                         ckpt_interval=10**6, log_interval=10**6, compile=args.compile, warmup_steps=5)
+            cfg = preset(
+                "gpt2-124m",
+                max_steps=args.cuda_steps,
+                grad_accum_steps=1,
+                val_fraction=0.0,
+                ckpt_interval=10**6,
+                log_interval=10**6,
+                compile=args.compile,
+                warmup_steps=5,
+            )
             rows.append(bench(cfg, data, f"gpt2-124m (cuda{', compiled' if args.compile else ''})"))
         elif args.cuda_only:
             print("no CUDA device", file=sys.stderr)

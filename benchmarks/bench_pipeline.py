@@ -89,7 +89,7 @@ def write_memmap(path: str, arrays: list, dtype="uint16") -> int:
     out = np.memmap(path, dtype=dtype, mode="w+", shape=(total,))
     pos = 0
     for a in arrays:
-        out[pos:pos + len(a)] = a
+        out[pos : pos + len(a)] = a
         pos += len(a)
     out.flush()
     del out
@@ -101,8 +101,24 @@ def run_tokenmill_flow(corpus: str, out: str, vocab: int, threads: int, shards: 
     from flows.cli import main
 
     t0 = time.perf_counter()
-    rc = main(["run", "--no-lm", "--corpus", corpus, "--store", os.path.join(out, "store"), "--vocab-size", str(vocab),
-               "--shards", str(shards), "--workers", str(threads), "--documents", "paragraph"])
+    rc = main(
+        [
+            "run",
+            "--no-lm",
+            "--corpus",
+            corpus,
+            "--store",
+            os.path.join(out, "store"),
+            "--vocab-size",
+            str(vocab),
+            "--shards",
+            str(shards),
+            "--workers",
+            str(threads),
+            "--documents",
+            "paragraph",
+        ]
+    )
     assert rc == 0
     from pipeline_lib import ArtifactStore
 
@@ -154,13 +170,16 @@ def run_hf(corpus: str, out: str, vocab: int, threads: int, shards: int) -> dict
 
     t = time.perf_counter()
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PATTERNS["cl100k"]), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PATTERNS["cl100k"]), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, min_frequency=2, special_tokens=[EOT], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, min_frequency=2, special_tokens=[EOT], show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(batched(iter_paragraphs(corpus), 1024), trainer=trainer)
     train_s = time.perf_counter() - t
     t = time.perf_counter()
@@ -218,17 +237,27 @@ def available(name: str) -> str | None:
 def measure(name: str, corpus: str, vocab: int, threads: int, shards: int, workdir: str) -> dict:
     """Run one contender in a fresh subprocess; wall, CPU (user+sys incl. children) and peak RSS."""
     out = tempfile.mkdtemp(prefix=f"{name.replace('+', '-')}-", dir=workdir)
-    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="true",
-               PREFECT_HOME=os.path.join(out, "prefect"), PREFECT_LOGGING_LEVEL="WARNING", PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
+    env = dict(
+        os.environ,
+        RAYON_NUM_THREADS=str(threads),
+        TOKENIZERS_PARALLELISM="true",
+        PREFECT_HOME=os.path.join(out, "prefect"),
+        PREFECT_LOGGING_LEVEL="WARNING",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
+    )
     os.makedirs(env["PREFECT_HOME"], exist_ok=True)
     env.pop("PREFECT_API_URL", None)
     if API_URL and name == "tokenmill-flow":
         env["PREFECT_API_URL"] = API_URL  # a running server: no temporary API to start
     result_path = os.path.join(out, "result.json")
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "_one", name, corpus, out, str(vocab), str(threads), str(shards), result_path],
-                            env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "_one", name, corpus, out, str(vocab), str(threads), str(shards), result_path],
+        env=env,
+        cwd=str(ROOT),
+        stdout=subprocess.DEVNULL,
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -246,8 +275,11 @@ def cmd_compare(args) -> int:
     size = os.path.getsize(args.corpus)
     workdir = tempfile.mkdtemp(prefix="bench-pipeline-", dir=args.workdir)
     load = os.getloadavg()
-    print(f"# corpus {args.corpus}: {size / 1e6:.1f} MB; vocab {args.vocab_size}; {args.threads} threads; "
-          f"{os.cpu_count()} CPUs; load average before {load[0]:.2f}", flush=True)
+    print(
+        f"# corpus {args.corpus}: {size / 1e6:.1f} MB; vocab {args.vocab_size}; {args.threads} threads; "
+        f"{os.cpu_count()} CPUs; load average before {load[0]:.2f}",
+        flush=True,
+    )
     names = args.only or list(CONTENDERS)
     rows = []
     try:
@@ -266,8 +298,12 @@ def cmd_compare(args) -> int:
                 if why:
                     print(f"# skip {name}: {why}", flush=True)
                     continue
-                row = {"scale": scale, "mb": round(nbytes / 1e6, 1), "shards": shards if name.startswith("tokenmill") else None,
-                       **measure(name, corpus, args.vocab_size, args.threads, shards, workdir)}
+                row = {
+                    "scale": scale,
+                    "mb": round(nbytes / 1e6, 1),
+                    "shards": shards if name.startswith("tokenmill") else None,
+                    **measure(name, corpus, args.vocab_size, args.threads, shards, workdir),
+                }
                 row["mb_per_s"] = nbytes / 1e6 / row["wall_s"]
                 row["load_after"] = round(os.getloadavg()[0], 2)
                 rows.append(row)
@@ -277,15 +313,19 @@ def cmd_compare(args) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print()
-    print(f"{'scale':>5} {'contender':<17} {'MB':>7} {'wall s':>8} {'CPU s':>8} {'CPU/wall':>8} {'peak MB':>8} {'MB/s':>6} {'tokens':>12} {'wall x':>7} {'CPU x':>6} {'RSS x':>6}")
+    print(
+        f"{'scale':>5} {'contender':<17} {'MB':>7} {'wall s':>8} {'CPU s':>8} {'CPU/wall':>8} {'peak MB':>8} {'MB/s':>6} {'tokens':>12} {'wall x':>7} {'CPU x':>6} {'RSS x':>6}"
+    )
     for scale in args.scales:
         base = next((r for r in rows if r["scale"] == scale and r["contender"] == "tokenmill-lib"), None)
         for r in (r for r in rows if r["scale"] == scale):
             ratios = ("", "", "")
             if base:
                 ratios = (f"{r['wall_s'] / base['wall_s']:.2f}", f"{r['cpu_s'] / base['cpu_s']:.2f}", f"{r['peak_rss_mb'] / base['peak_rss_mb']:.2f}")
-            print(f"{r['scale']:>5} {r['contender']:<17} {r['mb']:>7} {r['wall_s']:>8.2f} {r['cpu_s']:>8.2f} {r['cpu_s'] / r['wall_s']:>8.2f} "
-                  f"{r['peak_rss_mb']:>8.0f} {r['mb_per_s']:>6.1f} {r['n_tokens']:>12,} {ratios[0]:>7} {ratios[1]:>6} {ratios[2]:>6}")
+            print(
+                f"{r['scale']:>5} {r['contender']:<17} {r['mb']:>7} {r['wall_s']:>8.2f} {r['cpu_s']:>8.2f} {r['cpu_s'] / r['wall_s']:>8.2f} "
+                f"{r['peak_rss_mb']:>8.0f} {r['mb_per_s']:>6.1f} {r['n_tokens']:>12,} {ratios[0]:>7} {ratios[1]:>6} {ratios[2]:>6}"
+            )
     print("(ratios against tokenmill-lib at the same scale; CPU = user+sys of the process tree; peak = largest single process)")
     return 0
 
@@ -345,8 +385,15 @@ def _timed(fn, jobs, threads: int) -> dict:
                 per_job = list(pool.map(one, jobs))
         wall = time.perf_counter() - w0
         cpu = time.process_time() - c0
-    return {"threads": threads, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "cpu_per_wall": round(cpu / wall, 2),
-            "jobs": [{k: round(v, 3) for k, v in j.items()} for j in per_job], **probe.summary(), "load": round(os.getloadavg()[0], 2)}
+    return {
+        "threads": threads,
+        "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),
+        "cpu_per_wall": round(cpu / wall, 2),
+        "jobs": [{k: round(v, 3) for k, v in j.items()} for j in per_job],
+        **probe.summary(),
+        "load": round(os.getloadavg()[0], 2),
+    }
 
 
 def _machine_control(threads: int) -> dict:
@@ -394,8 +441,11 @@ def cmd_parallel(args) -> int:
 
     work = tempfile.mkdtemp(prefix="bench-parallel-", dir=args.workdir)
     try:
-        print(f"# corpus {args.corpus}: {os.path.getsize(args.corpus) / 1e6:.1f} MB in {args.shards} shards; "
-              f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"# corpus {args.corpus}: {os.path.getsize(args.corpus) / 1e6:.1f} MB in {args.shards} shards; "
+            f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         store = ArtifactStore(os.path.join(work, "store"))
         cfg = CorpusConfig(sources=(args.corpus,), documents="paragraph", n_shards=args.shards)
         corpus_ref = stages.shard_corpus(store, stages.download_corpus(store, cfg), cfg)
@@ -426,10 +476,13 @@ def cmd_parallel(args) -> int:
                 results[f"{label}-{threads}"] = r
                 print(json.dumps({"stage": label, **r}), flush=True)
             one, many = results[f"{label}-1"], results[f"{label}-{len(paths)}"]
-            print(f"{label}: {len(paths)} shards one after the other {one['wall_s']:.2f} s wall / {one['cpu_s']:.2f} s CPU; "
-                  f"{len(paths)} threads {many['wall_s']:.2f} s wall / {many['cpu_s']:.2f} s CPU (CPU/wall {many['cpu_per_wall']}); "
-                  f"speed-up {one['wall_s'] / many['wall_s']:.2f}x; GIL probe max delay {many['probe_max_ms']} ms "
-                  f"(control holding the GIL: {control['probe_max_ms']} ms)", flush=True)
+            print(
+                f"{label}: {len(paths)} shards one after the other {one['wall_s']:.2f} s wall / {one['cpu_s']:.2f} s CPU; "
+                f"{len(paths)} threads {many['wall_s']:.2f} s wall / {many['cpu_s']:.2f} s CPU (CPU/wall {many['cpu_per_wall']}); "
+                f"speed-up {one['wall_s'] / many['wall_s']:.2f}x; GIL probe max delay {many['probe_max_ms']} ms "
+                f"(control holding the GIL: {control['probe_max_ms']} ms)",
+                flush=True,
+            )
 
         if args.skip_prefect:
             return 0

@@ -241,7 +241,9 @@ def main() -> None:
                 print(f"{vocab:>6} {r['trainer']:<15} failed: {r['error'][:60]}")
                 continue
             bpt = f"{ours.get('heldout_bytes_per_token') or 0:.3f} vs {r.get('heldout_bytes_per_token') or 0:.3f}"
-            print(f"{vocab:>6} {r['trainer']:<15} {ours['wall_s'] / r['wall_s']:>7.2f}x {ours['cpu_s'] / r['cpu_s']:>7.2f}x {ours['peak_rss_mb'] / r['peak_rss_mb']:>7.2f}x {bpt:>26}")
+            print(
+                f"{vocab:>6} {r['trainer']:<15} {ours['wall_s'] / r['wall_s']:>7.2f}x {ours['cpu_s'] / r['cpu_s']:>7.2f}x {ours['peak_rss_mb'] / r['peak_rss_mb']:>7.2f}x {bpt:>26}"
+            )
 
     print(f"\n== encoding ({args.encode_mb:.0f} MB, vocabulary {vocabs[-1]} learned above, same ids in all three) ==")
     enc = bench_encoding(train_path, heldout, vocabs[-1], args.threads, workdir, args.encode_mb)

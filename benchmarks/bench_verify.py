@@ -130,6 +130,7 @@ def main() -> int:
         rows = []
         modes = [("warm", None)] + ([("cold", lambda: evict(d))] if hasattr(os, "posix_fadvise") else [])
         for mode, drop in modes:
+
             def fresh(drop=drop):
                 forget_verified()
                 if drop is not None:
@@ -153,6 +154,7 @@ def main() -> int:
                 print(f"  {what:32s} {s * 1e3:10.1f} ms  {rate}  {s / base:8.1f}x verify=False")
             print(f"  first open / sha256 floor: {first / floor:.2f}x; second open costs {(second - no_verify) * 1e3:+.1f} ms over verify=False\n")
     finally:
+
         def writable(func, path, _exc):  # published files and dirs may be read-only
             os.chmod(os.path.dirname(path), stat.S_IRWXU)
             os.chmod(path, stat.S_IRWXU)

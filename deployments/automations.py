@@ -67,7 +67,12 @@ def zombie_automation(within: float = 90.0):
             threshold=1,
             within=timedelta(seconds=within),
         ),
-        actions=[ChangeFlowRunState(state=StateType.CRASHED, message=f"No heartbeat for {within:.0f} s: the flow-run process is gone (marked by {NAME!r}).")],
+        # name and force are the model's defaults, spelled out: mypy does not read pydantic's Field(None) as a default
+        actions=[
+            ChangeFlowRunState(
+                name=None, state=StateType.CRASHED, message=f"No heartbeat for {within:.0f} s: the flow-run process is gone (marked by {NAME!r}).", force=False
+            )
+        ],
     )
 
 

@@ -73,8 +73,7 @@ def _ensure_pool(pool: str, create: bool) -> None:
         except ObjectNotFound:
             if not create:
                 raise InputError(
-                    f"work pool {pool!r} does not exist: create it (prefect work-pool create {pool} --type process) "
-                    "or pass --create-pool"
+                    f"work pool {pool!r} does not exist: create it (prefect work-pool create {pool} --type process) or pass --create-pool"
                 ) from None
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
             print(f"tokenmill deploy: created work pool {pool!r} (process)")
@@ -167,17 +166,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of `tokenmill deploy` (for `python -m deployments.deploy` and the CLI)."""
     parser.add_argument("--store", default=DEFAULT_STORE, help="artifact store URL or path, the deployments' default (default: %(default)s, made absolute)")
     parser.add_argument("--corpus", action="append", metavar="URL", help="corpus URL or glob (repeatable; default: the bundled tiny Shakespeare)")
-    parser.add_argument("--storage-options", type=_json_object, metavar="JSON", help="fsspec options for store and corpus as JSON (no secrets: parameters show in the UI)")
+    parser.add_argument(
+        "--storage-options", type=_json_object, metavar="JSON", help="fsspec options for store and corpus as JSON (no secrets: parameters show in the UI)"
+    )
     parser.add_argument("--pool", default=WORK_POOL, help="process work pool the deployments run on (default: %(default)s)")
     parser.add_argument("--create-pool", action="store_true", help="create the work pool (type process) if it does not exist")
     parser.add_argument("--nightly-cron", default=NIGHTLY_CRON, metavar="CRON", help=f"schedule of nightly-tokenize, {TIMEZONE} (default: %(default)s)")
     parser.add_argument("--weekly-cron", default=WEEKLY_CRON, metavar="CRON", help=f"schedule of weekly-retrain, {TIMEZONE} (default: %(default)s)")
     parser.add_argument("--repo", help="git URL or path the workers clone (default: this checkout's origin remote, else this checkout)")
     parser.add_argument("--branch", help="branch to clone (default: this checkout's branch when --repo is not given, else the default branch)")
-    parser.add_argument("--install-command", metavar="CMD", help=f"run in the clone before each flow run (default: {DEFAULT_INSTALL!r}; "
-                        "e.g. 'python -m pip install --no-deps .' where the worker's environment has the dependencies)")
-    parser.add_argument("--result-storage", metavar="BLOCK", help="Prefect block for task results, shared by all workers (e.g. remote-file-system/tokenmill-results)")
-    parser.add_argument("--notify", metavar="BLOCK", help="notification block (e.g. custom-webhook/ops-alerts): notify when a tokenmill flow run fails or crashes")
+    parser.add_argument(
+        "--install-command",
+        metavar="CMD",
+        help=f"run in the clone before each flow run (default: {DEFAULT_INSTALL!r}; "
+        "e.g. 'python -m pip install --no-deps .' where the worker's environment has the dependencies)",
+    )
+    parser.add_argument(
+        "--result-storage", metavar="BLOCK", help="Prefect block for task results, shared by all workers (e.g. remote-file-system/tokenmill-results)"
+    )
+    parser.add_argument(
+        "--notify", metavar="BLOCK", help="notification block (e.g. custom-webhook/ops-alerts): notify when a tokenmill flow run fails or crashes"
+    )
     parser.add_argument("--paused", action="store_true", help="create the schedules paused")
     return parser
 
@@ -195,12 +204,24 @@ def _json_object(text: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """`tokenmill deploy` with parsed `args` (raises TokenmillError on bad input)."""
     result = deploy(
-        args.store, args.corpus, storage_options=args.storage_options, pool=args.pool, nightly_cron=args.nightly_cron,
-        weekly_cron=args.weekly_cron, repo=args.repo, branch=args.branch, install_command=args.install_command,
-        result_storage=args.result_storage, notify=args.notify, paused=args.paused, create_pool=args.create_pool,
+        args.store,
+        args.corpus,
+        storage_options=args.storage_options,
+        pool=args.pool,
+        nightly_cron=args.nightly_cron,
+        weekly_cron=args.weekly_cron,
+        repo=args.repo,
+        branch=args.branch,
+        install_command=args.install_command,
+        result_storage=args.result_storage,
+        notify=args.notify,
+        paused=args.paused,
+        create_pool=args.create_pool,
     )
-    print(f"tokenmill deploy: {len(result['deployments'])} deployments on work pool {args.pool!r}; workers clone {result['repo']} "
-          f"({result['branch'] or 'default branch'}) and run {result['install']!r}")
+    print(
+        f"tokenmill deploy: {len(result['deployments'])} deployments on work pool {args.pool!r}; workers clone {result['repo']} "
+        f"({result['branch'] or 'default branch'}) and run {result['install']!r}"
+    )
     for name, deployment_id in result["deployments"]:
         print(f"  {name}  {deployment_id}")
     checkout = local_checkout()

@@ -128,21 +128,33 @@ def deployment_specs(
     stage_common = {k: v for k, v in common.items() if k != "corpus"}
     specs = [
         DeploymentSpec(
-            "tokenmill_pipeline", "nightly-tokenize",
+            "tokenmill_pipeline",
+            "nightly-tokenize",
             "Nightly: fetch the corpus, retrain the tokenizer and re-encode the token shards if the corpus changed (no LM).",
-            cron=nightly_cron, parameters=merge_parameters(common, TOKENIZE_PARAMETERS, {"train_model": False}), tags=("tokenmill", "nightly"),
-            concurrency_limit=1, work_queue=SCHEDULED_QUEUE,
+            cron=nightly_cron,
+            parameters=merge_parameters(common, TOKENIZE_PARAMETERS, {"train_model": False}),
+            tags=("tokenmill", "nightly"),
+            concurrency_limit=1,
+            work_queue=SCHEDULED_QUEUE,
         ),
         DeploymentSpec(
-            "tokenmill_pipeline", "weekly-retrain",
+            "tokenmill_pipeline",
+            "weekly-retrain",
             "Weekly: the nightly chain plus the GPT trained on the latest token shards.",
-            cron=weekly_cron, parameters=merge_parameters(common, TOKENIZE_PARAMETERS, RETRAIN_PARAMETERS, {"train_model": True}), tags=("tokenmill", "weekly"),
-            concurrency_limit=1, work_queue=SCHEDULED_QUEUE,
+            cron=weekly_cron,
+            parameters=merge_parameters(common, TOKENIZE_PARAMETERS, RETRAIN_PARAMETERS, {"train_model": True}),
+            tags=("tokenmill", "weekly"),
+            concurrency_limit=1,
+            work_queue=SCHEDULED_QUEUE,
         ),
         DeploymentSpec("tokenmill_pipeline", "on-demand", "The whole chain; give any parameters when triggering.", parameters=dict(common)),
         DeploymentSpec(
-            "tokenmill_pipeline", "on-demand-dask", "The whole chain with the mapped stages on Dask.",
-            parameters=dict(common), tags=("tokenmill", "dask"), runner="dask",
+            "tokenmill_pipeline",
+            "on-demand-dask",
+            "The whole chain with the mapped stages on Dask.",
+            parameters=dict(common),
+            tags=("tokenmill", "dask"),
+            runner="dask",
         ),
         DeploymentSpec("corpus_flow", "on-demand", "Fetch and shard a corpus.", parameters=dict(common)),
         DeploymentSpec("tokenizer_flow", "on-demand", "Count and learn merges on a corpus reference (corpus_ref).", parameters=dict(stage_common)),
@@ -359,16 +371,18 @@ def serve(
     names, ids = [], []
     try:
         for spec, flow in bound:
-            ids.append(prefect_runner.add_flow(
-                flow,
-                name=spec.name,
-                schedules=[Cron(spec.cron, timezone=TIMEZONE)] if spec.cron else None,
-                parameters=spec.parameters,
-                description=spec.description,
-                tags=list(spec.tags),
-                paused=paused,
-                concurrency_limit=spec.concurrency(),
-            ))
+            ids.append(
+                prefect_runner.add_flow(
+                    flow,
+                    name=spec.name,
+                    schedules=[Cron(spec.cron, timezone=TIMEZONE)] if spec.cron else None,
+                    parameters=spec.parameters,
+                    description=spec.description,
+                    tags=list(spec.tags),
+                    paused=paused,
+                    concurrency_limit=spec.concurrency(),
+                )
+            )
             names.append(f"{flow.name}/{spec.name}" + (f"  [{spec.cron} {TIMEZONE}]" if spec.cron else ""))
         print(f"tokenmill serve: {len(names)} deployments on {url}; Ctrl-C stops (schedules are paused on exit)", flush=True)
         for name in names:
@@ -412,9 +426,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--result-storage", metavar="BLOCK", help="Prefect block for task results, e.g. remote-file-system/tokenmill-results")
     args = p.parse_args(argv)
     try:
-        serve(args.store, args.corpus, storage_options=args.storage_options, runner=args.runner, workers=args.workers,
-              dask_address=args.dask_address, paused=args.paused, limit=args.limit, poll_seconds=args.poll_seconds,
-              nightly_cron=args.nightly_cron, weekly_cron=args.weekly_cron, result_storage=args.result_storage)
+        serve(
+            args.store,
+            args.corpus,
+            storage_options=args.storage_options,
+            runner=args.runner,
+            workers=args.workers,
+            dask_address=args.dask_address,
+            paused=args.paused,
+            limit=args.limit,
+            poll_seconds=args.poll_seconds,
+            nightly_cron=args.nightly_cron,
+            weekly_cron=args.weekly_cron,
+            result_storage=args.result_storage,
+        )
     except TokenmillError as e:
         print(f"tokenmill serve: error: {e}", file=sys.stderr)
         return 2

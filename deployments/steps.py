@@ -67,8 +67,12 @@ def local_checkout(cwd: str | None = None) -> dict[str, Any] | None:
     if origin and "://" not in origin and not _scp_like(origin):
         origin = os.path.normpath(os.path.join(root, os.path.expanduser(origin)))
     branch = _git(["rev-parse", "--abbrev-ref", "HEAD"], root)
-    return {"root": root, "repo": origin or root, "branch": None if branch in (None, "HEAD") else branch,
-            "dirty": _git(["status", "--porcelain", "--untracked-files=no"], root) is not None}
+    return {
+        "root": root,
+        "repo": origin or root,
+        "branch": None if branch in (None, "HEAD") else branch,
+        "dirty": _git(["status", "--porcelain", "--untracked-files=no"], root) is not None,
+    }
 
 
 def _scp_like(url: str) -> bool:
@@ -147,14 +151,18 @@ def settings(store_default: str = "./artifacts", **_: Any) -> dict[str, Any]:
         if not isinstance(options, dict):
             raise InputError("TOKENMILL_STORAGE_OPTIONS must be a JSON object")
         out["storage_options"] = options
-    out.update(source_settings(os.environ.get("TOKENMILL_REPO", "").strip(), os.environ.get("TOKENMILL_BRANCH", "").strip(), os.environ.get("TOKENMILL_INSTALL")))
+    out.update(
+        source_settings(os.environ.get("TOKENMILL_REPO", "").strip(), os.environ.get("TOKENMILL_BRANCH", "").strip(), os.environ.get("TOKENMILL_INSTALL"))
+    )
     result_storage = os.environ.get("TOKENMILL_RESULT_STORAGE", "").strip() or None
     out["env"] = job_env(result_storage)
     out["dask_env"] = job_env(result_storage, runner="dask")
     print(f"tokenmill deploy settings: {json.dumps(out)}")
     checkout = local_checkout()
     if checkout is not None and checkout["dirty"] and not os.environ.get("TOKENMILL_REPO", "").strip():
-        print(f"tokenmill deploy: note: {checkout['root']} has uncommitted changes; workers clone {out['repo']} ({out['branch'] or 'default branch'}) without them")
+        print(
+            f"tokenmill deploy: note: {checkout['root']} has uncommitted changes; workers clone {out['repo']} ({out['branch'] or 'default branch'}) without them"
+        )
     return out
 
 
@@ -202,6 +210,5 @@ def load_block(slug: str, what: str) -> Any:
             return client.read_block_document_by_name(name, block_type_slug=block_type, include_secrets=False)
         except ObjectNotFound:
             raise InputError(
-                f"{what} {slug!r}: the Prefect server has no such block; create it first "
-                "(docs/operations.md, 'Deployments on a clean worker')"
+                f"{what} {slug!r}: the Prefect server has no such block; create it first (docs/operations.md, 'Deployments on a clean worker')"
             ) from None

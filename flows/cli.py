@@ -220,7 +220,9 @@ def cmd_encode(args) -> int:
         from flows.pipeline import corpus_flow, encode_flow
 
         corpus = corpus_flow(configs["corpus"], store=args.store, storage_options=so)
-        tokens = encode_flow.with_options(task_runner=_runner(args))(corpus, _ref_dict(store, k, v), store=args.store, encode=configs["encode"], storage_options=so)
+        tokens = encode_flow.with_options(task_runner=_runner(args))(
+            corpus, _ref_dict(store, k, v), store=args.store, encode=configs["encode"], storage_options=so
+        )
     print(f"tokens {tokens['kind']}/{tokens['version']} -> {tokens['uri']}")
     return 0
 
@@ -234,7 +236,10 @@ def cmd_lm_train(args) -> int:
         from flows.pipeline import lm_flow
 
         model = lm_flow(
-            _ref_dict(store, tk, tv), _ref_dict(store, *parent), store=args.store, **configs,
+            _ref_dict(store, tk, tv),
+            _ref_dict(store, *parent),
+            store=args.store,
+            **configs,
             storage_options=_storage_options(args.storage_option) or None,
         )
     m = store.manifest(model["kind"], model["version"])["meta"]
@@ -332,24 +337,35 @@ def cmd_server(args) -> int:
         pid = local.stop()
         print(f"stopped tokenmill's local Prefect server (pid {pid})" if pid else f"no local Prefect server was running ({local.directory})")
     else:
-        state = local.status()
-        if state is None:
+        status = local.status()
+        if status is None:
             print(f"not running; tokenmill starts it in {local.directory} when a command runs flows without PREFECT_API_URL")
         else:
             clients = local.live_clients()
-            print(f"running: {state['api_url']} (pid {state['pid']}, since {dt.datetime.fromtimestamp(state['started']):%Y-%m-%d %H:%M:%S})")
+            print(f"running: {status['api_url']} (pid {status['pid']}, since {dt.datetime.fromtimestamp(status['started']):%Y-%m-%d %H:%M:%S})")
             print(f"  files:    {local.directory} (database {local.db_path.name}, log {local.log_path.name}, results {local.storage_dir.name}/)")
             print(f"  commands: {len(clients)} running" + (f" (pid {', '.join(map(str, clients))})" if clients else ""))
-            print(f"  use it elsewhere: export PREFECT_API_URL={state['api_url']}")
+            print(f"  use it elsewhere: export PREFECT_API_URL={status['api_url']}")
     return 0
 
 
 def cmd_export_nanogpt(args) -> int:
+    from pipeline_lib.stages import load_tokenizer
+    from pipeline_lib.store import VersionRef
     from pipeline_lib.token_shards import export_nanogpt
 
     store = _store(args)
     k, v = _resolve(store, args.tokens, "tokens")
-    written = export_nanogpt(store.local_dir(k, v), store.manifest(k, v)["meta"], args.out, args.val_fraction)
+    meta = store.manifest(k, v)["meta"]
+    tk, tv = str(meta["tokenizer"]["version"]).split("/", 1)  # the tokens' tokenizer, "tokenizer/<id>"
+    tok = load_tokenizer(store, VersionRef(tk, tv, store.uri(tk, tv), ""))
+    token_bytes: list[bytes | None] = []
+    for i in range(tok.vocab_size):
+        try:
+            token_bytes.append(tok.decode_single_token_bytes(i))
+        except KeyError:  # an id no token uses
+            token_bytes.append(None)
+    written = export_nanogpt(store.local_dir(k, v), meta, args.out, args.val_fraction, token_bytes=token_bytes)
     print(f"train.bin: {written['train']:,} tokens, val.bin: {written['val']:,} tokens -> {args.out}")
     return 0
 
@@ -359,7 +375,9 @@ def cmd_export_llmc(args) -> int:
 
     store = _store(args)
     k, v = _resolve(store, args.tokens, "tokens")
-    written = export_llmc(store.local_dir(k, v), store.manifest(k, v)["meta"], args.out, args.val_fraction, args.prefix, separator_placement=args.separator_placement)
+    written = export_llmc(
+        store.local_dir(k, v), store.manifest(k, v)["meta"], args.out, args.val_fraction, args.prefix, separator_placement=args.separator_placement
+    )
     print(f"{args.prefix}_train.bin: {written['train']:,} tokens, {args.prefix}_val.bin: {written['val']:,} tokens -> {args.out}")
     return 0
 
@@ -380,8 +398,13 @@ def cmd_serve(args) -> int:
     from deployments.serve import serve
 
     serve(
-        store=args.store, corpus=args.corpus, storage_options=_storage_options(args.storage_option) or None,
-        runner=args.runner, workers=args.workers, dask_address=args.dask_address, paused=args.paused,
+        store=args.store,
+        corpus=args.corpus,
+        storage_options=_storage_options(args.storage_option) or None,
+        runner=args.runner,
+        workers=args.workers,
+        dask_address=args.dask_address,
+        paused=args.paused,
     )
     return 0
 
@@ -396,7 +419,9 @@ def cmd_deploy(args) -> int:
 def _add_store(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=DEFAULT_STORE, help="artifact store URL or path (default: %(default)s)")
     p.add_argument(
-        "--storage-option", action="append", metavar="KEY=VALUE",
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
         help="fsspec option for the store and corpus, e.g. endpoint_url=http://127.0.0.1:9000 (repeatable); "
         "VALUE may be JSON. s3:// requests time out and retry by default (connect 10 s, read 20 s, 3 tries: "
         "pipeline_lib.fsio.S3_CONFIG_DEFAULTS); change them with config_kwargs='{\"read_timeout\": 120}'",
@@ -433,15 +458,9 @@ FLAG_ALIASES: dict[tuple[str, str], str] = {
 
 
 def _config_classes() -> dict[str, Any]:
-    from pipeline_lib.config import ReportConfig, SampleConfig
-    from pipeline_lib.corpus import CorpusConfig
-    from pipeline_lib.counting import CountConfig
-    from pipeline_lib.lm.config import LMConfig
-    from pipeline_lib.stages import TokenizerConfig
-    from pipeline_lib.token_shards import EncodeConfig
+    from pipeline_lib.config import stage_configs
 
-    return {"corpus": CorpusConfig, "count": CountConfig, "tokenizer": TokenizerConfig, "encode": EncodeConfig,
-            "lm": LMConfig, "report": ReportConfig, "sample": SampleConfig}
+    return stage_configs()
 
 
 # The configs each command takes, by the flow parameter they go to.
@@ -486,8 +505,12 @@ def add_config_options(p: argparse.ArgumentParser, cls: type, defaults: Any = No
         elif f.repeated:
             # Repeatable; numbers may also be given comma-separated (--vocab-sizes 256,512).
             split = f.item_type in (int, float)
-            kw.update(action="extend", default=None, metavar=f.name.upper().rstrip("S") or f.name.upper(),
-                      type=(lambda t, f=f: [_parse_value(f, x) for x in t.split(",")]) if split else (lambda t, f=f: [_parse_value(f, t)]))
+            kw.update(
+                action="extend",
+                default=None,
+                metavar=f.name.upper().rstrip("S") or f.name.upper(),
+                type=(lambda t, f=f: [_parse_value(f, x) for x in t.split(",")]) if split else (lambda t, f=f: [_parse_value(f, t)]),
+            )
         else:
             kw.update(type=lambda t, f=f: _parse_value(f, t), default=default, choices=f.choices, metavar=None if f.choices else f.name.upper())
         group.add_argument(flag_of(cls, f.name), **kw)
@@ -566,13 +589,17 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run the whole pipeline (default: bundled tiny Shakespeare into ./artifacts)")
-    _add_store(p), _add_configs(p, ("run",), RUN_CONFIGS), _add_runner(p)
+    _add_store(p)
+    _add_configs(p, ("run",), RUN_CONFIGS)
+    _add_runner(p)
     p.add_argument("--no-lm", action="store_true", help="stop after the token shards")
     p.set_defaults(func=cmd_run)
 
     tp = sub.add_parser("tokenizer", help="train, use and export tokenizers").add_subparsers(dest="sub", required=True)
     p = tp.add_parser("train", help="count and learn merges from a corpus")
-    _add_store(p), _add_configs(p, ("tokenizer", "train"), TOKENIZER_CONFIGS), _add_runner(p)
+    _add_store(p)
+    _add_configs(p, ("tokenizer", "train"), TOKENIZER_CONFIGS)
+    _add_runner(p)
     p.add_argument("--out", help="also save the tokenizer files into this directory")
     p.set_defaults(func=cmd_tokenizer_train)
     p = tp.add_parser("encode", help="encode text with a tokenizer")
@@ -592,13 +619,16 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenizer_export)
 
     p = sub.add_parser("encode", help="encode a corpus into token shards with an existing tokenizer")
-    _add_store(p), _add_configs(p, ("encode",), ENCODE_CONFIGS), _add_runner(p)
+    _add_store(p)
+    _add_configs(p, ("encode",), ENCODE_CONFIGS)
+    _add_runner(p)
     p.add_argument("--tokenizer", default="latest:tokenizer", help="tokenizer REF (default: %(default)s)")
     p.set_defaults(func=cmd_encode)
 
     lp = sub.add_parser("lm", help="train and sample the language model").add_subparsers(dest="sub", required=True)
     p = lp.add_parser("train", help="train a GPT on a tokens version")
-    _add_store(p), _add_configs(p, ("lm", "train"), LM_CONFIGS)
+    _add_store(p)
+    _add_configs(p, ("lm", "train"), LM_CONFIGS)
     p.add_argument("--tokens", default="latest:tokens", help="tokens REF (default: %(default)s)")
     p.set_defaults(func=cmd_lm_train)
     p = lp.add_parser("sample", help="generate text from a trained model")
@@ -619,9 +649,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("gc", help="remove unpublished leftovers (staging areas, versions without a manifest)")
     _add_store(p)
     p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--min-age", type=float, default=3600, help="spare leftovers younger than this many seconds: a running flow's staging area (default: %(default)s)")
     p.add_argument(
-        "--prefect-home", action="store_true",
+        "--min-age", type=float, default=3600, help="spare leftovers younger than this many seconds: a running flow's staging area (default: %(default)s)"
+    )
+    p.add_argument(
+        "--prefect-home",
+        action="store_true",
         help="instead of the store: remove what tokenmill's local Prefect server left in $PREFECT_HOME/tokenmill (its "
         "database, log, task results older than --min-age; it is stopped first unless a tokenmill command is using it) "
         "and tokenmill's failure logs ($PREFECT_HOME/logs/tokenmill-*.log) older than --min-age; nothing else",
@@ -643,10 +676,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--val-fraction", type=float, default=0.1)
     p.add_argument("--prefix", default="tokens")
-    p.add_argument("--separator-placement", choices=("append", "prepend"), help="separator after or before each document (default: as encoded; llm.c's scripts prepend)")
+    p.add_argument(
+        "--separator-placement", choices=("append", "prepend"), help="separator after or before each document (default: as encoded; llm.c's scripts prepend)"
+    )
     p.set_defaults(func=cmd_export_llmc)
     p = sub.add_parser("report", help="compression vs vocabulary size, fertility per language, notable tokens")
-    _add_store(p), _add_configs(p, ("report",), REPORT_CONFIGS, corpus=_report_corpus)
+    _add_store(p)
+    _add_configs(p, ("report",), REPORT_CONFIGS, corpus=_report_corpus)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("serve", help="serve the scheduled deployments from this process (needs a Prefect server)")
     _add_store(p)
@@ -698,7 +734,7 @@ class Failure:
 def _chain(exc: BaseException) -> list[BaseException]:
     """`exc`, its causes and contexts, and the error botocore wraps (``kwargs['error']``)."""
     out: list[BaseException] = []
-    todo = [exc]
+    todo: list[BaseException | None] = [exc]
     while todo:
         e = todo.pop(0)
         if e is None or any(e is seen for seen in out):
@@ -719,9 +755,9 @@ def _where(exc: BaseException) -> str:
     return found
 
 
-def _one_line(text: str, limit: int = 2000) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _one_line(text: object, limit: int = 2000) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _errno_in(e: BaseException, *names: str) -> bool:
@@ -826,13 +862,13 @@ def describe_failure(exc: BaseException, store: str | None = None, resumable: bo
     if full := next((e for e in chain if _is_disk_full(e)), None):
         what = "disk quota exceeded (EDQUOT)" if _errno_in(full, "EDQUOT") or "quota" in str(full).lower() else "no space left on device (ENOSPC)"
         return Failure(
-            f"{what} writing {target}: free space there (`tokenmill gc` removes unpublished leftovers) "
-            f"or choose another --store, {rerun}", EXIT_FAILURE,
+            f"{what} writing {target}: free space there (`tokenmill gc` removes unpublished leftovers) or choose another --store, {rerun}",
+            EXIT_FAILURE,
         )
     if any(isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" for e in chain):
         return Failure(
-            f"out of memory{at}: use more --shards (smaller shards), fewer --workers, or a smaller "
-            f"--lm-preset / --batch-size, {rerun}", EXIT_FAILURE,
+            f"out of memory{at}: use more --shards (smaller shards), fewer --workers, or a smaller --lm-preset / --batch-size, {rerun}",
+            EXIT_FAILURE,
         )
     if denied := next((e for e in chain if isinstance(e, PermissionError) or _errno_in(e, "EACCES", "EPERM", "EROFS")), None):
         if filename:
@@ -840,7 +876,8 @@ def describe_failure(exc: BaseException, store: str | None = None, resumable: bo
             return Failure(f"{reason}: {filename}: give this user access to it or choose another --store / path, {rerun}", EXIT_FAILURE)
         return Failure(
             f"permission denied for {store_part} ({_one_line(denied, 300)}): check the credentials "
-            f"(--storage-option key=... / AWS_PROFILE) and the bucket's policy, {rerun}", EXIT_FAILURE,
+            f"(--storage-option key=... / AWS_PROFILE) and the bucket's policy, {rerun}",
+            EXIT_FAILURE,
         )
     if any(isinstance(e, RuntimeError) and str(e).startswith(_EPHEMERAL_TIMEOUT) for e in chain):
         return Failure(
@@ -857,31 +894,36 @@ def describe_failure(exc: BaseException, store: str | None = None, resumable: bo
         if isinstance(code, int) and code >= 500:
             return Failure(
                 f"the Prefect API at {url} failed (HTTP {code}): check that server and its log (tokenmill's local one: "
-                f"tokenmill server status; restart it with tokenmill server stop), {rerun}", EXIT_FAILURE,
+                f"tokenmill server status; restart it with tokenmill server stop), {rerun}",
+                EXIT_FAILURE,
             )
     if net := next((e for e in chain if _is_network(e)), None):
         url = _url_of(chain) or store_part
         if any(_type_names(e) & {"httpx.TransportError"} for e in chain):
             return Failure(
                 f"cannot reach the Prefect API at {url} ({_one_line(net, 300)}): start that server (prefect server start) "
-                f"or unset PREFECT_API_URL to use tokenmill's local one, {rerun}", EXIT_FAILURE,
+                f"or unset PREFECT_API_URL to use tokenmill's local one, {rerun}",
+                EXIT_FAILURE,
             )
         if any(isinstance(e, ConnectionRefusedError) or _errno_in(e, "ECONNREFUSED") or _REFUSED_TEXT.search(str(e)) for e in chain):
             return Failure(
                 f"cannot connect to {url}: connection refused: check that the server is running and the address "
-                f"(--storage-option endpoint_url=...) is right, {rerun}", EXIT_FAILURE,
+                f"(--storage-option endpoint_url=...) is right, {rerun}",
+                EXIT_FAILURE,
             )
         if timeout := next((e for e in chain if isinstance(e, TimeoutError) or "timeout" in type(e).__name__.lower()), None):
             return Failure(
                 f"no answer from {url} in time, after retries ({type(timeout).__name__}): the server is down, paused "
                 "or overloaded (or allow it more time, e.g. --storage-option config_kwargs='{\"read_timeout\": 120}'); "
-                f"when it answers, {rerun.removeprefix('then ')}", EXIT_FAILURE,
+                f"when it answers, {rerun.removeprefix('then ')}",
+                EXIT_FAILURE,
             )
         return Failure(f"cannot reach {url}: {_one_line(net, 300)}: check the network and the address, {rerun}", EXIT_FAILURE)
     if overflow := next((e for e in chain if isinstance(e, OverflowError)), None):
         return Failure(
             f"numeric overflow{at} ({_one_line(overflow, 300)}): a number is out of range; check the numeric options "
-            "(--vocab-size, --shards, --lm-steps, --batch-size...) and the input files", EXIT_FAILURE,
+            "(--vocab-size, --shards, --lm-steps, --batch-size...) and the input files",
+            EXIT_FAILURE,
         )
     if isinstance(exc, OSError):
         reason = exc.strerror or _one_line(exc, 300)
@@ -908,10 +950,7 @@ def write_failure_log(exc: BaseException, argv: list[str], line: str) -> str | N
         os.makedirs(directory, mode=0o700, exist_ok=True)
         now = dt.datetime.now()
         path = os.path.join(directory, f"tokenmill-{now:%Y%m%d-%H%M%S-%f}-{os.getpid()}.log")
-        text = (
-            f"{now.isoformat()} tokenmill {' '.join(_redact_argv(argv))}\n"
-            f"tokenmill: error: {line}\n\n" + "".join(traceback.format_exception(exc))
-        )
+        text = f"{now.isoformat()} tokenmill {' '.join(_redact_argv(argv))}\ntokenmill: error: {line}\n\n" + "".join(traceback.format_exception(exc))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
             f.write(_redact(text))

@@ -21,7 +21,7 @@ from typing import Any
 from prefect import flow, get_run_logger, tags
 from prefect.artifacts import create_markdown_artifact
 
-from pipeline_lib.config import ReportConfig, validate
+from pipeline_lib.config import ReportConfig, stage_configs, validate
 from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.counting import CountConfig
 from pipeline_lib.lm.config import LMConfig
@@ -41,17 +41,14 @@ DEFAULT_STORE = "./artifacts"
 # Every stage's parameters are one config (pipeline_lib.config): a flow takes the configs of
 # the stages it runs, as parameters named here. Prefect validates a dict given for one (a
 # deployment's parameters) against the config's fields before the run starts.
-CONFIG_PARAMETERS: dict[str, type] = {
-    "corpus": CorpusConfig, "count": CountConfig, "tokenizer": TokenizerConfig,
-    "encode": EncodeConfig, "lm": LMConfig, "report": ReportConfig,
-}
+CONFIG_PARAMETERS: dict[str, type] = {name: cls for name, cls in stage_configs().items() if name != "sample"}
 
 
 def config_parameters(fn) -> dict[str, type]:
     """``{parameter: config class}`` of a flow (or its function): the configs it takes."""
     fn = getattr(fn, "fn", fn)
     hints = typing.get_type_hints(fn)
-    return {name: tp for name, tp in hints.items() if dataclasses.is_dataclass(tp)}
+    return {name: tp for name, tp in hints.items() if isinstance(tp, type) and dataclasses.is_dataclass(tp)}
 
 
 def check_parameters(fn, parameters: dict[str, Any]) -> dict[str, Any]:
@@ -262,17 +259,19 @@ def summarize(store_url: str, corpus: dict, tokenizer: dict, tokens: dict, model
         "bytes_per_token": round(comp["bytes_per_token"], 3),
         "chars_per_token": round(cmeta["n_chars"] / max(1, n_text_tokens), 3) if cmeta.get("n_chars") else None,
     }
-    artifacts = {k: store.uri(r["kind"], r["version"]) for k, r in (("corpus", corpus), ("tokenizer", tokenizer), ("tokens", tokens)) }
+    artifacts = {k: store.uri(r["kind"], r["version"]) for k, r in (("corpus", corpus), ("tokenizer", tokenizer), ("tokens", tokens))}
     sample = None
     if model is not None:
         mm = store.manifest(model["kind"], model["version"])["meta"]
-        figures.update({
-            "train_loss": mm["metrics"].get("final_train_loss"),
-            "val_loss": mm["metrics"].get("final_val_loss"),
-            "val_bpb": mm["metrics"].get("val_bpb"),
-            "lm_steps": mm["metrics"].get("steps"),
-            "lm_params": mm.get("n_params"),
-        })
+        figures.update(
+            {
+                "train_loss": mm["metrics"].get("final_train_loss"),
+                "val_loss": mm["metrics"].get("final_val_loss"),
+                "val_bpb": mm["metrics"].get("val_bpb"),
+                "lm_steps": mm["metrics"].get("steps"),
+                "lm_params": mm.get("n_params"),
+            }
+        )
         artifacts["model"] = store.uri(model["kind"], model["version"])
         artifacts["loss_curve"] = store.uri(model["kind"], model["version"], "loss.png")
         sample = mm["samples"][0] if mm["samples"] else None

@@ -260,8 +260,14 @@ class LocalServer:
         try:
             # Its own session: the terminal's Ctrl-C and hang-up do not reach it.
             return subprocess.Popen(
-                [sys.executable, "-m", SERVER_MODULE, str(self.directory)], env=env, cwd="/", stdin=subprocess.DEVNULL,
-                stdout=fd, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                [sys.executable, "-m", SERVER_MODULE, str(self.directory)],
+                env=env,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
             )
         finally:
             os.close(fd)
@@ -340,7 +346,7 @@ class LocalServer:
             if clients:
                 notes.append(f"kept the local server's database: tokenmill command(s) running (pid {', '.join(map(str, clients))})")
             else:
-                if running:
+                if running and state is not None:
                     notes.append(f"{'would stop' if dry_run else 'stopped'} the local Prefect server (pid {state['pid']})")
                     if not dry_run:
                         self._kill(state["pid"])
@@ -362,9 +368,9 @@ class LocalServer:
                     for d in dirs:
                         with contextlib.suppress(OSError):
                             os.rmdir(os.path.join(root, d))  # only empty ones
-                for d in (self.storage_dir, self.clients_dir):
+                for top in (self.storage_dir, self.clients_dir):
                     with contextlib.suppress(OSError):
-                        d.rmdir()
+                        top.rmdir()
         return removed, notes
 
 
@@ -412,7 +418,7 @@ def flow_api() -> Iterator[str | None]:
     mode = os.environ.get(ENV_MODE, "").strip().lower() or "local"
     if mode == "temporary":  # Prefect's per-command server, with room to start
         raw = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
-        updates = {} if raw else {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: max(1, round(startup_timeout))}
+        updates: dict[Any, Any] = {} if raw else {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: max(1, round(startup_timeout))}
         with temporary_settings(updates=updates):
             yield None
         return
@@ -423,7 +429,7 @@ def flow_api() -> Iterator[str | None]:
         state = local.ensure(startup_timeout)
         # PREFECT_UI_URL "": the server has no UI, so no "View at <url>" lines pointing at one.
         env = {"PREFECT_API_URL": state["api_url"], "PREFECT_UI_URL": ""}
-        updates: dict[Any, Any] = {PREFECT_API_URL: state["api_url"], PREFECT_UI_URL: ""}
+        updates = {PREFECT_API_URL: state["api_url"], PREFECT_UI_URL: ""}
         default_storage = Path(settings.home).absolute() / "storage"  # Prefect's, shared with other flows
         if not any(os.environ.get(v) for v in _STORAGE_VARS) and Path(settings.results.local_storage_path).absolute() == default_storage:
             env["PREFECT_LOCAL_STORAGE_PATH"] = str(local.storage_dir)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 import pydantic
+from pydantic_core import ErrorDetails
 
 from pipeline_lib.errors import ConfigError, InputError
 
@@ -114,7 +115,7 @@ def validate(cls: type, value: Any, what: str | None = None) -> Any:
         raise ConfigError(f"{what}: {e}") from e
 
 
-def _message(err: dict) -> str:
+def _message(err: ErrorDetails) -> str:
     if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         return "unknown field"
     if err["type"] == "value_error":
@@ -158,3 +159,26 @@ class SampleConfig:
             raise InputError(f"temperature={self.temperature}: must be >= 0")
         if self.top_k < 0:
             raise InputError(f"top_k={self.top_k}: must be at least 0 (0: no top-k filter)")
+
+
+def stage_configs() -> dict[str, type]:
+    """Every config by the name flows, deployments and the CLI give it (``{"corpus": CorpusConfig, ...}``).
+
+    Imported on call: the configs live beside their stages (numpy, pyarrow), and the CLI
+    asks only for the command it runs.
+    """
+    from pipeline_lib.corpus import CorpusConfig
+    from pipeline_lib.counting import CountConfig
+    from pipeline_lib.lm.config import LMConfig
+    from pipeline_lib.stages import TokenizerConfig
+    from pipeline_lib.token_shards import EncodeConfig
+
+    return {
+        "corpus": CorpusConfig,
+        "count": CountConfig,
+        "tokenizer": TokenizerConfig,
+        "encode": EncodeConfig,
+        "lm": LMConfig,
+        "report": ReportConfig,
+        "sample": SampleConfig,
+    }

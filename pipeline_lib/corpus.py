@@ -39,7 +39,7 @@ import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, BinaryIO, Literal
+from typing import Annotated, Any, BinaryIO, Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -87,7 +87,9 @@ class CorpusConfig:
 
     __pydantic_config__ = STRICT
 
-    sources: Annotated[tuple[str, ...] | None, doc("corpus file URLs or globs (.txt, .jsonl, .parquet, plain or compressed); none: the bundled tiny Shakespeare")] = (DEFAULT_CORPUS,)
+    sources: Annotated[
+        tuple[str, ...] | None, doc("corpus file URLs or globs (.txt, .jsonl, .parquet, plain or compressed); none: the bundled tiny Shakespeare")
+    ] = (DEFAULT_CORPUS,)
     # "line" is the default everywhere (the CLI and tokenmill_pipeline used to say
     # "paragraph"): every text has lines, not every text has blank lines between documents,
     # and a file without them would become one document (one shard, one huge encode call).
@@ -197,11 +199,13 @@ def source_fingerprint(sources: tuple[str, ...], **storage_options: Any) -> list
     for url in expand_sources(sources, **storage_options):
         fs, path = filesystem(url, **storage_options)
         info = fs.info(path)
-        out.append({
-            "url": _redact(url),
-            "size": info.get("size"),
-            "stamp": str(info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or info.get("last_modified") or ""),
-        })
+        out.append(
+            {
+                "url": _redact(url),
+                "size": info.get("size"),
+                "stamp": str(info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or info.get("last_modified") or ""),
+            }
+        )
     return out
 
 
@@ -223,10 +227,12 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
     second run) downloads again and lands on the same version id, which is published
     once; a killed download leaves only temp files that `gc` removes.
     """
-    urls = expand_sources(config.sources, **config.storage_options)
+    sources = config.sources
+    assert sources is not None  # __post_init__ fills in the default
+    urls = expand_sources(sources, **config.storage_options)
     tmpdir = tempfile.mkdtemp(prefix="download-", dir=store.scratch_dir(RAW_KIND))
     try:
-        fetched = []
+        fetched: list[dict[str, Any]] = []
         for i, url in enumerate(urls):
             fs, path = filesystem(url, **config.storage_options)
             local = os.path.join(tmpdir, f"{i:05d}")
@@ -256,11 +262,14 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
                     raise InputError(f"corpus source {f['url']!r} changed on local disk while it was being stored")
             sources_meta = [{k: f[k] for k in ("url", "name", "size", "sha256")} for f in fetched]
             return store.publish(
-                staging, files=files, params={"content": content}, code_version=code,
+                staging,
+                files=files,
+                params={"content": content},
+                code_version=code,
                 meta={
                     "sources": sources_meta,
                     "n_bytes": sum(f["size"] for f in fetched),
-                    "fingerprint": source_fingerprint(config.sources, **config.storage_options),
+                    "fingerprint": source_fingerprint(sources, **config.storage_options),
                 },
             )
 
@@ -270,10 +279,14 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
 
 
 # --------------------------------------------------------------------------- reading sources
+class _ByteSource(Protocol):
+    def read(self, size: int, /) -> bytes | None: ...
+
+
 class _CappedReader(io.RawIOBase):
     """Counts decompressed bytes and refuses to go past the cap (zip-bomb guard)."""
 
-    def __init__(self, inner: BinaryIO, cap: int, name: str):
+    def __init__(self, inner: _ByteSource, cap: int, name: str):
         self.inner, self.cap, self.name, self.n = inner, cap, name, 0
 
     def readable(self) -> bool:
@@ -282,6 +295,7 @@ class _CappedReader(io.RawIOBase):
     def readinto(self, b) -> int:
         try:
             data = self.inner.read(len(b))
+            assert data is not None  # None only comes from a non-blocking raw stream
         except InputError:
             raise
         except (EOFError, OSError, lzma.LZMAError, ValueError) as e:
@@ -289,10 +303,7 @@ class _CappedReader(io.RawIOBase):
         n = len(data)
         self.n += n
         if self.n > self.cap:
-            raise InputError(
-                f"{self.name}: decompresses to more than {self.cap:,} bytes (max_source_bytes); "
-                "refusing a possible decompression bomb"
-            )
+            raise InputError(f"{self.name}: decompresses to more than {self.cap:,} bytes (max_source_bytes); refusing a possible decompression bomb")
         b[:n] = data
         return n
 
@@ -352,7 +363,7 @@ def open_source(path: str, name: str, cap: int) -> Iterator[io.BufferedReader]:
         raise InputError(f"{name}: missing ({path})") from None
     with raw:
         if comp == ".gz":
-            inner: BinaryIO = gzip.GzipFile(fileobj=raw)
+            inner: _ByteSource = gzip.GzipFile(fileobj=raw)
         elif comp == ".bz2":
             inner = bz2.BZ2File(raw)
         elif comp == ".xz":
@@ -382,7 +393,9 @@ class DecodeStats:
 _INVALID = threading.local()  # bytes replaced by the running decode, per thread
 
 
-def _count_replace(e: UnicodeDecodeError) -> tuple[str, int]:
+def _count_replace(e: UnicodeError) -> tuple[str, int]:
+    if not isinstance(e, UnicodeDecodeError):  # registered for decoding only
+        raise e
     _INVALID.n = getattr(_INVALID, "n", 0) + e.end - e.start
     return "\ufffd", e.end
 
@@ -444,7 +457,9 @@ def _check_str(text: str, errors: str, where: str, stats: DecodeStats) -> bytes 
         data = text.encode("utf-8")
     except UnicodeEncodeError as e:
         if errors == "fail":
-            raise InputError(f"{where}: lone surrogate {text[e.start]!r} at character {e.start}, not encodable as UTF-8; use errors='replace' or 'skip-document'") from None
+            raise InputError(
+                f"{where}: lone surrogate {text[e.start]!r} at character {e.start}, not encodable as UTF-8; use errors='replace' or 'skip-document'"
+            ) from None
         if errors == "skip-document":
             stats.skipped_documents += 1
             return None
@@ -513,7 +528,9 @@ def _iter_docs(path: str, name: str, config: CorpusConfig, stats: DecodeStats) -
                 if not isinstance(record, dict):
                     raise InputError(f"{name}:{lineno}: expected a JSON object per line, found {type(record).__name__}")
                 if field not in record:
-                    raise InputError(f"{name}:{lineno}: record has no {field!r} field (fields: {sorted(record)[:10]}); set text_field to the field holding the text")
+                    raise InputError(
+                        f"{name}:{lineno}: record has no {field!r} field (fields: {sorted(record)[:10]}); set text_field to the field holding the text"
+                    )
                 value = record[field]
                 if value is None:
                     stats.empty_documents += 1
@@ -534,9 +551,9 @@ def _iter_docs(path: str, name: str, config: CorpusConfig, stats: DecodeStats) -
                 lineno += 1
                 pos += len(line)
                 stripped = line.rstrip(b"\r\n")
-                line = None  # drop the unstripped copy before checking (a huge line counts twice otherwise)
+                del line  # drop the unstripped copy before checking (a huge line counts twice otherwise)
                 data = _check_utf8(stripped, errors, f"{name}:{lineno}", stats)
-                stripped = None
+                del stripped
                 if data is not None:
                     yield data, pos
                 data = None
@@ -575,8 +592,14 @@ def _text_column(pf: pq.ParquetFile, name: str, field: str) -> None:
     typ = pf.schema_arrow.field(field).type
     if pa.types.is_dictionary(typ):
         typ = typ.value_type
-    ok = (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
-          or getattr(pa.types, "is_string_view", lambda t: False)(typ) or getattr(pa.types, "is_binary_view", lambda t: False)(typ))
+    ok = (
+        pa.types.is_string(typ)
+        or pa.types.is_large_string(typ)
+        or pa.types.is_binary(typ)
+        or pa.types.is_large_binary(typ)
+        or getattr(pa.types, "is_string_view", lambda t: False)(typ)
+        or getattr(pa.types, "is_binary_view", lambda t: False)(typ)
+    )
     if not ok:
         raise InputError(f"{name}: column {field!r} has type {typ}, not text")
 
@@ -725,8 +748,7 @@ def shard_balance(shards: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def format_balance(balance: Mapping[str, Any]) -> str:
-    text = (f"shard bytes min {balance['min_bytes']:,} / mean {balance['mean_bytes']:,} / max {balance['max_bytes']:,}"
-            f" (max/mean {balance['max_over_mean']})")
+    text = f"shard bytes min {balance['min_bytes']:,} / mean {balance['mean_bytes']:,} / max {balance['max_bytes']:,} (max/mean {balance['max_over_mean']})"
     if balance["oversize_shards"]:
         text += f", {len(balance['oversize_shards'])} holding one oversize document"
     return text
@@ -741,7 +763,11 @@ class _ShardWriter:
         self._ctx = staging.open_write(self.file)
         self.path = self._ctx.__enter__()
         self.writer = pq.ParquetWriter(
-            self.path, SHARD_SCHEMA, compression="zstd", use_dictionary=["source"], write_statistics=False,
+            self.path,
+            SHARD_SCHEMA,
+            compression="zstd",
+            use_dictionary=["source"],
+            write_statistics=False,
         )
         self.texts: list[bytes] = []
         self.sources: list[str] = []
@@ -858,11 +884,18 @@ def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, v
                     close(plan.oversize)
             plan.skip(extent - last)  # bytes after the last document (blank lines, a torn tail)
             stats.add(sstats)
-            per_source.append({
-                "name": name, "url": smeta.get("url"), "size": smeta.get("size"), "sha256": smeta.get("sha256"),
-                "n_docs": sstats.documents, "n_bytes": sstats.bytes,
-                "replaced_documents": sstats.replaced_documents, "skipped_documents": sstats.skipped_documents,
-            })
+            per_source.append(
+                {
+                    "name": name,
+                    "url": smeta.get("url"),
+                    "size": smeta.get("size"),
+                    "sha256": smeta.get("sha256"),
+                    "n_docs": sstats.documents,
+                    "n_bytes": sstats.bytes,
+                    "replaced_documents": sstats.replaced_documents,
+                    "skipped_documents": sstats.skipped_documents,
+                }
+            )
         if writer is not None:
             close(plan.oversize)
     except BaseException:
@@ -874,7 +907,7 @@ def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, v
             f"the corpus {raw.key} has no documents ({stats.empty_documents} empty, "
             f"{stats.skipped_documents} skipped for invalid UTF-8; sources: {[s['url'] for s in raw_sources][:5]})"
         )
-    meta = {
+    meta: dict[str, Any] = {
         "shards": shards,
         "n_docs": stats.documents,
         "n_bytes": stats.bytes,

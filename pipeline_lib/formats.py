@@ -116,7 +116,7 @@ class _RankLimit(dict):
     def __init__(self, ranks: dict[bytes, int], limit: int):
         super().__init__()
         self._ranks, self._limit = ranks, limit
-        self._by_rank = {}
+        self._by_rank: dict[int, bytes] = {}
 
     def __contains__(self, key: object) -> bool:
         r = self._ranks.get(key)  # type: ignore[call-overload]

@@ -49,9 +49,14 @@ MODEL_KIND = "model"
 WEIGHTS_FILE = "model.safetensors"
 # Every module whose code decides a published file (weights, checkpoint, plot, metrics, samples).
 LM_MODULES = (
-    "pipeline_lib.lm.model", "pipeline_lib.lm.train", "pipeline_lib.lm.data",
-    "pipeline_lib.lm.config", "pipeline_lib.lm.checkpoint", "pipeline_lib.lm.report",
-    "pipeline_lib.lm.sample", "pipeline_lib.model_stage",
+    "pipeline_lib.lm.model",
+    "pipeline_lib.lm.train",
+    "pipeline_lib.lm.data",
+    "pipeline_lib.lm.config",
+    "pipeline_lib.lm.checkpoint",
+    "pipeline_lib.lm.report",
+    "pipeline_lib.lm.sample",
+    "pipeline_lib.model_stage",
 )
 _log = logging.getLogger("tokenmill.lm")
 
@@ -93,8 +98,16 @@ def train_language_model(
             _log.info("%s/%s was published by a concurrent run", MODEL_KIND, version)
             return store.ref(MODEL_KIND, version)
         return _train_and_publish(
-            store, tokens, tokenizer, train_config, version,
-            log=log, on_eval=on_eval, on_step=on_step, n_samples=n_samples, sample_tokens=sample_tokens,
+            store,
+            tokens,
+            tokenizer,
+            train_config,
+            version,
+            log=log,
+            on_eval=on_eval,
+            on_step=on_step,
+            n_samples=n_samples,
+            sample_tokens=sample_tokens,
         )
 
 
@@ -129,8 +142,14 @@ def _train_and_publish(
     data_dir = store.local_dir(tokens.kind, tokens.version)  # every shard checked against the manifest
     workdir = store.work_dir(MODEL_KIND, version)
     result = train(
-        train_config, data_dir, workdir, token_byte_lengths=tok.token_byte_lengths(),
-        log=log, on_eval=on_eval, on_step=on_step, resume=True,
+        train_config,
+        data_dir,
+        workdir,
+        token_byte_lengths=tok.token_byte_lengths(),
+        log=log,
+        on_eval=on_eval,
+        on_step=on_step,
+        resume=True,
     )
     if result.checkpoint_dir is None:
         raise RuntimeError(f"training wrote no checkpoint into {workdir}")
@@ -184,8 +203,12 @@ def _train_and_publish(
     run.pop("checkpoint_dir", None)  # a work path that is gone once published
     meta = {"metrics": summary, "samples": samples, "n_params": result.n_params, "run": run}
     ref = store.publish(
-        staging, files=files, parents={"tokens": tokens, "tokenizer": tokenizer}, params=train_config.versioned_dict(),
-        code_version=code_version(*LM_MODULES), meta=meta,
+        staging,
+        files=files,
+        parents={"tokens": tokens, "tokenizer": tokenizer},
+        params=train_config.versioned_dict(),
+        code_version=code_version(*LM_MODULES),
+        meta=meta,
     )
     store.drop_work_dir(MODEL_KIND, version)
     tps, mfu = run.get("tokens_per_s"), run.get("mfu")

@@ -18,7 +18,7 @@ from pipeline_lib.tokenizer import Tokenizer
 
 # A character-level BPE of tiny Shakespeare (65 distinct characters) at 300 ids, as the
 # classic course notebooks train it, reaches 1.93 characters per token.
-CHAR_LEVEL_REFERENCE = {"corpus": "tiny Shakespeare", "vocab_size": 300, "base_vocab": 65, "chars_per_token": 1.93}
+CHAR_LEVEL_REFERENCE: dict[str, Any] = {"corpus": "tiny Shakespeare", "vocab_size": 300, "base_vocab": 65, "chars_per_token": 1.93}
 
 
 def truncate(tok: Tokenizer, vocab_size: int) -> Tokenizer:
@@ -131,9 +131,7 @@ def _tokenizer_report(store, corpus, pattern: str, vocab_sizes: list[int], versi
     if len(shards) < 2:
         raise ValueError("the report needs at least 2 corpus shards: one is held out for measuring")
     root = store.local_dir(corpus.kind, corpus.version)
-    pieces, counts = count_documents(
-        (docs for s in shards[:-1] for docs in iter_shard_batches(os.path.join(root, s["file"]))), pattern
-    )
+    pieces, counts = count_documents((docs for s in shards[:-1] for docs in iter_shard_batches(os.path.join(root, s["file"]))), pattern)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tok = Tokenizer.train(dict(zip(pieces, counts.tolist())), max(vocab_sizes), pattern=pattern, special_tokens=())
@@ -175,7 +173,11 @@ def report_markdown(report: dict[str, Any]) -> str:
         "",
         f"The classic char-level BPE of {ref['corpus']} ({ref['base_vocab']} characters + merges, {ref['vocab_size']} ids) reaches "
         f"{ref['chars_per_token']}× chars/token."
-        + (f" Byte-level at {ref['vocab_size']} ids spends 256 on bytes and has {ref['vocab_size'] - 256} merges: {ours300['chars_per_token']:.2f}×." if ours300 else ""),
+        + (
+            f" Byte-level at {ref['vocab_size']} ids spends 256 on bytes and has {ref['vocab_size'] - 256} merges: {ours300['chars_per_token']:.2f}×."
+            if ours300
+            else ""
+        ),
         "",
         f"### Fertility per language (vocabulary {report['fertility_at']:,})",
         "",

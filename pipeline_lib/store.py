@@ -54,6 +54,7 @@ and on local disk the resolved path must stay under the store root (no symlink e
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import datetime as dt
 import hashlib
@@ -119,10 +120,7 @@ def check_name(name: str, what: str = "artifact name") -> str:
         or len(name) > MAX_NAME_LEN
     ):
         shown = name if not isinstance(name, str) or len(name) <= 80 else name[:80] + "..."
-        raise InputError(
-            f"invalid {what} {shown!r}: use 1-{MAX_NAME_LEN} letters, digits, '.', '_' and '-', "
-            "not starting with '.' and without '..'"
-        )
+        raise InputError(f"invalid {what} {shown!r}: use 1-{MAX_NAME_LEN} letters, digits, '.', '_' and '-', not starting with '.' and without '..'")
     return name
 
 
@@ -366,8 +364,7 @@ class ArtifactStore:
                 self._write_marker()
             elif not self.is_store():  # re-checked: a concurrent creator may have marked it meanwhile
                 raise StoreError(
-                    f"{self.url} is not empty and is not a tokenmill store (it has no {STORE_MARKER}): "
-                    "choose a new or empty directory for --store"
+                    f"{self.url} is not empty and is not a tokenmill store (it has no {STORE_MARKER}): choose a new or empty directory for --store"
                 )
         self._owned = True
 
@@ -488,9 +485,7 @@ class ArtifactStore:
             except FileNotFoundError:
                 raise StoreError(f"cannot publish {staging.kind}/{staging.version}: {name} is not in the staging area") from None
             if size != info["size"]:
-                raise StoreError(
-                    f"cannot publish {staging.kind}/{staging.version}: {name} has {size:,} bytes, the file list says {info['size']:,}"
-                )
+                raise StoreError(f"cannot publish {staging.kind}/{staging.version}: {name} has {size:,} bytes, the file list says {info['size']:,}")
 
     # ---------------------------------------------------------------- reading
     def exists(self, kind: str, version: str) -> bool:
@@ -728,7 +723,7 @@ class ArtifactStore:
             raise InputError(f"{version_prefix!r} matches {len(hits)} versions in {self.url}; give kind/version")
         return hits[0]
 
-    def gc(self, dry_run: bool = False, min_age_s: float = 0.0) -> list[str]:
+    def gc(self, dry_run: bool = False, min_age_s: float = 0.0) -> builtins.list[str]:
         """Remove what no reader can see: staging areas, work and temp dirs, and version
         dirs without a manifest. Only in a tokenmill store (refused elsewhere), and only
         entries the store's own layout names: ``<kind>/.staging/*`` (not its lock) and
@@ -839,7 +834,6 @@ class ArtifactStore:
         return dest
 
 
-
 # =============================================================================== backends
 # Everything that differs between local disk and object stores, one class each. The
 # store calls them with paths it has built and checked (`check_name`, `_safe`); they
@@ -919,7 +913,8 @@ class LocalBackend:
     def make_staging_dirs(self, staging: Staging) -> None:
         """Create the staging and temp directories on first write (reads never create them)."""
         os.makedirs(staging.path, exist_ok=True)
-        os.makedirs(staging.tmp_dir, exist_ok=True)
+        if staging.tmp_dir is not None:  # always set here: staging_paths above names one
+            os.makedirs(staging.tmp_dir, exist_ok=True)
 
     def scratch_path(self, kind: str) -> str:
         return self.safe(f"{self.root}/{kind}/{STAGING_DIR}/{TMP_DIR}")

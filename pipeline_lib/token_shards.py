@@ -55,14 +55,16 @@ MAX_SHARD_TOKENS = (1 << 31) - 1  # int32-indexable loaders (and the DESIGN's li
 _HEADER_LEN = 128  # fixed .npy header size, so the shape can be filled in after streaming
 _MAX_HEADER_LEN = 1 << 16
 _CHECK_CHUNK = 1 << 24
-DOC_TABLE_SCHEMA = pa.schema([
-    ("shard", pa.int32()),
-    ("start", pa.int64()),  # token offset of the document (its separator included) in the shard
-    ("n_tokens", pa.int64()),  # tokens of the document, its separator included
-    ("n_bytes", pa.int64()),  # UTF-8 bytes of its text
-    ("source", pa.string()),  # the raw source file it came from
-    ("text_sha256", pa.binary(32)),
-])
+DOC_TABLE_SCHEMA = pa.schema(
+    [
+        ("shard", pa.int32()),
+        ("start", pa.int64()),  # token offset of the document (its separator included) in the shard
+        ("n_tokens", pa.int64()),  # tokens of the document, its separator included
+        ("n_bytes", pa.int64()),  # UTF-8 bytes of its text
+        ("source", pa.string()),  # the raw source file it came from
+        ("text_sha256", pa.binary(32)),
+    ]
+)
 _DOC_ROWS = 1 << 16
 
 
@@ -113,7 +115,7 @@ class NpyStreamWriter:
 
     def write(self, arr: np.ndarray) -> None:
         arr = np.ascontiguousarray(arr, dtype=self.dtype)
-        self.f.write(memoryview(arr).cast("B"))
+        self.f.write(arr.data.cast("B"))
         self.n += len(arr)
 
     def close(self) -> None:
@@ -164,7 +166,9 @@ def encode_documents(
     sep = _separator_id(tokenizer, config)
     dtype = token_dtype(tokenizer.vocab_size)
     writer = NpyStreamWriter(tokens_path, dtype)
-    table = pq.ParquetWriter(doc_table_path, DOC_TABLE_SCHEMA, compression="zstd", use_dictionary=["source"], write_statistics=False) if doc_table_path else None
+    table = (
+        pq.ParquetWriter(doc_table_path, DOC_TABLE_SCHEMA, compression="zstd", use_dictionary=["source"], write_statistics=False) if doc_table_path else None
+    )
     rows: dict[str, list] = {k: [] for k in DOC_TABLE_SCHEMA.names}
     ends = NpyStreamWriter(index_path, np.dtype("<u8"))  # streamed too: nothing grows with the shard
     n_docs = n_bytes = 0
@@ -288,9 +292,7 @@ def build_meta(
             entry["doc_table_sha256"] = docs["sha256"]
         entry["split"] = "all"  # not pre-assigned: loaders split by document inside each shard
         shards.append(entry)
-    sources = [
-        {k: s.get(k) for k in ("name", "url", "size", "sha256")} for s in (corpus_meta or {}).get("sources", [])
-    ]
+    sources = [{k: s.get(k) for k in ("name", "url", "size", "sha256")} for s in (corpus_meta or {}).get("sources", [])]
     return {
         "format": TOKENS_FORMAT,
         "dtype": token_dtype(vocab_size).name,
@@ -613,7 +615,7 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
         if not len(index) and n_tokens:
             raise InputError(f"{index_path}: no documents but {n_tokens:,} tokens")
         sep_pos = None
-        if sep_id is not None and len(index):
+        if sep is not None and len(index):  # sep_id is set exactly when sep is
             sep_pos = index - 1 if sep["placement"] == "append" else np.concatenate([[0], index[:-1]])
         # One sequential read: ids in range, separators where the index says and nowhere else, hash.
         hasher = hashlib.sha256() if deep and files is None and shard.get("sha256") else None
@@ -624,7 +626,7 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
                 raise InputError(f"{path}: token id {top} is outside the vocabulary (size {vocab_size})")
             if sep_id is not None:
                 n_sep += int(np.count_nonzero(chunk == sep_id))
-            if sep_pos is not None:
+            if sep is not None and sep_pos is not None:
                 lo, hi = np.searchsorted(sep_pos, [start, start + len(chunk)])
                 if np.any(chunk[sep_pos[lo:hi] - start] != sep_id):
                     raise InputError(f"{path}: a document boundary lacks the separator {sep.get('token')!r} (id {sep_id})")
@@ -713,7 +715,14 @@ def _separator_move(meta: Mapping[str, Any], separator_placement: Placement | No
 
 
 def _export(
-    directory: str, meta: dict[str, Any], paths: tuple[str, str], val_fraction: float, dtype: np.dtype, header, verify: bool, separator_placement: Placement | None = None
+    directory: str,
+    meta: dict[str, Any],
+    paths: tuple[str, str],
+    val_fraction: float,
+    dtype: np.dtype,
+    header,
+    verify: bool,
+    separator_placement: Placement | None = None,
 ) -> dict[str, int]:
     sep_id, move_to = _separator_move(meta, separator_placement)
     files = version_files(directory) if verify else None
@@ -773,10 +782,22 @@ def _export(
 NANOGPT_META = "meta.pkl"
 
 
-def nanogpt_meta(meta: Mapping[str, Any], separator_placement: Placement | None = None) -> dict[str, Any]:
+def nanogpt_meta(meta: Mapping[str, Any], separator_placement: Placement | None = None, token_bytes: Sequence[bytes | None] | None = None) -> dict[str, Any]:
     """The dict `export_nanogpt` pickles as ``meta.pkl``, plain ints and strings: nanoGPT's
-    ``train.py`` reads ``vocab_size`` from it (and sizes the model's embedding by it)."""
+    ``train.py`` reads ``vocab_size`` from it (and sizes the model's embedding by it).
+
+    With `token_bytes` (each id's bytes, None for an unused id) it also holds ``itos`` (id ->
+    the token's text, invalid UTF-8 as U+FFFD) and ``stoi`` (each character that is a token of
+    its own -> the lowest such id): nanoGPT's ``sample.py`` decodes with
+    ``"".join(itos[i] for i in ids)`` and encodes a prompt character by character with
+    ``stoi`` whenever a ``meta.pkl`` is present, so without them it stops with a KeyError.
+    A prompt character that is no token of its own still does (most of ASCII and common
+    letters are)."""
     out: dict[str, Any] = {"vocab_size": int(meta["vocab_size"]), "dtype": "uint16"}
+    if token_bytes is not None:
+        itos = {i: b.decode("utf-8", "replace") for i, b in enumerate(token_bytes) if b is not None}
+        out["itos"] = itos
+        out["stoi"] = {text: i for i, text in sorted(itos.items(), reverse=True) if len(text) == 1 and text != "\ufffd"}
     sep = meta.get("separator")
     if sep:
         out.update(separator=str(sep["token"]), separator_id=int(sep["id"]), placement=str(separator_placement or sep["placement"]))
@@ -787,13 +808,20 @@ def nanogpt_meta(meta: Mapping[str, Any], separator_placement: Placement | None 
 
 
 def export_nanogpt(
-    directory: str, meta: dict[str, Any], out_dir: str, val_fraction: float = 0.1, *, separator_placement: Placement | None = None, verify: bool = True
+    directory: str,
+    meta: dict[str, Any],
+    out_dir: str,
+    val_fraction: float = 0.1,
+    *,
+    separator_placement: Placement | None = None,
+    verify: bool = True,
+    token_bytes: Sequence[bytes | None] | None = None,
 ) -> dict[str, int]:
     """Write nanoGPT's ``train.bin`` / ``val.bin`` (raw uint16, no header, read with
     ``np.memmap(path, dtype=np.uint16, mode="r")``) and the ``meta.pkl`` its ``train.py``
     takes ``vocab_size`` from (`nanogpt_meta`; nanoGPT's format, the one pickle written
-    here, never read here). nanoGPT's ``sample.py`` expects its character-level
-    ``stoi``/``itos`` in a ``meta.pkl``: sample with this tokenizer instead.
+    here, never read here). With `token_bytes` (the tokenizer's bytes per id, as the CLI
+    gives) it also carries the ``stoi``/``itos`` that nanoGPT's ``sample.py`` reads.
 
     The documents after the first document end at ``(1 - val_fraction)`` of the tokens
     (in shard order) go to ``val.bin``; no document straddles the two files.
@@ -815,7 +843,7 @@ def export_nanogpt(
     paths = (os.path.join(out_dir, "train.bin"), os.path.join(out_dir, "val.bin"))
     counts = _export(directory, meta, paths, val_fraction, np.dtype("<u2"), None, verify, separator_placement)
     with _atomic_out(os.path.join(out_dir, NANOGPT_META)) as f:
-        pickle.dump(nanogpt_meta(meta, separator_placement), f, protocol=4)
+        pickle.dump(nanogpt_meta(meta, separator_placement, token_bytes), f, protocol=4)
     return counts
 
 

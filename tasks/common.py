@@ -58,10 +58,18 @@ def is_transient(exc: BaseException) -> bool:
 
 
 # botocore's and aiohttp's connection errors, by name (neither need be installed).
-_NETWORK_ERRORS = frozenset({
-    "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
-    "ClientConnectorError", "ServerDisconnectedError", "ServerTimeoutError", "SocketTimeoutError",
-})
+_NETWORK_ERRORS = frozenset(
+    {
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ConnectionClosedError",
+        "ClientConnectorError",
+        "ServerDisconnectedError",
+        "ServerTimeoutError",
+        "SocketTimeoutError",
+    }
+)
 
 
 def retry_if_transient(task, task_run, state) -> bool:

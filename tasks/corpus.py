@@ -15,7 +15,11 @@ def _sharded(store, ref, logger) -> None:
     meta = store.manifest(ref.kind, ref.version)["meta"]
     logger.info(
         "sharded %s documents (%s bytes) into %d shards; %d replaced, %d skipped for invalid UTF-8",
-        f"{meta['n_docs']:,}", f"{meta['n_bytes']:,}", len(meta["shards"]), meta["replaced_documents"], meta["skipped_documents"],
+        f"{meta['n_docs']:,}",
+        f"{meta['n_bytes']:,}",
+        len(meta["shards"]),
+        meta["replaced_documents"],
+        meta["skipped_documents"],
     )
 
 

@@ -20,7 +20,16 @@ def _reduced(store, ref, logger) -> None:
         table=[
             {"shard": r["shard"], "docs": r["n_docs"], "bytes": r["n_bytes"], "pieces": r["n_occurrences"], "distinct pieces": r["n_pieces"]}
             for r in meta["shards"]
-        ] + [{"shard": "all", "docs": sum(r["n_docs"] for r in meta["shards"]), "bytes": sum(r["n_bytes"] for r in meta["shards"]), "pieces": meta["n_occurrences"], "distinct pieces": meta["n_pieces"]}],
+        ]
+        + [
+            {
+                "shard": "all",
+                "docs": sum(r["n_docs"] for r in meta["shards"]),
+                "bytes": sum(r["n_bytes"] for r in meta["shards"]),
+                "pieces": meta["n_occurrences"],
+                "distinct pieces": meta["n_pieces"],
+            }
+        ],
         description=f"Counts {ref.version}: pre-tokenized pieces per corpus shard ({meta['pattern']} pattern)",
     )
 

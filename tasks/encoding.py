@@ -18,7 +18,11 @@ def _published(store, ref, logger) -> None:
     summary = stages.compression_summary(meta)
     logger.info(
         "tokens: %s in %d shards (%s), %.3f bytes/token -> %s",
-        f"{meta['totals']['n_tokens']:,}", len(meta["shards"]), meta["dtype"], summary["bytes_per_token"], ref.uri,
+        f"{meta['totals']['n_tokens']:,}",
+        len(meta["shards"]),
+        meta["dtype"],
+        summary["bytes_per_token"],
+        ref.uri,
     )
     create_table_artifact(
         key=artifact_key("token-shards", store, ref),

@@ -24,7 +24,8 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+from uuid import UUID
 
 from prefect import Task, get_run_logger, task, unmapped
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -47,14 +48,23 @@ class StoreCachePolicy(CachePolicy):
     stage: Stage | None = None
     unit: bool = False  # a unit task of a mapped stage (its key names the unit)
 
+    def _stage(self) -> Stage:
+        assert self.stage is not None, "StoreCachePolicy needs its stage"  # a dataclass field with a default, for CachePolicy's sake
+        return self.stage
+
     def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> str | None:
+        stage = self._stage()
         store = store_of(inputs["store_url"], inputs.get("storage_options"))
         parents = {name: to_ref(ref) for name, ref in (inputs.get("parents") or {}).items()}
         config = inputs["config"]
-        identity = engine.cache_identity(self.stage, parents, config)
+        identity = engine.cache_identity(stage, parents, config)
         if identity is None:  # not knowable before the run (an unreachable source): no caching
             return None
-        name, unit = (self.stage.units.name, f"-{engine.unit_name(inputs['unit'])}") if self.unit else (self.stage.name, "")
+        if self.unit:
+            assert stage.units is not None
+            name, unit = stage.units.name, f"-{engine.unit_name(inputs['unit'])}"
+        else:
+            name, unit = stage.name, ""
         base = f"{name}-{identity}{unit}-{hashlib.sha256(store.url.encode()).hexdigest()[:8]}"
         results = task_ctx.result_store
         for generation in range(MAX_GENERATIONS):
@@ -71,13 +81,14 @@ class StoreCachePolicy(CachePolicy):
 
     def holds(self, store: ArtifactStore, parents: dict[str, VersionRef], config: Any, inputs: dict[str, Any], value: Any) -> bool:
         """Whether the store still backs `value`, a result recorded under this task's key."""
+        stage = self._stage()
         if self.unit:
-            return engine.unit_present(self.stage, store, parents, config, inputs["unit"])
+            return engine.unit_present(stage, store, parents, config, inputs["unit"])
         try:
             ref = to_ref(value)
         except TypeError:
             return False
-        return ref.kind == self.stage.kind and engine.output_current(store, ref)
+        return ref.kind == stage.kind and engine.output_current(store, ref)
 
 
 class _Progress:
@@ -86,7 +97,8 @@ class _Progress:
 
     def __init__(self, name: str, artifact_key: str | None):
         self.name, self.logger = name, get_run_logger()
-        self.artifact = create_progress_artifact(progress=0.0, key=artifact_key, description=f"{name} progress") if artifact_key else None
+        # Prefect types these helpers as sync-or-async; called from a sync task they return the value.
+        self.artifact = cast(UUID, create_progress_artifact(progress=0.0, key=artifact_key, description=f"{name} progress")) if artifact_key else None
         self.tenth = self.percent = 0
 
     def __call__(self, done: int, total: int) -> None:
@@ -133,13 +145,14 @@ class StageTasks:
     after: Callable[[ArtifactStore, VersionRef, Any], None] | None = None
 
     def __call__(self, store_url: str, parents: dict[str, dict[str, str]], config: Any, storage_options: dict | None = None) -> dict[str, str]:
+        ref: dict[str, str]
         if self.unit_task is None:
-            ref = self.task(store_url, parents, config, None, storage_options)
+            ref = cast(dict, self.task(store_url, parents, config, None, storage_options))
         else:
             refs = {name: to_ref(r) for name, r in parents.items()}
             n = engine.unit_count(self.stage, store_of(store_url, storage_options), refs)
             records = self.unit_task.map(store_url, unmapped(parents), unmapped(config), range(n), unmapped(storage_options), unmapped(n))
-            ref = self.task(store_url, parents, config, records.result(), storage_options)
+            ref = cast(dict, self.task(store_url, parents, config, records.result(), storage_options))
         if self.after is not None:
             # In the flow, not in the task: a Cached task does not run, and a nightly run with
             # nothing to do must still show (and link) the artifacts of the versions it reused.
@@ -164,7 +177,9 @@ def stage_tasks(
     progress_artifact: key of a Prefect progress artifact to follow the stage's progress.
     """
 
-    def run_stage(store_url: str, parents: dict[str, dict[str, str]], config: Any, unit_records: list[dict] | None = None, storage_options: dict | None = None) -> dict[str, str]:
+    def run_stage(
+        store_url: str, parents: dict[str, dict[str, str]], config: Any, unit_records: list[dict] | None = None, storage_options: dict | None = None
+    ) -> dict[str, str]:
         logger = get_run_logger()
         store = store_of(store_url, storage_options)
         refs = {name: to_ref(ref) for name, ref in parents.items()}
@@ -172,7 +187,9 @@ def stage_tasks(
         if stage.units is None:
             ref = engine.produce(stage, store, refs, config, progress=report, log=logger.info)
         else:
-            with staging_kept(store, stage.kind, stage.version(refs, config), unit_records):
+            version = stage.version(refs, config)
+            assert version is not None  # a mapped stage's id is known before it runs
+            with staging_kept(store, stage.kind, version, unit_records):
                 ref = engine.produce(stage, store, refs, config, progress=report, log=logger.info)
         report.finish()
         return ref_dict(ref)
@@ -184,7 +201,9 @@ def stage_tasks(
 
     units_name = stage.units.name
 
-    def run_unit(store_url: str, parents: dict[str, dict[str, str]], config: Any, unit: int, storage_options: dict | None = None, n_units: int | None = None) -> dict[str, Any]:
+    def run_unit(
+        store_url: str, parents: dict[str, dict[str, str]], config: Any, unit: int, storage_options: dict | None = None, n_units: int | None = None
+    ) -> dict[str, Any]:
         store = store_of(store_url, storage_options)
         refs = {name: to_ref(ref) for name, ref in parents.items()}
         record = engine.run_unit(stage, store, refs, config, unit)
@@ -194,8 +213,11 @@ def stage_tasks(
         return record
 
     unit_task = task(
-        name=units_name, cache_policy=StoreCachePolicy(stage=stage, unit=True), tags=[*tags, f"stage:{units_name}"],
-        task_run_name=f"{units_name}[shard={{unit}}/{{n_units}}]", **_task_options(0),
+        name=units_name,
+        cache_policy=StoreCachePolicy(stage=stage, unit=True),
+        tags=[*tags, f"stage:{units_name}"],
+        task_run_name=f"{units_name}[shard={{unit}}/{{n_units}}]",
+        **_task_options(0),
     )(_named(run_unit, units_name))
     return StageTasks(stage, publish, unit_task, after=after)
 

@@ -20,6 +20,14 @@ def tokenizer_report(store_url: str, corpus: dict[str, str], config: ReportConfi
     report = json.loads(store.read_bytes(ref.kind, ref.version, "report.json"))
     png = base64.b64encode(store.read_bytes(ref.kind, ref.version, "compression.png")).decode()
     md = store.read_bytes(ref.kind, ref.version, "report.md").decode()
-    create_markdown_artifact(key="tokenizer-report", markdown=f"![compression](data:image/png;base64,{png})\n\n{md}", description="Compression vs vocabulary size, fertility per language")
-    create_table_artifact(key="compression-curve", table=[{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in report["compression"]], description="Held-out compression per vocabulary size")
+    create_markdown_artifact(
+        key="tokenizer-report",
+        markdown=f"![compression](data:image/png;base64,{png})\n\n{md}",
+        description="Compression vs vocabulary size, fertility per language",
+    )
+    create_table_artifact(
+        key="compression-curve",
+        table=[{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in report["compression"]],
+        description="Held-out compression per vocabulary size",
+    )
     return ref_dict(ref)

@@ -83,22 +83,26 @@ class PrefectServer:
     # ------------------------------------------------------------------ environment
     def base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-        env.update({
-            "PREFECT_HOME": str(self.home),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_LOGGING_LEVEL": "INFO",
-            "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        })
+        env.update(
+            {
+                "PREFECT_HOME": str(self.home),
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_LOGGING_LEVEL": "INFO",
+                "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+            }
+        )
         return env
 
     def client_env(self, **extra: str) -> dict[str, str]:
         """Environment for a process that talks to this server (flows, workers, CLI)."""
         env = self.base_env()
-        env.update({
-            "PREFECT_API_URL": self.api_url,
-            "PREFECT_LOCAL_STORAGE_PATH": str(self.home / "storage"),
-            "PREFECT_SERVER_EPHEMERAL_ENABLED": "false",
-        })
+        env.update(
+            {
+                "PREFECT_API_URL": self.api_url,
+                "PREFECT_LOCAL_STORAGE_PATH": str(self.home / "storage"),
+                "PREFECT_SERVER_EPHEMERAL_ENABLED": "false",
+            }
+        )
         env.update(extra)
         return env
 
@@ -122,7 +126,11 @@ class PrefectServer:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         log.close()
         deadline = time.monotonic() + self.startup_timeout
@@ -149,8 +157,13 @@ class PrefectServer:
         """
         log = open(self.home / f"{name}.log", "ab")
         proc = subprocess.Popen(
-            list(argv), env=env or self.client_env(), cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            list(argv),
+            env=env or self.client_env(),
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         log.close()
         self.children.append(proc)
@@ -206,7 +219,9 @@ def task_states(flow_run_id) -> dict[str, list[str]]:
     """
     out: dict[str, list[tuple[str, str]]] = {}
     for run in task_runs(flow_run_id):
-        out.setdefault(run.name.split("[")[0].rsplit("-", 1)[0], []).append((str(run.start_time or run.expected_start_time), run.state.name if run.state else "?"))
+        out.setdefault(run.name.split("[")[0].rsplit("-", 1)[0], []).append(
+            (str(run.start_time or run.expected_start_time), run.state.name if run.state else "?")
+        )
     return {k: [s for _, s in sorted(v)] for k, v in out.items()}
 
 

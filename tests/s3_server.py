@@ -61,7 +61,11 @@ def make_bucket(name: str | None = None) -> str:
     with _LOCK:
         if "client" not in _SERVER:
             _SERVER["client"] = boto3.client(
-                "s3", endpoint_url=endpoint(), aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1",
+                "s3",
+                endpoint_url=endpoint(),
+                aws_access_key_id="testing",
+                aws_secret_access_key="testing",
+                region_name="us-east-1",
             )
     _SERVER["client"].create_bucket(Bucket=name)
     return name
@@ -105,7 +109,8 @@ class MotoProcess:
             os.environ.setdefault(var, value)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "import sys; from moto.server import main; main(sys.argv[1:])", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 60
         while True:
@@ -129,7 +134,9 @@ class MotoProcess:
         import boto3
 
         name = name or f"test-{uuid.uuid4().hex[:12]}"
-        boto3.client("s3", endpoint_url=self.url, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=name)
+        boto3.client("s3", endpoint_url=self.url, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1").create_bucket(
+            Bucket=name
+        )
         return name
 
     def pause(self) -> None:

@@ -154,7 +154,9 @@ def _truncate(data: bytes) -> bytes:
     return data[: len(data) * 2 // 3]
 
 
-@pytest.mark.parametrize("ext,compress", [(".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress), (".zst", lambda d: zstandard.ZstdCompressor().compress(d))])
+@pytest.mark.parametrize(
+    "ext,compress", [(".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress), (".zst", lambda d: zstandard.ZstdCompressor().compress(d))]
+)
 def test_truncated_archive(store, tmp_path, ext, compress):
     text = b"".join(b"line %d of a longer text that compresses\n" % i for i in range(20000))
     path = tmp_path / f"corpus.txt{ext}"
@@ -192,12 +194,15 @@ def test_zstd_bomb_is_capped(store, tmp_path):
 
 
 # --------------------------------------------------------------------------- JSONL, Parquet
-@pytest.mark.parametrize("content,match", [
-    (b'{"text": "a"}\n{"body": "no text here"}\n', r"bad\.jsonl:2: record has no 'text' field"),
-    (b'{"text": "a"}\n{"text": 42}\n', r"bad\.jsonl:2: field 'text' is int, not text"),
-    (b'{"text": "a"}\n[1, 2]\n', r"bad\.jsonl:2: expected a JSON object"),
-    (b'{"text": "a"}\n{"text": "unterminated\n', r"bad\.jsonl:2: not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        (b'{"text": "a"}\n{"body": "no text here"}\n', r"bad\.jsonl:2: record has no 'text' field"),
+        (b'{"text": "a"}\n{"text": 42}\n', r"bad\.jsonl:2: field 'text' is int, not text"),
+        (b'{"text": "a"}\n[1, 2]\n', r"bad\.jsonl:2: expected a JSON object"),
+        (b'{"text": "a"}\n{"text": "unterminated\n', r"bad\.jsonl:2: not valid JSON"),
+    ],
+)
 def test_bad_jsonl(store, tmp_path, content, match):
     (tmp_path / "bad.jsonl").write_bytes(content)
     with pytest.raises(InputError, match=match):
@@ -259,10 +264,13 @@ def _npy_with_shape(path, dtype: str, shape_in_header: int, n_actual: int) -> No
         f.write(np.arange(n_actual, dtype=dtype).tobytes())
 
 
-@pytest.mark.parametrize("header_n,actual_n,match", [
-    (1_000_000, 10, r"header says 1,000,000 tokens .* the file has 148 bytes: truncated"),
-    (5, 10, r"header says 5 tokens .* the file has 148 bytes: trailing data"),
-])
+@pytest.mark.parametrize(
+    "header_n,actual_n,match",
+    [
+        (1_000_000, 10, r"header says 1,000,000 tokens .* the file has 148 bytes: truncated"),
+        (5, 10, r"header says 5 tokens .* the file has 148 bytes: trailing data"),
+    ],
+)
 def test_npy_header_lies_about_shape(tmp_path, header_n, actual_n, match):
     path = tmp_path / "shard_000000.npy"
     _npy_with_shape(path, "<u2", header_n, actual_n)
@@ -366,7 +374,10 @@ def test_one_100mb_line(tmp_path):
     times the line (measured in a fresh process: peak RSS above the post-import baseline)."""
     proc = subprocess.run(
         [sys.executable, "-c", _BIG_LINE, str(tmp_path / "line.txt"), str(tmp_path / "store"), "100"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -40,8 +40,17 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} not installed (apt-get install -y chromium chromium-driver)"),
 ]
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run", "--disable-quic", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--hide-scrollbars",
+]
 
 
 def chromium(args: list[str], profile: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -64,8 +73,12 @@ class DevTools:
     """Just enough of the Chrome DevTools protocol: open a page, evaluate JavaScript."""
 
     def __init__(self, profile: str):
-        self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         port_file = Path(profile) / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not port_file.exists() or not port_file.read_text().strip():
@@ -138,9 +151,34 @@ def run(tmp_path_factory):
     corpus.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:120_000], encoding="utf-8")
     store = home / "store"
     with PrefectServer(home / "server", ui=True) as server:
-        cmd = [sys.executable, "-m", "flows.cli", "run", "--store", str(store), "--corpus", str(corpus), "--vocab-size", "300",
-               "--lm-preset", "tiny", "--lm-steps", "6", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32",
-               "--batch-size", "4", "--device", "cpu"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "run",
+            "--store",
+            str(store),
+            "--corpus",
+            str(corpus),
+            "--vocab-size",
+            "300",
+            "--lm-preset",
+            "tiny",
+            "--lm-steps",
+            "6",
+            "--n-layer",
+            "1",
+            "--n-head",
+            "2",
+            "--n-embd",
+            "32",
+            "--block-size",
+            "32",
+            "--batch-size",
+            "4",
+            "--device",
+            "cpu",
+        ]
         done = subprocess.run(cmd, env=server.client_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         with server.settings():
@@ -201,4 +239,9 @@ def test_artifact_pages_render_tables_and_loss_plot(run, shots, tmp_path, ui):
         devtools.close()
     name = "v2-" if ui else ""
     screenshot(f"{server.url}{ui}/artifacts/artifact/{arts['lm-report'].id}", str(shots / f"{name}lm-report.png"), str(tmp_path / "shot-profile"))
-    screenshot(f"{server.url}{ui}/artifacts/artifact/{arts['token-shards'].id}", str(shots / f"{name}token-shards.png"), str(tmp_path / "shot-profile"), size="1400,900")
+    screenshot(
+        f"{server.url}{ui}/artifacts/artifact/{arts['token-shards'].id}",
+        str(shots / f"{name}token-shards.png"),
+        str(tmp_path / "shot-profile"),
+        size="1400,900",
+    )

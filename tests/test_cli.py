@@ -28,7 +28,20 @@ def test_help_documents_every_option(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--help"])
     out = capsys.readouterr().out
-    for option in ("--corpus", "--store", "--vocab-size", "--pattern", "--shards", "--workers", "--special-token", "--seed", "--device", "--lm-steps", "--lm-preset", "--runner"):
+    for option in (
+        "--corpus",
+        "--store",
+        "--vocab-size",
+        "--pattern",
+        "--shards",
+        "--workers",
+        "--special-token",
+        "--seed",
+        "--device",
+        "--lm-steps",
+        "--lm-preset",
+        "--runner",
+    ):
         assert option in out
 
 
@@ -89,6 +102,19 @@ def test_export_nanogpt(cli_store, tmp_path):
     meta = store.latest("tokens")["meta"]
     assert len(train) + len(val) == meta["totals"]["n_tokens"]
     assert 0 < len(val) < len(train)
+    # nanoGPT's sample.py, when the dataset has a meta.pkl: stoi/itos, character by character
+    import pickle
+
+    with open(tmp_path / "nano" / "meta.pkl", "rb") as f:
+        nano = pickle.load(f)
+    stoi, itos = nano["stoi"], nano["itos"]
+    encode = lambda s: [stoi[c] for c in s]  # noqa: E731  (nanoGPT's own lines)
+    decode = lambda ids: "".join([itos[i] for i in ids])  # noqa: E731
+    assert decode(encode("ROMEO:\n")) == "ROMEO:\n"
+    tok = Tokenizer.load(store.local_dir("tokenizer", meta["tokenizer"]["version"].split("/", 1)[1]))
+    ids = [int(i) for i in train[:200]]
+    assert decode(ids) == tok.decode(ids)  # what sample.py prints is what our decoder gives
+    assert nano["vocab_size"] == meta["vocab_size"] and len(itos) == tok.n_vocab
 
 
 def test_bad_corpus_gives_a_clear_error(tmp_path, capsys):

@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_"))}
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
-               TOKENMILL_SERVER_IDLE_TIMEOUT="300")  # a server a failed test leaves stops by itself
+    env.update(
+        PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING", TOKENMILL_SERVER_IDLE_TIMEOUT="300"
+    )  # a server a failed test leaves stops by itself
     env.update(extra)
     return env
 
@@ -192,8 +193,11 @@ def _prefect_home(tmp_path: Path) -> tuple[Path, dict[str, Path], dict[str, Path
     ours_dir = home / "tokenmill"
     dead = _dead_pid()
     ours = {
-        "db": _write(ours_dir / "prefect.db"), "wal": _write(ours_dir / "prefect.db-wal"), "shm": _write(ours_dir / "prefect.db-shm"),
-        "log": _write(ours_dir / "server.log"), "memo": _write(ours_dir / "memo_store.toml"),
+        "db": _write(ours_dir / "prefect.db"),
+        "wal": _write(ours_dir / "prefect.db-wal"),
+        "shm": _write(ours_dir / "prefect.db-shm"),
+        "log": _write(ours_dir / "server.log"),
+        "memo": _write(ours_dir / "memo_store.toml"),
         "state": _write(ours_dir / "server.json", json.dumps({"pid": dead, "port": 1, "api_url": "http://127.0.0.1:1/api"})),
         "client": _write(ours_dir / "clients" / str(dead)),
         "result": _write(ours_dir / "storage" / "count_words-abc", age_s=7200),
@@ -203,7 +207,8 @@ def _prefect_home(tmp_path: Path) -> tuple[Path, dict[str, Path], dict[str, Path
     others = {
         "young_result": _write(ours_dir / "storage" / "encode_shard-new"),  # younger than --min-age
         "young_log": _write(home / "logs" / "tokenmill-20990101-000000-000000-2.log"),
-        "prefect_db": _write(home / "prefect.db", age_s=7200), "profiles": _write(home / "profiles.toml", age_s=7200),
+        "prefect_db": _write(home / "prefect.db", age_s=7200),
+        "profiles": _write(home / "profiles.toml", age_s=7200),
         "prefect_storage": _write(home / "storage" / "some-result", age_s=7200),
         "other_log": _write(home / "logs" / "prefect-server.log", age_s=7200),
         "other_in_dir": _write(ours_dir / "notes.txt", age_s=7200),

@@ -50,8 +50,14 @@ def _option(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
 def _flows():
     from flows import pipeline
 
-    return {"tokenmill_pipeline": pipeline.tokenmill_pipeline, "corpus_flow": pipeline.corpus_flow, "tokenizer_flow": pipeline.tokenizer_flow,
-            "encode_flow": pipeline.encode_flow, "lm_flow": pipeline.lm_flow, "report_flow": pipeline.report_flow}
+    return {
+        "tokenmill_pipeline": pipeline.tokenmill_pipeline,
+        "corpus_flow": pipeline.corpus_flow,
+        "tokenizer_flow": pipeline.tokenizer_flow,
+        "encode_flow": pipeline.encode_flow,
+        "lm_flow": pipeline.lm_flow,
+        "report_flow": pipeline.report_flow,
+    }
 
 
 def _schema(flow) -> dict:
@@ -94,11 +100,42 @@ def test_cli_options_come_from_the_config_fields():
 
 
 def test_old_flag_names_still_work():
-    args = cli.build_parser().parse_args([
-        "run", "--corpus", "a.txt", "--corpus", "b.txt", "--shards", "3", "--documents", "paragraph", "--vocab-size", "300",
-        "--pattern", "gpt2", "--special-token", "<|a|>", "--special-token", "<|b|>", "--min-frequency", "3", "--separator", "",
-        "--lm-steps", "5", "--lm-preset", "tiny", "--n-layer", "1", "--seed", "7", "--threads-per-shard", "2", "--no-doc-table",
-    ])
+    args = cli.build_parser().parse_args(
+        [
+            "run",
+            "--corpus",
+            "a.txt",
+            "--corpus",
+            "b.txt",
+            "--shards",
+            "3",
+            "--documents",
+            "paragraph",
+            "--vocab-size",
+            "300",
+            "--pattern",
+            "gpt2",
+            "--special-token",
+            "<|a|>",
+            "--special-token",
+            "<|b|>",
+            "--min-frequency",
+            "3",
+            "--separator",
+            "",
+            "--lm-steps",
+            "5",
+            "--lm-preset",
+            "tiny",
+            "--n-layer",
+            "1",
+            "--seed",
+            "7",
+            "--threads-per-shard",
+            "2",
+            "--no-doc-table",
+        ]
+    )
     c = cli.configs_from_args(args, cli.RUN_CONFIGS)
     assert c["corpus"].sources == ("a.txt", "b.txt") and c["corpus"].n_shards == 3 and c["corpus"].documents == "paragraph"
     assert c["tokenizer"] == TokenizerConfig(vocab_size=300, special_tokens=("<|a|>", "<|b|>"), min_frequency=3)
@@ -110,13 +147,16 @@ def test_old_flag_names_still_work():
     assert cli.configs_from_args(report, cli.REPORT_CONFIGS)["corpus"].n_shards == 10
 
 
-@pytest.mark.parametrize("argv, flag", [
-    (["--lm-steps", "0"], "--lm-steps"),
-    (["--vocab-size", "100"], "--vocab-size"),
-    (["--shards", "0"], "--shards"),
-    (["--n-head", "5"], "--n-head"),
-    (["--threads-per-shard", "-1"], "--threads-per-shard"),
-])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--lm-steps", "0"], "--lm-steps"),
+        (["--vocab-size", "100"], "--vocab-size"),
+        (["--shards", "0"], "--shards"),
+        (["--n-head", "5"], "--n-head"),
+        (["--threads-per-shard", "-1"], "--threads-per-shard"),
+    ],
+)
 def test_bad_values_are_refused_before_any_work(argv, flag, tmp_path, capsys):
     store = tmp_path / "store"
     assert cli.main(["run", "--store", str(store), *argv]) == 2
@@ -155,7 +195,15 @@ def test_flow_annotations_are_the_config_classes():
 
 def test_flows_spell_out_no_stage_parameter():
     """The configs carry the parameters: no flow, task or deployment names one."""
-    names = {f.name for cls in (*STAGE_CONFIGS, ReportConfig) for f in fields_of(cls)} - {"sources", "seed", "device", "pattern", "documents", "workers", "errors"}
+    names = {f.name for cls in (*STAGE_CONFIGS, ReportConfig) for f in fields_of(cls)} - {
+        "sources",
+        "seed",
+        "device",
+        "pattern",
+        "documents",
+        "workers",
+        "errors",
+    }
     names |= {"threads_per_shard", "lm_steps", "lm_preset", "model_overrides"}
     files = [*ROOT.glob("flows/*.py"), *ROOT.glob("tasks/*.py"), *ROOT.glob("deployments/*.py")]
     for path in files:

@@ -61,9 +61,20 @@ def test_core_compiles_without_warnings():
 
     assert "-O3 -Wall -Wextra" in (ROOT / "CMakeLists.txt").read_text()
     include = pathlib.Path(nanobind.include_dir())
-    flags = ["-std=c++17", "-O3", "-Wall", "-Wextra", "-Werror", "-c", "-o", "/dev/null", '-DTOKCORE_SOURCE_HASH="x"',
-             f"-I{sysconfig.get_paths()['include']}", f"-isystem{include}",
-             f"-isystem{include.parent / 'ext' / 'robin_map' / 'include'}"]
+    flags = [
+        "-std=c++17",
+        "-O3",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-c",
+        "-o",
+        "/dev/null",
+        '-DTOKCORE_SOURCE_HASH="x"',
+        f"-I{sysconfig.get_paths()['include']}",
+        f"-isystem{include}",
+        f"-isystem{include.parent / 'ext' / 'robin_map' / 'include'}",
+    ]
     for src in sorted(CORE.glob("*.cpp")):
         proc = subprocess.run(["c++", *flags, str(src)], capture_output=True, text=True)
         assert proc.returncode == 0, f"{src.name}:\n{proc.stderr[-3000:]}"

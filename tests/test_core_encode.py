@@ -67,15 +67,13 @@ def make_encoder(ranks: dict[bytes, int], name: str):
 
 
 def make_tiktoken(ranks: dict[bytes, int], name: str):
-    return tiktoken.Encoding(name=f"test_{name}_{len(ranks)}", pat_str=PATTERNS[name], mergeable_ranks=ranks,
-                             special_tokens={})
+    return tiktoken.Encoding(name=f"test_{name}_{len(ranks)}", pat_str=PATTERNS[name], mergeable_ranks=ranks, special_tokens={})
 
 
 @pytest.fixture(scope="module")
 def real():
     """name -> (ranks, native Encoder, tiktoken Encoding) for the published vocabularies."""
-    ranks = {"gpt2": gpt2_ranks(), "cl100k": tiktoken_file_ranks("cl100k_base"),
-             "o200k": tiktoken_file_ranks("o200k_base")}
+    ranks = {"gpt2": gpt2_ranks(), "cl100k": tiktoken_file_ranks("cl100k_base"), "o200k": tiktoken_file_ranks("o200k_base")}
     return {n: (r, make_encoder(r, n), make_tiktoken(r, n)) for n, r in ranks.items()}
 
 
@@ -386,8 +384,11 @@ vocab_tokens = st.lists(st.binary(min_size=2, max_size=20).map(lambda b: bytes(x
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(vocab_tokens, st.lists(st.binary(min_size=1, max_size=40).map(lambda b: bytes(x % 3 for x in b)), min_size=1, max_size=10),
-       st.randoms(use_true_random=False))
+@given(
+    vocab_tokens,
+    st.lists(st.binary(min_size=1, max_size=40).map(lambda b: bytes(x % 3 for x in b)), min_size=1, max_size=10),
+    st.randoms(use_true_random=False),
+)
 def test_any_vocabulary_matches_reference(extra, pieces, rnd):
     tokens = [bytes([i]) for i in range(256)] + extra
     ids = list(range(len(tokens)))

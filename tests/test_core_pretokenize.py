@@ -295,9 +295,7 @@ def test_split_letter_classes(text):
 @PROP
 @given(
     st.text(
-        alphabet=st.characters(
-            categories=["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Zs", "Po", "Cc"]
-        ),
+        alphabet=st.characters(categories=["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Zs", "Po", "Cc"]),
         max_size=40,
     )
 )

@@ -147,8 +147,7 @@ def test_merged_ids_follow_the_reference_rule():
     # ids are dense (len(vocab)). With merges applied to every occurrence left to right the
     # same bytes do not seem to be reachable twice (random search found no case), so this
     # checks the id allocation on inputs rich in overlaps and alternative splits.
-    counts = {b"abc": 10, b"ab": 5, b"xbc": 4, b"bcy": 4, b"abx": 1, b" a": 3, b"abcz": 1,
-              b"aaab": 2, b"aab": 3, b"abab": 2, b"bab": 2}
+    counts = {b"abc": 10, b"ab": 5, b"xbc": 4, b"bcy": 4, b"abx": 1, b" a": 3, b"abcz": 1, b"aaab": 2, b"aab": 3, b"abab": 2, b"bab": 2}
     mine = native(counts, 40)
     assert mine == ref.learn_merges(counts, 40)
     ids = [m[2] for m in mine]
@@ -197,8 +196,7 @@ def test_errors():
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("path,nbytes,n_merges", [(SHAKESPEARE, 40_000, 150), (MULTILINGUAL, 25_000, 150)],
-                         ids=["shakespeare", "multilingual"])
+@pytest.mark.parametrize("path,nbytes,n_merges", [(SHAKESPEARE, 40_000, 150), (MULTILINGUAL, 25_000, 150)], ids=["shakespeare", "multilingual"])
 def test_real_counts_match_reference(name, path, nbytes, n_merges):
     data = open(path, "rb").read()[:nbytes]
     counts = ref.count_pieces([data], name)
@@ -252,11 +250,9 @@ long_pieces = st.one_of(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(long_pieces, st.integers(0, 4), min_size=1, max_size=3), st.integers(1, 40),
-       st.integers(0, 2), st.sampled_from([None, 2, 3, 7, 64]))
+@given(st.dictionaries(long_pieces, st.integers(0, 4), min_size=1, max_size=3), st.integers(1, 40), st.integers(0, 2), st.sampled_from([None, 2, 3, 7, 64]))
 def test_long_pieces_match_reference(counts, n_merges, min_frequency, max_token_bytes):
-    assert native_capped(counts, n_merges, min_frequency, max_token_bytes) == ref.learn_merges(
-        counts, n_merges, min_frequency, None, max_token_bytes)
+    assert native_capped(counts, n_merges, min_frequency, max_token_bytes) == ref.learn_merges(counts, n_merges, min_frequency, None, max_token_bytes)
 
 
 @pytest.mark.parametrize("n", [255, 256, 257, 511, 512, 513, 1000, 4097])
@@ -282,8 +278,7 @@ def test_max_token_bytes():
 def synthetic_counts(n_pieces: int, seed: int = 0) -> tuple[list[bytes], np.ndarray]:
     rng = np.random.default_rng(seed)
     letters = np.frombuffer(b"etaoinshrdlcumwfgypbvkjxqz", dtype=np.uint8)
-    p = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.4, 2.2, 2.0, 2.0,
-                  1.9, 1.5, 1.0, 0.8, 0.15, 0.15, 0.1, 0.07])
+    p = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.4, 2.2, 2.0, 2.0, 1.9, 1.5, 1.0, 0.8, 0.15, 0.15, 0.1, 0.07])
     lens = rng.integers(2, 12, size=n_pieces)
     chars = rng.choice(letters, size=int(lens.sum()), p=p / p.sum()).tobytes()
     offs = np.concatenate([[0], np.cumsum(lens)])

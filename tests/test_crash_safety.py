@@ -61,7 +61,9 @@ def _install_kill_hook(root: str, kill_at: int) -> list[int]:
     def hook(event, args):
         if event == "open":
             path, mode, flags = args
-            writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (mode is None and isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+            writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (
+                mode is None and isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
+            )
             if not writing:
                 return
         elif event not in WRITE_EVENTS:
@@ -117,7 +119,9 @@ def assert_same_as_reference(store_url: str, reference: str, versions: dict) -> 
     a, b = ArtifactStore(store_url), ArtifactStore(reference)
     for kind, version in versions.items():
         ma, mb = a.manifest(kind, version), b.manifest(kind, version)
-        assert {k: v for k, v in ma.items() if k not in ("created", "parent_manifests")} == {k: v for k, v in mb.items() if k not in ("created", "parent_manifests")}
+        assert {k: v for k, v in ma.items() if k not in ("created", "parent_manifests")} == {
+            k: v for k, v in mb.items() if k not in ("created", "parent_manifests")
+        }
         for name in mb["files"]:
             with open(a.file_path(kind, version, name), "rb") as fa, open(b.file_path(kind, version, name), "rb") as fb:
                 assert fa.read() == fb.read(), f"{kind}/{version}/{name} differs from the uninterrupted run"

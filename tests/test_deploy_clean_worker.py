@@ -45,8 +45,11 @@ def _git(*args: str, cwd) -> str:
 def snapshot_repository(dest: Path) -> Path:
     """A one-commit repository on branch BRANCH with this working tree's files (tracked
     and untracked, not ignored, that exist now)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=str(ROOT),
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=str(ROOT), capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     dest.mkdir(parents=True)
     for rel in filter(None, listed):
         src = ROOT / rel
@@ -78,8 +81,13 @@ def checkout(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def pool(server):
-    done = subprocess.run([str(Path(sys.executable).parent / "prefect"), "--no-prompt", "work-pool", "create", POOL, "--type", "process", "--overwrite"],
-                          env=server.client_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "prefect"), "--no-prompt", "work-pool", "create", POOL, "--type", "process", "--overwrite"],
+        env=server.client_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return POOL
 
@@ -101,9 +109,15 @@ def _read_all(names) -> dict[str, dict]:
             d = client.read_deployment_by_name(name)
             limit = d.global_concurrency_limit
             out[name] = {
-                "entrypoint": d.entrypoint, "pool": d.work_pool_name, "queue": d.work_queue_name, "pull_steps": d.pull_steps,
+                "entrypoint": d.entrypoint,
+                "pool": d.work_pool_name,
+                "queue": d.work_queue_name,
+                "pull_steps": d.pull_steps,
                 # prefect.yaml spells out storage_options: None (the default) where deploy.py leaves it out
-                "parameters": {k: v for k, v in d.parameters.items() if not (k == "storage_options" and v is None)}, "tags": sorted(d.tags), "job_variables": d.job_variables, "paused": d.paused,
+                "parameters": {k: v for k, v in d.parameters.items() if not (k == "storage_options" and v is None)},
+                "tags": sorted(d.tags),
+                "job_variables": d.job_variables,
+                "paused": d.paused,
                 "schedules": [(s.schedule.cron, s.schedule.timezone) for s in d.schedules],
                 "concurrency": limit and (limit.limit, d.concurrency_options and d.concurrency_options.collision_strategy.value),
             }
@@ -133,7 +147,10 @@ def _delete(names) -> None:
 
 
 NAMES = [f"tokenmill-{f}/on-demand" for f in ("pipeline", "corpus", "tokenizer", "encode", "lm")] + [
-    "tokenmill-pipeline/nightly-tokenize", "tokenmill-pipeline/weekly-retrain", "tokenmill-pipeline/on-demand-dask"]
+    "tokenmill-pipeline/nightly-tokenize",
+    "tokenmill-pipeline/weekly-retrain",
+    "tokenmill-pipeline/on-demand-dask",
+]
 
 
 def test_tokenmill_deploy_matches_prefect_yaml(server, checkout, pool, small_corpus, tmp_path):
@@ -180,8 +197,7 @@ def test_tokenmill_deploy_matches_prefect_yaml(server, checkout, pool, small_cor
     # Other schedules from the command line; a bad one is one clear error.
     os.chdir(checkout)
     try:
-        assert deploy_main(["--store", store, "--pool", pool, "--nightly-cron", "30 1 * * *", "--weekly-cron", "0 5 * * 6",
-                            "--install-command", install]) == 0
+        assert deploy_main(["--store", store, "--pool", pool, "--nightly-cron", "30 1 * * *", "--weekly-cron", "0 5 * * 6", "--install-command", install]) == 0
         assert deploy_main(["--store", store, "--pool", pool, "--nightly-cron", "every night"]) == 2
     finally:
         os.chdir(cwd)
@@ -280,16 +296,24 @@ def test_serve_refuses_pool_deployments_and_stops_on_one_sigterm(server, checkou
     assert _read_all(NAMES) == before  # untouched: same pool, pull steps, parameters, not paused
 
     _delete(NAMES)
-    proc = server.spawn([sys.executable, "-m", "flows.cli", "serve", "--store", store, "--corpus", small_corpus], "serve-sigterm",
-                        env=server.client_env(PREFECT_RUNNER_POLL_FREQUENCY="1"), cwd=str(ROOT))
+    proc = server.spawn(
+        [sys.executable, "-m", "flows.cli", "serve", "--store", store, "--corpus", small_corpus],
+        "serve-sigterm",
+        env=server.client_env(PREFECT_RUNNER_POLL_FREQUENCY="1"),
+        cwd=str(ROOT),
+    )
     try:
         from prefect_server import wait_for_deployment
 
         for name in ("tokenmill-pipeline/nightly-tokenize", "tokenmill-lm/on-demand"):
             wait_for_deployment(name, timeout=150, proc=proc, log=lambda: server.log_tail("serve-sigterm"))
         # A run long enough to be in flight (it trains the LM) when the signal comes.
-        run = run_deployment("tokenmill-pipeline/on-demand", timeout=0, as_subflow=False, parameters={
-            "corpus": {"sources": [small_corpus], "n_shards": 2}, "tokenizer": {"vocab_size": 300}, "train_model": True, "lm": {"steps": 100_000}})
+        run = run_deployment(
+            "tokenmill-pipeline/on-demand",
+            timeout=0,
+            as_subflow=False,
+            parameters={"corpus": {"sources": [small_corpus], "n_shards": 2}, "tokenizer": {"vocab_size": 300}, "train_model": True, "lm": {"steps": 100_000}},
+        )
         deadline = time.monotonic() + 180
         with get_client(sync_client=True) as client:
             while not client.read_flow_run(run.id).state.is_running():
@@ -319,8 +343,11 @@ def _worker_venv(path: Path) -> Path:
 
     base = sys.base_prefix
     subprocess.run([os.path.join(base, "bin", "python3"), "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
-    site = Path(subprocess.run([str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     (site / "_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return path
 
@@ -343,19 +370,24 @@ def test_clean_worker_runs_a_deployment(server, checkout, pool, small_corpus, tm
     LocalFileSystem(basepath=str(results)).save("tokenmill-test-results", overwrite=True)  # a shared mount, for the test
     store = str(tmp_path / "store")
     venv = _worker_venv(tmp_path / "worker-venv")
-    _prefect_deploy(server, checkout, pool, store, small_corpus, "python -m pip install --no-deps .",
-                    result_storage="local-file-system/tokenmill-test-results")
+    _prefect_deploy(server, checkout, pool, store, small_corpus, "python -m pip install --no-deps .", result_storage="local-file-system/tokenmill-test-results")
     workdir = tmp_path / "worker"
     workdir.mkdir()
     env = server.client_env(PREFECT_WORKER_QUERY_SECONDS="1")
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"  # the worker's `python` is its venv's
     env.pop("PYTHONPATH", None)
     t0 = time.monotonic()
-    worker = server.spawn([str(venv / "bin" / "python"), "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
-                          "clean-worker", env=env, cwd=str(workdir))
+    worker = server.spawn(
+        [str(venv / "bin" / "python"), "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"], "clean-worker", env=env, cwd=str(workdir)
+    )
     try:
-        run = run_deployment("tokenmill-pipeline/nightly-tokenize", timeout=RUN_TIMEOUT, poll_interval=2, as_subflow=False,
-                             parameters={"corpus": {"sources": [small_corpus], "n_shards": 2}, "tokenizer": {"vocab_size": 300}})
+        run = run_deployment(
+            "tokenmill-pipeline/nightly-tokenize",
+            timeout=RUN_TIMEOUT,
+            poll_interval=2,
+            as_subflow=False,
+            parameters={"corpus": {"sources": [small_corpus], "n_shards": 2}, "tokenizer": {"vocab_size": 300}},
+        )
         elapsed = time.monotonic() - t0
         assert run.state is not None and run.state.is_completed(), f"{run.state}\n{server.log_tail('clean-worker', 12000)}"
         print(f"worker start -> clean-worker run Completed: {elapsed:.1f} s")

@@ -27,9 +27,13 @@ from prefect_server import PrefectServer, flow_runs, free_port, stop_process, ta
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAKESPEARE = ROOT / "pipeline_lib" / "data" / "tinyshakespeare.txt"
+
+
 def tiny(corpus: str) -> dict:
     """Trigger-time parameters of a tiny run: config dicts (a dict replaces the deployment's whole dict)."""
     return {"corpus": {"sources": [corpus], "n_shards": 2}, "tokenizer": {"vocab_size": 300}, "train_model": False}
+
+
 RUN_TIMEOUT = 240  # seconds for one tiny triggered run, generous for a loaded 2-core machine
 
 
@@ -52,8 +56,16 @@ def test_prefect_yaml_mirrors_serve_specs():
     assert set(docs) == set(specs)
     # Same parameters, same fixed values; store/corpus sources/storage_options come from
     # the deploy-time settings step in the YAML and from serve()'s arguments.
-    settings = {"store": "/s", "corpus": ["/c.txt"], "storage_options": None, "env": job_env("remote-file-system/r"),
-                "dask_env": job_env("remote-file-system/r", "dask"), "repo": "/r", "branch": "b", "install": "i"}
+    settings = {
+        "store": "/s",
+        "corpus": ["/c.txt"],
+        "storage_options": None,
+        "env": job_env("remote-file-system/r"),
+        "dask_env": job_env("remote-file-system/r", "dask"),
+        "repo": "/r",
+        "branch": "b",
+        "install": "i",
+    }
     for key, d in docs.items():
         spec = specs[key]
         assert d["entrypoint"] == spec.entrypoint and _flow_of(d["entrypoint"]) in entrypoints.FLOWS
@@ -68,7 +80,10 @@ def test_prefect_yaml_mirrors_serve_specs():
         limit = d.get("concurrency_limit")
         assert (limit and (limit["limit"], limit["collision_strategy"])) == (spec.concurrency_limit and (spec.concurrency_limit, "ENQUEUE")), key
     # The scheduled deployments: one run at a time each, and one queue between them.
-    assert {(s.name, s.concurrency_limit, s.work_queue) for s in specs.values() if s.cron} == {("nightly-tokenize", 1, "scheduled"), ("weekly-retrain", 1, "scheduled")}
+    assert {(s.name, s.concurrency_limit, s.work_queue) for s in specs.values() if s.cron} == {
+        ("nightly-tokenize", 1, "scheduled"),
+        ("weekly-retrain", 1, "scheduled"),
+    }
     # The YAML's pull steps are the ones `tokenmill deploy` writes.
     raw = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
     assert _render(raw["pull"], settings) == pull_steps("/r", "b", "i")
@@ -90,16 +105,30 @@ def test_deploy_settings_step(monkeypatch, tmp_path):
     from deployments.steps import DEFAULT_INSTALL, settings
     from pipeline_lib.fsio import InputError
 
-    for var in ("TOKENMILL_STORE", "TOKENMILL_CORPUS", "TOKENMILL_STORAGE_OPTIONS", "TOKENMILL_REPO", "TOKENMILL_BRANCH",
-                "TOKENMILL_INSTALL", "TOKENMILL_RESULT_STORAGE"):
+    for var in (
+        "TOKENMILL_STORE",
+        "TOKENMILL_CORPUS",
+        "TOKENMILL_STORAGE_OPTIONS",
+        "TOKENMILL_REPO",
+        "TOKENMILL_BRANCH",
+        "TOKENMILL_INSTALL",
+        "TOKENMILL_RESULT_STORAGE",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InputError, match="TOKENMILL_REPO"):  # not a git checkout: nothing for workers to clone
         settings()
     monkeypatch.setenv("TOKENMILL_REPO", "https://git.example.org/tokenmill.git")
-    assert settings() == {"store": str(tmp_path / "artifacts"), "corpus": None, "storage_options": None,
-                          "repo": "https://git.example.org/tokenmill.git", "branch": None, "install": DEFAULT_INSTALL,
-                          "env": {}, "dask_env": {"TOKENMILL_RUNNER": "dask"}}
+    assert settings() == {
+        "store": str(tmp_path / "artifacts"),
+        "corpus": None,
+        "storage_options": None,
+        "repo": "https://git.example.org/tokenmill.git",
+        "branch": None,
+        "install": DEFAULT_INSTALL,
+        "env": {},
+        "dask_env": {"TOKENMILL_RUNNER": "dask"},
+    }
     monkeypatch.setenv("TOKENMILL_STORE", "s3://bucket/tm")
     monkeypatch.setenv("TOKENMILL_CORPUS", "a.txt 'https://example.org/b c.txt'")
     monkeypatch.setenv("TOKENMILL_STORAGE_OPTIONS", '{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}')
@@ -137,7 +166,11 @@ def test_deploy_source_defaults_from_the_checkout(tmp_path):
     git("remote", "set-url", "origin", "../origin", cwd=tmp_path / "checkout")  # relative to the checkout
     assert source_settings(cwd=str(tmp_path / "checkout"), install="make install")["repo"] == str(origin)
     assert source_settings(cwd=str(tmp_path / "checkout"))["branch"] == "dev"
-    assert source_settings(repo="git@host:org/tm.git", cwd=str(tmp_path)) == {"repo": "git@host:org/tm.git", "branch": None, "install": "python -m pip install ."}
+    assert source_settings(repo="git@host:org/tm.git", cwd=str(tmp_path)) == {
+        "repo": "git@host:org/tm.git",
+        "branch": None,
+        "install": "python -m pip install .",
+    }
 
 
 def test_serve_refuses_without_server(monkeypatch):
@@ -190,8 +223,10 @@ def served(server, small_corpus, tmp_path_factory):
     """`tokenmill serve` running against the server; yields its store path."""
     store = str(tmp_path_factory.mktemp("served-store"))
     proc = server.spawn(
-        [sys.executable, "-m", "flows.cli", "serve", "--store", store, "--corpus", small_corpus], "serve",
-        env=server.client_env(PREFECT_RUNNER_POLL_FREQUENCY="1"), cwd=str(ROOT),
+        [sys.executable, "-m", "flows.cli", "serve", "--store", store, "--corpus", small_corpus],
+        "serve",
+        env=server.client_env(PREFECT_RUNNER_POLL_FREQUENCY="1"),
+        cwd=str(ROOT),
     )
     _SERVE["proc"] = proc
     for name in ("tokenmill-pipeline/on-demand", "tokenmill-lm/on-demand"):  # first and last registered
@@ -328,8 +363,14 @@ def test_crash_mid_encoding_resumes_from_finished_shards(server, small_corpus, t
     env = server.client_env()
 
     def run(crash_after: int) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", _CRASH_SCRIPT, small_corpus, store, str(crash_after)],
-                              env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+        return subprocess.run(
+            [sys.executable, "-c", _CRASH_SCRIPT, small_corpus, store, str(crash_after)],
+            env=env,
+            cwd=str(ROOT),
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT,
+        )
 
     def latest_run():  # this test's runs only (a scheduled run could start meanwhile)
         return next(r for r in flow_runs("tokenmill-pipeline") if r.parameters.get("store") == store)
@@ -367,8 +408,14 @@ def test_zombie_automation_marks_killed_run_crashed(server, small_corpus, tmp_pa
 
     install(within=45)
     env = server.client_env(PREFECT_FLOWS_HEARTBEAT_FREQUENCY="30")
-    done = subprocess.run([sys.executable, "-c", _CRASH_SCRIPT, small_corpus, str(tmp_path / "store"), "1"],
-                          env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    done = subprocess.run(
+        [sys.executable, "-c", _CRASH_SCRIPT, small_corpus, str(tmp_path / "store"), "1"],
+        env=env,
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
     assert done.returncode == -9, done.stderr[-3000:]
     killed = next(r for r in flow_runs("tokenmill-pipeline") if r.parameters.get("store") == str(tmp_path / "store"))
     from prefect.client.orchestration import get_client

@@ -168,10 +168,12 @@ def test_gpt2_round_trip_of_a_trained_tokenizer(tmp_path, trained_gapped, multil
     from tokenizers import decoders, models, pre_tokenizers
 
     hf = tokenizers.Tokenizer(models.BPE.from_file(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt")))
-    hf.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(tokenizers.Regex(onig_pattern(tok.pattern_str)), "isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(tokenizers.Regex(onig_pattern(tok.pattern_str)), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     hf.decoder = decoders.ByteLevel()
     plain = multilingual_text[:4000]
     assert hf.encode(plain).ids == tok.encode_ordinary(plain)

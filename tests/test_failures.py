@@ -179,8 +179,19 @@ def test_http_defaults_and_refused_connection_is_not_a_missing_file():
 
 def test_s3_refused_through_the_cli(capsys, log_dir):
     endpoint = f"http://127.0.0.1:{_free_port()}"
-    args = ["versions", "--store", "s3://bucket/tm", "--storage-option", f"endpoint_url={endpoint}", "--storage-option", "key=k", "--storage-option", "secret=s",
-            "--storage-option", 'config_kwargs={"connect_timeout": 1, "retries": {"total_max_attempts": 1}}']
+    args = [
+        "versions",
+        "--store",
+        "s3://bucket/tm",
+        "--storage-option",
+        f"endpoint_url={endpoint}",
+        "--storage-option",
+        "key=k",
+        "--storage-option",
+        "secret=s",
+        "--storage-option",
+        'config_kwargs={"connect_timeout": 1, "retries": {"total_max_attempts": 1}}',
+    ]
     assert main(args) == 1
     captured = capsys.readouterr()
     line = one_error_line(captured.err, captured.out)
@@ -202,8 +213,19 @@ def test_paused_s3_endpoint_fails_in_bounded_time(capsys, log_dir):
         server.pause()
         try:
             t0 = time.monotonic()
-            args = ["versions", "--store", url, "--storage-option", f"endpoint_url={server.url}", "--storage-option", "key=testing",
-                    "--storage-option", "secret=testing", "--storage-option", f"config_kwargs={__import__('json').dumps(fast)}"]
+            args = [
+                "versions",
+                "--store",
+                url,
+                "--storage-option",
+                f"endpoint_url={server.url}",
+                "--storage-option",
+                "key=testing",
+                "--storage-option",
+                "secret=testing",
+                "--storage-option",
+                f"config_kwargs={__import__('json').dumps(fast)}",
+            ]
             assert main(args) == 1
             captured = capsys.readouterr()
             line = one_error_line(captured.err, captured.out)
@@ -252,7 +274,12 @@ def _patch_stage(monkeypatch, stage: str, replacement) -> None:
         ("learn_tokenizer", CheckpointError("/s/model/v/ckpt_000100: incomplete (no completion marker)"), 1, ["ckpt_000100"]),
         ("count_shard", MemoryError("Unable to allocate 64.0 GiB for an array"), 1, ["out of memory", "count_words", "--shards"]),
         ("learn_tokenizer", OverflowError("Python int too large to convert to C long"), 1, ["overflow", "--vocab-size"]),
-        ("count_shard", PermissionError(errno.EACCES, "Permission denied", "/data/store/counts/.staging/x"), 1, ["permission denied", "/data/store/counts/.staging/x"]),
+        (
+            "count_shard",
+            PermissionError(errno.EACCES, "Permission denied", "/data/store/counts/.staging/x"),
+            1,
+            ["permission denied", "/data/store/counts/.staging/x"],
+        ),
         ("learn_tokenizer", KeyboardInterrupt(), 130, ["interrupted", "rerun the same command"]),
         ("learn_tokenizer", CancelledError("cancelled"), 130, ["cancelled"]),
         ("learn_tokenizer", ZeroDivisionError("division by zero"), 1, ["unexpected ZeroDivisionError", "a bug", "--debug"]),

@@ -57,7 +57,16 @@ def first_run(small_corpus, tmp_path_factory):
 
 def test_full_chain_publishes_every_artifact(first_run, small_corpus):
     store_url, summary, states = first_run
-    assert set(states) >= {"download_corpus", "shard_corpus", "count_words", "reduce_counts", "learn_merges", "encode_shard", "write_token_manifest", "train_lm"}
+    assert set(states) >= {
+        "download_corpus",
+        "shard_corpus",
+        "count_words",
+        "reduce_counts",
+        "learn_merges",
+        "encode_shard",
+        "write_token_manifest",
+        "train_lm",
+    }
     assert all(s == "Completed" for names in states.values() for s in names), states
     assert len(states["count_words"]) == 2 and len(states["encode_shard"]) == 2
     store = ArtifactStore(store_url)

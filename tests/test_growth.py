@@ -68,8 +68,12 @@ def test_load_a_vocabulary_with_a_huge_token(tmp_path):
     small_file = _ranks_file(tmp_path / "small.tiktoken", 256 << 10)
     big_file = _ranks_file(tmp_path / "big.tiktoken", 1 << 20)
     assert max(Tokenizer.from_tiktoken(big_file, pattern="gpt2").token_byte_lengths()) == 1 << 20
-    r = growth(lambda: Tokenizer.from_tiktoken(small_file, pattern="gpt2"), lambda: Tokenizer.from_tiktoken(big_file, pattern="gpt2"),
-               "from_tiktoken, 256 KiB -> 1 MiB token", 5)
+    r = growth(
+        lambda: Tokenizer.from_tiktoken(small_file, pattern="gpt2"),
+        lambda: Tokenizer.from_tiktoken(big_file, pattern="gpt2"),
+        "from_tiktoken, 256 KiB -> 1 MiB token",
+        5,
+    )
     assert r <= RATIO
 
 
@@ -97,13 +101,28 @@ def test_cli_tokenizer_train_on_one_repeated_character(tmp_path):
         if not corpus.exists():
             corpus.write_bytes(b"a" * n)
         proc = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "tokenizer", "train", "--corpus", str(corpus), "--vocab-size", "4096",
-             "--store", str(tmp_path / f"store{n}_{k}")],
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True, text=True, timeout=900,
+            [
+                sys.executable,
+                "-m",
+                "flows.cli",
+                "tokenizer",
+                "train",
+                "--corpus",
+                str(corpus),
+                "--vocab-size",
+                "4096",
+                "--store",
+                str(tmp_path / f"store{n}_{k}"),
+            ],
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     counter = iter(range(100))
-    r = growth(lambda: run(2 << 20, next(counter)), lambda: run(8 << 20, next(counter)), "tokenmill tokenizer train, 2 MB -> 8 MB of 'a'",
-               clock=time.perf_counter)  # the work is in a child process
+    r = growth(
+        lambda: run(2 << 20, next(counter)), lambda: run(8 << 20, next(counter)), "tokenmill tokenizer train, 2 MB -> 8 MB of 'a'", clock=time.perf_counter
+    )  # the work is in a child process
     assert r <= RATIO

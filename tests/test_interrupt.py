@@ -53,8 +53,7 @@ PRELUDE = textwrap.dedent("""
 def run_and_signal(body: str, signum: int) -> tuple[subprocess.CompletedProcess, float]:
     """Run PRELUDE + body; once it prints READY and has worked for a moment, send `signum`.
     Returns the process and the seconds from the signal to its exit."""
-    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "READY", proc.stderr.read()[-3000:]
         time.sleep(1.0)  # well inside the native call
@@ -155,8 +154,7 @@ def test_cancel_all_stops_running_calls_and_the_next_call_works(threads):
     doc = b"a" * ((1 << 20) - 1)
     big = open(os.path.join(ROOT, "pipeline_lib", "data", "tinyshakespeare.txt"), "rb").read() * 8
     counter = PieceCounts("cl100k")
-    jobs = [_in_thread(lambda: tok.encode_ordinary_batch_to_numpy([doc] * 100_000, threads)),
-            _in_thread(lambda: counter.add_documents([big] * 4096))]
+    jobs = [_in_thread(lambda: tok.encode_ordinary_batch_to_numpy([doc] * 100_000, threads)), _in_thread(lambda: counter.add_documents([big] * 4096))]
     time.sleep(0.5)
     t0 = time.monotonic()
     tokcore.cancel_all()

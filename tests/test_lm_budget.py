@@ -42,9 +42,22 @@ def byte_dir(tmp_path_factory):
 
 
 def cfg(**kw):
-    base = dict(device="cpu", max_steps=200, block_size=16, n_layer=1, n_head=2, n_embd=16, batch_size=2,
-                eval_iters=1, eval_interval=10, log_interval=1, warmup_steps=4, ckpt_interval=1000,
-                ckpt_every_s=0, time_budget_s=60.0)
+    base = dict(
+        device="cpu",
+        max_steps=200,
+        block_size=16,
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        batch_size=2,
+        eval_iters=1,
+        eval_interval=10,
+        log_interval=1,
+        warmup_steps=4,
+        ckpt_interval=1000,
+        ckpt_every_s=0,
+        time_budget_s=60.0,
+    )
     base.update(kw)
     return preset("tiny", **base)
 
@@ -96,8 +109,7 @@ def test_budget_ends_training_with_the_schedule_completed(byte_dir, tmp_path, mo
     assert any(f"-> {planned} of at most 200 steps" in m for m in logs)
     plan = json.loads((tmp_path / "run" / PLAN_FILE).read_text())
     assert plan["planned_steps"] == planned and plan["calibration_steps"] == c.warmup_steps + 1
-    assert plan_steps(c, done=plan["calibration_steps"], elapsed_s=plan["elapsed_s"], step_s=plan["step_s"],
-                      eval_s=plan["eval_s"]) == planned
+    assert plan_steps(c, done=plan["calibration_steps"], elapsed_s=plan["elapsed_s"], step_s=plan["step_s"], eval_s=plan["eval_s"]) == planned
     # the LR schedule ran to its end: the last step used the decay's last value
     lrs = [h["lr"] for h in r.history if h["step"] >= 1]
     span = c.learning_rate - c.min_lr
@@ -161,9 +173,17 @@ def test_final_train_loss_is_an_evaluation_of_the_train_split(byte_dir, tmp_path
     assert last["train_loss"] != last["train_eval_loss"]  # not the last batch
     shards = TokenShards(byte_dir)
     split = shards.split(c.val_fraction, c.model.block_size + 1)
-    want = evaluate(load_model(r.checkpoint_dir), shards, split.train, block_size=c.model.block_size,
-                    batch_size=c.batch_size, eval_iters=3, seed=[c.seed, 0, 2], device=torch.device("cpu"),
-                    token_byte_lengths=torch.as_tensor(byte_token_lengths()))
+    want = evaluate(
+        load_model(r.checkpoint_dir),
+        shards,
+        split.train,
+        block_size=c.model.block_size,
+        batch_size=c.batch_size,
+        eval_iters=3,
+        seed=[c.seed, 0, 2],
+        device=torch.device("cpu"),
+        token_byte_lengths=torch.as_tensor(byte_token_lengths()),
+    )
     assert want["val_loss"] == pytest.approx(r.final_train_loss, rel=1e-6)
     assert want["val_bpb"] == pytest.approx(last["train_eval_bpb"], rel=1e-6)
     assert math.isfinite(metrics(r)["final_train_loss"])

@@ -32,8 +32,25 @@ def test_write_loss_plot_and_metrics(tmp_path):
 def test_cli_train_and_sample(tmp_path, capsys):
     data = write_byte_token_dir(tmp_path / "tok", SHAKESPEARE.read_bytes()[:200_000])
     out = tmp_path / "run"
-    args = ["train", "--data", str(data), "--out", str(out), "--preset", "tiny", "--steps", "4",
-            "--device", "cpu", "--eval-interval", "2", "--eval-iters", "2", "--log-interval", "1"]
+    args = [
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--preset",
+        "tiny",
+        "--steps",
+        "4",
+        "--device",
+        "cpu",
+        "--eval-interval",
+        "2",
+        "--eval-iters",
+        "2",
+        "--log-interval",
+        "1",
+    ]
     assert main(args) == 0
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
     m = json.loads((out / "metrics.json").read_text())

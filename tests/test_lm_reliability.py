@@ -56,8 +56,17 @@ def kill_at(k):
 
 def cfg(**kw):
     base = {
-        "device": "cpu", "max_steps": 12, "block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32,
-        "batch_size": 4, "eval_iters": 2, "eval_interval": 6, "log_interval": 1, "warmup_steps": 2,
+        "device": "cpu",
+        "max_steps": 12,
+        "block_size": 32,
+        "n_layer": 1,
+        "n_head": 2,
+        "n_embd": 32,
+        "batch_size": 4,
+        "eval_iters": 2,
+        "eval_interval": 6,
+        "log_interval": 1,
+        "warmup_steps": 2,
         "ckpt_every_s": 0,
     }
     base.update(kw)
@@ -76,9 +85,7 @@ def corpus():
 def token_dir(corpus, tmp_path_factory):
     tok, docs = corpus
     half = len(docs) // 2
-    return write_token_dir(
-        tmp_path_factory.mktemp("tokens"), [docs[:half], docs[half:]], tok.vocab_size, tok.special_tokens["<|endoftext|>"]
-    )
+    return write_token_dir(tmp_path_factory.mktemp("tokens"), [docs[:half], docs[half:]], tok.vocab_size, tok.special_tokens["<|endoftext|>"])
 
 
 def make_store(url, corpus, tmp):
@@ -238,8 +245,7 @@ def test_time_cadence(token_dir, tmp_path, monkeypatch, tick, every_s, want):
     monkeypatch.setattr(train_mod, "_clock", lambda: next(clock))
     seen = []
     out = tmp_path / "run"
-    train(cfg(max_steps=5, ckpt_interval=1000, ckpt_every_s=every_s), token_dir, out, log=quiet,
-          on_step=lambda e: seen.append(bool(list_checkpoints(out))))
+    train(cfg(max_steps=5, ckpt_interval=1000, ckpt_every_s=every_s), token_dir, out, log=quiet, on_step=lambda e: seen.append(bool(list_checkpoints(out))))
     assert [s for s, _ in list_checkpoints(out)] == want
     assert seen[0] is (want != [5])  # a checkpoint after step 1 only when the clock says one is due
 
@@ -352,8 +358,7 @@ def test_concurrent_runs_train_once(corpus, tmp_path, sys_tmp, monkeypatch, capl
     def run():
         try:
             start.wait()
-            refs.append(train_language_model(ArtifactStore(str(tmp_path / "store")), tokens, tokenizer, c,
-                                             log=quiet, n_samples=1, sample_tokens=8))
+            refs.append(train_language_model(ArtifactStore(str(tmp_path / "store")), tokens, tokenizer, c, log=quiet, n_samples=1, sample_tokens=8))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 

@@ -108,8 +108,16 @@ def test_checkpoint_loads_back(byte_dir, tmp_path):
     r = train(cfg, byte_dir, tmp_path / "run", log=quiet)
     ckpt = Path(r.checkpoint_dir)
     assert sorted(p.name for p in ckpt.iterdir()) == sorted(
-        ["model.safetensors", "optimizer.safetensors", "optimizer.json", "trainer_state.json",
-         "rng_state.safetensors", "rng_state.json", "data_state.json", "checkpoint.json"]
+        [
+            "model.safetensors",
+            "optimizer.safetensors",
+            "optimizer.json",
+            "trainer_state.json",
+            "rng_state.safetensors",
+            "rng_state.json",
+            "data_state.json",
+            "checkpoint.json",
+        ]
     )
     m = load_model(tmp_path / "run")
     assert not m.training and m.lm_head.weight is m.transformer.wte.weight

@@ -84,7 +84,8 @@ def test_engine_publishes_the_ids_the_stage_helpers_compute(tmp_path, corpus_fil
 
     assert LM.version({"tokens": tokens, "tokenizer": tok}, train) == model_stage.model_version(tokens, tok, train)
     assert LM.version({"tokens": tokens, "tokenizer": tok}, train) == version_id(
-        "model", {"tokens": tokens.key, "tokenizer": tok.key}, train.versioned_dict(), code_version(*model_stage.LM_MODULES))
+        "model", {"tokens": tokens.key, "tokenizer": tok.key}, train.versioned_dict(), code_version(*model_stage.LM_MODULES)
+    )
 
 
 def test_every_manifest_records_the_backend(tmp_path, corpus_file):

@@ -83,8 +83,12 @@ def test_roundtrip_and_manifest(store):
     c = FileInfo(26, hashlib.sha256(b"written through open_write").hexdigest())
     assert not store.exists("notes", "v1")
     ref = store.publish(
-        staging, files={"a.txt": a, "data/b.bin": b, "c.txt": c}, parents={"parent": parent},
-        params={"lr": 0.1, "name": "x"}, code_version="code-1", meta={"n_docs": 3},
+        staging,
+        files={"a.txt": a, "data/b.bin": b, "c.txt": c},
+        parents={"parent": parent},
+        params={"lr": 0.1, "name": "x"},
+        code_version="code-1",
+        meta={"n_docs": 3},
     )
     assert isinstance(ref, VersionRef) and ref.key == "notes/v1"
     assert store.exists("notes", "v1")
@@ -273,8 +277,25 @@ def test_list_latest_find(store):
 
 # --------------------------------------------------------------------------- names
 HOSTILE = [
-    "", ".", "..", "../x", "a/../b", "a/b", "/etc", "x\n", "x\x00y", "a b", "..hidden", "a..b", ".staging",
-    "ｆｕｌｌｗｉｄｔｈ", "x" * 300, "C:\\x", "~root", "$(id)", "name;rm",
+    "",
+    ".",
+    "..",
+    "../x",
+    "a/../b",
+    "a/b",
+    "/etc",
+    "x\n",
+    "x\x00y",
+    "a b",
+    "..hidden",
+    "a..b",
+    ".staging",
+    "ｆｕｌｌｗｉｄｔｈ",
+    "x" * 300,
+    "C:\\x",
+    "~root",
+    "$(id)",
+    "name;rm",
 ]
 
 

@@ -30,7 +30,9 @@ def test_endpoint_url_reaches_the_local_server(s3_options):
     import boto3
 
     bucket, prefix = url[len("s3://") :].split("/", 1)
-    client = boto3.client("s3", endpoint_url=s3_options["client_kwargs"]["endpoint_url"], aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    client = boto3.client(
+        "s3", endpoint_url=s3_options["client_kwargs"]["endpoint_url"], aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+    )
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"])
     assert keys == [f"{prefix}/notes/v1/a.txt", f"{prefix}/notes/v1/manifest.json", f"{prefix}/tokenmill-store.json"]
 
@@ -84,7 +86,9 @@ def test_two_processes_publish_the_same_version(s3_options):
     url = s3_url()
     start = time.time() + 2.0
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, url, json.dumps(s3_options), who, str(start)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, url, json.dumps(s3_options), who, str(start)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for who in ("a", "b")
     ]
     results = []

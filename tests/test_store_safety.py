@@ -61,9 +61,7 @@ def test_cli_gc_on_a_folder_that_is_not_a_store(tmp_path):
     home = tmp_path / "home"
     _home_like(home)
     before = _tree(home)
-    p = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "gc", "--store", str(home)], capture_output=True, text=True, timeout=120
-    )
+    p = subprocess.run([sys.executable, "-m", "flows.cli", "gc", "--store", str(home)], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
     assert "Traceback" not in p.stderr + p.stdout
     assert p.stderr.strip().splitlines()[-1].startswith("tokenmill: error:") and "not a tokenmill store" in p.stderr

@@ -339,8 +339,17 @@ def test_encode_bytes_equals_tiktoken_on_any_bytes(cl100k, data):
 
 def test_encode_bytes_edge_cases(ours, theirs):
     rng = np.random.default_rng(1)
-    cases = [b"", b"\xff", b"hello \xff world", b"hello \n\n \xff", b"  \t\n\xe2\x82", "héllo".encode()[:-2], b"a" * 1000 + b"\x80" + b"b" * 1000,
-             "日本語のテキスト".encode()[:-1] + b" tail", *(rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(1, 300, 50))]
+    cases = [
+        b"",
+        b"\xff",
+        b"hello \xff world",
+        b"hello \n\n \xff",
+        b"  \t\n\xe2\x82",
+        "héllo".encode()[:-2],
+        b"a" * 1000 + b"\x80" + b"b" * 1000,
+        "日本語のテキスト".encode()[:-1] + b" tail",
+        *(rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(1, 300, 50)),
+    ]
     for name in ("gpt2", "cl100k_base", "o200k_base"):
         for data in cases:
             assert ours[name].encode_bytes(data) == theirs[name]._encode_bytes(data), (name, data[:40])
@@ -415,8 +424,14 @@ def test_pure_python_backend_gives_the_same_ids(ours):
         "    e.encode_ordinary_batch_to_numpy(texts, 1)[0].tolist()]))\n"
     )
     env = {**os.environ, "TOKENMILL_PURE_PYTHON": "1"}
-    out = subprocess.run([sys.executable, "-c", script, json.dumps(texts), json.dumps([d.hex() for d in invalid])],
-                         env=env, capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(texts), json.dumps([d.hex() for d in invalid])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     backend, encoded, batch, from_bytes, flat = json.loads(out.stdout)
     tok = ours["gpt2"]
     assert backend == "python"

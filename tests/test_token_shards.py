@@ -47,7 +47,16 @@ def write_shards(directory, shards_docs, tok, config, doc_table=True) -> dict:
         for p in paths[: 3 if doc_table else 2]:
             data = open(p, "rb").read()
             files[os.path.basename(p)] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        records.append({"name": name, "n_tokens": stats.n_tokens, "n_docs": stats.n_docs, "n_bytes": stats.n_bytes, "sha256": files[f"{name}.npy"]["sha256"], "files": files})
+        records.append(
+            {
+                "name": name,
+                "n_tokens": stats.n_tokens,
+                "n_docs": stats.n_docs,
+                "n_bytes": stats.n_bytes,
+                "sha256": files[f"{name}.npy"]["sha256"],
+                "files": files,
+            }
+        )
     meta = token_shards.build_meta(records, {"vocab_size": tok.vocab_size, "special_tokens": tok.special_tokens}, "tokenizer/test", config)
     return meta
 
@@ -149,7 +158,9 @@ def _tamper(tmp_path, meta, how):
     raise AssertionError(how)
 
 
-@pytest.mark.parametrize("how", ["out-of-vocab", "lost-separator", "extra-separator", "index-not-increasing", "index-dtype", "totals", "count", "hash", "doc-table"])
+@pytest.mark.parametrize(
+    "how", ["out-of-vocab", "lost-separator", "extra-separator", "index-not-increasing", "index-dtype", "totals", "count", "hash", "doc-table"]
+)
 def test_check_shards_finds_damage(tmp_path, how):
     meta = write_shards(tmp_path, DOCS, byte_tokenizer(), EncodeConfig())
     check_shards(str(tmp_path), meta)

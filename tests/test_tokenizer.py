@@ -334,8 +334,15 @@ def test_ranks_file_token_length_is_capped(tmp_path):
 
 @pytest.mark.parametrize(
     "value,match",
-    [(-1, r"outside \[0, 4194304\)"), (3_000_000_000, "outside"), (10**14, "outside"), (True, "must be integers"),
-     (5.0, "must be integers"), ("300", "must be integers"), (None, "must be integers")],
+    [
+        (-1, r"outside \[0, 4194304\)"),
+        (3_000_000_000, "outside"),
+        (10**14, "outside"),
+        (True, "must be integers"),
+        (5.0, "must be integers"),
+        ("300", "must be integers"),
+        (None, "must be integers"),
+    ],
 )
 def test_constructor_checks_ids(value, match):
     with pytest.raises(InputError, match=r"special_tokens\['<x>'\]: .*" + match):
@@ -389,8 +396,15 @@ def test_decode_refuses_what_is_not_an_integer(trained):
         trained.decode(np.array([[72]]))
     expect = trained.decode_bytes([72, 105])
     assert expect == b"Hi"
-    for ok in ([72, 105], (72, 105), iter([72, 105]), [np.int64(72), np.uint16(105)], np.array([72, 105], np.uint16),
-               np.array([72, 105], np.int64), np.array([72, 105], np.uint32)):
+    for ok in (
+        [72, 105],
+        (72, 105),
+        iter([72, 105]),
+        [np.int64(72), np.uint16(105)],
+        np.array([72, 105], np.uint16),
+        np.array([72, 105], np.int64),
+        np.array([72, 105], np.uint32),
+    ):
         assert trained.decode_bytes(ok) == expect
     assert trained.decode(np.array([], np.uint32)) == ""
 

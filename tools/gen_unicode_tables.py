@@ -64,9 +64,7 @@ CONTRACTION_LETTERS = "sdmtlvre"
 
 
 def _all_chars(include_surrogates: bool) -> str:
-    return "".join(
-        chr(c) for c in range(MAX_CP) if include_surrogates or not (0xD800 <= c < 0xE000)
-    )
+    return "".join(chr(c) for c in range(MAX_CP) if include_surrogates or not (0xD800 <= c < 0xE000))
 
 
 def classes_from_regex() -> dict[str, set[int]]:

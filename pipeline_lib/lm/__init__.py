@@ -19,6 +19,16 @@ checks its weights against the version manifest.
 import importlib
 import sys
 import types
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what __getattr__ below resolves at runtime, spelled out for type checkers
+    from pipeline_lib.lm.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_model
+    from pipeline_lib.lm.config import PRESETS, GPTConfig, TrainConfig, preset
+    from pipeline_lib.lm.data import ShardError, TokenShards, WindowSampler
+    from pipeline_lib.lm.model import GPT
+    from pipeline_lib.lm.report import metrics, write_loss_plot, write_metrics
+    from pipeline_lib.lm.sample import sample
+    from pipeline_lib.lm.train import TrainResult, bits_per_byte, evaluate, lr_at, train
 
 _SOURCES = {
     "checkpoint": ("CheckpointError", "latest_checkpoint", "list_checkpoints", "load_model"),

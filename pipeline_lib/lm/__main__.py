@@ -62,8 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="run directory for checkpoints and reports")
     t.add_argument("--preset", default="small", help="tiny | small | gpt2-124m (default small)")
     t.add_argument("--steps", type=int, help="max optimizer steps")
-    t.add_argument("--time-budget-s", type=float,
-                   help="seconds for the run: the step count (at most --steps) is planned after a few measured steps")
+    t.add_argument("--time-budget-s", type=float, help="seconds for the run: the step count (at most --steps) is planned after a few measured steps")
     t.add_argument("--device", help="auto | cpu | cuda | cuda:N | mps")
     t.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
     t.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")

@@ -126,11 +126,7 @@ def _fsync_dir(path: Path) -> None:
 
 def model_state_tensors(model: GPT) -> dict[str, torch.Tensor]:
     """The model's state dict for safetensors: tied weights once, contiguous, on CPU."""
-    return {
-        k: v.detach().contiguous().cpu()
-        for k, v in model.state_dict().items()
-        if k not in _TIED_KEYS
-    }
+    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in _TIED_KEYS}
 
 
 def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
@@ -274,9 +270,7 @@ def open_checkpoint(ckpt_dir: str | os.PathLike[str], verify: bool = True) -> Ch
             raise CheckpointError(f"{p}: missing from the checkpoint")
         size = p.stat().st_size
         if size != info.get("bytes"):
-            raise CheckpointError(
-                f"{p}: {size} bytes but the checkpoint marker says {info.get('bytes')} (truncated or corrupt)"
-            )
+            raise CheckpointError(f"{p}: {size} bytes but the checkpoint marker says {info.get('bytes')} (truncated or corrupt)")
         if verify:
             h = hashlib.sha256()
             with open(p, "rb") as f:
@@ -332,9 +326,7 @@ def load_weights_into(model: GPT, path: str | os.PathLike[str]) -> None:
     load_state_into(model, state, p)
 
 
-def load_optimizer_state(
-    optimizer: torch.optim.Optimizer, meta: Any, tensors: dict[str, torch.Tensor], label: str | os.PathLike[str]
-) -> None:
+def load_optimizer_state(optimizer: torch.optim.Optimizer, meta: Any, tensors: dict[str, torch.Tensor], label: str | os.PathLike[str]) -> None:
     """Load ``optimizer.json`` contents (`meta`) and ``optimizer.safetensors`` tensors into
     `optimizer`; `label` names the source in errors."""
     try:
@@ -359,9 +351,7 @@ def load_optimizer_state(
 
 
 def load_optimizer_into(optimizer: torch.optim.Optimizer, ckpt: Checkpoint) -> None:
-    load_optimizer_state(
-        optimizer, ckpt.json("optimizer.json"), ckpt.tensors("optimizer.safetensors"), ckpt.file("optimizer.json")
-    )
+    load_optimizer_state(optimizer, ckpt.json("optimizer.json"), ckpt.tensors("optimizer.safetensors"), ckpt.file("optimizer.json"))
 
 
 def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu", verify: bool = True) -> GPT:

@@ -124,7 +124,14 @@ class TrainConfig:
     # Fields that change how a run goes (speed, checkpoints, checks) but not what it
     # computes: left out of a model version's id and of its published files.
     RUN_ONLY_FIELDS: ClassVar[tuple[str, ...]] = (
-        "device", "resume", "verify_shards", "compile", "peak_flops", "ckpt_interval", "ckpt_every_s", "keep_last",
+        "device",
+        "resume",
+        "verify_shards",
+        "compile",
+        "peak_flops",
+        "ckpt_interval",
+        "ckpt_every_s",
+        "keep_last",
     )
 
     def __post_init__(self) -> None:
@@ -142,14 +149,12 @@ class TrainConfig:
             f"TrainConfig.ckpt_interval must be an int >= 0 (0: derived from max_steps), got {self.ckpt_interval!r}",
         )
         _check(
-            isinstance(self.ckpt_every_s, (int, float)) and not isinstance(self.ckpt_every_s, bool)
-            and self.ckpt_every_s >= 0,
+            isinstance(self.ckpt_every_s, (int, float)) and not isinstance(self.ckpt_every_s, bool) and self.ckpt_every_s >= 0,
             f"TrainConfig.ckpt_every_s must be a number of seconds >= 0 (0: off), got {self.ckpt_every_s!r}",
         )
         _check(
             self.time_budget_s is None
-            or (isinstance(self.time_budget_s, (int, float)) and not isinstance(self.time_budget_s, bool)
-                and self.time_budget_s > 0),
+            or (isinstance(self.time_budget_s, (int, float)) and not isinstance(self.time_budget_s, bool) and self.time_budget_s > 0),
             f"TrainConfig.time_budget_s must be None or a number of seconds > 0, got {self.time_budget_s!r}",
         )
         _check(
@@ -157,10 +162,8 @@ class TrainConfig:
             f"TrainConfig.warmup_steps must be an int >= 0, got {self.warmup_steps!r}",
         )
         _check(
-            self.lr_decay_steps is None
-            or (_is_int(self.lr_decay_steps) and self.lr_decay_steps > self.warmup_steps),
-            "TrainConfig.lr_decay_steps must be None or an int > warmup_steps, "
-            f"got {self.lr_decay_steps!r}",
+            self.lr_decay_steps is None or (_is_int(self.lr_decay_steps) and self.lr_decay_steps > self.warmup_steps),
+            f"TrainConfig.lr_decay_steps must be None or an int > warmup_steps, got {self.lr_decay_steps!r}",
         )
         _check(self.learning_rate > 0, f"TrainConfig.learning_rate must be > 0, got {self.learning_rate!r}")
         _check(
@@ -304,8 +307,10 @@ class LMConfig:
     steps: Annotated[int | None, doc("optimizer steps, at most (none: the preset's own)")] = 400
     minutes: Annotated[
         float | None,
-        doc("time budget of the LM training: after a few measured steps the run is planned to the step count "
-            "that fits (at most --lm-steps) and the LR schedule completes there (none: all the steps)"),
+        doc(
+            "time budget of the LM training: after a few measured steps the run is planned to the step count "
+            "that fits (at most --lm-steps) and the LR schedule completes there (none: all the steps)"
+        ),
     ] = 1.0
     device: Annotated[str, doc("auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N, mps")] = "auto"
     seed: Annotated[int, doc("seed for model init, dropout and data order")] = 1337
@@ -335,5 +340,6 @@ class LMConfig:
         steps = self.steps
         cfg = preset(self.preset, device=self.device, seed=self.seed, max_steps=steps, **overrides)
         interval = max(1, min(cfg.eval_interval, steps // 4 or 1))
-        return cfg.replace(eval_interval=interval, ckpt_interval=max(interval, min(cfg.ckpt_interval, steps)),
-                           warmup_steps=min(cfg.warmup_steps, max(0, steps // 10)))
+        return cfg.replace(
+            eval_interval=interval, ckpt_interval=max(interval, min(cfg.ckpt_interval, steps)), warmup_steps=min(cfg.warmup_steps, max(0, steps // 10))
+        )

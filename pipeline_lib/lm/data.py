@@ -46,7 +46,7 @@ from pipeline_lib.store import MAX_MANIFEST_BYTES
 from pipeline_lib.token_shards import check_version_file, published_files
 
 TOKENS_FORMAT = "tokenmill.tokens/1"
-_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4"), "<u2": np.dtype("<u2"), "<u4": np.dtype("<u4")}
+_DTYPES: dict[str, np.dtype[np.unsignedinteger[Any]]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4"), "<u2": np.dtype("<u2"), "<u4": np.dtype("<u4")}
 _IDX_DTYPE = np.dtype("<u8")
 
 
@@ -261,8 +261,9 @@ class TokenShards:
         totals = self.manifest["meta"].get("totals") or {}
         if totals.get("n_bytes") is not None:
             return int(totals["n_bytes"])
-        if all(s.n_bytes is not None for s in self.shards):
-            return sum(int(s.n_bytes) for s in self.shards)  # type: ignore[arg-type]
+        sizes = [s.n_bytes for s in self.shards if s.n_bytes is not None]
+        if len(sizes) == len(self.shards):
+            return sum(sizes)
         return None
 
     @property
@@ -327,10 +328,7 @@ class WindowSampler:
         self.batch_size = batch_size
         self.regions = [r for r in regions if r.n_tokens >= window]
         if not self.regions:
-            raise ShardError(
-                f"{shards.data_dir}: no region holds a full window of {window} tokens "
-                f"(block_size + 1); regions: {[r.n_tokens for r in regions]}"
-            )
+            raise ShardError(f"{shards.data_dir}: no region holds a full window of {window} tokens (block_size + 1); regions: {[r.n_tokens for r in regions]}")
         counts = np.array([r.n_tokens - window + 1 for r in self.regions], dtype=np.int64)
         self._cum = np.cumsum(counts)  # window starts, cumulative over regions
         self.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed)))
@@ -352,15 +350,12 @@ class WindowSampler:
             out[row] = self.shards.tokens(r.shard)[start : start + self.window]
             if out[row].max() >= vocab:
                 bad = int(out[row].max())
-                raise ShardError(
-                    f"{self.shards.shards[r.shard].path}: token id {bad} near offset {start} "
-                    f"is >= vocab_size {vocab}"
-                )
+                raise ShardError(f"{self.shards.shards[r.shard].path}: token id {bad} near offset {start} is >= vocab_size {vocab}")
         return out
 
     def state(self) -> dict[str, Any]:
         """JSON-able generator state (PCG64's 128-bit ints are plain Python ints)."""
-        return self.rng.bit_generator.state
+        return dict(self.rng.bit_generator.state)  # a dict at runtime; the stubs say Mapping
 
     def set_state(self, state: dict[str, Any]) -> None:
         if state.get("bit_generator") != "PCG64":

@@ -23,6 +23,16 @@ from torch.nn import functional as F
 from pipeline_lib.lm.config import GPTConfig
 
 
+class _Trunk(nn.ModuleDict):
+    """`GPT.transformer`: a ModuleDict whose entries mypy can see (annotations only)."""
+
+    wte: nn.Embedding
+    wpe: nn.Embedding
+    drop: nn.Dropout
+    h: nn.ModuleList
+    ln_f: nn.LayerNorm
+
+
 class LayerCache:
     """One block's keys and values so far, (B, n_head, T, head_dim) each, for generation."""
 
@@ -78,7 +88,11 @@ class CausalSelfAttention(nn.Module):
         if T > 1 and S > T:  # new query i sees every cached position and new ones up to i
             mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
             is_causal=T > 1 and S == T,  # one new query (generation) needs no mask
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads
@@ -117,7 +131,7 @@ class GPT(nn.Module):
         if config.vocab_size is None:
             raise ValueError("GPTConfig.vocab_size is None: set it (train() takes it from the manifest)")
         self.config = config
-        self.transformer = nn.ModuleDict(
+        self.transformer = _Trunk(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),
@@ -170,9 +184,7 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
         logits = self.lm_head(x)
-        loss = F.cross_entropy(
-            logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction
-        )
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
         return logits, loss
 
     # -- accounting ----------------------------------------------------------------------
@@ -191,9 +203,7 @@ class GPT(nn.Module):
         T = seq_len if seq_len is not None else cfg.block_size
         return 6.0 * self.num_params() + 12.0 * cfg.n_layer * cfg.n_embd * T
 
-    def configure_optimizer(
-        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], fused: bool = False
-    ) -> torch.optim.AdamW:
+    def configure_optimizer(self, weight_decay: float, learning_rate: float, betas: tuple[float, float], fused: bool = False) -> torch.optim.AdamW:
         """AdamW with weight decay on >= 2-D parameters (matmuls, embeddings) only."""
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]

@@ -38,7 +38,7 @@ _threads_saved = 0
 
 
 @contextmanager
-def _one_thread(enabled: bool) -> Iterator[None]:
+def one_thread(enabled: bool) -> Iterator[None]:
     global _threads_users, _threads_saved
     if not enabled:
         yield
@@ -102,16 +102,21 @@ def sample(
     was_training = model.training
     model.eval()
     try:
-        with _one_thread(device.type == "cpu" and model.num_params() < ONE_THREAD_BELOW):
-            return _decode(model, [int(i) for i in prompt_ids], max_new_tokens, temperature, top_k, gen,
-                           {int(s) for s in stop_ids}, kv_cache)
+        with one_thread(device.type == "cpu" and model.num_params() < ONE_THREAD_BELOW):
+            return _decode(model, [int(i) for i in prompt_ids], max_new_tokens, temperature, top_k, gen, {int(s) for s in stop_ids}, kv_cache)
     finally:
         model.train(was_training)
 
 
 def _decode(
-    model: GPT, ids: list[int], max_new_tokens: int, temperature: float, top_k: int | None,
-    gen: torch.Generator, stops: set[int], kv_cache: bool,
+    model: GPT,
+    ids: list[int],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    gen: torch.Generator,
+    stops: set[int],
+    kv_cache: bool,
 ) -> list[int]:
     device, block = gen.device, model.config.block_size
     out: list[int] = []

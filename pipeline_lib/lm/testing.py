@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def write_token_dir(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dtype = np.dtype("<u2") if vocab_size <= 65536 else np.dtype("<u4")
-    metas = []
+    metas: list[dict[str, Any]] = []
     for i, docs in enumerate(shards):
         name = f"shard_{i:06d}"
         parts, ends, total = [], [], 0
@@ -62,9 +63,7 @@ def write_token_dir(
             "format": TOKENS_FORMAT,
             "dtype": "uint16" if dtype.itemsize == 2 else "uint32",
             "vocab_size": vocab_size,
-            "separator": None
-            if separator_id is None
-            else {"token": "<|endoftext|>", "id": separator_id, "placement": "append"},
+            "separator": None if separator_id is None else {"token": "<|endoftext|>", "id": separator_id, "placement": "append"},
             "shards": metas,
             "totals": {
                 "n_tokens": sum(m["n_tokens"] for m in metas),

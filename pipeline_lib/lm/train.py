@@ -61,7 +61,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -85,6 +85,7 @@ from pipeline_lib.lm.checkpoint import (
 from pipeline_lib.lm.config import GPTConfig, TrainConfig
 from pipeline_lib.lm.data import Region, TokenShards, WindowSampler
 from pipeline_lib.lm.model import GPT
+from pipeline_lib.lm.sample import ONE_THREAD_BELOW, one_thread
 
 LogFn = Callable[[str], None]
 EventFn = Callable[[dict[str, Any]], None]
@@ -103,6 +104,7 @@ RUN_KEYS = ("tokens_per_s", "mfu")
 def versioned_history(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The history without `RUN_KEYS`: the same for every run of the same training."""
     return [{k: v for k, v in h.items() if k not in RUN_KEYS} for h in history]
+
 
 # Dense bf16 tensor-core peak FLOP/s by GPU name (first substring match wins).
 PEAK_FLOPS_BF16: list[tuple[str, float]] = [
@@ -148,9 +150,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
 
 
-def plan_steps(
-    cfg: TrainConfig, *, done: int, elapsed_s: float, step_s: float, eval_s: float, evals: bool = True
-) -> int:
+def plan_steps(cfg: TrainConfig, *, done: int, elapsed_s: float, step_s: float, eval_s: float, evals: bool = True) -> int:
     """The step count a time-budgeted run commits to, `done` steps and `elapsed_s` seconds in.
 
     The largest count up to cfg.max_steps for which the remaining steps (`step_s` each)
@@ -395,11 +395,7 @@ def _pick_resume(out_dir: Path, d: _Dist, device: torch.device, emit: LogFn, war
                     where = f"moved aside to {quarantine_checkpoint(path)}"
                 except OSError as oe:
                     where = f"could not move it aside ({oe})"
-                then = (
-                    f"falling back to the previous checkpoint {ckpts[i - 1][1].name}"
-                    if i > 0
-                    else "no valid checkpoint left: starting from scratch"
-                )
+                then = f"falling back to the previous checkpoint {ckpts[i - 1][1].name}" if i > 0 else "no valid checkpoint left: starting from scratch"
                 warn(f"resume: checkpoint {path.name} is unusable ({e}); {where}; {then}")
     if d.enabled:
         step = _broadcast_int(chosen.step if chosen is not None else -1, d, device)
@@ -502,21 +498,37 @@ def train(
     t_start = _budget_clock()
     d = _setup_dist(train_config)
     try:
-        return _train(
-            t_start,
-            train_config,
-            Path(data_dir),
-            Path(out_dir),
-            token_byte_lengths,
-            log or print,
-            on_eval,
-            on_step,
-            train_config.resume if resume is None else resume,
-            d,
-        )
+        with _cpu_threads(train_config):
+            return _train(
+                t_start,
+                train_config,
+                Path(data_dir),
+                Path(out_dir),
+                token_byte_lengths,
+                log or print,
+                on_eval,
+                on_step,
+                train_config.resume if resume is None else resume,
+                d,
+            )
     finally:
         if d.owns_group:
             dist.destroy_process_group()
+
+
+def _cpu_threads(cfg: TrainConfig):
+    """One intra-op thread for a small model trained on the CPU (as `sample` decodes).
+
+    Its matmuls are too small to gain much from a second thread, and on a busy machine
+    every split op waits for a descheduled worker: on a 2-core machine at load ~3, the
+    "small" preset trained at 9,000 tokens/s on one thread and 2,100 on two
+    (`python benchmarks/bench_lm.py --steps 15 --threads 1 2`). Larger models and CUDA keep
+    torch's thread count; it is restored after training.
+    """
+    m = cfg.model
+    approx_params = 12 * m.n_layer * m.n_embd * m.n_embd + (m.vocab_size or 50_304) * m.n_embd
+    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    return one_thread(on_cpu and approx_params < ONE_THREAD_BELOW)
 
 
 def _train(
@@ -562,9 +574,7 @@ def _train(
     if mcfg.vocab_size is None:
         mcfg = mcfg.with_vocab(shards.vocab_size)
     elif mcfg.vocab_size < shards.vocab_size:
-        raise ValueError(
-            f"GPTConfig.vocab_size {mcfg.vocab_size} is smaller than the data's vocab_size {shards.vocab_size}"
-        )
+        raise ValueError(f"GPTConfig.vocab_size {mcfg.vocab_size} is smaller than the data's vocab_size {shards.vocab_size}")
     window = mcfg.block_size + 1
     split = shards.split(cfg.val_fraction, window)
     for m in split.messages:
@@ -581,8 +591,7 @@ def _train(
         arr = np.asarray(token_byte_lengths)
         if arr.ndim != 1 or arr.shape[0] < shards.vocab_size or not np.issubdtype(arr.dtype, np.integer):
             raise ValueError(
-                f"token_byte_lengths must be a 1-D integer array of length >= vocab_size "
-                f"{shards.vocab_size}, got dtype {arr.dtype} shape {arr.shape}"
+                f"token_byte_lengths must be a 1-D integer array of length >= vocab_size {shards.vocab_size}, got dtype {arr.dtype} shape {arr.shape}"
             )
         if (arr < 0).any():
             raise ValueError("token_byte_lengths must be >= 0")
@@ -593,10 +602,7 @@ def _train(
     # -- checkpoint to resume from (read whole and checked before anything is built)
     latest = latest_checkpoint(out_dir)
     if latest is not None and not resume:
-        raise ValueError(
-            f"{out_dir} already holds checkpoint {latest.name}; pass resume=True to continue it "
-            "or use an empty out_dir"
-        )
+        raise ValueError(f"{out_dir} already holds checkpoint {latest.name}; pass resume=True to continue it or use an empty out_dir")
     ckpt = _pick_resume(out_dir, d, device, emit, warn_run) if resume else None
     if ckpt is not None and ckpt.model_config != mcfg:
         raise ValueError(f"{ckpt.path}: checkpoint model {ckpt.model_config} differs from the requested {mcfg}")
@@ -605,9 +611,7 @@ def _train(
     torch.manual_seed(cfg.seed + d.rank)
     random.seed(cfg.seed + d.rank)
     raw_model = GPT(mcfg).to(device)
-    optimizer = raw_model.configure_optimizer(
-        cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), fused=device.type == "cuda"
-    )
+    optimizer = raw_model.configure_optimizer(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), fused=device.type == "cuda")
     start_step = 0
     history: list[dict[str, Any]] = []
     if ckpt is not None:
@@ -621,7 +625,8 @@ def _train(
             warn_run(f"resume: data version {shards.version!r} differs from the checkpoint's {saved_version!r}")
     model: torch.nn.Module = raw_model
     if cfg.compile:
-        model = torch.compile(model)
+        # an OptimizedModule at runtime; the stubs only promise a callable
+        model = cast(torch.nn.Module, torch.compile(model))
     eval_model = model
     if d.enabled:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -640,9 +645,7 @@ def _train(
                 f"resume: world size changed ({data_state.get('world_size')} -> {d.world_size}); "
                 "data order and dropout are re-seeded, so the run is not an exact continuation"
             )
-            train_sampler = WindowSampler(
-                shards, split.train, window, cfg.batch_size, seed=[cfg.seed, d.rank, 0, start_step]
-            )
+            train_sampler = WindowSampler(shards, split.train, window, cfg.batch_size, seed=[cfg.seed, d.rank, 0, start_step])
             torch.manual_seed(cfg.seed + d.rank + 7919 * start_step)
 
     # -- the step plan: max_steps, or (time budget) the count a calibration chose, once
@@ -672,8 +675,7 @@ def _train(
         f"device {device} ({'bf16 autocast' if use_bf16 else 'fp32'}{', compiled' if cfg.compile else ''}"
         f"{f', DDP x{d.world_size}' if d.enabled else ''}) | {n_params / 1e6:.2f}M params | "
         f"data {shards.n_tokens:,} tokens: train {split.n_train_tokens:,} / val {split.n_val_tokens:,} | "
-        f"{tokens_per_step:,} tokens/step"
-        + (f" | resuming at step {start_step} from {ckpt.path}" if ckpt is not None else "")
+        f"{tokens_per_step:,} tokens/step" + (f" | resuming at step {start_step} from {ckpt.path}" if ckpt is not None else "")
     )
 
     def run_eval(regions: list[Region] = split.val, stream: int = 1) -> dict[str, Any]:
@@ -727,9 +729,7 @@ def _train(
                     }
                 ),
                 "rng_state.safetensors": safetensors_bytes(rng_tensors),
-                "rng_state.json": _json_bytes(
-                    {"world_size": d.world_size, "python": [st["python"] for st in ranks]}
-                ),
+                "rng_state.json": _json_bytes({"world_size": d.world_size, "python": [st["python"] for st in ranks]}),
                 "data_state.json": _json_bytes(
                     {
                         "step": step,
@@ -778,7 +778,7 @@ def _train(
         for micro in range(cfg.grad_accum_steps):
             x, y = _to_batch(train_sampler.next_batch(), device)
             last_micro = micro == cfg.grad_accum_steps - 1
-            sync = model.no_sync() if (d.enabled and not last_micro) else nullcontext()
+            sync = model.no_sync() if (isinstance(model, DDP) and not last_micro) else nullcontext()
             with sync:
                 with autocast():
                     _, loss = model(x, y)
@@ -809,8 +809,17 @@ def _train(
             now = _budget_clock()
             step_times = [b - a for a, b in zip(step_starts, [*step_starts[1:], now])]
             planned = _make_plan(
-                cfg, d, device, out_dir, plan_key, emit, done=step, elapsed_s=now - t_start,
-                step_times=step_times, eval_s=eval_s, evals=has_val,
+                cfg,
+                d,
+                device,
+                out_dir,
+                plan_key,
+                emit,
+                done=step,
+                elapsed_s=now - t_start,
+                step_times=step_times,
+                eval_s=eval_s,
+                evals=has_val,
             )
             run_cfg = stretch_schedule(cfg, planned)
             every_steps = run_cfg.ckpt_steps
@@ -894,8 +903,13 @@ def _make_plan(
         planned = _broadcast_int(planned, d, device)
     if d.rank == 0:
         plan = {
-            "key": key, "planned_steps": planned, "max_steps": cfg.max_steps, "time_budget_s": cfg.time_budget_s,
-            "calibration_steps": done, "elapsed_s": round(elapsed_s, 3), "step_s": round(step_s, 5),
+            "key": key,
+            "planned_steps": planned,
+            "max_steps": cfg.max_steps,
+            "time_budget_s": cfg.time_budget_s,
+            "calibration_steps": done,
+            "elapsed_s": round(elapsed_s, 3),
+            "step_s": round(step_s, 5),
             "eval_s": round(eval_s, 4),
         }
         _write_plan(out_dir, plan)

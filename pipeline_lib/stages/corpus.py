@@ -21,6 +21,7 @@ CODE_MODULES = ("pipeline_lib.corpus",)
 
 
 def _fingerprint(config: CorpusConfig) -> Any:
+    assert config.sources is not None  # __post_init__ fills in the default
     return corpus_lib.source_fingerprint(config.sources, **config.storage_options)
 
 
@@ -38,13 +39,26 @@ def _shard(ctx: Context) -> VersionRef:
 
 # Content-addressed: the raw version's id hashes the bytes it fetched.
 DOWNLOAD = Stage(
-    name="download_corpus", kind=RAW_KIND, inputs=(), config=CorpusConfig, code=CODE_MODULES,
-    run=_download, params=None, fingerprint=_fingerprint, publishes=True,
+    name="download_corpus",
+    kind=RAW_KIND,
+    inputs=(),
+    config=CorpusConfig,
+    code=CODE_MODULES,
+    run=_download,
+    params=None,
+    fingerprint=_fingerprint,
+    publishes=True,
 )
 
 SHARD = Stage(
-    name="shard_corpus", kind=CORPUS_KIND, inputs=("raw",), config=CorpusConfig, code=CODE_MODULES,
-    run=_shard, params=_shard_params, publishes=True,
+    name="shard_corpus",
+    kind=CORPUS_KIND,
+    inputs=("raw",),
+    config=CorpusConfig,
+    code=CODE_MODULES,
+    run=_shard,
+    params=_shard_params,
+    publishes=True,
 )
 
 

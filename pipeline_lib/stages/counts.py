@@ -16,6 +16,7 @@ from pipeline_lib.store import ArtifactStore, VersionRef
 
 def _count_shard(ctx: Context) -> dict[str, Any]:
     corpus = ctx.inputs["corpus"]
+    assert ctx.staging is not None and ctx.index is not None  # set for a unit of work
     info = corpus_shards(ctx.store, corpus)[ctx.index]
     path = ctx.store.local_file(corpus.kind, corpus.version, info["file"])
     pieces, counts = counting.count_shard(path, ctx.config.pattern)
@@ -26,6 +27,7 @@ def _count_shard(ctx: Context) -> dict[str, Any]:
 
 def _reduce(ctx: Context) -> Output:
     staging = ctx.staging
+    assert staging is not None  # the engine publishes this stage
     names = [f"parts/{spec.unit_name(i)}.parquet" for i in range(len(ctx.records))]
     with tempfile.TemporaryDirectory(prefix="counts-", dir=ctx.store.scratch_dir(COUNTS_KIND)) as tmpdir:
         parts_dir = staging.local_dir(names, tmpdir)  # in place on local disk, else downloaded
@@ -43,13 +45,20 @@ def _reduce(ctx: Context) -> Output:
 
 
 COUNTS = Stage(
-    name="reduce_counts", kind=COUNTS_KIND, inputs=("corpus",), config=CountConfig, code=counting.CODE_MODULES,
-    run=_reduce, units=Units(name="count_words", run=_count_shard),
+    name="reduce_counts",
+    kind=COUNTS_KIND,
+    inputs=("corpus",),
+    config=CountConfig,
+    code=counting.CODE_MODULES,
+    run=_reduce,
+    units=Units(name="count_words", run=_count_shard),
 )
 
 
 def counts_version(corpus: VersionRef, config: CountConfig) -> str:
-    return COUNTS.version({"corpus": corpus}, config)
+    version = COUNTS.version({"corpus": corpus}, config)
+    assert version is not None  # a stage with params: never content-addressed
+    return version
 
 
 def count_shard(store: ArtifactStore, corpus: VersionRef, shard: int, config: CountConfig) -> dict[str, Any]:

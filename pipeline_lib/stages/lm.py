@@ -29,11 +29,22 @@ def _train(ctx: Context) -> VersionRef:
             progress(event["step"], config.max_steps)
 
     return model_stage.train_language_model(
-        ctx.store, ctx.inputs["tokens"], ctx.inputs["tokenizer"], config, log=ctx.log, on_step=on_step,
+        ctx.store,
+        ctx.inputs["tokens"],
+        ctx.inputs["tokenizer"],
+        config,
+        log=ctx.log,
+        on_step=on_step,
     )
 
 
 LM = Stage(
-    name="train_lm", kind=MODEL_KIND, inputs=("tokens", "tokenizer"), config=TrainConfig, code=LM_MODULES,
-    run=_train, params=_params, publishes=True,
+    name="train_lm",
+    kind=MODEL_KIND,
+    inputs=("tokens", "tokenizer"),
+    config=TrainConfig,
+    code=LM_MODULES,
+    run=_train,
+    params=_params,
+    publishes=True,
 )

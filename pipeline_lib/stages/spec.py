@@ -170,10 +170,14 @@ def produce(
         ref = stage.run(Context(store, inputs, config, version, code, progress=progress, log=log))
         if not isinstance(ref, VersionRef) or ref.kind != stage.kind or (version is not None and ref.version != version):
             got = ref.key if isinstance(ref, VersionRef) else type(ref).__name__
-            raise StoreError(f"stage {stage.name} published {got}, its spec declares {stage.kind}/{version}: the spec's inputs, params or code modules disagree with the stage's code")
+            raise StoreError(
+                f"stage {stage.name} published {got}, its spec declares {stage.kind}/{version}: the spec's inputs, params or code modules disagree with the stage's code"
+            )
         return ref
     if version is None:
         raise InputError(f"stage {stage.name} is content-addressed: it must publish by itself (publishes=True)")
+    params = stage.params
+    assert params is not None  # Stage.version is None exactly when params is
 
     def make() -> VersionRef:
         staging = store.stage(stage.kind, version)
@@ -183,17 +187,19 @@ def produce(
             raise TypeError(f"stage {stage.name}: run returned {type(out).__name__}, not an Output")
         # The unit parts a mapped stage left in staging and did not list are dropped by
         # publish (deleting them here would pull them from under a concurrent run).
-        return store.publish(staging, files=out.files, parents=inputs, params=dict(stage.params(config)), code_version=code, meta=out.meta)
+        return store.publish(staging, files=out.files, parents=inputs, params=dict(params(config)), code_version=code, meta=out.meta)
 
     return store.produce(stage.kind, version, make)
 
 
 def _unit_records(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], staging: Staging) -> tuple[dict[str, Any], ...]:
+    units = stage.units
+    assert units is not None  # only called for a mapped stage
     records = []
-    for i in range(stage.units.count(store, inputs)):
+    for i in range(units.count(store, inputs)):
         record = staging.done(unit_name(i))
         if record is None:
-            raise InputError(f"{stage.kind}/{staging.version}: shard {i} is not done yet: run {stage.units.name} for every shard first")
+            raise InputError(f"{stage.kind}/{staging.version}: shard {i} is not done yet: run {units.name} for every shard first")
         records.append(record)
     return tuple(records)
 
@@ -214,6 +220,8 @@ def run_unit(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef
         raise InputError(f"stage {stage.name} is not a mapped stage")
     inputs = check_inputs(stage, inputs)
     version = stage.version(inputs, config)
+    if version is None:
+        raise InputError(f"stage {stage.name} is content-addressed: it cannot have units")
     unit = unit_name(index)
     staging, done = _unit_state(stage, store, version, index)
     if done is not None:
@@ -222,6 +230,7 @@ def run_unit(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef
         staging, done = _unit_state(stage, store, version, index)  # finished by the run we waited for?
         if done is not None:
             return done
+        assert staging is not None  # _unit_state gives one whenever the unit is not done
         record = stage.units.run(Context(store, inputs, config, version, stage.code_version(), staging, unit=unit, index=index))
         staging.mark_done(unit, record)
         return record
@@ -230,6 +239,8 @@ def run_unit(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef
 def unit_present(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any, index: int) -> bool:
     """Whether unit `index` needs no work: the output is published, or the unit is staged."""
     version = stage.version(inputs, config)
+    if version is None:
+        raise InputError(f"stage {stage.name} is content-addressed: it cannot have units")
     return store.usable(stage.kind, version) or store.stage(stage.kind, version).done(unit_name(index)) is not None
 
 

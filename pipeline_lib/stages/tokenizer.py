@@ -59,9 +59,14 @@ def _learn(ctx: Context) -> Output:
     path = os.path.join(ctx.store.local_dir(counts.kind, counts.version), COUNTS_FILE)
     pieces, cnt = counting.read_counts(path)
     tok = Tokenizer.train(
-        dict(zip(pieces, cnt.tolist())), config.vocab_size, pattern=cmeta["meta"]["pattern"],
-        special_tokens=config.special_tokens, min_frequency=config.min_frequency, progress=ctx.progress,
+        dict(zip(pieces, cnt.tolist())),
+        config.vocab_size,
+        pattern=cmeta["meta"]["pattern"],
+        special_tokens=config.special_tokens,
+        min_frequency=config.min_frequency,
+        progress=ctx.progress,
     )
+    assert ctx.staging is not None  # the engine publishes this stage
     files = {name: ctx.staging.put_bytes(name, data) for name, data in tokenizer_files(tok).items()}
     notable = notable_tokens(tok, 10)
     meta = {
@@ -76,12 +81,19 @@ def _learn(ctx: Context) -> Output:
 
 
 TOKENIZER = Stage(
-    name="learn_merges", kind=TOKENIZER_KIND, inputs=("counts",), config=TokenizerConfig, code=TOKENIZER_MODULES, run=_learn,
+    name="learn_merges",
+    kind=TOKENIZER_KIND,
+    inputs=("counts",),
+    config=TokenizerConfig,
+    code=TOKENIZER_MODULES,
+    run=_learn,
 )
 
 
 def tokenizer_version(counts: VersionRef, config: TokenizerConfig) -> str:
-    return TOKENIZER.version({"counts": counts}, config)
+    version = TOKENIZER.version({"counts": counts}, config)
+    assert version is not None  # a stage with params: never content-addressed
+    return version
 
 
 def learn_tokenizer(store: ArtifactStore, counts: VersionRef, config: TokenizerConfig, progress=None) -> VersionRef:

@@ -18,6 +18,7 @@ from pipeline_lib.token_shards import TOKENS_KIND, EncodeConfig
 
 def _encode_shard(ctx: Context) -> dict[str, Any]:
     corpus, config, unit, staging = ctx.inputs["corpus"], ctx.config, ctx.unit, ctx.staging
+    assert unit is not None and staging is not None and ctx.index is not None  # set for a unit of work
     tok = load_tokenizer(ctx.store, ctx.inputs["tokenizer"])
     info = corpus_shards(ctx.store, corpus)[ctx.index]
     src = ctx.store.local_file(corpus.kind, corpus.version, info["file"])
@@ -34,22 +35,35 @@ def _publish(ctx: Context) -> Output:
     tmeta = store.manifest(tokenizer.kind, tokenizer.version)["meta"]
     files = {name: FileInfo(**fi) for r in ctx.records for name, fi in r["files"].items()}
     meta = token_shards.build_meta(
-        ctx.records, tmeta, tokenizer.key, ctx.config, code_version=ctx.code_version,
-        corpus_key=corpus.key, corpus_meta=store.manifest(corpus.kind, corpus.version)["meta"],
+        ctx.records,
+        tmeta,
+        tokenizer.key,
+        ctx.config,
+        code_version=ctx.code_version,
+        corpus_key=corpus.key,
+        corpus_meta=store.manifest(corpus.kind, corpus.version)["meta"],
     )
+    assert ctx.staging is not None  # the engine publishes this stage
     with tempfile.TemporaryDirectory(prefix="tokens-", dir=store.scratch_dir(TOKENS_KIND)) as tmpdir:
         token_shards.check_shards(ctx.staging.local_dir(files, tmpdir), meta, deep=False)
     return Output(files=files, meta=meta)
 
 
 TOKENS = Stage(
-    name="write_token_manifest", kind=TOKENS_KIND, inputs=("corpus", "tokenizer"), config=EncodeConfig, code=token_shards.CODE_MODULES,
-    run=_publish, units=Units(name="encode_shard", run=_encode_shard),
+    name="write_token_manifest",
+    kind=TOKENS_KIND,
+    inputs=("corpus", "tokenizer"),
+    config=EncodeConfig,
+    code=token_shards.CODE_MODULES,
+    run=_publish,
+    units=Units(name="encode_shard", run=_encode_shard),
 )
 
 
 def tokens_version(corpus: VersionRef, tokenizer: VersionRef, config: EncodeConfig) -> str:
-    return TOKENS.version({"corpus": corpus, "tokenizer": tokenizer}, config)
+    version = TOKENS.version({"corpus": corpus, "tokenizer": tokenizer}, config)
+    assert version is not None  # a stage with params: never content-addressed
+    return version
 
 
 def encode_shard(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef, shard: int, config: EncodeConfig) -> dict[str, Any]:
@@ -78,8 +92,13 @@ def shard_table(tokens_meta: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for s in tokens_meta["shards"]:
         n_text = s["n_tokens"] - (s["n_docs"] if tokens_meta.get("separator") else 0)
-        rows.append({
-            "shard": s["name"], "docs": s["n_docs"], "bytes": s["n_bytes"], "tokens": s["n_tokens"],
-            "bytes/token": round(s["n_bytes"] / max(1, n_text), 3),
-        })
+        rows.append(
+            {
+                "shard": s["name"],
+                "docs": s["n_docs"],
+                "bytes": s["n_bytes"],
+                "tokens": s["n_tokens"],
+                "bytes/token": round(s["n_bytes"] / max(1, n_text), 3),
+            }
+        )
     return rows

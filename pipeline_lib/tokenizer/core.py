@@ -274,7 +274,7 @@ class Tokenizer:
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)  # rebuilds the native encoder, which does not pickle
+        type(self).__init__(self, **state)  # rebuilds the native encoder, which does not pickle
 
     # ------------------------------------------------------------------ training and files
     @classmethod
@@ -454,10 +454,7 @@ class Tokenizer:
         allowed = self._allowed(text, allowed_special, disallowed_special)
         if not allowed:
             return self._ordinary_array(ref.utf8(text))
-        arrays = [
-            np.array([part], dtype=np.uint32) if isinstance(part, int) else self._ordinary_array(ref.utf8(part))
-            for part in self._parts(text, allowed)
-        ]
+        arrays = [np.array([part], dtype=np.uint32) if isinstance(part, int) else self._ordinary_array(ref.utf8(part)) for part in self._parts(text, allowed)]
         return np.concatenate(arrays)
 
     def encode_batch(

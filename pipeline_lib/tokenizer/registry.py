@@ -77,10 +77,21 @@ def _harmony_specials() -> dict[str, int]:
     # o200k_base's two first: <|endofprompt|> and <|reserved_200018|> share 200018, and the
     # first name decodes it, as in tiktoken.
     named = {
-        "<|startoftext|>": 199998, ENDOFTEXT: 199999, "<|reserved_200000|>": 200000, "<|reserved_200001|>": 200001,
-        "<|return|>": 200002, "<|constrain|>": 200003, "<|reserved_200004|>": 200004, "<|channel|>": 200005,
-        "<|start|>": 200006, "<|end|>": 200007, "<|message|>": 200008, "<|reserved_200009|>": 200009,
-        "<|reserved_200010|>": 200010, "<|reserved_200011|>": 200011, "<|call|>": 200012,
+        "<|startoftext|>": 199998,
+        ENDOFTEXT: 199999,
+        "<|reserved_200000|>": 200000,
+        "<|reserved_200001|>": 200001,
+        "<|return|>": 200002,
+        "<|constrain|>": 200003,
+        "<|reserved_200004|>": 200004,
+        "<|channel|>": 200005,
+        "<|start|>": 200006,
+        "<|end|>": 200007,
+        "<|message|>": 200008,
+        "<|reserved_200009|>": 200009,
+        "<|reserved_200010|>": 200010,
+        "<|reserved_200011|>": 200011,
+        "<|call|>": 200012,
     }
     return {ENDOFTEXT: 199999, ENDOFPROMPT: 200018, **named, **{f"<|reserved_{i}|>": i for i in range(200013, 201088)}}
 
@@ -98,9 +109,7 @@ ENCODINGS: dict[str, _Encoding] = {
     "r50k_base": _Encoding(_R50K, "gpt2", lambda: {ENDOFTEXT: 50256}, 50257),
     "p50k_base": _Encoding(_P50K, "gpt2", lambda: {ENDOFTEXT: 50256}, 50281),
     "p50k_edit": _Encoding(_P50K, "gpt2", lambda: {ENDOFTEXT: 50256, FIM_PREFIX: 50281, FIM_MIDDLE: 50282, FIM_SUFFIX: 50283}),
-    "cl100k_base": _Encoding(
-        _CL100K, "cl100k", lambda: {ENDOFTEXT: 100257, FIM_PREFIX: 100258, FIM_MIDDLE: 100259, FIM_SUFFIX: 100260, ENDOFPROMPT: 100276}
-    ),
+    "cl100k_base": _Encoding(_CL100K, "cl100k", lambda: {ENDOFTEXT: 100257, FIM_PREFIX: 100258, FIM_MIDDLE: 100259, FIM_SUFFIX: 100260, ENDOFPROMPT: 100276}),
     "o200k_base": _Encoding(_O200K, "o200k", lambda: {ENDOFTEXT: 199999, ENDOFPROMPT: 200018}),
     "o200k_harmony": _Encoding(_O200K, "o200k", _harmony_specials),
 }
@@ -109,22 +118,54 @@ ENCODINGS: dict[str, _Encoding] = {
 MODEL_TO_ENCODING: dict[str, str] = {
     **dict.fromkeys(["o1", "o3", "o4-mini", "gpt-5", "gpt-4.1", "gpt-4o"], "o200k_base"),
     **dict.fromkeys(
-        ["gpt-4", "gpt-3.5-turbo", "gpt-3.5", "gpt-35-turbo", "davinci-002", "babbage-002",
-         "text-embedding-ada-002", "text-embedding-3-small", "text-embedding-3-large"],
+        [
+            "gpt-4",
+            "gpt-3.5-turbo",
+            "gpt-3.5",
+            "gpt-35-turbo",
+            "davinci-002",
+            "babbage-002",
+            "text-embedding-ada-002",
+            "text-embedding-3-small",
+            "text-embedding-3-large",
+        ],
         "cl100k_base",
     ),
     **dict.fromkeys(
-        ["text-davinci-003", "text-davinci-002", "code-davinci-002", "code-davinci-001", "code-cushman-002",
-         "code-cushman-001", "davinci-codex", "cushman-codex"],
+        [
+            "text-davinci-003",
+            "text-davinci-002",
+            "code-davinci-002",
+            "code-davinci-001",
+            "code-cushman-002",
+            "code-cushman-001",
+            "davinci-codex",
+            "cushman-codex",
+        ],
         "p50k_base",
     ),
     **dict.fromkeys(["text-davinci-edit-001", "code-davinci-edit-001"], "p50k_edit"),
     **dict.fromkeys(
-        ["text-davinci-001", "text-curie-001", "text-babbage-001", "text-ada-001", "davinci", "curie", "babbage", "ada",
-         "text-similarity-davinci-001", "text-similarity-curie-001", "text-similarity-babbage-001",
-         "text-similarity-ada-001", "text-search-davinci-doc-001", "text-search-curie-doc-001",
-         "text-search-babbage-doc-001", "text-search-ada-doc-001", "code-search-babbage-code-001",
-         "code-search-ada-code-001"],
+        [
+            "text-davinci-001",
+            "text-curie-001",
+            "text-babbage-001",
+            "text-ada-001",
+            "davinci",
+            "curie",
+            "babbage",
+            "ada",
+            "text-similarity-davinci-001",
+            "text-similarity-curie-001",
+            "text-similarity-babbage-001",
+            "text-similarity-ada-001",
+            "text-search-davinci-doc-001",
+            "text-search-curie-doc-001",
+            "text-search-babbage-doc-001",
+            "text-search-ada-doc-001",
+            "code-search-babbage-code-001",
+            "code-search-ada-code-001",
+        ],
         "r50k_base",
     ),
     "gpt2": "gpt2",
@@ -172,8 +213,7 @@ def get_encoding(encoding_name: str, path: str | None = None, **storage_options:
     if spec is None:
         raise InputError(f"unknown encoding {encoding_name!r}; known: {', '.join(ENCODINGS)}")
     env_names = _env_names(encoding_name)
-    key = (encoding_name, path, tuple(os.environ.get(v) for v in env_names), os.environ.get(ENV_DIR),
-           json.dumps(storage_options, sort_keys=True, default=str))
+    key = (encoding_name, path, tuple(os.environ.get(v) for v in env_names), os.environ.get(ENV_DIR), json.dumps(storage_options, sort_keys=True, default=str))
     with _lock:
         if key not in _loaded:
             ranks = _find_ranks(encoding_name, spec.ranks, path, env_names, storage_options)

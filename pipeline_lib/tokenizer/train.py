@@ -123,9 +123,7 @@ def count_documents(docs: Iterable[bytes], pattern: str, workers: int = 0, batch
     return total
 
 
-def _learn_merges(
-    pieces: list[bytes], counts: np.ndarray, n_merges: int, min_frequency: int, progress, max_token_bytes: int
-) -> list[tuple[int, int, int]]:
+def _learn_merges(pieces: list[bytes], counts: np.ndarray, n_merges: int, min_frequency: int, progress, max_token_bytes: int) -> list[tuple[int, int, int]]:
     native = core._CORE
     if native is not None:
         rows = native.learn_merges(pieces, np.asarray(counts, dtype=np.int64), n_merges, min_frequency, progress, max_token_bytes)
@@ -160,8 +158,7 @@ def train_tokenizer(
     n_special = len(special_tokens)
     if vocab_size < 256 + n_special:
         raise InputError(
-            f"vocab_size={vocab_size} is too small: byte-level BPE needs 256 byte tokens"
-            f" plus {n_special} special token(s), so at least {256 + n_special}"
+            f"vocab_size={vocab_size} is too small: byte-level BPE needs 256 byte tokens plus {n_special} special token(s), so at least {256 + n_special}"
         )
     if vocab_size > MAX_VOCAB_SIZE:
         raise InputError(f"vocab_size={vocab_size} is larger than MAX_VOCAB_SIZE ({MAX_VOCAB_SIZE})")
@@ -179,8 +176,7 @@ def train_tokenizer(
     ranks = ref.ranks_from_merges(merges)
     if len(merges) < n_merges:
         warnings.warn(
-            f"the corpus gave only {len(merges)} merges of the {n_merges} asked for"
-            f" (vocab_size={vocab_size}); the vocabulary has {len(ranks) + n_special} ids",
+            f"the corpus gave only {len(merges)} merges of the {n_merges} asked for (vocab_size={vocab_size}); the vocabulary has {len(ranks) + n_special} ids",
             stacklevel=3,
         )
     if isinstance(special_tokens, Mapping):

@@ -19,7 +19,7 @@ from pipeline_lib.config import STRICT, doc
 from pipeline_lib.corpus import iter_shard_batches
 from pipeline_lib.fsio import InputError
 from pipeline_lib.patterns import PATTERNS
-from pipeline_lib.tokenizer import PieceCounts
+from pipeline_lib.tokenizer import PieceCounts, count_documents
 
 COUNTS_KIND = "counts"
 COUNTS_FILE = "counts.parquet"
@@ -41,16 +41,11 @@ class CountConfig:
         return asdict(self)
 
 
-def count_documents(batches: Iterable[Sequence[bytes]], pattern: str) -> tuple[list[bytes], np.ndarray]:
-    counter = PieceCounts(pattern)
-    for docs in batches:
-        counter.add_documents(docs)
-    return counter.to_arrays()
-
-
 def count_shard(shard_path: str, pattern: str) -> tuple[list[bytes], np.ndarray]:
-    """Piece counts of one Parquet text shard, sorted by piece."""
-    return count_documents(iter_shard_batches(shard_path), pattern)
+    """Piece counts of one Parquet text shard, sorted by piece (on one thread: the shards
+    are what runs in parallel)."""
+    docs = (doc for batch in iter_shard_batches(shard_path) for doc in batch)
+    return count_documents(docs, pattern, workers=1).to_arrays()
 
 
 def write_counts(path: str, pieces: Sequence[bytes], counts: np.ndarray) -> None:

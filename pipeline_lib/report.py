@@ -125,13 +125,14 @@ def tokenizer_report(store, corpus, pattern: str = "cl100k", vocab_sizes: Sequen
 
 def _tokenizer_report(store, corpus, pattern: str, vocab_sizes: list[int], version: str, params: dict, code: str):
     from pipeline_lib.corpus import iter_shard_batches
-    from pipeline_lib.counting import count_documents
+    from pipeline_lib.tokenizer import count_documents
 
     shards = store.manifest(corpus.kind, corpus.version)["meta"]["shards"]
     if len(shards) < 2:
         raise ValueError("the report needs at least 2 corpus shards: one is held out for measuring")
     root = store.local_dir(corpus.kind, corpus.version)
-    pieces, counts = count_documents((docs for s in shards[:-1] for docs in iter_shard_batches(os.path.join(root, s["file"]))), pattern)
+    docs = (doc for s in shards[:-1] for batch in iter_shard_batches(os.path.join(root, s["file"])) for doc in batch)
+    pieces, counts = count_documents(docs, pattern).to_arrays()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tok = Tokenizer.train(dict(zip(pieces, counts.tolist())), max(vocab_sizes), pattern=pattern, special_tokens=())

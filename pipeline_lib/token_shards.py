@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from pipeline_lib.config import STRICT, doc
 from pipeline_lib.errors import StoreError
-from pipeline_lib.fsio import InputError, check_local_file, fsync_dir, user_file_mode
+from pipeline_lib.fsio import InputError, check_local_file, fsync_dir, hash_file, user_file_mode
 from pipeline_lib.store import MANIFEST, MANIFEST_FORMAT, MAX_MANIFEST_BYTES
 
 TOKENS_KIND = "tokens"
@@ -544,14 +544,6 @@ def _check_doc_table(path: str, index: np.ndarray, shard: int, index_path: str) 
         raise InputError(f"{path}: corrupt document table ({e})") from e
 
 
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dict[str, int]:
     """Check a token-shard version on local disk against its manifest `meta`.
 
@@ -643,7 +635,7 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
             if shard.get("doc_table") and shard.get("doc_table_sha256"):
                 checks.append((os.path.join(directory, shard["doc_table"]), shard["doc_table_sha256"]))
             for p, digest in checks:
-                if digest is not None and _sha256_file(p) != digest:
+                if digest is not None and hash_file(p)[1] != digest:
                     raise InputError(f"{p}: sha256 does not match the manifest: corrupt or altered")
         totals["n_tokens"] += n_tokens
         totals["n_docs"] += len(index)

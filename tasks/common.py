@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from pipeline_lib.corpus import shard_name
 from pipeline_lib.errors import InputError, StoreError, TokenmillError
 from pipeline_lib.store import ArtifactStore, VersionRef
 
@@ -90,7 +91,7 @@ def staging_kept(store: ArtifactStore, kind: str, version: str, shard_records: l
     try:
         yield
     except InputError as e:
-        units = [f"shard_{r['shard']:06d}" for r in shard_records or [] if isinstance(r, dict) and isinstance(r.get("shard"), int)]
+        units = [shard_name(r["shard"]) for r in shard_records or [] if isinstance(r, dict) and isinstance(r.get("shard"), int)]
         staging = store.stage(kind, version)
         lost = [u for u in units if staging.done(u) is None]
         if not lost:

@@ -49,6 +49,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from pipeline_lib.errors import CheckpointError  # re-exported
+from pipeline_lib.fsio import hash_file
 from pipeline_lib.lm.config import GPTConfig
 from pipeline_lib.lm.model import GPT
 
@@ -272,11 +273,7 @@ def open_checkpoint(ckpt_dir: str | os.PathLike[str], verify: bool = True) -> Ch
         if size != info.get("bytes"):
             raise CheckpointError(f"{p}: {size} bytes but the checkpoint marker says {info.get('bytes')} (truncated or corrupt)")
         if verify:
-            h = hashlib.sha256()
-            with open(p, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            if h.hexdigest() != info.get("sha256"):
+            if hash_file(str(p))[1] != info.get("sha256"):
                 raise CheckpointError(f"{p}: sha256 mismatch with the checkpoint marker (corrupt)")
     return Checkpoint(path=path, step=int(marker["step"]), marker=marker)
 

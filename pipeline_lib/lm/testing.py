@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline_lib.corpus import shard_name
 from pipeline_lib.lm.data import TOKENS_FORMAT
 
 BYTE_SEPARATOR_ID = 256
@@ -40,7 +41,7 @@ def write_token_dir(
     dtype = np.dtype("<u2") if vocab_size <= 65536 else np.dtype("<u4")
     metas: list[dict[str, Any]] = []
     for i, docs in enumerate(shards):
-        name = f"shard_{i:06d}"
+        name = shard_name(i)
         parts, ends, total = [], [], 0
         for doc in docs:
             doc = np.asarray(doc, dtype=np.int64)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline_lib.corpus import shard_name
 from pipeline_lib.errors import InputError, StoreError
 from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef, version_id
 from pipeline_lib.version import code_version
@@ -142,7 +143,7 @@ def cache_identity(stage: Stage, inputs: Mapping[str, VersionRef], config: Any) 
 
 
 def unit_name(index: int) -> str:
-    return f"shard_{index:06d}"
+    return shard_name(index)
 
 
 def unit_count(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef]) -> int:

@@ -13,6 +13,7 @@ runs on random token ids (vocab 50257) with batch 16 x 1024.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import tempfile
@@ -26,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline_lib.lm import preset, train  # noqa: E402
+
+lm_sample = importlib.import_module("pipeline_lib.lm.sample")  # the module, not the package's `sample` function
 from pipeline_lib.lm.testing import write_byte_token_dir, write_token_dir  # noqa: E402
 
 
@@ -66,6 +69,9 @@ def main() -> None:
             # fixed small config: the "small" preset (4 x 128, block 128, batch 16), no eval
             cfg = preset("small", max_steps=args.steps, device="cpu", val_fraction=0.0, ckpt_interval=10**6, log_interval=10**6)
             default = torch.get_num_threads()
+            # Training puts a small CPU model on one thread (lm.sample.one_thread_for); lift that
+            # rule here so each row runs on the thread count it names.
+            lm_sample.ONE_THREAD_BELOW = 0
             for n in args.threads or sorted({1, default}):
                 torch.set_num_threads(n)
                 rows.append(bench(cfg, data, "small (cpu)"))

@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.steps import absolute
 from pipeline_lib.fsio import InputError
 
 DEFAULT_STORE = "./artifacts"
@@ -93,11 +94,6 @@ class DeploymentSpec:
         return ConcurrencyLimitConfig(limit=self.concurrency_limit, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
 
 
-def _absolute(url: str) -> str:
-    """Local paths absolute (flow runs may start in another directory); URLs unchanged."""
-    return url if "://" in url else os.path.abspath(os.path.expanduser(url))
-
-
 def deployment_specs(
     store: str = DEFAULT_STORE,
     corpus: Sequence[str] | None = None,
@@ -120,9 +116,9 @@ def deployment_specs(
     """
     for what, cron in (("--nightly-cron", nightly_cron), ("--weekly-cron", weekly_cron)):
         check_cron(cron, what)
-    common: dict[str, Any] = {"store": _absolute(store)}
+    common: dict[str, Any] = {"store": absolute(store)}
     if corpus:
-        common["corpus"] = {"sources": [_absolute(c) for c in corpus]}
+        common["corpus"] = {"sources": [absolute(c) for c in corpus]}
     if storage_options:
         common["storage_options"] = dict(storage_options)
     stage_common = {k: v for k, v in common.items() if k != "corpus"}

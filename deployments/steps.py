@@ -40,7 +40,8 @@ DEFAULT_INSTALL = "python -m pip install ."
 RESULT_STORAGE_ENV = "PREFECT_DEFAULT_RESULT_STORAGE_BLOCK"
 
 
-def _absolute(url: str) -> str:
+def absolute(url: str) -> str:
+    """Local paths absolute (flow runs may start in another directory); URLs unchanged."""
     return url if "://" in url else os.path.abspath(os.path.expanduser(url))
 
 
@@ -96,7 +97,7 @@ def source_settings(repo: str | None = None, branch: str | None = None, install:
             )
         repo, branch = checkout["repo"], branch or checkout["branch"]
     elif "://" not in repo and not _scp_like(repo):
-        repo = _absolute(repo)
+        repo = absolute(repo)
     install = (install or "").strip() or DEFAULT_INSTALL
     return {"repo": repo, "branch": branch or None, "install": install}
 
@@ -138,8 +139,8 @@ def settings(store_default: str = "./artifacts", **_: Any) -> dict[str, Any]:
     ``branch``, ``install`` (the pull steps), ``env`` and ``dask_env`` (job variables)."""
     corpus = shlex.split(os.environ.get("TOKENMILL_CORPUS", ""))
     out: dict[str, Any] = {
-        "store": _absolute(os.environ.get("TOKENMILL_STORE", "").strip() or store_default),
-        "corpus": [_absolute(c) for c in corpus] or None,
+        "store": absolute(os.environ.get("TOKENMILL_STORE", "").strip() or store_default),
+        "corpus": [absolute(c) for c in corpus] or None,
         "storage_options": None,
     }
     raw = os.environ.get("TOKENMILL_STORAGE_OPTIONS", "").strip()

@@ -209,7 +209,8 @@ def stage_tasks(
         record = engine.run_unit(stage, store, refs, config, unit)
         if unit_after is not None:
             unit_after(record, get_run_logger())
-        progress(f"{units_name} (shards)", advance=1, total=engine.unit_count(stage, store, refs))
+        total = n_units if n_units is not None else engine.unit_count(stage, store, refs)  # the flow passes the count it mapped
+        progress(f"{units_name} (shards)", advance=1, total=total)
         return record
 
     unit_task = task(

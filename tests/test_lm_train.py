@@ -1,5 +1,6 @@
 """Training: loss falls, exact resume, checkpoints, DDP (gloo, world size 1), bits/byte."""
 
+import importlib
 import json
 import math
 import socket
@@ -47,6 +48,21 @@ def tiny(**kw):
 
 def quiet(_msg):
     pass
+
+
+def test_small_cpu_model_trains_on_one_thread_and_gives_the_count_back(byte_dir, tmp_path, monkeypatch):
+    """The rule sampling follows: one intra-op thread under ONE_THREAD_BELOW parameters on the
+    CPU, torch's own count again afterwards; a larger model keeps torch's count."""
+    lm_sample = importlib.import_module("pipeline_lib.lm.sample")  # the module (the package's `sample` is the function)
+
+    torch.set_num_threads(2)
+    seen = []
+    train(tiny(max_steps=2), byte_dir, tmp_path / "small", log=quiet, on_step=lambda _e: seen.append(torch.get_num_threads()))
+    assert seen == [1, 1] and torch.get_num_threads() == 2
+    monkeypatch.setattr(lm_sample, "ONE_THREAD_BELOW", 0)  # every model is "large" now
+    seen.clear()
+    train(tiny(max_steps=2), byte_dir, tmp_path / "large", log=quiet, on_step=lambda _e: seen.append(torch.get_num_threads()))
+    assert seen == [2, 2] and torch.get_num_threads() == 2
 
 
 def test_loss_falls(byte_dir, tmp_path):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch.nn import functional as F
@@ -55,6 +55,12 @@ def one_thread(enabled: bool) -> Iterator[None]:
             _threads_users -= 1
             if _threads_users == 0:
                 torch.set_num_threads(_threads_saved)
+
+
+def one_thread_for(model: GPT) -> AbstractContextManager[None]:
+    """`one_thread` for a small model on the CPU (under ONE_THREAD_BELOW parameters), else nothing."""
+    device = next(model.parameters()).device
+    return one_thread(device.type == "cpu" and model.num_params() < ONE_THREAD_BELOW)
 
 
 @torch.no_grad()
@@ -102,7 +108,7 @@ def sample(
     was_training = model.training
     model.eval()
     try:
-        with one_thread(device.type == "cpu" and model.num_params() < ONE_THREAD_BELOW):
+        with one_thread_for(model):
             return _decode(model, [int(i) for i in prompt_ids], max_new_tokens, temperature, top_k, gen, {int(s) for s in stop_ids}, kv_cache)
     finally:
         model.train(was_training)

@@ -49,6 +49,7 @@ write the same bytes. Timings stay in `TrainResult` and the log.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -85,7 +86,7 @@ from pipeline_lib.lm.checkpoint import (
 from pipeline_lib.lm.config import GPTConfig, TrainConfig
 from pipeline_lib.lm.data import Region, TokenShards, WindowSampler
 from pipeline_lib.lm.model import GPT
-from pipeline_lib.lm.sample import ONE_THREAD_BELOW, one_thread
+from pipeline_lib.lm.sample import one_thread_for
 
 LogFn = Callable[[str], None]
 EventFn = Callable[[dict[str, Any]], None]
@@ -498,7 +499,8 @@ def train(
     t_start = _budget_clock()
     d = _setup_dist(train_config)
     try:
-        with _cpu_threads(train_config):
+        # small models on the CPU train on one intra-op thread, entered once the model is built
+        with contextlib.ExitStack() as threads:
             return _train(
                 t_start,
                 train_config,
@@ -510,25 +512,11 @@ def train(
                 on_step,
                 train_config.resume if resume is None else resume,
                 d,
+                threads,
             )
     finally:
         if d.owns_group:
             dist.destroy_process_group()
-
-
-def _cpu_threads(cfg: TrainConfig):
-    """One intra-op thread for a small model trained on the CPU (as `sample` decodes).
-
-    Its matmuls are too small to gain much from a second thread, and on a busy machine
-    every split op waits for a descheduled worker: on a 2-core machine at load ~3, the
-    "small" preset trained at 9,000 tokens/s on one thread and 2,100 on two
-    (`python benchmarks/bench_lm.py --steps 15 --threads 1 2`). Larger models and CUDA keep
-    torch's thread count; it is restored after training.
-    """
-    m = cfg.model
-    approx_params = 12 * m.n_layer * m.n_embd * m.n_embd + (m.vocab_size or 50_304) * m.n_embd
-    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
-    return one_thread(on_cpu and approx_params < ONE_THREAD_BELOW)
 
 
 def _train(
@@ -542,6 +530,7 @@ def _train(
     on_step: EventFn | None,
     resume: bool,
     d: _Dist,
+    threads: contextlib.ExitStack,
 ) -> TrainResult:
     master = d.rank == 0
     emit: LogFn = log if master else (lambda _msg: None)
@@ -611,6 +600,12 @@ def _train(
     torch.manual_seed(cfg.seed + d.rank)
     random.seed(cfg.seed + d.rank)
     raw_model = GPT(mcfg).to(device)
+    # One intra-op thread for a small model on the CPU, the rule sampling follows. A trade:
+    # on an idle 2-core machine the "small" preset trained at 11,500 tokens/s on one thread
+    # and 20,900 on two, but at load ~3 at 9,000 on one and 2,100 on two (every split op waits
+    # for a descheduled worker): `python benchmarks/bench_lm.py --steps 10 --threads 1 2`.
+    # The time budget makes up part of the idle loss; the collapse under load it cannot.
+    threads.enter_context(one_thread_for(raw_model))
     optimizer = raw_model.configure_optimizer(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), fused=device.type == "cuda")
     start_step = 0
     history: list[dict[str, Any]] = []

@@ -10,8 +10,8 @@ from typing import Any
 
 from pipeline_lib import corpus as corpus_lib
 from pipeline_lib.corpus import CORPUS_KIND, RAW_KIND, CorpusConfig
-from pipeline_lib.stages.spec import Context, Stage
-from pipeline_lib.store import ArtifactStore, VersionRef
+from pipeline_lib.stages.spec import Context, Stage, corpus_shards  # noqa: F401  (re-exported)
+from pipeline_lib.store import VersionRef
 
 # The report's corpus: paragraphs, and more shards than the pipeline's, for a held-out part
 # per language (the defaults of `tokenmill report` and report_flow).
@@ -60,7 +60,3 @@ SHARD = Stage(
     params=_shard_params,
     publishes=True,
 )
-
-
-def corpus_shards(store: ArtifactStore, corpus: VersionRef) -> list[dict[str, Any]]:
-    return store.manifest(corpus.kind, corpus.version)["meta"]["shards"]

@@ -62,9 +62,13 @@ def config_params(config: Any) -> Mapping[str, Any]:
     return config.params()
 
 
+def corpus_shards(store: ArtifactStore, corpus: VersionRef) -> list[dict[str, Any]]:
+    """The shard records of a corpus version (file, documents, bytes), in shard order."""
+    return store.manifest(corpus.kind, corpus.version)["meta"]["shards"]
+
+
 def corpus_shard_count(store: ArtifactStore, inputs: Mapping[str, VersionRef]) -> int:
-    corpus = inputs["corpus"]
-    return len(store.manifest(corpus.kind, corpus.version)["meta"]["shards"])
+    return len(corpus_shards(store, inputs["corpus"]))
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
 
 from pipeline_lib import ArtifactStore, Tokenizer
 from pipeline_lib.token_shards import check_shards
+
+sys.path.insert(0, os.path.dirname(__file__))
+from prefect_server import task_runs, task_states  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -28,16 +32,7 @@ def small_corpus(tmp_path_factory, shakespeare_text) -> str:
 
 
 def _task_states(flow_state) -> dict[str, list[str]]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    flow_run_id = flow_state.state_details.flow_run_id
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    states: dict[str, list[str]] = {}
-    for run in runs:
-        states.setdefault(run.name.split("[")[0].rsplit("-", 1)[0], []).append(run.state.name)
-    return states
+    return task_states(flow_state.state_details.flow_run_id)  # waits for the states to settle
 
 
 def _run(**kwargs):
@@ -115,7 +110,7 @@ def test_runs_read_well_in_the_ui(first_run, small_corpus):
     corpus, and a run whose every task is Cached still shows the artifacts of what it reused,
     under keys of this store and corpus."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     store_url, _, _ = first_run
     from flows.pipeline import tokenmill_pipeline
@@ -123,9 +118,9 @@ def test_runs_read_well_in_the_ui(first_run, small_corpus):
     state = tokenmill_pipeline(return_state=True, **_params(small_corpus, store_url, 400, **LM))
     assert state.is_completed()
     flow_run_id = state.state_details.flow_run_id
+    runs = task_runs(flow_run_id)  # task-run states reach the server as events: let them settle
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(flow_run_id)
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
     store_name = os.path.basename(store_url.rstrip("/"))
     assert flow_run.name == f"pipeline-shakespeare_head-cl100k-400@{store_name}", flow_run.name

@@ -19,6 +19,9 @@ from pipeline_lib.store import ArtifactStore, VersionRef, version_id
 from pipeline_lib.tokenizer import backend_info
 from pipeline_lib.version import __version__, code_version
 
+sys.path.insert(0, os.path.dirname(__file__))
+from prefect_server import task_states  # noqa: E402
+
 
 @pytest.fixture
 def corpus_file(tmp_path, shakespeare_text) -> str:
@@ -153,15 +156,7 @@ def test_code_version_of_a_module_and_of_a_package(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- the cache policy
 def _task_states(flow_state) -> dict[str, list[str]]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id])))
-    states: dict[str, list[str]] = {}
-    for run in runs:
-        states.setdefault(run.name.split("[")[0].rsplit("-", 1)[0], []).append(run.state.name)
-    return states
+    return task_states(flow_state.state_details.flow_run_id)  # waits for the states to settle
 
 
 def _storage_files(root: str) -> dict[str, bytes]:

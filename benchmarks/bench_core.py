@@ -206,7 +206,7 @@ def main() -> int:
     with open(args.corpus, "rb") as f:
         data = f.read()
     docs = documents(data, args.doc_bytes)
-    print(f"tokcore {core.CORE_VERSION}; corpus {args.corpus}: {len(data):,} bytes; cpus {os.cpu_count()}")
+    print(f"tokcore {core.CORE_SOURCE_HASH[:12]}; corpus {args.corpus}: {len(data):,} bytes; cpus {os.cpu_count()}")
     for name in args.patterns.split(","):
         bench_pattern(name.strip(), data, docs, args)
     return 0

@@ -7,7 +7,8 @@ sampling windows from memory-mapped shards, forward, backward, AdamW).
     python benchmarks/bench_lm.py --cuda-only     # with a GPU: GPT-2 124M, bf16, tokens/s and MFU
 
 The first optimizer step (allocation, compilation) is not timed. On CUDA the 124M model
-runs on random token ids (vocab 50257) with batch 16 x 1024.
+runs on random token ids (vocab 50257) with batch 16 x 1024, and its row gives the peak
+GPU memory beside the memory plan's figure for the same run (`pipeline_lib.lm.plan`).
 """
 
 from __future__ import annotations
@@ -27,12 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline_lib.lm import preset, train  # noqa: E402
+from pipeline_lib.lm.plan import GIB, memory_plan  # noqa: E402
 
 lm_sample = importlib.import_module("pipeline_lib.lm.sample")  # the module, not the package's `sample` function
 from pipeline_lib.lm.testing import write_byte_token_dir, write_token_dir  # noqa: E402
 
 
 def bench(cfg, data_dir: Path, label: str) -> dict:
+    cuda = torch.cuda.is_available() and cfg.device != "cpu"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
         r = train(cfg, data_dir, out, log=lambda _m: None)
@@ -42,13 +47,16 @@ def bench(cfg, data_dir: Path, label: str) -> dict:
         "device": r.device,
         "threads": torch.get_num_threads(),
         "params_M": round(r.n_params / 1e6, 2),
-        "tokens_per_step": cfg.batch_size * cfg.model.block_size * cfg.grad_accum_steps,
+        "tokens_per_step": cfg.tokens_per_step,
         "steps": cfg.max_steps,
         "tokens_per_s": round(r.tokens_per_s or 0.0, 1),
         "mfu": None if r.mfu is None else round(r.mfu, 4),
         "final_train_loss": round(r.final_train_loss, 4),
         "wall_s": round(wall, 2),
     }
+    if cuda:
+        row["peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
+        row["plan_GiB"] = round(memory_plan(cfg, 50257, "cuda", bf16=torch.cuda.is_bf16_supported()).total_bytes / GIB, 2)
     print(json.dumps(row), flush=True)
     return row
 
@@ -92,10 +100,11 @@ def main() -> None:
             rows.append(bench(cfg, data, f"gpt2-124m (cuda{', compiled' if args.compile else ''})"))
         elif args.cuda_only:
             print("no CUDA device", file=sys.stderr)
-    print("\nconfig                      device   threads  tokens/s      MFU")
+    print("\nconfig                      device   threads  tokens/s      MFU  peak GiB (plan)")
     for r in rows:
         mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
-        print(f"{r['config']:<27} {r['device']:<8} {r['threads']:>7}  {r['tokens_per_s']:>10,.0f}  {mfu:>7}")
+        mem = f"{r['peak_mem_GiB']:.2f} ({r['plan_GiB']:.2f})" if "peak_mem_GiB" in r else "-"
+        print(f"{r['config']:<27} {r['device']:<8} {r['threads']:>7}  {r['tokens_per_s']:>10,.0f}  {mfu:>7}  {mem}")
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def deploy(
     from deployments.serve import _require_server
     from deployments.steps import work_queue
 
-    _require_server()
+    _require_server("tokenmill deploy")
     specs = deployment_specs(store, corpus, storage_options, nightly_cron, weekly_cron)
     source = source_settings(repo, branch, install_command, cwd)
     pull = pull_steps(source["repo"], source["branch"], source["install"])

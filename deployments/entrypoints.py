@@ -19,7 +19,7 @@ so runs group under the same flow in the UI whichever way they were started.
 
 from __future__ import annotations
 
-from flows import pipeline
+from flows import pipeline, sweep
 from flows.runners import runner_from_env
 
 
@@ -32,6 +32,7 @@ corpus_flow = _with_env_runner(pipeline.corpus_flow)
 tokenizer_flow = _with_env_runner(pipeline.tokenizer_flow)
 encode_flow = _with_env_runner(pipeline.encode_flow)
 lm_flow = _with_env_runner(pipeline.lm_flow)
+sweep_flow = _with_env_runner(sweep.sweep_flow)
 
 FLOWS = {
     "tokenmill_pipeline": tokenmill_pipeline,
@@ -39,4 +40,5 @@ FLOWS = {
     "tokenizer_flow": tokenizer_flow,
     "encode_flow": encode_flow,
     "lm_flow": lm_flow,
+    "sweep_flow": sweep_flow,
 }

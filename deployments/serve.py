@@ -186,14 +186,15 @@ def check_spec(spec: DeploymentSpec) -> None:
         raise ConfigError(f"deployment {spec.flow}/{spec.name}: {e}") from e
 
 
-def _require_server() -> str:
+def _require_server(command: str = "tokenmill serve") -> str:
+    """PREFECT_API_URL (environment, profile or prefect.toml), or InputError naming `command`."""
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
     if not url:
         raise InputError(
-            "tokenmill serve needs a Prefect server (an ephemeral API never schedules runs): "
-            "start one with `prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api"
+            f"{command} needs a Prefect server of your own (tokenmill's local server and Prefect's temporary one "
+            "run no scheduler): start one with `prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api"
         )
     return url
 

@@ -2,9 +2,11 @@
 
     tokenmill run                       # the whole chain on the bundled corpus, store ./artifacts
     tokenmill run --corpus 's3://bucket/data/*.jsonl.zst' --store s3://bucket/tm --vocab-size 32768
-    tokenmill tokenizer train|encode|export
+    tokenmill tokenizer train|encode|inspect|export
     tokenmill encode --tokenizer REF    # encode a corpus with an existing tokenizer
+    tokenmill compare | report          # tokenizers side by side; compression vs vocabulary size
     tokenmill lm train|sample
+    tokenmill sweep --vocab-sizes 512,1024,4096   # which tokenizer makes the better model, at equal compute
     tokenmill versions | show REF | verify REF | gc
     tokenmill serve                     # run the deployments (schedules) from this process
 
@@ -89,13 +91,24 @@ def _ref_dict(store, kind: str, version: str) -> dict[str, str]:
 
 
 def _load_tokenizer(args):
-    from pipeline_lib.tokenizer import META_FILE, Tokenizer
+    from pipeline_lib.tokenizer import Tokenizer
 
-    if os.path.isdir(args.tokenizer) and os.path.exists(os.path.join(args.tokenizer, META_FILE)):
+    if _is_tokenizer_dir(args.tokenizer):
         return Tokenizer.load(args.tokenizer)
     store = _store(args)
     k, v = _resolve(store, args.tokenizer, "tokenizer")
     return Tokenizer.load(store.local_dir(k, v))
+
+
+def _is_tokenizer_dir(ref: str) -> bool:
+    """Whether --tokenizer names a saved tokenizer directory (else a REF in the store)."""
+    from pipeline_lib.tokenizer import META_FILE
+
+    if os.path.isdir(ref) and os.path.exists(os.path.join(ref, META_FILE)):
+        return True
+    if ref.startswith(("/", "./", "../", "~")) or os.path.isfile(ref):  # a path, never a REF
+        raise InputError(f"--tokenizer {ref}: not a saved tokenizer directory (no {META_FILE} there); give one, or a REF in the store (latest:tokenizer)")
+    return False
 
 
 def _flow_api():
@@ -163,14 +176,32 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    configs = configs_from_args(args, SWEEP_CONFIGS)  # every parameter checked before any work
+    with _flow_api():
+        from flows.sweep import sweep_flow
+
+        flow = sweep_flow.with_options(task_runner=_runner(args))
+        with _ProgressBars():
+            out = flow(**configs, store=args.store, storage_options=_storage_options(args.storage_option) or None)
+    from pipeline_lib.sweep import summary_markdown
+
+    ref = out["sweep"]
+    print(summary_markdown(out["result"]))
+    print(f"table: {_store(args).uri(ref['kind'], ref['version'], 'sweep.md')}")
+    print(f"plot:  {_store(args).uri(ref['kind'], ref['version'], 'sweep.png')}")
+    return 0
+
+
 def cmd_tokenizer_train(args) -> int:
     configs = configs_from_args(args, TOKENIZER_CONFIGS)
+    if args.log_merges < 0:
+        raise InputError(f"--log-merges {args.log_merges}: give a step of at least 1 (0: no merge log)")
     so = _storage_options(args.storage_option) or None
     with _flow_api():
-        from flows.pipeline import corpus_flow, tokenizer_flow
+        from flows.pipeline import tokenizer_train_flow
 
-        corpus = corpus_flow(configs.pop("corpus"), store=args.store, storage_options=so)
-        tok = tokenizer_flow.with_options(task_runner=_runner(args))(corpus, store=args.store, **configs, storage_options=so)
+        tok = tokenizer_train_flow.with_options(task_runner=_runner(args))(**configs, store=args.store, storage_options=so, log_merges=args.log_merges)
     print(f"tokenizer {tok['kind']}/{tok['version']} -> {tok['uri']}")
     if args.out:
         from pipeline_lib.tokenizer import Tokenizer
@@ -182,16 +213,58 @@ def cmd_tokenizer_train(args) -> int:
 
 
 def cmd_tokenizer_encode(args) -> int:
+    from pipeline_lib import lab
+
     tok = _load_tokenizer(args)
-    text = args.text if args.text is not None else open(args.input, encoding="utf-8", errors="surrogateescape").read()
-    ids = tok.encode_to_numpy(text, allowed_special=set(args.allow_special or []))
+    text = args.text if args.text is not None else _read_text(args.input, "--input")
+    allowed = lab.check_special_tokens(tok, text, args.allow_special or [], "--text" if args.text is not None else f"--input {args.input}")
+    ids = tok.encode_to_numpy(text, allowed_special=allowed)
+    if args.show:
+        import shutil
+
+        colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        print(lab.show_tokens(tok, text, ids.tolist(), width=shutil.get_terminal_size().columns, colour=colour))
     if args.output:
         import numpy as np
 
         np.save(args.output, ids, allow_pickle=False)
         print(f"{len(ids)} tokens -> {args.output}")
-    else:
+    elif not args.show:
         print(" ".join(map(str, ids.tolist())))
+    return 0
+
+
+def _read_text(path: str, flag: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise InputError(f"{flag} {path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{flag} {path}: is a directory, not a text file") from None
+
+
+def cmd_tokenizer_inspect(args) -> int:
+    from pipeline_lib import lab
+    from pipeline_lib.tokenizer import Tokenizer
+
+    if args.top < 1:
+        raise InputError(f"--top {args.top}: must be at least 1")
+    counts = None
+    if _is_tokenizer_dir(args.tokenizer):
+        tok = Tokenizer.load(args.tokenizer)
+    else:  # a store version: its counts parent holds the training pieces
+        from pipeline_lib.counting import COUNTS_FILE, read_counts
+
+        store = _store(args)
+        k, v = _resolve(store, args.tokenizer, "tokenizer")
+        tok = Tokenizer.load(store.local_dir(k, v))
+        parent = store.manifest(k, v)["parents"].get("counts")
+        if parent:
+            ck, cv = parent.split("/", 1)
+            counts = read_counts(os.path.join(store.local_dir(ck, cv), COUNTS_FILE))
+    report = lab.inspect_tokenizer(tok, args.top, counts)
+    print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else lab.inspect_text(report))
     return 0
 
 
@@ -204,9 +277,12 @@ def cmd_tokenizer_export(args) -> int:
     elif args.format == "gpt2":
         tok.to_gpt2(args.out)
     else:
+        from pipeline_lib.tokenizer.export import tiktoken_ranks_file
+
+        data = tiktoken_ranks_file(tok)  # before anything is written: a char/word tokenizer is refused
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "wb") as f:
-            f.write(tok.ranks_text())
+            f.write(data)
     print(f"{args.format} export -> {args.out}")
     return 0
 
@@ -221,7 +297,7 @@ def cmd_encode(args) -> int:
 
         corpus = corpus_flow(configs["corpus"], store=args.store, storage_options=so)
         tokens = encode_flow.with_options(task_runner=_runner(args))(
-            corpus, _ref_dict(store, k, v), store=args.store, encode=configs["encode"], storage_options=so
+            corpus, _ref_dict(store, k, v), store=args.store, encode=configs["encode"], storage_options=so, corpus=configs["corpus"]
         )
     print(f"tokens {tokens['kind']}/{tokens['version']} -> {tokens['uri']}")
     return 0
@@ -253,7 +329,7 @@ def cmd_lm_sample(args) -> int:
 
     store = _store(args)
     _, mv = _resolve(store, args.model, "model")
-    print(sample_text(store, mv, configs_from_args(args, SAMPLE_CONFIGS)["sample"]))
+    print(sample_text(store, mv, configs_from_args(args, SAMPLE_CONFIGS)["sample"], device=args.device))
     return 0
 
 
@@ -394,6 +470,43 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from pipeline_lib import lab
+    from pipeline_lib.corpus import DEFAULT_CORPUS
+    from pipeline_lib.fsio import read_bytes
+    from pipeline_lib.report import MULTILINGUAL
+
+    config = configs_from_args(args, COMPARE_CONFIGS)["compare"]
+    files: dict[str, str] = {}
+    for pair in args.encoding_file or []:
+        name, sep, path = pair.partition("=")
+        if not sep or not path:
+            raise InputError(f"--encoding-file {pair!r}: expected NAME=PATH, e.g. cl100k_base=./cl100k_base.tiktoken")
+        files[name] = path
+    options = _storage_options(args.storage_option)
+    source = args.corpus or DEFAULT_CORPUS
+    if args.flow:  # the same measuring, as a Prefect flow run with its artifacts
+        with _flow_api():
+            from flows.lab import compare_flow
+
+            result = compare_flow(source, config, args.multilingual, files, None, options or None)
+    else:
+
+        def read(url: str, flag: str) -> str:
+            try:
+                return read_bytes(url, **options).decode("utf-8", "replace")
+            except InputError as e:
+                raise InputError(f"{flag} {e}") from e
+
+        text = read(source, "--corpus")
+        multilingual = read(args.multilingual or MULTILINGUAL, "--multilingual") if (args.multilingual or "").lower() != "none" else None
+        result = lab.compare(text, config, source, multilingual, files, progress=lambda message: print(message, file=sys.stderr, flush=True))
+    print(lab.compare_text(result))
+    paths = lab.write_comparison(result, args.out)
+    print(f"table: {paths['md']}, figures: {paths['json']}, plot: {paths['png']}")
+    return 0
+
+
 def cmd_serve(args) -> int:
     from deployments.serve import serve
 
@@ -459,8 +572,10 @@ FLAG_ALIASES: dict[tuple[str, str], str] = {
 
 def _config_classes() -> dict[str, Any]:
     from pipeline_lib.config import stage_configs
+    from pipeline_lib.lab import CompareConfig
+    from pipeline_lib.sweep import SweepConfig
 
-    return stage_configs()
+    return {**stage_configs(), "sweep": SweepConfig, "compare": CompareConfig}
 
 
 # The configs each command takes, by the flow parameter they go to.
@@ -470,6 +585,8 @@ ENCODE_CONFIGS = ("corpus", "encode")
 LM_CONFIGS = ("lm",)
 REPORT_CONFIGS = ("corpus", "report")
 SAMPLE_CONFIGS = ("sample",)
+SWEEP_CONFIGS = ("corpus", "count", "encode", "lm", "sweep")
+COMPARE_CONFIGS = ("compare",)
 
 
 def flag_of(cls: type, name: str) -> str:
@@ -503,8 +620,8 @@ def add_config_options(p: argparse.ArgumentParser, cls: type, defaults: Any = No
         if f.type is bool:
             kw.update(action=argparse.BooleanOptionalAction, default=default)
         elif f.repeated:
-            # Repeatable; numbers may also be given comma-separated (--vocab-sizes 256,512).
-            split = f.item_type in (int, float)
+            # Repeatable; numbers and choices may also be given comma-separated (--vocab-sizes 256,512).
+            split = f.item_type in (int, float) or f.choices is not None
             kw.update(
                 action="extend",
                 default=None,
@@ -514,6 +631,15 @@ def add_config_options(p: argparse.ArgumentParser, cls: type, defaults: Any = No
         else:
             kw.update(type=lambda t, f=f: _parse_value(f, t), default=default, choices=f.choices, metavar=None if f.choices else f.name.upper())
         group.add_argument(flag_of(cls, f.name), **kw)
+        if f.repeated and f.item_type is str and default:
+            # A repeatable option only adds; this one says "none at all" (e.g. no special tokens).
+            group.add_argument(
+                "--no-" + flag_of(cls, f.name)[2:],
+                dest=kw["dest"],
+                action="store_const",
+                const=[],
+                help=f"none at all (instead of the default: {shown})".replace("%", "%%"),
+            )
     p.set_defaults(**{f"_defaults.{cls.__name__}": defaults})
 
 
@@ -595,12 +721,21 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-lm", action="store_true", help="stop after the token shards")
     p.set_defaults(func=cmd_run)
 
+    p = sub.add_parser("sweep", help="which tokenizer makes the better model: tokenizers at several vocabulary sizes, the same GPT on each at equal compute")
+    _add_store(p)
+    _add_configs(p, ("sweep",), SWEEP_CONFIGS)
+    _add_runner(p)
+    p.set_defaults(func=cmd_sweep)
+
     tp = sub.add_parser("tokenizer", help="train, use and export tokenizers").add_subparsers(dest="sub", required=True)
     p = tp.add_parser("train", help="count and learn merges from a corpus")
     _add_store(p)
     _add_configs(p, ("tokenizer", "train"), TOKENIZER_CONFIGS)
     _add_runner(p)
     p.add_argument("--out", help="also save the tokenizer files into this directory")
+    p.add_argument(
+        "--log-merges", type=int, default=0, metavar="N", help="log every N-th merge: the pair, the new token, its count when merged (default: none)"
+    )
     p.set_defaults(func=cmd_tokenizer_train)
     p = tp.add_parser("encode", help="encode text with a tokenizer")
     _add_store(p)
@@ -609,8 +744,15 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     src.add_argument("--text")
     src.add_argument("--input", help="text file to encode")
     p.add_argument("--output", help="write ids as .npy instead of printing")
-    p.add_argument("--allow-special", action="append", metavar="TOKEN", help="special token allowed in the text")
+    p.add_argument("--allow-special", action="append", metavar="TOKEN", help="special token allowed in the text (repeatable; 'all': every one)")
+    p.add_argument("--show", action="store_true", help="draw each token's text above its id (whitespace visible, coloured in a terminal) and the compression")
     p.set_defaults(func=cmd_tokenizer_encode)
+    p = tp.add_parser("inspect", help="shortest, longest, first and last tokens, tokens per length, tokens never used in training")
+    _add_store(p)
+    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store (its training counts are known) or a saved tokenizer directory")
+    p.add_argument("--top", type=int, default=10, help="tokens shown in each list (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=cmd_tokenizer_inspect)
     p = tp.add_parser("export", help="export to HF tokenizer.json, a transformers directory, GPT-2's vocab.json + merges.txt or a .tiktoken ranks file")
     _add_store(p)
     p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store or a saved tokenizer directory")
@@ -634,6 +776,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p = lp.add_parser("sample", help="generate text from a trained model")
     _add_store(p)
     p.add_argument("--model", default="latest:model", help="model REF (default: %(default)s)")
+    p.add_argument("--device", default="auto", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps (default: %(default)s)")
     _add_configs(p, ("lm", "sample"), SAMPLE_CONFIGS)
     p.set_defaults(func=cmd_lm_sample)
 
@@ -668,13 +811,21 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _add_store(p)
     p.add_argument("--tokens", default="latest:tokens")
     p.add_argument("--out", required=True)
-    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        help="checked against the split the tokens version records (decided at encoding by its --val-fraction); default: that split",
+    )
     p.set_defaults(func=cmd_export_nanogpt)
     p = sub.add_parser("export-llmc", help="write llm.c's <prefix>_train.bin / <prefix>_val.bin from a tokens version")
     _add_store(p)
     p.add_argument("--tokens", default="latest:tokens")
     p.add_argument("--out", required=True)
-    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        help="checked against the split the tokens version records (decided at encoding by its --val-fraction); default: that split",
+    )
     p.add_argument("--prefix", default="tokens")
     p.add_argument(
         "--separator-placement", choices=("append", "prepend"), help="separator after or before each document (default: as encoded; llm.c's scripts prepend)"
@@ -684,6 +835,19 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _add_store(p)
     _add_configs(p, ("report",), REPORT_CONFIGS, corpus=_report_corpus)
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser(
+        "compare",
+        help="character level, word level, BPE trained at several sizes (ours, HF's) and GPT-2 / cl100k / o200k, measured on the same held-out text",
+    )
+    p.add_argument("--corpus", metavar="URL", help="text file (path or fsspec URL) to train on and hold out from (default: the bundled tiny Shakespeare)")
+    p.add_argument("--multilingual", metavar="URL", help="UDHR sample for fertility per language (default: the bundled one; 'none': leave it out)")
+    p.add_argument("--encoding-file", action="append", metavar="NAME=PATH", help="ranks file of a production encoding, e.g. cl100k_base=./cl100k_base.tiktoken")
+    p.add_argument("--out", default="./compare", help="directory for compare.md, compare.json and compare.png (default: %(default)s)")
+    p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option for the corpus URL (repeatable)")
+    p.add_argument("--flow", action="store_true", help="run as a Prefect flow: the table and the plot also become the run's artifacts")
+    _add_configs(p, ("compare",), COMPARE_CONFIGS)
+    _add_debug(p, default=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_compare)
     p = sub.add_parser("serve", help="serve the scheduled deployments from this process (needs a Prefect server)")
     _add_store(p)
     p.add_argument("--corpus", action="append", metavar="URL")
@@ -705,7 +869,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 # 1 any other failure, 130 Ctrl-C, 143 SIGTERM. No traceback on the console: it goes to a
 # log file (always; the line names the file for unexpected errors, i.e. bugs) and, while a
 # flow runs, to Prefect's run logs. `--debug` / TOKENMILL_DEBUG=1 prints it as well.
-EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
+EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_BROKEN_PIPE = 1, 2, 130, 143, 141  # 141: 128 + SIGPIPE, as a shell reports it
 ENV_DEBUG = "TOKENMILL_DEBUG"  # also read by flows.console (not imported here: it imports Prefect)
 ENV_LOG_DIR = "TOKENMILL_LOG_DIR"  # default: $PREFECT_HOME/logs, i.e. ~/.prefect/logs
 KEEP_LOG_FILES = 50
@@ -1015,11 +1179,22 @@ def _debug_env(debug: bool):
 
 
 # Commands that run stages: a rerun after a failure resumes them.
-_RESUMABLE = (cmd_run, cmd_tokenizer_train, cmd_encode, cmd_lm_train, cmd_report, cmd_serve)
+_RESUMABLE = (cmd_run, cmd_sweep, cmd_tokenizer_train, cmd_encode, cmd_lm_train, cmd_report, cmd_serve)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the program itself (the `tokenmill` script, python -m flows.cli), not a caller in-process
+        try:
+            return main(sys.argv[1:])
+        finally:
+            # The process exits next. The interpreter's last garbage collections would walk every
+            # object Prefect and pydantic made (1-3 s on a loaded 2-core machine) only to free
+            # memory the exit frees anyway; frozen objects are skipped. atexit handlers (Prefect's
+            # event and log flushes) still run.
+            import gc
+
+            gc.freeze()
+    argv = list(argv)
     # Before anything imports Prefect: its logging setup reads this (see PREFECT_CONSOLE_CLASS).
     # A logging.yml of the user's own is left alone.
     home = os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect")
@@ -1033,6 +1208,11 @@ def main(argv: list[str] | None = None) -> int:
                 return args.func(args)
         except (SystemExit, GeneratorExit):
             raise
+        except BrokenPipeError:
+            # The reader of our output went away (`tokenmill ... | head`): not a failure to
+            # report, as for any filter. Python's own recipe: no flush of stdout at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_BROKEN_PIPE
         except BaseException as e:  # noqa: BLE001 - the one place every failure is reported
             return report_failure(e, argv, getattr(args, "store", None), debug, resumable=args.func in _RESUMABLE)
 

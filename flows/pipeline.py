@@ -25,6 +25,7 @@ from pipeline_lib.config import ReportConfig, stage_configs, validate
 from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.counting import CountConfig
 from pipeline_lib.lm.config import LMConfig
+from pipeline_lib.patterns import is_custom
 from pipeline_lib.stages import REPORT_CORPUS, TokenizerConfig, compression_summary
 from pipeline_lib.token_shards import EncodeConfig
 from tasks.common import store_of, to_ref
@@ -34,7 +35,7 @@ from tasks.encoding import TOKENS
 from tasks.factory import artifact_key
 from tasks.lm import TRAIN
 from tasks.report import tokenizer_report
-from tasks.tokenizer import TOKENIZER
+from tasks.tokenizer import TOKENIZER, show_merge_log
 
 DEFAULT_STORE = "./artifacts"
 
@@ -58,11 +59,11 @@ def check_parameters(fn, parameters: dict[str, Any]) -> dict[str, Any]:
     import inspect
 
     known = set(inspect.signature(fn).parameters)
-    unknown = sorted(set(parameters) - known)
-    if unknown:
+    not_taken = sorted(set(parameters) - known)
+    if not_taken:
         from pipeline_lib.errors import ConfigError
 
-        raise ConfigError(f"{fn.__name__}: unknown parameter(s) {unknown}; it takes {sorted(known)}")
+        raise ConfigError(f"{fn.__name__}: unknown parameter(s) {not_taken}; it takes {sorted(known)}")
     configs = config_parameters(fn)
     return {k: (validate(configs[k], v, k) if k in configs else v) for k, v in parameters.items()}
 
@@ -104,11 +105,18 @@ def _run_name(kind: str):
         store = _short(p.get("store", DEFAULT_STORE))
         count, tok = p.get("count", CountConfig()), p.get("tokenizer", TokenizerConfig())
         pattern = _field(count, "pattern", CountConfig().pattern)
+        if is_custom(pattern):
+            pattern = "regex"  # the regex itself is in the parameters; a name stays short
+        tok_unit = _field(tok, "unit", "byte")
+        if tok_unit != "byte":
+            pattern = f"{tok_unit}-{pattern}"
         vocab = _vocab(int(_field(tok, "vocab_size", TokenizerConfig().vocab_size)))
         if kind == "pipeline":
             return f"pipeline-{_corpus_name(p.get('corpus', CorpusConfig()))}-{pattern}-{vocab}@{store}"
         if kind == "tokenizer":
             return f"tokenizer-{pattern}-{vocab}@{store}"
+        if kind == "tokenizer-train":
+            return f"tokenizer-{_corpus_name(p.get('corpus', CorpusConfig()))}-{pattern}-{vocab}@{store}"
         if kind in ("corpus", "report"):
             return f"{kind}-{_corpus_name(p.get('corpus', CorpusConfig()))}@{store}"
         return f"{kind}@{store}"
@@ -136,15 +144,24 @@ def _corpus(store: str, corpus: CorpusConfig, storage_options: dict | None) -> d
     return SHARD(store, {"raw": raw}, cfg, storage_options)
 
 
-def _tokenizer(store: str, corpus_ref: dict, count: CountConfig, tokenizer: TokenizerConfig, storage_options: dict | None) -> dict[str, str]:
+def _bytes_per_task(corpus: CorpusConfig | dict | None) -> int:
+    """The corpus config's byte budget per task of the per-shard stages (None: the default)."""
+    return validate(CorpusConfig, corpus, "corpus").task_bytes
+
+
+def _tokenizer(
+    store: str, corpus_ref: dict, count: CountConfig, tokenizer: TokenizerConfig, storage_options: dict | None, corpus: CorpusConfig | None
+) -> dict[str, str]:
     count, tokenizer = validate(CountConfig, count, "count"), validate(TokenizerConfig, tokenizer, "tokenizer")
-    counts = COUNTS(store, {"corpus": corpus_ref}, count, storage_options)
+    counts = COUNTS(store, {"corpus": corpus_ref}, count, storage_options, _bytes_per_task(corpus))
     return TOKENIZER(store, {"counts": counts}, tokenizer, storage_options)
 
 
-def _encode(store: str, corpus_ref: dict, tokenizer_ref: dict, encode: EncodeConfig, storage_options: dict | None) -> dict[str, str]:
+def _encode(
+    store: str, corpus_ref: dict, tokenizer_ref: dict, encode: EncodeConfig, storage_options: dict | None, corpus: CorpusConfig | None
+) -> dict[str, str]:
     encode = validate(EncodeConfig, encode, "encode")
-    return TOKENS(store, {"corpus": corpus_ref, "tokenizer": tokenizer_ref}, encode, storage_options)
+    return TOKENS(store, {"corpus": corpus_ref, "tokenizer": tokenizer_ref}, encode, storage_options, _bytes_per_task(corpus))
 
 
 @flow(name="tokenmill-corpus", flow_run_name=_run_name("corpus"))
@@ -165,10 +182,34 @@ def tokenizer_flow(
     count: CountConfig = CountConfig(),
     tokenizer: TokenizerConfig = TokenizerConfig(),
     storage_options: dict | None = None,
+    corpus: CorpusConfig | None = None,
+    log_merges: int = 0,
 ) -> dict[str, str]:
-    """Count pieces per shard in parallel, reduce, learn merges: a tokenizer version."""
+    """Count pieces per shard in parallel, reduce, learn merges: a tokenizer version.
+    `corpus`: the config `corpus_ref` was made with, for its byte budget per counting task
+    (none: the default); `log_merges` N: log every N-th merge and make a table artifact of
+    them (0: none)."""
     with tags(*_run_tags(store, corpus_ref=corpus_ref)):
-        return _tokenizer(store, corpus_ref, count, tokenizer, storage_options)
+        ref = _tokenizer(store, corpus_ref, count, tokenizer, storage_options, corpus)
+        if log_merges:
+            show_merge_log(store_of(store, storage_options), to_ref(ref), log_merges, get_run_logger())
+        return ref
+
+
+@flow(name="tokenmill-tokenizer-train", flow_run_name=_run_name("tokenizer-train"))
+def tokenizer_train_flow(
+    corpus: CorpusConfig = CorpusConfig(),
+    count: CountConfig = CountConfig(),
+    tokenizer: TokenizerConfig = TokenizerConfig(),
+    store: str = DEFAULT_STORE,
+    storage_options: dict | None = None,
+    log_merges: int = 0,
+) -> dict[str, str]:
+    """`corpus_flow` then `tokenizer_flow` in one flow run (what `tokenmill tokenizer train`
+    runs): the same tasks, tags and artifacts, without a second flow run's start and end."""
+    with tags(*_run_tags(store, corpus)):
+        corpus_ref = _corpus(store, corpus, storage_options)
+    return tokenizer_flow.fn(corpus_ref, store, count, tokenizer, storage_options, corpus, log_merges)
 
 
 @flow(name="tokenmill-encode", flow_run_name=_run_name("encode"))
@@ -178,10 +219,13 @@ def encode_flow(
     store: str = DEFAULT_STORE,
     encode: EncodeConfig = EncodeConfig(),
     storage_options: dict | None = None,
+    corpus: CorpusConfig | None = None,
 ) -> dict[str, str]:
-    """Encode every corpus shard in parallel and publish the token shards."""
+    """Encode every corpus shard in parallel and publish the token shards.
+    `corpus`: the config `corpus_ref` was made with, for its byte budget per encoding task
+    (none: the default)."""
     with tags(*_run_tags(store, corpus_ref=corpus_ref)):
-        return _encode(store, corpus_ref, tokenizer_ref, encode, storage_options)
+        return _encode(store, corpus_ref, tokenizer_ref, encode, storage_options, corpus)
 
 
 @flow(name="tokenmill-lm", flow_run_name=_run_name("lm"))
@@ -228,10 +272,11 @@ def tokenmill_pipeline(
     """
     logger = get_run_logger()
     lm = validate(LMConfig, lm, "lm")  # every config is checked before any stage runs
+    corpus = validate(CorpusConfig, corpus, "corpus")
     with tags(*_run_tags(store, corpus)):
         corpus_ref = _corpus(store, corpus, storage_options)
-        tokenizer_ref = _tokenizer(store, corpus_ref, count, tokenizer, storage_options)
-        tokens = _encode(store, corpus_ref, tokenizer_ref, encode, storage_options)
+        tokenizer_ref = _tokenizer(store, corpus_ref, count, tokenizer, storage_options, corpus)
+        tokens = _encode(store, corpus_ref, tokenizer_ref, encode, storage_options, corpus)
         model = TRAIN(store, {"tokens": tokens, "tokenizer": tokenizer_ref}, lm.train_config(), storage_options) if train_model else None
 
     summary = summarize(store, corpus_ref, tokenizer_ref, tokens, model, storage_options)

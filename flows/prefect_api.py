@@ -20,6 +20,13 @@ starts with each command and stops with it: it costs 8-20 s of every run on a lo
 TOKENMILL_PREFECT_SERVER=temporary still selects it (with a start-up timeout of
 TOKENMILL_SERVER_STARTUP_TIMEOUT seconds).
 
+What a command's flows cost the API, whichever it is: a task run asks for concurrency slots
+only for tags that have a limit (`TagLimits`). With the local server, flow runs send no
+heartbeats unless PREFECT_FLOWS_HEARTBEAT_FREQUENCY is set (they feed the zombie-run
+automation, docs/operations.md), and clients fetch no CSRF token from a server that wants
+none (`local_client_settings`). Measured on `tokenmill tokenizer train`: 41 API requests
+before, 15 after (benchmarks/bench_cli.py has the timings).
+
 This module imports nothing heavy: `tokenmill server status` and the CLI's parsing use it.
 """
 
@@ -27,13 +34,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -392,34 +401,30 @@ def _environ(updates: dict[str, str]) -> Iterator[None]:
 def flow_api() -> Iterator[str | None]:
     """Point the flows run inside (and the worker processes they start) at a Prefect API:
     PREFECT_API_URL when set, else tokenmill's local server, started if needed. Yields the
-    URL of the local server, or None when another API is used.
+    URL of the local server, or None when another API is used. Task runs inside ask the API
+    for concurrency slots only for tags that have a limit (`TagLimits`).
 
     Raises:
         ServerError: the local server did not start (one line naming its log and the fix).
         InputError: a bad TOKENMILL_* setting.
     """
     if os.environ.get("PREFECT_API_URL"):
-        yield None
+        with TagLimits.installed():
+            yield None
         return
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_LOCAL_STORAGE_PATH,
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        PREFECT_UI_URL,
-        get_current_settings,
-        temporary_settings,
-    )
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, get_current_settings, temporary_settings
 
     settings = get_current_settings()
     if settings.api.url:  # from a profile or prefect.toml
-        yield None
+        with TagLimits.installed():
+            yield None
         return
     startup_timeout = read_float_env(ENV_STARTUP_TIMEOUT, DEFAULT_STARTUP_TIMEOUT_S)
     mode = os.environ.get(ENV_MODE, "").strip().lower() or "local"
     if mode == "temporary":  # Prefect's per-command server, with room to start
         raw = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
         updates: dict[Any, Any] = {} if raw else {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: max(1, round(startup_timeout))}
-        with temporary_settings(updates=updates):
+        with temporary_settings(updates=updates), TagLimits.installed():
             yield None
         return
     if mode != "local":
@@ -427,12 +432,104 @@ def flow_api() -> Iterator[str | None]:
     local = LocalServer(server_dir())
     with local.registered():
         state = local.ensure(startup_timeout)
-        # PREFECT_UI_URL "": the server has no UI, so no "View at <url>" lines pointing at one.
-        env = {"PREFECT_API_URL": state["api_url"], "PREFECT_UI_URL": ""}
-        updates = {PREFECT_API_URL: state["api_url"], PREFECT_UI_URL: ""}
-        default_storage = Path(settings.home).absolute() / "storage"  # Prefect's, shared with other flows
-        if not any(os.environ.get(v) for v in _STORAGE_VARS) and Path(settings.results.local_storage_path).absolute() == default_storage:
-            env["PREFECT_LOCAL_STORAGE_PATH"] = str(local.storage_dir)
-            updates[PREFECT_LOCAL_STORAGE_PATH] = str(local.storage_dir)
-        with _environ(env), temporary_settings(updates=updates):
+        env, updates, defaults = local_client_settings(local, state["api_url"], settings)
+        with _environ(env), temporary_settings(updates=updates, set_defaults=defaults), TagLimits.installed():
             yield state["api_url"]
+
+
+def local_client_settings(local: LocalServer, api_url: str, settings: Any) -> tuple[dict[str, str], dict[Any, Any], dict[Any, Any]]:
+    """What the flows of a command (and the worker processes they start) use with the local
+    server at `api_url`, given the current Prefect `settings`: (environment variables,
+    settings updates, settings defaults, which yield to the user's own)."""
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_CLIENT_CSRF_SUPPORT_ENABLED,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_LOCAL_STORAGE_PATH,
+        PREFECT_UI_URL,
+    )
+
+    # PREFECT_UI_URL "": the server has no UI, so no "View at <url>" lines pointing at one.
+    env = {"PREFECT_API_URL": api_url, "PREFECT_UI_URL": ""}
+    updates: dict[Any, Any] = {PREFECT_API_URL: api_url, PREFECT_UI_URL: ""}
+    default_storage = Path(settings.home).absolute() / "storage"  # Prefect's, shared with other flows
+    if not any(os.environ.get(v) for v in _STORAGE_VARS) and Path(settings.results.local_storage_path).absolute() == default_storage:
+        env["PREFECT_LOCAL_STORAGE_PATH"] = str(local.storage_dir)
+        updates[PREFECT_LOCAL_STORAGE_PATH] = str(local.storage_dir)
+    if not settings.server.api.csrf_protection_enabled:
+        # The server started with these settings asks for no CSRF token; a client would fetch
+        # one (and be told so) before its first write, once per client.
+        env["PREFECT_CLIENT_CSRF_SUPPORT_ENABLED"] = "false"
+        updates[PREFECT_CLIENT_CSRF_SUPPORT_ENABLED] = False
+    # Heartbeats feed the zombie-run automation (docs/operations.md), which a local server has
+    # only when its user installs it and sets PREFECT_FLOWS_HEARTBEAT_FREQUENCY (kept then).
+    # Prefect's default (180 s) would make each flow run wait up to 1 s at its end for the
+    # heartbeat thread to wake.
+    defaults = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    return env, updates, defaults
+
+
+class TagLimits:
+    """Which tags of task runs have a concurrency limit on the Prefect server.
+
+    Prefect's task engine asks the server for a concurrency slot for the tags of every task
+    run (``tag:<tag>`` limits), through a service of its own (a thread, an event loop and a
+    client) per distinct set of tags: the first task run of each stage (tags
+    ``stage:<stage>``) waits for a service start and two requests, and the server records a
+    lease for each, limits or none. Installed (`installed`), the engine's call goes through
+    `concurrency`, which asks only for sets of tags that have a limit, read from the server
+    (one request) at most every `TTL_S` seconds, as long as Prefect itself trusts an answer
+    that a set of tags has no limit. Tags with a limit are acquired, leased and released
+    exactly as before.
+    """
+
+    TTL_S = 5.0
+    PAGE = 200
+
+    def __init__(self, original: Callable[..., Any]):
+        self.original = original
+        self._names: frozenset[str] = frozenset()
+        self._read_at = -math.inf
+        self._lock = threading.Lock()
+
+    def limit_names(self) -> frozenset[str]:
+        """The names of the server's global concurrency limits (``tag:...`` among them)."""
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.TTL_S:
+                from prefect.context import SyncClientContext
+
+                names: set[str] = set()
+                with SyncClientContext.get_or_create() as context:
+                    while True:
+                        page = context.client.read_global_concurrency_limits(limit=self.PAGE, offset=len(names))
+                        names.update(limit.name for limit in page)
+                        if len(page) < self.PAGE:
+                            break
+                self._names, self._read_at = frozenset(names), time.monotonic()
+            return self._names
+
+    def concurrency(self, names: str | list[str], *args: Any, **kwargs: Any) -> contextlib.AbstractContextManager[None]:
+        """`prefect.concurrency.sync.concurrency`, minus the request when no name has a limit."""
+        wanted = [names] if isinstance(names, str) else list(names)
+        if not wanted or self.limit_names().isdisjoint(wanted):
+            return contextlib.nullcontext()
+        return self.original(names, *args, **kwargs)
+
+    @classmethod
+    @contextlib.contextmanager
+    def installed(cls) -> Iterator[TagLimits]:
+        """Route the task engine's slot requests through a `TagLimits` while inside."""
+        import prefect.task_engine
+
+        engine: Any = prefect.task_engine  # `_concurrency` is the name its run path calls
+        original = engine._concurrency
+        current = getattr(original, "__self__", None)
+        if isinstance(current, cls):  # already inside one
+            yield current
+            return
+        limits = cls(original)
+        engine._concurrency = limits.concurrency
+        try:
+            yield limits
+        finally:
+            engine._concurrency = original

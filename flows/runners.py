@@ -10,10 +10,18 @@ Measured here (2 cores, see docs/operations.md): the compiled core releases the 
 it pre-tokenizes, counts and encodes, so the thread runner runs two shards on two cores
 at once with ~4-5 ms of overhead per task, against ~90-105 ms per task for Dask and
 ~110-180 ms for processes. Use Dask to go beyond one machine, not to go faster on one.
+
+A cluster of machines that share no disk needs Prefect's task results in one place every
+machine reaches (a result storage block, PREFECT_DEFAULT_RESULT_STORAGE_BLOCK): without
+one, each Dask worker keeps the results of the tasks it ran on its own disk, and a rerun
+from another machine recomputes them (the store still never publishes a version twice).
+`make_task_runner` says so when it connects to a cluster without one; docs/scale.md has
+the recipe.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +34,8 @@ RUNNERS = ("threads", "processes", "dask")
 ENV_RUNNER = "TOKENMILL_RUNNER"
 ENV_WORKERS = "TOKENMILL_WORKERS"
 ENV_DASK_ADDRESS = "TOKENMILL_DASK_ADDRESS"
+
+log = logging.getLogger("tokenmill.runners")
 
 
 def make_task_runner(kind: str = "threads", workers: int = 0, dask_address: str | None = None, dask_cluster_kwargs: Mapping[str, Any] | None = None):
@@ -71,12 +81,24 @@ def make_task_runner(kind: str = "threads", workers: int = 0, dask_address: str 
         if dask_address:
             if not dask_address.startswith(("tcp://", "tls://", "ws://", "wss://", "inproc://", "ucx://")):
                 raise InputError(f"--dask-address {dask_address!r}: expected a scheduler address like tcp://HOST:8786")
+            if not shared_result_storage():
+                log.warning(
+                    "tokenmill: note: no Prefect result storage block is set (PREFECT_DEFAULT_RESULT_STORAGE_BLOCK): "
+                    "each Dask worker keeps its tasks' results on its own disk, so a rerun elsewhere recomputes them; see docs/scale.md"
+                )
             return DaskTaskRunner(address=dask_address)
         # One thread per worker process: each mapped task is a whole shard of native work
         # that uses its core fully; more threads per worker would only oversubscribe.
         cluster_kwargs = {"n_workers": workers, "threads_per_worker": 1, "processes": True, **(dask_cluster_kwargs or {})}
         return DaskTaskRunner(cluster_kwargs=cluster_kwargs)
     raise InputError(f"unknown runner {kind!r}; choose one of {RUNNERS}")
+
+
+def shared_result_storage() -> str | None:
+    """The Prefect result storage block every process of a run writes task results to, if any."""
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().results.default_storage_block
 
 
 def runner_from_env(environ: Mapping[str, str] | None = None):

@@ -7,7 +7,12 @@ memory is bounded by the largest document (a few times its size), not by the cor
 
 `download_corpus` copies the sources byte for byte into a ``raw`` version whose id is the
 hash of their contents (each source's size and sha256 are in the manifest), so a retried
-or repeated download lands on the same version. `shard_corpus` reads the raw version and
+or repeated download lands on the same version. With ``source_mode="reference"`` (corpora
+already on durable storage: s3, gs, https with an ETag) nothing is copied: the ``raw``
+version records each source's URL, size and ETag (or modification time), `shard_corpus`
+reads the sources in place, computing their sha256 as it streams them (recorded in the
+corpus manifest), and refuses a source whose size or ETag is no longer what was recorded
+(checked before and after each read, with the count of bytes read). `shard_corpus` reads the raw version and
 writes ``n_shards`` Parquet text shards of about equal bytes (or of about ``shard_bytes``),
 split at document boundaries, as a ``corpus`` version.
 
@@ -27,6 +32,7 @@ import bz2
 import codecs
 import contextlib
 import gzip
+import hashlib
 import io
 import json
 import logging
@@ -61,6 +67,11 @@ _SNIFF_BYTES = 1 << 16
 _BATCH_BYTES = 8 << 20  # Parquet row group / write batch
 _BATCH_DOCS = 1 << 16
 MAX_SHARDS = 100_000
+# ~1-2 s of counting or encoding per task on one core: an orchestrator's ~30 ms per task run is a few percent.
+DEFAULT_TASK_BYTES = 64 << 20
+# Grouping never leaves fewer tasks than this (one per shard when there are fewer shards), so
+# that a small corpus keeps one task per shard and a cluster has work for its workers.
+MIN_TASKS = 64
 _BIG_DOC = 4 << 20  # documents above this are validated in slices and written on their own
 # Magic numbers of common binary formats that are not text (compressed ones are handled
 # by extension; a compressed file without its extension is refused here).
@@ -100,6 +111,20 @@ class CorpusConfig:
     n_shards: Annotated[int, doc("corpus shards of about equal bytes, split at document boundaries, processed in parallel")] = 2
     shard_bytes: Annotated[int, doc("target bytes per shard instead of a count (0: n_shards shards); the count becomes ceil(corpus bytes / shard_bytes)")] = 0
     max_source_bytes: Annotated[int, doc("cap on one source's decompressed size in bytes (bomb guard)")] = 64 << 30
+    source_mode: Annotated[
+        Literal["copy", "reference"],
+        doc(
+            "copy: sources are copied into the store first; reference: sources on durable storage (s3, gs, https with an ETag) "
+            "are read in place, the raw version records their URL, size and ETag, and a changed source is refused"
+        ),
+    ] = "copy"
+    task_bytes: Annotated[
+        int,
+        doc(
+            "corpus bytes per task of the per-shard stages (count, encode): consecutive shards are grouped into tasks of about this size, "
+            f"never fewer than {MIN_TASKS} tasks (one per shard below that); 0: one task per shard"
+        ),
+    ] = DEFAULT_TASK_BYTES
     storage_options: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # fsspec options; given by the flow, not a stage parameter
 
     def __post_init__(self):
@@ -115,6 +140,8 @@ class CorpusConfig:
             raise InputError("no corpus sources given")
         if self.documents not in ("line", "paragraph", "file"):
             raise InputError(f"documents={self.documents!r}: choose line, paragraph or file")
+        if self.source_mode not in ("copy", "reference"):
+            raise InputError(f"source_mode={self.source_mode!r}: choose copy or reference")
         if self.errors not in ("replace", "skip-document", "fail"):
             raise InputError(f"errors={self.errors!r}: choose replace, skip-document or fail")
         if not isinstance(self.text_field, str) or not self.text_field:
@@ -125,6 +152,8 @@ class CorpusConfig:
             raise InputError("max_source_bytes must be a positive number of bytes")
         if not isinstance(self.shard_bytes, int) or self.shard_bytes < 0:
             raise InputError(f"shard_bytes={self.shard_bytes}: give a positive number of bytes, or 0 to use n_shards")
+        if not isinstance(self.task_bytes, int) or self.task_bytes < 0:
+            raise InputError(f"task_bytes={self.task_bytes}: give a positive number of bytes, or 0 for one task per shard")
 
     def planned_shards(self, total_bytes: int) -> int:
         """How many shards a corpus of `total_bytes` is cut into (fewer if it has fewer documents)."""
@@ -136,10 +165,11 @@ class CorpusConfig:
         """The parameters that decide the shards' content (part of their version id).
 
         `max_source_bytes` is not one of them: a run either stays under it and writes the
-        same shards, or fails.
+        same shards, or fails; nor is `task_bytes`, which only groups shards into tasks, nor
+        `source_mode` (the raw version, a parent, says how the sources were read).
         """
         p = asdict(self)
-        del p["sources"], p["storage_options"], p["max_source_bytes"]
+        del p["sources"], p["storage_options"], p["max_source_bytes"], p["task_bytes"], p["source_mode"]
         return p
 
 
@@ -193,19 +223,21 @@ def expand_sources(sources: tuple[str, ...], **storage_options: Any) -> list[str
     return urls
 
 
+def _stamp(info: Mapping[str, Any]) -> str:
+    """What changes when a file does, from fsspec's `info`: its ETag, else its modification time."""
+    for key in ("ETag", "etag", "mtime", "LastModified", "Last-Modified", "last_modified", "updated"):
+        if info.get(key):
+            return str(info[key])
+    return ""
+
+
 def source_fingerprint(sources: tuple[str, ...], **storage_options: Any) -> list[dict[str, Any]]:
     """Cheap identity of the sources (size, mtime / ETag) for cache keys, without reading them."""
     out = []
     for url in expand_sources(sources, **storage_options):
         fs, path = filesystem(url, **storage_options)
         info = fs.info(path)
-        out.append(
-            {
-                "url": _redact(url),
-                "size": info.get("size"),
-                "stamp": str(info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or info.get("last_modified") or ""),
-            }
-        )
+        out.append({"url": _redact(url), "size": info.get("size"), "stamp": _stamp(info)})
     return out
 
 
@@ -229,6 +261,8 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
     """
     sources = config.sources
     assert sources is not None  # __post_init__ fills in the default
+    if config.source_mode == "reference":
+        return reference_corpus(store, config)
     urls = expand_sources(sources, **config.storage_options)
     tmpdir = tempfile.mkdtemp(prefix="download-", dir=store.scratch_dir(RAW_KIND))
     try:
@@ -276,6 +310,118 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
         return store.produce(RAW_KIND, version, publish_raw)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def reference_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
+    """A `raw` version that refers to the sources in place (``source_mode="reference"``).
+
+    Nothing is read: the version records each source's URL (without credentials or query),
+    size and ETag / modification time, and its id hashes them, so a changed source is a new
+    version. A source without an ETag or modification time cannot be referenced.
+    """
+    assert config.sources is not None  # __post_init__ fills in the default
+    urls = expand_sources(config.sources, **config.storage_options)
+    records: list[dict[str, Any]] = []
+    for i, url in enumerate(urls):
+        info = _source_info(url, config.storage_options)
+        if not _stamp(info) or info.get("size") is None:
+            raise InputError(
+                f"corpus source {_redact(url)!r} has no ETag or modification time (or no size): it cannot be read in place safely; use --source-mode copy"
+            )
+        records.append({"url": _redact(url), "name": _source_name(url, i), "size": int(info["size"]), "stamp": _stamp(info)})
+    n_bytes = sum(int(r["size"]) for r in records)
+    if n_bytes == 0:
+        raise InputError(f"the corpus is empty: {', '.join(repr(r['url']) for r in records[:5])} hold 0 bytes")
+    params = {"reference": [{k: r[k] for k in ("url", "size", "stamp")} for r in records]}
+    code = code_version("pipeline_lib.corpus")
+    version = version_id(RAW_KIND, {}, params, code)
+
+    def publish_reference() -> VersionRef:
+        meta = {"mode": "reference", "sources": records, "n_bytes": n_bytes}
+        return store.publish(store.stage(RAW_KIND, version), files={}, params=params, code_version=code, meta=meta)
+
+    return store.produce(RAW_KIND, version, publish_reference)
+
+
+def _source_info(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
+    fs, path = filesystem(url, **storage_options)
+    try:
+        return fs.info(path)
+    except FileNotFoundError:
+        raise InputError(f"corpus source {_redact(url)!r}: no such file") from None
+    except OSError as e:
+        raise InputError(f"corpus source {_redact(url)!r}: cannot reach it ({e})") from e
+
+
+class _HashingReader(io.RawIOBase):
+    """A binary stream that hashes (sha256) and counts what is read through it."""
+
+    def __init__(self, inner: BinaryIO):
+        self.inner, self.sha256, self.n = inner, hashlib.sha256(), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self.inner.read(len(b))
+        n = len(data)
+        b[:n] = data
+        self.sha256.update(data)
+        self.n += n
+        return n
+
+    def close(self) -> None:
+        self.inner.close()
+        super().close()
+
+
+class _InPlace:
+    """A referenced source, read where it lives: each read checks it against what the raw
+    version recorded, and the sha256 of a whole streaming read is kept (`finish`)."""
+
+    def __init__(self, url: str, record: Mapping[str, Any], storage_options: Mapping[str, Any]):
+        self.url, self.record, self.storage_options = url, record, dict(storage_options)
+        self.hasher: _HashingReader | None = None
+
+    def open(self, seekable: bool = False) -> BinaryIO:
+        """The source, hashed as it is read (`seekable`: a plain random-access file, for Parquet)."""
+        self.check_unchanged()
+        fs, path = filesystem(self.url, **self.storage_options)
+        try:
+            f = fs.open(path, "rb")
+        except FileNotFoundError:
+            raise InputError(f"corpus source {self.record['url']!r} is gone (it was recorded in place, --source-mode reference)") from None
+        if seekable:
+            return f
+        self.hasher = _HashingReader(f)
+        return io.BufferedReader(self.hasher, buffer_size=1 << 20)  # type: ignore[return-value]
+
+    def check_unchanged(self, read: int | None = None) -> None:
+        """Refuse the source if its size or ETag (or the bytes just `read`) differ from the record."""
+        info = _source_info(self.url, self.storage_options)
+        changes = []
+        if info.get("size") is not None and int(info["size"]) != self.record["size"]:
+            changes.append(f"size {self.record['size']:,} -> {int(info['size']):,} bytes")
+        if _stamp(info) != self.record["stamp"]:
+            changes.append(f"ETag/modified {self.record['stamp']} -> {_stamp(info)}")
+        if read is not None and read != self.record["size"]:
+            changes.append(f"{read:,} bytes read where {self.record['size']:,} were recorded")
+        if changes:
+            raise InputError(
+                f"corpus source {self.record['url']!r} changed since it was recorded in place ({'; '.join(changes)}): "
+                "run the corpus stage again to record the new content, or copy the sources into the store with --source-mode copy"
+            )
+
+    def finish(self) -> str:
+        """The sha256 of the source, from the last streaming read when it read it whole (else
+        one more pass), after checking the source did not change while it was read."""
+        if self.hasher is None or self.hasher.n != self.record["size"]:
+            with self.open() as f:
+                while f.read(1 << 20):
+                    pass
+        assert self.hasher is not None  # set by open()
+        self.check_unchanged(read=self.hasher.n)
+        return self.hasher.sha256.hexdigest()
 
 
 # --------------------------------------------------------------------------- reading sources
@@ -354,11 +500,11 @@ class _ZstdReader(io.RawIOBase):
 
 
 @contextlib.contextmanager
-def open_source(path: str, name: str, cap: int) -> Iterator[io.BufferedReader]:
-    """Open a local source file, decompressing by extension, with the size cap."""
+def open_source(path: str | _InPlace, name: str, cap: int) -> Iterator[io.BufferedReader]:
+    """Open a local source file (or a referenced one), decompressing by extension, with the size cap."""
     _, comp = _split_name(name)
     try:
-        raw = open(path, "rb")
+        raw = path.open() if isinstance(path, _InPlace) else open(path, "rb")
     except FileNotFoundError:
         raise InputError(f"{name}: missing ({path})") from None
     with raw:
@@ -498,8 +644,8 @@ def _sniff_binary(head: bytes, name: str) -> None:
         raise InputError(f"{name}: looks like a binary file, not text ({nul} NUL and {invalid} non-UTF-8 bytes in the first {len(head):,} bytes){hint}")
 
 
-def _iter_docs(path: str, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[tuple[bytes, int]]:
-    """(document UTF-8 bytes, source bytes consumed so far) for one local source file."""
+def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[tuple[bytes, int]]:
+    """(document UTF-8 bytes, source bytes consumed so far) for one local source file (or a referenced one)."""
     fmt, comp = _split_name(name)
     if fmt == ".parquet":
         if comp:
@@ -616,9 +762,13 @@ def _binary_values(col: pa.Array) -> tuple[np.ndarray, memoryview, np.ndarray | 
     return off, (memoryview(data) if data is not None else memoryview(b"")), valid
 
 
-def _iter_parquet(path: str, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[tuple[bytes, int]]:
+def _parquet_file(path: str | _InPlace) -> pq.ParquetFile:
+    return pq.ParquetFile(path.open(seekable=True) if isinstance(path, _InPlace) else path)
+
+
+def _iter_parquet(path: str | _InPlace, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[tuple[bytes, int]]:
     try:
-        pf = pq.ParquetFile(path)
+        pf = _parquet_file(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise InputError(f"{name}: not a readable Parquet file ({e})") from e
     _text_column(pf, name, config.text_field)
@@ -642,7 +792,7 @@ def _iter_parquet(path: str, name: str, config: CorpusConfig, stats: DecodeStats
         raise InputError(f"{name}: corrupt Parquet file ({e})") from e
 
 
-def _source_extent(path: str, name: str, config: CorpusConfig) -> int:
+def _source_extent(path: str | _InPlace, name: str, config: CorpusConfig) -> int:
     """Bytes `_iter_docs` will walk through for this source (decompressed).
 
     Free for uncompressed files; one decompression pass for compressed ones (which also
@@ -654,7 +804,7 @@ def _source_extent(path: str, name: str, config: CorpusConfig) -> int:
         if comp:
             raise InputError(f"{name}: a compressed Parquet file; Parquet compresses internally, store it as plain .parquet")
         try:
-            pf = pq.ParquetFile(path)
+            pf = _parquet_file(path)
             _text_column(pf, name, config.text_field)
             total = 0
             for batch in pf.iter_batches(columns=[config.text_field], batch_size=65536):
@@ -667,7 +817,7 @@ def _source_extent(path: str, name: str, config: CorpusConfig) -> int:
             raise InputError(f"{name}: holds more than {config.max_source_bytes:,} bytes of text (max_source_bytes)")
         return total
     if not comp:
-        size = os.path.getsize(path)
+        size = path.record["size"] if isinstance(path, _InPlace) else os.path.getsize(path)
         if size > config.max_source_bytes:
             raise InputError(f"{name}: {size:,} bytes, more than max_source_bytes ({config.max_source_bytes:,})")
         return size
@@ -839,11 +989,28 @@ def shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) ->
     return store.produce(CORPUS_KIND, version, lambda: _shard_corpus(store, raw, config, version, params, code))
 
 
+def _in_place_sources(raw: VersionRef, records: list[dict[str, Any]], config: CorpusConfig) -> list[_InPlace]:
+    """The referenced sources of a raw version, matched with the config's sources (which
+    carry what the records leave out: credentials, query strings)."""
+    assert config.sources is not None  # __post_init__ fills in the default
+    urls = expand_sources(config.sources, **config.storage_options)
+    if [_redact(u) for u in urls] != [r["url"] for r in records]:
+        raise InputError(
+            f"{raw.key} refers to the sources {[r['url'] for r in records][:5]}, the corpus config names {[_redact(u) for u in urls][:5]}: "
+            "shard a referenced raw version with the --corpus sources it was recorded from"
+        )
+    return [_InPlace(url, record, config.storage_options) for url, record in zip(urls, records)]
+
+
 def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, version: str, params: dict[str, Any], code: str) -> VersionRef:
     raw_manifest = store.manifest(raw.kind, raw.version)
-    raw_dir = store.local_dir(raw.kind, raw.version)
     raw_sources = raw_manifest["meta"]["sources"]
-    sources = [(os.path.join(raw_dir, "sources", s["name"]), s["name"]) for s in raw_sources]
+    sources: list[tuple[str | _InPlace, str]]
+    if raw_manifest["meta"].get("mode") == "reference":
+        sources = [(src, r["name"]) for src, r in zip(_in_place_sources(raw, raw_sources, config), raw_sources)]
+    else:
+        raw_dir = store.local_dir(raw.kind, raw.version)
+        sources = [(os.path.join(raw_dir, "sources", s["name"]), s["name"]) for s in raw_sources]
 
     extents = [_source_extent(path, name, config) for path, name in sources]
     total = sum(extents)
@@ -889,7 +1056,9 @@ def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, v
                     "name": name,
                     "url": smeta.get("url"),
                     "size": smeta.get("size"),
-                    "sha256": smeta.get("sha256"),
+                    # a referenced source's sha256 is the one of the bytes just read (and checked unchanged)
+                    "sha256": path.finish() if isinstance(path, _InPlace) else smeta.get("sha256"),
+                    **({"stamp": smeta["stamp"]} if "stamp" in smeta else {}),
                     "n_docs": sstats.documents,
                     "n_bytes": sstats.bytes,
                     "replaced_documents": sstats.replaced_documents,

@@ -3,23 +3,36 @@
 A counts table is Parquet with two columns, ``piece`` (binary: the piece's UTF-8 bytes,
 or raw bytes) and ``count`` (int64), sorted by piece: the same corpus always gives the
 same file, whatever the number of shards or workers.
+
+Memory. Counting holds one table per shard being counted, and the reduce holds the sum of
+all of them. `CountConfig.count_memory` bounds each such table, estimated from what it
+holds (`table_bytes`): ``TABLE_BYTES_PER_PIECE`` per distinct piece plus twice the pieces'
+bytes (the native hash table's entry, slot and key, then the sorted Python list and Arrow
+copy that export it). In ``exact`` mode a table that would outgrow the budget stops the run
+with an error naming the flags to change; in ``pruned`` mode pieces seen fewer than
+`count_min` times in a shard are dropped before the reduce (as production trainers do), and
+a table still over the budget is pruned at the smallest higher threshold that makes it fit
+(mid-shard if need be). Every prune is recorded: threshold, pieces and occurrences dropped.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import AfterValidator
 
 from pipeline_lib.config import STRICT, doc
 from pipeline_lib.corpus import iter_shard_batches
 from pipeline_lib.fsio import InputError
-from pipeline_lib.patterns import PATTERNS
-from pipeline_lib.tokenizer import PieceCounts, count_documents
+from pipeline_lib.patterns import check_pattern
+from pipeline_lib.tokenizer import PieceCounts
 
 COUNTS_KIND = "counts"
 COUNTS_FILE = "counts.parquet"
@@ -27,25 +40,197 @@ COUNTS_SCHEMA = pa.schema([("piece", pa.binary()), ("count", pa.int64())])
 CODE_MODULES = ("pipeline_lib.counting", "pipeline_lib.corpus", "pipeline_lib.bpe_reference", "pipeline_lib.patterns")
 
 
+MEMORY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6}
+MEMORY_UNITS |= {"g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+# Per distinct piece, besides its bytes (CPython 3.11; checked by benchmarks/bench_count_memory.py):
+# native table entry 32 + hash slots 16-32 + sorted order 4 + counts 8 while exporting;
+# the Python list of bytes 8 + bytes object header 33 (allocated in 16-byte steps) + Arrow
+# offsets 4 + counts 8 when written.
+TABLE_BYTES_PER_PIECE = 128
+
+
+def parse_memory(text: str | int) -> int:
+    """Bytes of a memory size: ``1073741824``, ``512MiB``, ``2GiB``, ``2G`` (binary) or ``2GB`` (decimal).
+
+    >>> parse_memory("2GiB"), parse_memory("1.5M"), parse_memory("64KB")
+    (2147483648, 1572864, 64000)
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in MEMORY_UNITS:
+        raise InputError(f"count_memory={text!r}: give a size such as 2GiB, 512MiB or a number of bytes")
+    size = int(float(match.group(1)) * MEMORY_UNITS[unit])
+    if size < 1:
+        raise InputError(f"count_memory={text!r}: must be at least one byte")
+    return size
+
+
+def table_bytes(n_pieces: int, piece_bytes: int) -> int:
+    """Estimated peak memory of a counts table of `n_pieces` distinct pieces holding
+    `piece_bytes` bytes in all, from counting to writing it (the formula of the module docstring)."""
+    return n_pieces * TABLE_BYTES_PER_PIECE + 2 * piece_bytes
+
+
 @dataclass(frozen=True)
 class CountConfig:
     __pydantic_config__ = STRICT
 
-    pattern: Annotated[Literal["gpt2", "cl100k", "o200k"], doc("pre-tokenization split pattern")] = "cl100k"
+    pattern: Annotated[
+        str,
+        AfterValidator(check_pattern),
+        doc("pre-tokenization split: gpt2, cl100k, o200k, none (no split: merges may cross spaces) or a regex (text between matches is kept as pieces)"),
+    ] = "cl100k"
+    count_mode: Annotated[
+        Literal["exact", "pruned"],
+        doc(
+            "exact: every piece is kept, and a table outgrowing --count-memory stops the run with an error; "
+            "pruned: pieces seen fewer than --count-min times in a shard are dropped before the reduce, and the threshold is raised "
+            "for a table still over --count-memory (recorded in the counts manifest)"
+        ),
+    ] = "exact"
+    count_memory: Annotated[
+        str,
+        doc(
+            f"memory budget of one counts table (a shard's, or the reduce's sum), e.g. 2GiB, 512MiB or bytes; "
+            f"estimated as {TABLE_BYTES_PER_PIECE} bytes per distinct piece + twice the pieces' bytes"
+        ),
+    ] = "4GiB"
+    count_min: Annotated[int, doc("pruned mode: the fewest occurrences in a shard a piece needs to be kept")] = 2
 
     def __post_init__(self):
-        if self.pattern not in PATTERNS:
-            raise InputError(f"unknown pattern {self.pattern!r}; choose one of {sorted(PATTERNS)}")
+        check_pattern(self.pattern)
+        if self.count_mode not in ("exact", "pruned"):
+            raise InputError(f"count_mode={self.count_mode!r}: choose exact or pruned")
+        if isinstance(self.count_memory, int) and not isinstance(self.count_memory, bool):
+            object.__setattr__(self, "count_memory", str(self.count_memory))
+        parse_memory(self.count_memory)
+        if not isinstance(self.count_min, int) or isinstance(self.count_min, bool) or self.count_min < 1:
+            raise InputError(f"count_min={self.count_min!r}: give a count of at least 1")
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_memory(self.count_memory)
+
+    @property
+    def pruned(self) -> bool:
+        return self.count_mode == "pruned"
 
     def params(self) -> dict:
-        return asdict(self)
+        """The version id's parameters. Exact mode gives the same counts under any budget (or
+        fails), so its versions keep the ids they had before budgets existed; pruned mode's
+        output depends on the threshold and on the budget (which may raise it)."""
+        if not self.pruned:
+            return {"pattern": self.pattern}
+        return {"pattern": self.pattern, "count_mode": "pruned", "count_min": self.count_min, "count_memory": self.memory_bytes}
 
 
-def count_shard(shard_path: str, pattern: str) -> tuple[list[bytes], np.ndarray]:
-    """Piece counts of one Parquet text shard, sorted by piece (on one thread: the shards
-    are what runs in parallel)."""
-    docs = (doc for batch in iter_shard_batches(shard_path) for doc in batch)
-    return count_documents(docs, pattern, workers=1).to_arrays()
+def _over_budget(what: str, n_pieces: int, estimate: int, config: CountConfig) -> InputError:
+    return InputError(
+        f"counting {what}: {n_pieces:,} distinct pieces need about {estimate / (1 << 20):,.1f} MiB, over --count-memory {config.count_memory}; "
+        f"raise --count-memory, or use --count-mode pruned (drops pieces seen fewer than --count-min times per shard)"
+    )
+
+
+class BoundedCounts:
+    """A `PieceCounts` held under `config.count_memory`: checked after every batch added; in
+    exact mode going over raises, in pruned mode the table is pruned at `threshold`, raised
+    until the table takes at most half the budget (the other half is room to go on counting).
+
+    `threshold` starts at `config.count_min` (1 in exact mode: nothing dropped); `dropped`
+    counts the pieces and occurrences pruned; `prunings` the prunes made while counting.
+    """
+
+    def __init__(self, config: CountConfig, what: str, threshold: int | None = None):
+        self.config, self.what = config, what
+        self.budget = config.memory_bytes
+        self.threshold = (threshold or config.count_min) if config.pruned else 1
+        self.counts = PieceCounts(config.pattern)
+        self.pieces_dropped = self.occurrences_dropped = self.prunings = 0
+        # Pieces added (occurrences, or a table's rows) and their bytes: the mean piece length.
+        self._items_seen = self._bytes_seen = 0
+
+    def add_documents(self, docs: list[bytes]) -> None:
+        before = self.counts.total
+        self.counts.add_documents(docs)
+        self._items_seen += self.counts.total - before
+        self._bytes_seen += sum(map(len, docs))
+        self._check()
+
+    def add_counts(self, pieces: list[bytes], counts: np.ndarray) -> None:
+        self.counts.add_counts(pieces, counts)
+        self._items_seen += len(pieces)
+        self._bytes_seen += sum(map(len, pieces))
+        self._check()
+
+    def estimate(self) -> int:
+        """`table_bytes` of the table now, its pieces' bytes estimated from the mean length of
+        what was added (the native table does not tell its key bytes)."""
+        n = len(self.counts)
+        return table_bytes(n, n * self._bytes_seen // max(1, self._items_seen))
+
+    def _check(self) -> None:
+        estimate = self.estimate()
+        if estimate <= self.budget:
+            return
+        if not self.config.pruned:
+            raise _over_budget(self.what, len(self.counts), estimate, self.config)
+        pieces, counts = self.counts.to_arrays()
+        pieces, counts = self._prune(pieces, counts, self.budget // 2)
+        self.counts = PieceCounts(self.config.pattern)
+        self.counts.add_counts(pieces, counts)
+        self._items_seen, self._bytes_seen = len(pieces), sum(map(len, pieces))
+        self.prunings += 1
+
+    def _prune(self, pieces: list[bytes], counts: np.ndarray, target: int) -> tuple[list[bytes], np.ndarray]:
+        """Drop the pieces below the threshold, raised first (if need be) to the smallest count
+        that leaves a table of at most `target` bytes."""
+        lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        if table_bytes(len(pieces), int(lengths.sum())) > target:
+            order = np.argsort(-counts, kind="stable")
+            fitting = int(np.searchsorted(np.cumsum(TABLE_BYTES_PER_PIECE + 2 * lengths[order]), target, side="right"))
+            if fitting < len(pieces):  # drop the first piece that does not fit, and every piece as rare
+                self.threshold = max(self.threshold, int(counts[order[fitting]]) + 1)
+        keep = counts >= self.threshold
+        self.pieces_dropped += len(pieces) - int(keep.sum())
+        self.occurrences_dropped += int(counts[~keep].sum())
+        if keep.all():
+            return pieces, counts
+        index = np.flatnonzero(keep)
+        return [pieces[i] for i in index.tolist()], counts[index]
+
+    def to_arrays(self) -> tuple[list[bytes], np.ndarray]:
+        """The table sorted by piece: in pruned mode without the pieces below the threshold
+        (raised if the table is over the budget); in exact mode checked against the
+        budget with its exact piece bytes."""
+        pieces, counts = self.counts.to_arrays()
+        if self.config.pruned:
+            return self._prune(pieces, counts, self.budget)
+        estimate = table_bytes(len(pieces), sum(map(len, pieces)))
+        if estimate > self.budget:
+            raise _over_budget(self.what, len(pieces), estimate, self.config)
+        return pieces, counts
+
+    def record(self) -> dict[str, int]:
+        """What was pruned (empty in exact mode)."""
+        if not self.config.pruned:
+            return {}
+        return {"threshold": self.threshold, "pieces_dropped": self.pieces_dropped, "occurrences_dropped": self.occurrences_dropped, "prunings": self.prunings}
+
+
+def count_shard(shard_path: str, config: CountConfig | str) -> tuple[list[bytes], np.ndarray, dict[str, int]]:
+    """Piece counts of one Parquet text shard, sorted by piece, and what pruning dropped (on one
+    thread: the shards are what runs in parallel). Held under ``config.count_memory``; a
+    pattern name instead of a config counts exactly under the default budget.
+
+    Raises:
+        InputError: exact mode, and the shard's table would outgrow the budget.
+    """
+    config = CountConfig(pattern=config) if isinstance(config, str) else config
+    table = BoundedCounts(config, f"the corpus shard {os.path.basename(shard_path)}")
+    for batch in iter_shard_batches(shard_path):
+        table.add_documents(batch)
+    pieces, counts = table.to_arrays()
+    return pieces, counts, table.record()
 
 
 def write_counts(path: str, pieces: Sequence[bytes], counts: np.ndarray) -> None:
@@ -76,10 +261,16 @@ def read_counts(path: str) -> tuple[list[bytes], np.ndarray]:
     return table.column("piece").to_pylist(), counts
 
 
-def reduce_counts(paths: Iterable[str], pattern: str) -> tuple[list[bytes], np.ndarray]:
-    """Sum several counts tables into one, sorted by piece."""
-    total = PieceCounts(pattern)
+def reduce_counts(paths: Iterable[str], config: CountConfig) -> tuple[list[bytes], np.ndarray, dict[str, int]]:
+    """Sum several counts tables into one, sorted by piece, under ``config.count_memory``;
+    and what pruning the sum dropped (pruned mode: a piece's summed count below the reduce's
+    threshold, which starts at `count_min` and rises only if the sum outgrows the budget).
+
+    Raises:
+        InputError: exact mode, and the sum would outgrow the budget.
+    """
+    total = BoundedCounts(config, "the sum of the shards' counts")
     for path in paths:
-        pieces, counts = read_counts(path)
-        total.add_counts(pieces, counts)
-    return total.to_arrays()
+        total.add_counts(*read_counts(path))
+    pieces, counts = total.to_arrays()
+    return pieces, counts, total.record()

@@ -240,10 +240,11 @@ def load_published_model(store: ArtifactStore, model: VersionRef | str, device: 
     return load_model(store.local_file(kind, version, WEIGHTS_FILE), device=device)
 
 
-def sample_text(store: ArtifactStore, model: VersionRef | str, config=None, device: str = "cpu") -> str:
+def sample_text(store: ArtifactStore, model: VersionRef | str, config=None, device: str = "auto") -> str:
     """The prompt and its continuation by a published model (`tokenmill lm sample`).
 
-    `config` is a `pipeline_lib.config.SampleConfig` (None: its defaults). The weights are
+    `config` is a `pipeline_lib.config.SampleConfig` (None: its defaults); `device` as
+    `TrainConfig.device` (auto: CUDA, else MPS, else CPU). The weights are
     checked against the version manifest (`load_published_model`); the prompt is encoded
     with the model's tokenizer, and an empty one starts a fresh document from the
     separator the model was trained with. The model writes document after document: each
@@ -252,8 +253,13 @@ def sample_text(store: ArtifactStore, model: VersionRef | str, config=None, devi
     from pipeline_lib.config import SampleConfig
     from pipeline_lib.lm import sample
     from pipeline_lib.lm.sample import documents_text
+    from pipeline_lib.lm.train import resolve_device
 
     cfg = config if config is not None else SampleConfig()
+    try:
+        where = resolve_device(device)
+    except (RuntimeError, ValueError) as e:  # cuda asked for where there is none, or a bad name
+        raise InputError(f"--device {device}: {e}; choose auto, cpu, cuda, cuda:N or mps") from e
     version = model.version if isinstance(model, VersionRef) else model
     parents = store.manifest(MODEL_KIND, version)["parents"]
     tok = load_tokenizer(store, store.ref(*parents["tokenizer"].split("/", 1)))
@@ -261,7 +267,7 @@ def sample_text(store: ArtifactStore, model: VersionRef | str, config=None, devi
     if "tokens" in parents:
         tsep = store.manifest(*parents["tokens"].split("/", 1))["meta"].get("separator")
         sep = tsep["id"] if tsep else sep
-    gpt = load_published_model(store, version, device=device)
+    gpt = load_published_model(store, version, device=str(where))
     prompt = [int(i) for i in tok.encode_ordinary(cfg.prompt)] if cfg.prompt else [sep if sep is not None else 10]
     ids = sample(gpt, prompt, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, seed=cfg.seed)
     return cfg.prompt + documents_text(tok, ids, sep)

@@ -1,7 +1,16 @@
-"""Pre-tokenization split patterns: GPT-2, GPT-4 (cl100k) and o200k, exactly as published.
+"""Pre-tokenization split patterns: GPT-2, GPT-4 (cl100k) and o200k, exactly as published,
+``none`` (no split) and custom regular expressions.
 
-Only the names and the pattern strings live here; the pure-Python splitter uses them with
-the `regex` module and the compiled core implements the same three patterns by hand.
+A pattern is one of:
+
+* a name, ``gpt2``, ``cl100k`` or ``o200k``: the pure-Python splitter runs the published
+  regex with the `regex` module, the compiled core the same pattern written by hand;
+* ``none``: no split, a whole text is one piece, so merges may cross spaces (minbpe's
+  ``BasicTokenizer``); the compiled core does this too;
+* any other string: a regular expression (`regex` module syntax), as tiktoken, HF and minbpe
+  allow. The text is split in Python; the pieces go to the compiled core. Text between two
+  matches becomes a piece of its own, so encoding stays lossless whatever the regex. A
+  tokenizer stores such a pattern as its regex source (``tokenmill.json``'s ``pattern``).
 """
 
 from __future__ import annotations
@@ -9,6 +18,8 @@ from __future__ import annotations
 import functools
 
 import regex
+
+from pipeline_lib.errors import InputError
 
 GPT2 = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
@@ -30,16 +41,57 @@ O200K = "|".join(
 )
 
 PATTERNS: dict[str, str] = {"gpt2": GPT2, "cl100k": CL100K, "o200k": O200K}
+NO_SPLIT = "none"
+# Longest custom regex accepted: a pattern travels in configs, version ids and file headers.
+MAX_PATTERN_CHARS = 4096
 
 
-def pattern_string(name: str) -> str:
-    """Return the regex source for a pattern name (`gpt2`, `cl100k`, `o200k`)."""
+def check_pattern(pattern: str) -> str:
+    """`pattern` itself if it is a name, ``none`` or a regex that compiles.
+
+    Raises:
+        InputError: anything else, naming the pattern and what is wrong with it.
+    """
+    if not isinstance(pattern, str):
+        raise InputError(f"pattern must be a string (a name or a regex), got {pattern!r}")
+    if pattern in PATTERNS or pattern == NO_SPLIT:
+        return pattern
+    if not pattern:
+        raise InputError(f"pattern is empty; give one of {', '.join(sorted(PATTERNS))}, {NO_SPLIT} or a regular expression")
+    if regex.fullmatch(r"\w+", pattern):
+        raise InputError(
+            f"unknown pattern: give 'none', a regex, or one of 'gpt2', 'cl100k' or 'o200k', got {pattern!r}"
+            f" (a bare word that is no name is taken for a misspelt name; to split on that literal text write (?:{pattern}))"
+        )
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise InputError(f"pattern is {len(pattern)} characters long, longer than {MAX_PATTERN_CHARS} (MAX_PATTERN_CHARS)")
     try:
-        return PATTERNS[name]
-    except KeyError:
-        raise ValueError(f"unknown split pattern {name!r}; choose one of {sorted(PATTERNS)}") from None
+        compiled(pattern)
+    except regex.error as e:
+        raise InputError(
+            f"pattern {pattern[:80]!r} is not a valid regular expression ({e}); give one of {', '.join(sorted(PATTERNS))}, {NO_SPLIT} or a regex that compiles"
+        ) from None
+    return pattern
 
 
-@functools.cache
-def compiled(name: str) -> regex.Pattern:
-    return regex.compile(pattern_string(name))
+def is_custom(pattern: str) -> bool:
+    """A custom regex (split in Python), not a name the compiled core implements nor ``none``."""
+    return pattern not in PATTERNS and pattern != NO_SPLIT
+
+
+def pattern_string(pattern: str) -> str:
+    """The regex source of a pattern: a name's published regex, ``""`` for ``none``, a custom regex itself.
+
+    Raises:
+        InputError (a ValueError): not a name, ``none`` or a valid regex.
+    """
+    check_pattern(pattern)
+    if pattern == NO_SPLIT:
+        return ""
+    return PATTERNS.get(pattern, pattern)
+
+
+@functools.lru_cache(maxsize=64)
+def compiled(pattern: str) -> regex.Pattern:
+    """The compiled regex of a name or of a custom regex."""
+    return regex.compile(PATTERNS.get(pattern, pattern))

@@ -16,30 +16,51 @@ from typing import Any
 
 from pipeline_lib.tokenizer import Tokenizer
 
-# A character-level BPE of tiny Shakespeare (65 distinct characters) at 300 ids, as the
-# classic course notebooks train it, reaches 1.93 characters per token.
-CHAR_LEVEL_REFERENCE: dict[str, Any] = {"corpus": "tiny Shakespeare", "vocab_size": 300, "base_vocab": 65, "chars_per_token": 1.93}
-
 
 def truncate(tok: Tokenizer, vocab_size: int) -> Tokenizer:
-    """The tokenizer made of the first merges of `tok`, with `vocab_size` ordinary ids."""
+    """The tokenizer made of the first merges of `tok`: `vocab_size` ids in all (its unit's
+    alphabet, the merges, its special tokens), or fewer when `tok` has fewer merges."""
     if tok.merges is None:
         raise ValueError("truncate needs a trained tokenizer (with its merge list)")
-    n = max(0, vocab_size - 256)
+    made = {m[2] for m in tok.merges}
+    alphabet = {i for i in tok.mergeable_ranks.values() if i not in made}
+    n = max(0, vocab_size - len(alphabet) - len(tok.special_tokens))
     merges = tok.merges[:n]
-    keep = {i for i in range(256)} | {m[2] for m in merges}
+    keep = alphabet | {m[2] for m in merges}
     ranks = {b: i for b, i in tok.mergeable_ranks.items() if i in keep}
-    return Tokenizer(ranks, tok.pattern, {}, merges=merges)
+    specials = {name: len(ranks) + k for k, name in enumerate(sorted(tok.special_tokens, key=tok.special_tokens.__getitem__))}
+    counts = tok.merge_counts[:n] if tok.merge_counts is not None else None
+    return Tokenizer(ranks, tok.pattern, specials, merges=merges, merge_counts=counts, unit=tok.unit, unknown=tok.unknown, lowercase=tok.lowercase)
 
 
-def compression_curve(tok: Tokenizer, heldout: str, vocab_sizes: Sequence[int]) -> list[dict[str, Any]]:
-    """Bytes/token and chars/token on held-out text for each vocabulary size (256 = bytes)."""
+def compression_curve(tok: Tokenizer, heldout: str, vocab_sizes: Sequence[int], stopped_because: str = "") -> list[dict[str, Any]]:
+    """Bytes/token and chars/token on held-out text for each vocabulary size (256 = bytes),
+    after a first row for character level itself (one token per character).
+
+    A size larger than `tok` (the corpus gave fewer merges) gets a row with its ``reached``
+    size and ``note`` saying why (`stopped_because`), and no figures: it was not measured.
+    A size smaller than the unit's alphabet (a character-level BPE) is not reached either.
+    """
     n_bytes, n_chars = len(heldout.encode("utf-8")), len(heldout)
-    rows = [{"vocab_size": "chars", "tokens": n_chars, "bytes_per_token": n_bytes / max(1, n_chars), "chars_per_token": 1.0}]
+    reached = tok.vocab_size
+    smallest = tok.vocab_size - len(tok.merges or [])
+    rows = [{"vocab_size": "chars", "reached": None, "tokens": n_chars, "bytes_per_token": n_bytes / max(1, n_chars), "chars_per_token": 1.0}]
     for v in vocab_sizes:
-        sub = truncate(tok, v)
-        n = len(sub.encode_ordinary(heldout))
-        rows.append({"vocab_size": v, "tokens": n, "bytes_per_token": n_bytes / max(1, n), "chars_per_token": n_chars / max(1, n)})
+        if v > reached or v < smallest:
+            note = stopped_because if v > reached else f"the {tok.unit}s of the corpus and the special tokens alone are {smallest:,} ids"
+            rows.append(
+                {
+                    "vocab_size": v,
+                    "reached": reached if v > reached else smallest,
+                    "tokens": None,
+                    "bytes_per_token": None,
+                    "chars_per_token": None,
+                    "note": note,
+                }
+            )
+            continue
+        n = len(truncate(tok, v).encode_ordinary(heldout))
+        rows.append({"vocab_size": v, "reached": v, "tokens": n, "bytes_per_token": n_bytes / max(1, n), "chars_per_token": n_chars / max(1, n)})
     return rows
 
 
@@ -79,18 +100,18 @@ def notable_tokens(tok: Tokenizer, k: int = 10) -> dict[str, list[str]]:
     }
 
 
-def plot_compression(rows: list[dict[str, Any]], path: str, title: str = "") -> None:
+def plot_compression(rows: list[dict[str, Any]], path: str, title: str = "", char_rows: Sequence[dict[str, Any]] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = [r for r in rows if isinstance(r["vocab_size"], int)]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    ax.plot([r["vocab_size"] for r in pts], [r["chars_per_token"] for r in pts], "o-", label="byte-level BPE (ours)")
+    for curve, style, label in ((rows, "o-", "byte-level BPE"), (char_rows, "s-", "character-level BPE (no split)")):
+        pts = [r for r in curve if isinstance(r["vocab_size"], int) and r["chars_per_token"] is not None]
+        if pts:
+            ax.plot([r["vocab_size"] for r in pts], [r["chars_per_token"] for r in pts], style, label=label)
     ax.axhline(1.0, color="gray", ls="--", lw=1, label="character level")
-    ref = CHAR_LEVEL_REFERENCE
-    ax.plot([ref["vocab_size"]], [ref["chars_per_token"]], "s", color="tab:red", label=f"char-level BPE @ {ref['vocab_size']} ({ref['corpus']})")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("vocabulary size")
     ax.set_ylabel("characters per token (held-out)")
@@ -102,6 +123,31 @@ def plot_compression(rows: list[dict[str, Any]], path: str, title: str = "") -> 
     plt.close(fig)
 
 
+def char_level_curve(train_docs: Sequence[bytes], heldout: str, vocab_sizes: Sequence[int]) -> dict[str, Any]:
+    """Character-level BPE with no split (the first tutorials' tokenizer) trained on the same
+    documents: its alphabet and its compression curve at `vocab_sizes` (one training at the
+    largest size, cut to each: greedy BPE is prefix-consistent for every unit)."""
+    texts = [d.decode("utf-8", "replace") for d in train_docs]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = Tokenizer.train(texts, max(vocab_sizes), unit="char", pattern="none", special_tokens=())
+    alphabet = tok.vocab_size - len(tok.merges or []) - len(tok.special_tokens)
+    reason = f"training stopped after {len(tok.merges or []):,} merges: no pair is left to merge" if tok.vocab_size < max(vocab_sizes) else ""
+    return {"base_vocab": alphabet, "unknown": tok.unknown, "compression": compression_curve(tok, heldout, vocab_sizes, reason)[1:]}
+
+
+def stop_reason(tok: Tokenizer, pieces: Sequence[bytes]) -> str:
+    """Why training gave `tok` fewer merges than asked: what is left of the training pieces."""
+    import numpy as np
+
+    _, ends = tok.encode_ordinary_batch_to_numpy(list(pieces))
+    split = int(np.count_nonzero(np.diff(ends.astype(np.int64)) > 1))
+    n_merges = len(tok.merges or [])
+    if split == 0:
+        return f"training stopped after {n_merges:,} merges: each of the corpus's {len(pieces):,} distinct pieces is one token, no pair is left to merge"
+    return f"training stopped after {n_merges:,} merges: no pair left occurs often enough ({split:,} pieces are still more than one token)"
+
+
 # --------------------------------------------------------------------------- the report stage
 REPORT_KIND = "report"
 MULTILINGUAL = os.path.join(os.path.dirname(__file__), "data", "multilingual.txt")
@@ -110,8 +156,9 @@ MULTILINGUAL = os.path.join(os.path.dirname(__file__), "data", "multilingual.txt
 def tokenizer_report(store, corpus, pattern: str = "cl100k", vocab_sizes: Sequence[int] = (256, 300, 512, 1024, 2048, 4096, 8192, 16384, 32768)):
     """Train on all corpus shards but the last, measure on the last; publish a `report` version.
 
-    Holds: the compression curve (JSON + PNG), fertility per language on the multilingual
-    sample, the first / last / longest tokens, and the seeds' char-level figure beside ours.
+    Holds: the compression curve of byte-level BPE (JSON + PNG) beside character-level BPE
+    trained on the same shards, fertility per language on the multilingual sample, and the
+    first / last / longest tokens. Every figure is measured in the run.
     """
     from pipeline_lib.store import version_id
     from pipeline_lib.version import code_version
@@ -131,29 +178,30 @@ def _tokenizer_report(store, corpus, pattern: str, vocab_sizes: list[int], versi
     if len(shards) < 2:
         raise ValueError("the report needs at least 2 corpus shards: one is held out for measuring")
     root = store.local_dir(corpus.kind, corpus.version)
-    docs = (doc for s in shards[:-1] for batch in iter_shard_batches(os.path.join(root, s["file"])) for doc in batch)
-    pieces, counts = count_documents(docs, pattern).to_arrays()
+    train_docs = [doc for s in shards[:-1] for batch in iter_shard_batches(os.path.join(root, s["file"])) for doc in batch]
+    pieces, counts = count_documents(train_docs, pattern).to_arrays()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tok = Tokenizer.train(dict(zip(pieces, counts.tolist())), max(vocab_sizes), pattern=pattern, special_tokens=())
     heldout = "\n\n".join(d.decode("utf-8") for docs in iter_shard_batches(os.path.join(root, shards[-1]["file"])) for d in docs)
-    curve = compression_curve(tok, heldout, [v for v in vocab_sizes if v <= tok.vocab_size])
+    reason = stop_reason(tok, pieces) if len(tok.mergeable_ranks) < max(vocab_sizes) else ""
+    curve = compression_curve(tok, heldout, vocab_sizes, reason)
     with open(MULTILINGUAL, encoding="utf-8") as f:
         sections = udhr_sections(f.read())
-    report = {
+    report: dict[str, Any] = {
         "pattern": pattern,
         "trained_on_shards": len(shards) - 1,
         "heldout_chars": len(heldout),
         "compression": curve,
+        "char_level": char_level_curve(train_docs, heldout, vocab_sizes),
         "fertility_at": tok.vocab_size,
         "fertility": fertility(tok, sections),
         "tokens": notable_tokens(tok),
-        "char_level_reference": CHAR_LEVEL_REFERENCE,
     }
     staging = store.stage(REPORT_KIND, version)
     with tempfile.TemporaryDirectory(prefix="report-", dir=store.scratch_dir(REPORT_KIND)) as tmp:
         png = os.path.join(tmp, "compression.png")
-        plot_compression(curve, png, f"Compression on held-out text ({pattern} split)")
+        plot_compression(curve, png, f"Compression on held-out text ({pattern} split)", report["char_level"]["compression"])
         files = {
             "compression.png": staging.put_file("compression.png", png, move=True),
             "report.json": staging.put_bytes("report.json", json.dumps(report, indent=2, ensure_ascii=False).encode()),
@@ -162,23 +210,39 @@ def _tokenizer_report(store, corpus, pattern: str, vocab_sizes: list[int], versi
     return store.publish(staging, files=files, parents={"corpus": corpus}, params=params, code_version=code, meta={"compression": curve})
 
 
+def _figure(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _size_cell(row: dict[str, Any]) -> str:
+    if row.get("reached") is not None and row["reached"] != row["vocab_size"]:
+        return f"{row['vocab_size']:,} (reached {row['reached']:,})"
+    return f"{row['vocab_size']:,}" if isinstance(row["vocab_size"], int) else str(row["vocab_size"])
+
+
 def report_markdown(report: dict[str, Any]) -> str:
-    ref = report["char_level_reference"]
-    ours300 = next((r for r in report["compression"] if r["vocab_size"] == 300), None)
+    char = report["char_level"]
+    char_at = {r["vocab_size"]: r for r in char["compression"]}
     lines = [
         f"## Tokenizer report ({report['pattern']} split, held-out {report['heldout_chars']:,} characters)",
         "",
-        "| vocabulary | tokens | bytes/token | chars/token |",
-        "|---|---|---|---|",
-        *[f"| {r['vocab_size']} | {r['tokens']:,} | {r['bytes_per_token']:.3f} | {r['chars_per_token']:.3f} |" for r in report["compression"]],
+        f"Byte-level BPE ({report['pattern']} split) beside character-level BPE (the training text's {char['base_vocab']:,} characters, merges "
+        "and `<unk>`, no split), both trained on the same shards in this run.",
         "",
-        f"The classic char-level BPE of {ref['corpus']} ({ref['base_vocab']} characters + merges, {ref['vocab_size']} ids) reaches "
-        f"{ref['chars_per_token']}× chars/token."
-        + (
-            f" Byte-level at {ref['vocab_size']} ids spends 256 on bytes and has {ref['vocab_size'] - 256} merges: {ours300['chars_per_token']:.2f}×."
-            if ours300
-            else ""
-        ),
+        "| vocabulary | tokens | bytes/token | chars/token | char-level BPE chars/token |",
+        "|---|---|---|---|---|",
+    ]
+    notes = []
+    for r in report["compression"]:
+        c = char_at.get(r["vocab_size"])
+        tokens = "—" if r["tokens"] is None else f"{r['tokens']:,}"
+        lines.append(
+            f"| {_size_cell(r)} | {tokens} | {_figure(r['bytes_per_token'])} | {_figure(r['chars_per_token'])} | {_figure(c and c['chars_per_token'])} |"
+        )
+        if r.get("note") and r["note"] not in notes:
+            notes.append(r["note"])
+    lines += ["", *[f"Not reached: {n}." for n in notes]]
+    lines += [
         "",
         f"### Fertility per language (vocabulary {report['fertility_at']:,})",
         "",

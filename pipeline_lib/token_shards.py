@@ -12,7 +12,9 @@ Per shard ``shard_000000``:
 and the version's manifest ``meta`` (`build_meta`) carries the format version, dtype,
 vocabulary size, separator token (id and placement), tokenizer version and ranks sha256,
 the sources with their size and sha256, the encoder's code version and parameters,
-per-shard counts and hashes, and totals. `check_shards` is the one integrity checker;
+per-shard counts and hashes, the train/validation split (each shard's ``val_start``: its
+last whole documents, `EncodeConfig.val_fraction` of its tokens, decided here once and
+used by the LM trainer and every export), and totals. `check_shards` is the one integrity checker;
 `open_tokens` the memory-mapped reader (it checks the file size against the header
 first); `export_nanogpt` / `export_llmc` write the flat ``.bin`` files those trainers read
 (and nanoGPT's ``meta.pkl``), with the separator on either side of each document.
@@ -77,12 +79,21 @@ class EncodeConfig:
     # 1: the flows already encode the shards in parallel (one task each).
     workers: Annotated[int, doc("native encoding threads per shard (0 = all cores)")] = 1
     doc_table: Annotated[bool, doc("also write <shard>.docs.parquet (one row per document)")] = True
+    val_fraction: Annotated[
+        float,
+        doc(
+            "validation share: each shard's last whole documents nearest this fraction of its tokens; "
+            "recorded in the manifest, the one split the LM and every export use"
+        ),
+    ] = 0.1
 
     def __post_init__(self):
         if self.placement not in ("append", "prepend"):
             raise InputError(f"placement={self.placement!r}: choose append or prepend")
         if not isinstance(self.workers, int) or self.workers < 0:
             raise InputError(f"workers={self.workers!r}: a number of threads >= 0")
+        if not isinstance(self.val_fraction, (int, float)) or isinstance(self.val_fraction, bool) or not 0 <= self.val_fraction < 1:
+            raise InputError(f"val_fraction={self.val_fraction!r}: a fraction in [0, 1)")
 
     def params(self) -> dict[str, Any]:
         p = asdict(self)
@@ -134,6 +145,21 @@ class ShardStats:
     n_tokens: int
     n_docs: int
     n_bytes: int
+    val_start: int | None = None  # tokens [val_start, n_tokens) are validation (`val_start`)
+    val_docs: int | None = None  # the documents in them
+
+
+def val_start(doc_ends: np.ndarray, n_tokens: int, val_fraction: float) -> int:
+    """Where a shard's validation tokens start: the document boundary nearest
+    ``(1 - val_fraction) * n_tokens`` (n_tokens, no validation, for val_fraction 0).
+
+    The one split rule: decided at encoding and recorded per shard in the manifest
+    (``val_start``, ``val_docs``); readers of a manifest that records none apply it to the
+    document index with their own fraction (`split_points`)."""
+    if val_fraction == 0 or n_tokens == 0:
+        return n_tokens
+    boundaries = np.concatenate([[0], np.asarray(doc_ends, dtype=np.int64)])
+    return int(boundaries[np.argmin(np.abs(boundaries - (1.0 - val_fraction) * n_tokens))])
 
 
 def _separator_id(tokenizer, config: EncodeConfig) -> int | None:
@@ -243,7 +269,10 @@ def encode_documents(
         ends.close()
         if table is not None:
             table.close()
-    return ShardStats(name=name, n_tokens=writer.n, n_docs=n_docs, n_bytes=n_bytes)
+    doc_ends = np.load(index_path, mmap_mode="r", allow_pickle=False) if n_docs else np.zeros(0, np.int64)
+    start = val_start(doc_ends, writer.n, config.val_fraction)
+    n_val_docs = n_docs - int(np.searchsorted(doc_ends, start, side="right"))
+    return ShardStats(name=name, n_tokens=writer.n, n_docs=n_docs, n_bytes=n_bytes, val_start=start, val_docs=n_val_docs)
 
 
 def encode_shard_file(
@@ -290,7 +319,8 @@ def build_meta(
         if docs:
             entry["doc_table"] = f"{r['name']}.docs.parquet"
             entry["doc_table_sha256"] = docs["sha256"]
-        entry["split"] = "all"  # not pre-assigned: loaders split by document inside each shard
+        if r.get("val_start") is not None:  # the split, decided at encoding (`val_start`)
+            entry["val_start"], entry["val_docs"] = int(r["val_start"]), int(r["val_docs"])
         shards.append(entry)
     sources = [{k: s.get(k) for k in ("name", "url", "size", "sha256")} for s in (corpus_meta or {}).get("sources", [])]
     return {
@@ -309,7 +339,16 @@ def build_meta(
         "doc_table": bool(config.doc_table),
         "shards": shards,
         "totals": {k: int(sum(r[k] for r in records)) for k in ("n_tokens", "n_docs", "n_bytes")},
+        **({"split": split_record(config.val_fraction)} if all(r.get("val_start") is not None for r in records) else {}),
     }
+
+
+SPLIT_RULE = "per shard: its last whole documents nearest val_fraction of its tokens are validation"
+
+
+def split_record(val_fraction: float) -> dict[str, Any]:
+    """The manifest's ``split``: how each shard's ``val_start`` / ``val_docs`` were decided."""
+    return {"val_fraction": float(val_fraction), "rule": SPLIT_RULE}
 
 
 # --------------------------------------------------------------------------- verified reads
@@ -606,6 +645,11 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
             raise InputError(f"{index_path}: document ends are not strictly increasing from >0 up to the token count {n_tokens:,}")
         if not len(index) and n_tokens:
             raise InputError(f"{index_path}: no documents but {n_tokens:,} tokens")
+        if "val_start" in shard:  # the recorded split: at a document boundary, its document count right
+            vs, vd = shard.get("val_start"), shard.get("val_docs")
+            at = int(np.searchsorted(index, vs, side="right")) if isinstance(vs, int) else -1
+            if not (isinstance(vs, int) and 0 <= vs <= n_tokens and (vs == 0 or (at > 0 and index[at - 1] == vs)) and vd == len(index) - at):
+                raise InputError(f"{directory}: shard {name}'s split (val_start {vs!r}, val_docs {vd!r}) is not a document boundary of {index_path}")
         sep_pos = None
         if sep is not None and len(index):  # sep_id is set exactly when sep is
             sep_pos = index - 1 if sep["placement"] == "append" else np.concatenate([[0], index[:-1]])
@@ -645,23 +689,48 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
     return totals
 
 
-# --------------------------------------------------------------------------- exports
-def _doc_cut(directory: str, meta: Mapping[str, Any], val_fraction: float, verify: bool = True) -> tuple[int, int]:
-    """(shard number, token offset in it) where validation starts: the first document end
-    at or after (1 - val_fraction) of all tokens, so no document straddles the two files."""
-    if not 0.0 <= val_fraction < 1.0:
+# --------------------------------------------------------------------------- the split
+DEFAULT_VAL_FRACTION = 0.1  # for token directories whose manifest records no split
+
+
+def split_points(directory: str, meta: Mapping[str, Any], val_fraction: float | None = None, verify: bool = True) -> list[int]:
+    """Each shard's ``val_start``: tokens before it are training, from it on validation.
+
+    The split the manifest records (decided at encoding, `EncodeConfig.val_fraction`); a
+    `val_fraction` given is checked against it, never used instead of it, so the trainer
+    and every export hold out the same documents. A manifest that records no split (one
+    written before the split was recorded, or by hand) gets the same rule, `val_start`,
+    applied to each shard's document index with `val_fraction` (None: 0.1).
+
+    Raises:
+        InputError: a `val_fraction` outside [0, 1) or other than the recorded one, or a
+            manifest whose split is malformed.
+    """
+    if val_fraction is not None and not (isinstance(val_fraction, (int, float)) and 0.0 <= val_fraction < 1.0):
         raise InputError(f"val_fraction={val_fraction}: must be in [0, 1)")
-    total = int(meta["totals"]["n_tokens"])
-    cut = total - int(round(total * val_fraction))
-    seen = 0
-    for i, shard in enumerate(meta["shards"]):
+    recorded = meta.get("split")
+    if recorded is not None:
+        try:
+            fraction = float(recorded["val_fraction"])
+            points = [int(s["val_start"]) for s in meta["shards"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"{directory}: malformed split in the manifest ({type(e).__name__}: {e})") from e
+        if val_fraction is not None and abs(val_fraction - fraction) > 1e-12:
+            raise InputError(
+                f"val_fraction={val_fraction}, but these tokens were split at encoding with val_fraction={fraction:g} and every reader "
+                f"uses that split: leave the fraction out, or encode again with --val-fraction {val_fraction:g}"
+            )
+        return points
+    fraction = DEFAULT_VAL_FRACTION if val_fraction is None else float(val_fraction)
+    points = []
+    for shard in meta["shards"]:
         n = int(shard["n_tokens"])
-        if seen + n >= cut:
-            index = np.asarray(open_index(os.path.join(directory, f"{shard['name']}.idx.npy"), verify)).astype(np.int64)
-            after = index[index >= cut - seen]
-            return i, int(after[0]) if len(after) else n
-        seen += n
-    return len(meta["shards"]), 0
+        ends = open_index(os.path.join(directory, f"{shard['name']}.idx.npy"), verify) if n and fraction else np.zeros(0, np.int64)
+        points.append(val_start(ends, n, fraction))
+    return points
+
+
+# --------------------------------------------------------------------------- exports
 
 
 @contextlib.contextmanager
@@ -710,7 +779,7 @@ def _export(
     directory: str,
     meta: dict[str, Any],
     paths: tuple[str, str],
-    val_fraction: float,
+    val_fraction: float | None,
     dtype: np.dtype,
     header,
     verify: bool,
@@ -724,7 +793,7 @@ def _export(
             raise InputError(f"{directory}: bad shard name {name!r}")
         if files is not None:  # every shard before any output: a corrupt one fails fast
             check_version_file(directory, f"{name}.npy", files)
-    cut_shard, cut_offset = _doc_cut(directory, meta, val_fraction, verify)
+    points = split_points(directory, meta, val_fraction, verify)
     # (shard path, start, stop) pieces of each split, in order
     splits: tuple[list[list[Any]], list[list[Any]]] = ([], [])
     layouts = []
@@ -734,7 +803,7 @@ def _export(
         if n != int(shard["n_tokens"]):
             raise InputError(f"{path}: {n:,} tokens, manifest says {shard['n_tokens']:,}")
         layouts.append((file_dtype, offset))
-        split = n if i < cut_shard else cut_offset if i == cut_shard else 0
+        split = points[i]
         for pieces, a, b in ((splits[0], 0, split), (splits[1], split, n)):
             if b > a:
                 pieces.append([i, path, a, b])
@@ -803,7 +872,7 @@ def export_nanogpt(
     directory: str,
     meta: dict[str, Any],
     out_dir: str,
-    val_fraction: float = 0.1,
+    val_fraction: float | None = None,
     *,
     separator_placement: Placement | None = None,
     verify: bool = True,
@@ -815,8 +884,10 @@ def export_nanogpt(
     here, never read here). With `token_bytes` (the tokenizer's bytes per id, as the CLI
     gives) it also carries the ``stoi``/``itos`` that nanoGPT's ``sample.py`` reads.
 
-    The documents after the first document end at ``(1 - val_fraction)`` of the tokens
-    (in shard order) go to ``val.bin``; no document straddles the two files.
+    ``val.bin`` holds the validation documents of the split the manifest records
+    (`split_points`: each shard's last documents, the ones the trainer holds out), in
+    shard order, ``train.bin`` the rest; no document straddles the two files. A
+    `val_fraction` given is checked against the recorded one.
     `separator_placement` (``append``, nanoGPT's, or ``prepend``) moves each separator to that side of its
     document when the shards were encoded the other way; None keeps the shards' order.
     Files are written to temp names and renamed into place, with the mode a plain ``open``
@@ -827,7 +898,8 @@ def export_nanogpt(
     Raises:
         StoreError: a shard that does not match its version's manifest (before any output).
         InputError: a vocabulary that needs uint32, a placement for shards without a
-            separator, or a shard that disagrees with `meta`.
+            separator, a `val_fraction` other than the recorded split's, or a shard that
+            disagrees with `meta`.
     """
     if token_dtype(int(meta["vocab_size"])) != np.dtype("<u2"):
         raise InputError(f"nanoGPT's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}")
@@ -853,7 +925,7 @@ def export_llmc(
     directory: str,
     meta: dict[str, Any],
     out_dir: str,
-    val_fraction: float = 0.1,
+    val_fraction: float | None = None,
     prefix: str = "tokens",
     *,
     separator_placement: Placement | None = None,

@@ -62,7 +62,8 @@ class StoreCachePolicy(CachePolicy):
             return None
         if self.unit:
             assert stage.units is not None
-            name, unit = stage.units.name, f"-{engine.unit_name(inputs['unit'])}"
+            first, last = _unit_span(inputs)
+            name, unit = stage.units.name, f"-{engine.unit_name(first)}" + (f"-{last:06d}" if last != first else "")
         else:
             name, unit = stage.name, ""
         base = f"{name}-{identity}{unit}-{hashlib.sha256(store.url.encode()).hexdigest()[:8]}"
@@ -83,12 +84,29 @@ class StoreCachePolicy(CachePolicy):
         """Whether the store still backs `value`, a result recorded under this task's key."""
         stage = self._stage()
         if self.unit:
-            return engine.unit_present(stage, store, parents, config, inputs["unit"])
+            first, last = _unit_span(inputs)
+            return engine.unit_present(stage, store, parents, config, range(first, last + 1))
         try:
             ref = to_ref(value)
         except TypeError:
             return False
         return ref.kind == stage.kind and engine.output_current(store, ref)
+
+
+def _unit_span(parameters: dict[str, Any]) -> tuple[int, int]:
+    """(first, last) unit of a unit task's group, from its parameters."""
+    first = parameters["unit"]
+    last = parameters.get("last")
+    return first, first if last is None else last
+
+
+def _unit_run_name(units_name: str):
+    def name(parameters: dict[str, Any]) -> str:
+        first, last = _unit_span(parameters)
+        shards = f"shard={first}" if last == first else f"shards={first}-{last}"
+        return f"{units_name}[{shards}/{parameters.get('n_units')}]"
+
+    return name
 
 
 class _Progress:
@@ -116,6 +134,24 @@ class _Progress:
             update_progress_artifact(self.artifact, progress=100.0)
 
 
+def _follow(futures, sizes: list[int], units_name: str, store_url: str, parents: dict[str, dict[str, str]]) -> None:
+    """A live progress artifact of a mapped stage (shards done / total), keyed per stage, store
+    and input as the other artifacts, updated in the flow as the groups of units finish.
+
+    The groups are waited for in order (`wait`, as `result` would), not with Prefect's
+    `as_completed`, whose done-callbacks hung a flow here: the count moves when the oldest
+    unfinished group is done, a moment late where a later group finished first."""
+    total = sum(sizes)
+    inputs = "|".join(f"{name}={to_ref(ref).version}" for name, ref in sorted(parents.items()))
+    key = f"{units_name.replace('_', '-')}-progress-{hashlib.sha256(f'{store_url}|{inputs}'.encode()).hexdigest()[:8]}"
+    artifact = cast(UUID, create_progress_artifact(progress=0.0, key=key, description=f"{units_name}: 0 / {total:,} shards done"))
+    done = 0
+    for future, n in zip(futures, sizes):
+        future.wait()
+        done += n
+        update_progress_artifact(artifact, progress=100.0 * done / total if total else 100.0, description=f"{units_name}: {done:,} / {total:,} shards done")
+
+
 def _task_options(retries: int) -> dict[str, Any]:
     options: dict[str, Any] = {"persist_result": True, "result_serializer": "json"}
     if retries:
@@ -134,9 +170,9 @@ def _named(fn, name: str):
 
 @dataclass(frozen=True)
 class StageTasks:
-    """A stage's Prefect tasks: `task` makes (publishes) the output, `unit_task` does one
-    unit of a mapped stage. Calling it runs the stage inside a flow: the units mapped on the
-    flow's task runner, then the publish."""
+    """A stage's Prefect tasks: `task` makes (publishes) the output, `unit_task` does a
+    group of consecutive units of a mapped stage. Calling it runs the stage inside a flow:
+    the groups mapped on the flow's task runner, then the publish."""
 
     stage: Stage
     task: Task
@@ -144,15 +180,25 @@ class StageTasks:
 
     after: Callable[[ArtifactStore, VersionRef, Any], None] | None = None
 
-    def __call__(self, store_url: str, parents: dict[str, dict[str, str]], config: Any, storage_options: dict | None = None) -> dict[str, str]:
+    def __call__(
+        self, store_url: str, parents: dict[str, dict[str, str]], config: Any, storage_options: dict | None = None, bytes_per_task: int = 0
+    ) -> dict[str, str]:
+        """Run the stage; a mapped stage's units go in groups of about `bytes_per_task`
+        bytes (one task per group, `engine.unit_groups`; 0: one task per unit)."""
         ref: dict[str, str]
         if self.unit_task is None:
             ref = cast(dict, self.task(store_url, parents, config, None, storage_options))
         else:
             refs = {name: to_ref(r) for name, r in parents.items()}
-            n = engine.unit_count(self.stage, store_of(store_url, storage_options), refs)
-            records = self.unit_task.map(store_url, unmapped(parents), unmapped(config), range(n), unmapped(storage_options), unmapped(n))
-            ref = cast(dict, self.task(store_url, parents, config, records.result(), storage_options))
+            groups = engine.unit_groups(self.stage, store_of(store_url, storage_options), refs, bytes_per_task)
+            n = sum(len(g) for g in groups)
+            futures = self.unit_task.map(
+                store_url, unmapped(parents), unmapped(config), [g.start for g in groups], unmapped(storage_options), unmapped(n), [g.stop - 1 for g in groups]
+            )
+            _follow(futures, [g.stop - g.start for g in groups], self.stage.units.name, store_url, parents)  # type: ignore[union-attr]
+            # A unit task returns its group's records (a record alone: a result cached before groups).
+            records = [record for group in futures.result() for record in (group if isinstance(group, list) else [group])]
+            ref = cast(dict, self.task(store_url, parents, config, records, storage_options))
         if self.after is not None:
             # In the flow, not in the task: a Cached task does not run, and a nightly run with
             # nothing to do must still show (and link) the artifacts of the versions it reused.
@@ -201,25 +247,36 @@ def stage_tasks(
 
     units_name = stage.units.name
 
-    def run_unit(
-        store_url: str, parents: dict[str, dict[str, str]], config: Any, unit: int, storage_options: dict | None = None, n_units: int | None = None
-    ) -> dict[str, Any]:
+    def run_units(
+        store_url: str,
+        parents: dict[str, dict[str, str]],
+        config: Any,
+        unit: int,
+        storage_options: dict | None = None,
+        n_units: int | None = None,
+        last: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Units `unit`..`last` (one unit when `last` is None), one after the other; each is
+        skipped when already done, so a rerun after a crash redoes only the unfinished ones."""
         store = store_of(store_url, storage_options)
         refs = {name: to_ref(ref) for name, ref in parents.items()}
-        record = engine.run_unit(stage, store, refs, config, unit)
-        if unit_after is not None:
-            unit_after(record, get_run_logger())
         total = n_units if n_units is not None else engine.unit_count(stage, store, refs)  # the flow passes the count it mapped
-        progress(f"{units_name} (shards)", advance=1, total=total)
-        return record
+        records = []
+        for index in range(unit, (unit if last is None else last) + 1):
+            record = engine.run_unit(stage, store, refs, config, index)
+            if unit_after is not None:
+                unit_after(record, get_run_logger())
+            progress(f"{units_name} (shards)", advance=1, total=total)
+            records.append(record)
+        return records
 
     unit_task = task(
         name=units_name,
         cache_policy=StoreCachePolicy(stage=stage, unit=True),
-        tags=[*tags, f"stage:{units_name}"],
-        task_run_name=f"{units_name}[shard={{unit}}/{{n_units}}]",
+        tags=["tokenmill", f"stage:{units_name}"],  # not the publish task's stage tag
+        task_run_name=_unit_run_name(units_name),
         **_task_options(0),
-    )(_named(run_unit, units_name))
+    )(_named(run_units, units_name))
     return StageTasks(stage, publish, unit_task, after=after)
 
 

@@ -25,9 +25,11 @@ def tokenizer_report(store_url: str, corpus: dict[str, str], config: ReportConfi
         markdown=f"![compression](data:image/png;base64,{png})\n\n{md}",
         description="Compression vs vocabulary size, fertility per language",
     )
+    char_level = {r["vocab_size"]: r["chars_per_token"] for r in report["char_level"]["compression"]}
+    rows = [{**r, "char_level_bpe_chars_per_token": char_level.get(r["vocab_size"])} for r in report["compression"]]
     create_table_artifact(
         key="compression-curve",
-        table=[{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in report["compression"]],
-        description="Held-out compression per vocabulary size",
+        table=[{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
+        description="Held-out compression per vocabulary size: byte-level BPE, and character-level BPE trained in the same run",
     )
     return ref_dict(ref)

@@ -143,3 +143,21 @@ def test_run_on_s3_through_the_cli(tmp_path, shakespeare_text, capsys):
     capsys.readouterr()
     assert main(["verify", "latest:tokens", "--store", store, *options]) == 0
     assert "OK" in capsys.readouterr().out
+
+
+def test_a_closed_pipe_is_no_error(cli_store, tmp_path):
+    """`tokenmill tokenizer encode ... | head -c 10`: the reader leaves early; no error line, status 141 as for SIGPIPE."""
+    import subprocess
+    import sys
+
+    store, _ = cli_store
+    text = tmp_path / "long.txt"
+    text.write_text("To be, or not to be\n" * 20_000, encoding="utf-8")  # ~1 MB of ids printed: beyond any pipe buffer
+    cmd = [sys.executable, "-m", "flows.cli", "tokenizer", "encode", "--store", store, "--input", str(text)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert "error" not in err and "Traceback" not in err

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from flows.prefect_api import LocalServer, server_dir
+from flows.prefect_api import LocalServer, TagLimits, flow_api, local_client_settings, server_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,6 +74,18 @@ assert not heavy, heavy
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def test_only_the_program_skips_the_collections_at_exit(tmp_path):
+    script = """
+import gc, sys
+from flows.cli import main
+assert main(["server", "status"]) == 0 and gc.get_freeze_count() == 0  # a caller in-process keeps a collectable heap
+sys.argv = ["tokenmill", "server", "status"]
+assert main() == 0 and gc.get_freeze_count() > 0  # the program: exiting next, its heap is left to the exit
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env(tmp_path / "home"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_lm_package_loads_torch_only_when_used():
     script = """
 import sys, types
@@ -105,6 +117,12 @@ def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
         assert "View at" not in first.stderr + first.stdout  # the server has no UI to link to
         status = _tokenmill(["server", "status"], env, timeout=120)
         assert status.returncode == 0 and state["api_url"] in status.stdout, status.stdout
+        # One flow run per command: corpus and tokenizer together.
+        import httpx
+
+        runs = httpx.post(f"{state['api_url']}/flow_runs/filter", json={}, timeout=60).json()
+        names = sorted(r["name"] for r in runs)
+        assert len(names) == 2 and names[0].startswith("tokenizer-corpus-") and names[0].endswith("@s1") and names[1].endswith("@s2"), names
         assert any(local.storage_dir.iterdir())  # the runs' task results are kept with it
         assert not (home / "storage").exists() and not (home / "prefect.db").exists()
     finally:
@@ -112,6 +130,79 @@ def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
     assert stop.returncode == 0 and "stopped" in stop.stdout, stop.stdout + stop.stderr
     assert not local.state_path.exists()
     assert "not running" in _tokenmill(["server", "status"], env, timeout=120).stdout
+
+
+def test_local_server_clients_skip_heartbeats_and_csrf_unless_asked(tmp_path, monkeypatch):
+    from prefect.context import SettingsContext, get_settings_context
+    from prefect.settings import Settings, temporary_settings
+
+    local = LocalServer(tmp_path / "tokenmill")
+
+    def effective() -> tuple[dict[str, str], Settings]:
+        settings = Settings()  # from this environment
+        env, updates, defaults = local_client_settings(local, "http://127.0.0.1:1/api", settings)
+        with SettingsContext(profile=get_settings_context().profile, settings=settings), temporary_settings(updates=updates, set_defaults=defaults) as s:
+            return env, s
+
+    for name in ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY", "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED"):
+        monkeypatch.delenv(name, raising=False)
+    env, s = effective()
+    assert s.flows.heartbeat_frequency is None and s.client.csrf_support_enabled is False and s.api.url == "http://127.0.0.1:1/api"
+    assert env["PREFECT_CLIENT_CSRF_SUPPORT_ENABLED"] == "false"
+    # The user's heartbeats (for the zombie automation) and a server that wants CSRF tokens are kept.
+    monkeypatch.setenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "30")
+    monkeypatch.setenv("PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED", "true")
+    env, s = effective()
+    assert s.flows.heartbeat_frequency == 30 and s.client.csrf_support_enabled is True and "PREFECT_CLIENT_CSRF_SUPPORT_ENABLED" not in env
+
+
+def test_task_runs_take_concurrency_slots_only_for_tags_with_a_limit(prefect_harness):
+    import uuid
+
+    import prefect.task_engine
+    from prefect import flow, tags, task
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    limited = f"limited-{uuid.uuid4().hex[:8]}"
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=f"tag:{limited}", limit=1))
+
+    def active_slots() -> int:
+        with get_client(sync_client=True) as client:
+            return client.read_global_concurrency_limit_by_name(f"tag:{limited}").active_slots
+
+    @task
+    def held() -> int:
+        return active_slots()
+
+    @task
+    def free() -> int:
+        return active_slots()
+
+    @flow
+    def two_tasks() -> tuple[int, int]:
+        with tags(limited):
+            during_limited = held()
+        with tags("no-limit-here"):
+            during_free = free()
+        return during_limited, during_free
+
+    asked: list[list[str]] = []
+    original = prefect.task_engine._concurrency
+    with flow_api():  # PREFECT_API_URL from the harness: the same routing as with any API
+        limits = prefect.task_engine._concurrency.__self__
+        assert isinstance(limits, TagLimits) and limits.original is original
+
+        def recording(names, *args, **kwargs):
+            asked.append(list(names))
+            return original(names, *args, **kwargs)
+
+        limits.original = recording
+        assert two_tasks() == (1, 0)  # the limited task held its slot, the other took none
+    assert prefect.task_engine._concurrency is original
+    assert asked == [[f"tag:{limited}"]], asked  # one request, for the tag with a limit
+    assert active_slots() == 0  # released
 
 
 def test_a_server_that_does_not_answer_in_time_is_one_error_line(tmp_path, corpus):

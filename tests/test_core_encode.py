@@ -484,3 +484,43 @@ def test_encode_releases_the_gil(real):
     duration = span["end"] - span["start"]
     gaps = np.diff([span["start"]] + inside + [span["end"]])
     assert gaps.max() < 0.5 * duration, (gaps.max(), duration)
+
+
+# ---- character-level vocabularies: BPE from characters, <unk> or byte fallback; no split --------------
+
+
+def char_vocab(unknown_bytes: bool) -> dict[bytes, int]:
+    data = open(SHAKESPEARE, "rb").read()[:12_000] + "é ü — ☃".encode()
+    counts = ref.count_pieces([data], "cl100k")
+    alphabet, merges, _ = ref.learn_unit_merges(counts, "char", 150)
+    ranks = ref.ranks_from_merges(merges, alphabet)
+    if unknown_bytes:
+        for b in ref.BYTES:
+            ranks.setdefault(b, len(ranks))
+    return ranks
+
+
+@pytest.mark.parametrize("unknown_bytes", [False, True])
+def test_char_start_encoder_matches_reference(unknown_bytes):
+    ranks = char_vocab(unknown_bytes)
+    unk = None if unknown_bytes else len(ranks)
+    enc = tokcore.Encoder(list(ranks), np.fromiter(ranks.values(), np.uint32, len(ranks)), tokcore.PATTERN_IDS["cl100k"], True, unk)
+    whole = tokcore.Encoder(list(ranks), np.fromiter(ranks.values(), np.uint32, len(ranks)), tokcore.NO_SPLIT, True, unk)
+    data = open(SHAKESPEARE, "rb").read()[-20_000:] + open(MULTILINGUAL, "rb").read()[:5_000] + b"\xff\xc3 \xe2\x98"
+    expected = [i for p in ref.split_bytes(data, "cl100k") for i in ref.bpe_chars(p, ranks, unk)]
+    assert enc.encode_ordinary(data).tolist() == expected
+    for piece in (data[:50], data[:1000], b"x" * 70_000 + "é".encode()):  # array, heap and bucket paths
+        assert whole.encode_ordinary(piece).tolist() == ref.bpe_chars(piece, ranks, unk)
+        assert enc.encode_piece(piece).tolist() == ref.bpe_chars(piece, ranks, unk)
+
+
+def test_char_start_encoder_needs_bytes_or_an_unknown_id():
+    tokens = [b"a", b"b", b"ab"]
+    ranks = np.arange(3, dtype=np.uint32)
+    with pytest.raises(ValueError, match="single byte 0"):
+        tokcore.Encoder(tokens, ranks, tokcore.NO_SPLIT, True, None)
+    with pytest.raises(ValueError, match="start_chars"):
+        tokcore.Encoder([bytes([i]) for i in range(256)], np.arange(256, dtype=np.uint32), 0, False, 300)
+    enc = tokcore.Encoder(tokens, ranks, tokcore.NO_SPLIT, True, 3)
+    assert enc.encode_ordinary(b"abxab b").tolist() == [2, 3, 2, 3, 1]
+    assert tokcore.split(b"no split at all", tokcore.NO_SPLIT) == [b"no split at all"] and tokcore.split(b"", tokcore.NO_SPLIT) == []

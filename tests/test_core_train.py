@@ -349,3 +349,59 @@ def test_scale_1m_pieces_30k_merges():
     elapsed = time.perf_counter() - t0
     assert len(out) == 30_000
     assert elapsed < 30, elapsed  # ~2-3 s
+
+
+# ---- learn_symbol_merges: an alphabet of symbols (characters, </w>) instead of the 256 bytes -------
+
+
+def native_symbols(alphabet: list[bytes], counts: dict[tuple[int, ...], int], n_merges: int, min_frequency: int = 1, max_token_bytes=None):
+    pieces = list(counts)
+    offsets = np.cumsum([0] + [len(p) for p in pieces], dtype=np.int64)
+    symbols = np.array([s for p in pieces for s in p], dtype=np.int32)
+    rows, merge_counts = tokcore.learn_symbol_merges(alphabet, symbols, offsets, [counts[p] for p in pieces], n_merges, min_frequency, None, max_token_bytes)
+    assert rows.dtype == np.int32 and merge_counts.dtype == np.int64 and len(rows) == len(merge_counts)
+    return [tuple(r) for r in rows.tolist()], merge_counts.tolist()
+
+
+# multi-byte symbols whose concatenations collide ("a" + "bc" == "ab" + "c"): reused ids
+ALPHABET = [b"a", b"ab", b"b", b"bc", b"c", "é".encode(), b"\xff"]
+symbol_pieces = st.lists(st.integers(0, len(ALPHABET) - 1), min_size=0, max_size=10).map(tuple)
+
+
+@PROP
+@given(st.dictionaries(symbol_pieces, st.integers(0, 6), max_size=12), st.integers(0, 40), st.integers(0, 3), st.sampled_from([None, 3, 5]))
+def test_symbol_merges_match_reference(counts, n_merges, min_frequency, max_token_bytes):
+    expected = ref.learn_symbol_merges(ALPHABET, counts, n_merges, min_frequency, None, max_token_bytes)
+    assert native_symbols(ALPHABET, counts, n_merges, min_frequency, max_token_bytes) == expected
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(st.sampled_from([0, 0, 2, 5]), min_size=200, max_size=900).map(tuple), min_size=1, max_size=3), st.integers(1, 30))
+def test_long_symbol_pieces_match_reference(pieces, n_merges):
+    counts = {p: 1 + i for i, p in enumerate(pieces)}
+    assert native_symbols(ALPHABET, counts, n_merges) == ref.learn_symbol_merges(ALPHABET, counts, n_merges)
+
+
+def test_byte_merges_with_counts_equal_the_symbol_learner():
+    data = open(SHAKESPEARE, "rb").read()[:20_000]
+    counts = ref.count_pieces([data], "gpt2")
+    pieces = sorted(counts)
+    rows, merge_counts = tokcore.learn_merges(pieces, [counts[p] for p in pieces], 60, with_counts=True)
+    as_symbols = {tuple(p): c for p, c in counts.items()}
+    assert ([tuple(r) for r in rows.tolist()], merge_counts.tolist()) == ref.learn_symbol_merges(ref.BYTES, as_symbols, 60)
+    assert native_symbols(ref.BYTES, as_symbols, 60) == ref.learn_symbol_merges(ref.BYTES, as_symbols, 60)
+
+
+def test_symbol_merges_refuse_bad_input():
+    ok = np.array([0, 1], dtype=np.int32), np.array([0, 2], dtype=np.int64), [1]
+    assert native_symbols([b"a", b"b"], {(0, 1): 1}, 5) == ([(0, 1, 2)], [1])
+    with pytest.raises(ValueError, match="not in the alphabet"):
+        tokcore.learn_symbol_merges([b"a"], *ok, 5)
+    with pytest.raises(ValueError, match="same bytes"):
+        tokcore.learn_symbol_merges([b"a", b"a"], *ok, 5)
+    with pytest.raises(ValueError, match="empty"):
+        tokcore.learn_symbol_merges([], *ok, 5)
+    with pytest.raises(ValueError, match="offsets"):
+        tokcore.learn_symbol_merges([b"a", b"b"], ok[0], np.array([0, 3], dtype=np.int64), [1], 5)
+    with pytest.raises(ValueError, match="same length"):
+        tokcore.learn_symbol_merges([b"a", b"b"], ok[0], ok[1], [1, 2], 5)

@@ -279,3 +279,150 @@ def test_read_counts_rejects_bad_tables(tmp_path):
             counting.read_counts(str(tmp_path / f"{name}.parquet"))
     counting.write_counts(str(tmp_path / "ok.parquet"), [b"a", b"b"], np.array([3, 4]))
     assert counting.read_counts(str(tmp_path / "ok.parquet"))[0] == [b"a", b"b"]
+
+
+# --------------------------------------------------------------------------- sources in place
+def _s3():
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import s3_server
+
+    return s3_server
+
+
+def _shard_files(store: ArtifactStore, ref) -> dict[str, str]:
+    return {name: info["sha256"] for name, info in store.manifest(ref.kind, ref.version)["files"].items()}
+
+
+def test_reference_mode_reads_s3_sources_in_place(store, shakespeare_text):
+    s3 = _s3()
+    options = s3.storage_options()
+    base = s3.s3_url("sources")
+    text = shakespeare_text[:50_000].encode()
+    fs = fsspec.filesystem("s3", **options)
+    fs.pipe_file(f"{base}/a.txt", text)
+    fs.pipe_file(f"{base}/b.txt.gz", gzip.compress(text[:20_000]))
+    sources = (f"{base}/a.txt", f"{base}/b.txt.gz")
+    raw_ref, corpus_ref = ingest(store, sources, n_shards=3, source_mode="reference", storage_options=options)
+    raw = store.manifest(raw_ref.kind, raw_ref.version)
+    assert raw["files"] == {} and raw["meta"]["mode"] == "reference"
+    assert [(r["url"], r["size"]) for r in raw["meta"]["sources"]] == [(sources[0], len(text)), (sources[1], len(gzip.compress(text[:20_000])))]
+    assert all(r["stamp"] for r in raw["meta"]["sources"])  # S3's ETag
+    # Read in place, the shards are the very ones a copy gives; the sha256 is of the bytes read.
+    copy_store = ArtifactStore(str(store.url) + "-copy")
+    _, copied = ingest(copy_store, sources, n_shards=3, storage_options=options)
+    assert _shard_files(store, corpus_ref) == _shard_files(copy_store, copied)
+    meta = store.manifest(corpus_ref.kind, corpus_ref.version)["meta"]
+    assert meta["sources"][0]["sha256"] == hashlib.sha256(text).hexdigest()
+    assert meta["sources"] == [{**s, "stamp": r["stamp"]} for s, r in zip(meta["sources"], raw["meta"]["sources"])]
+    assert corpus_docs(store, corpus_ref) == corpus_docs(copy_store, copied)
+
+
+def test_reference_mode_refuses_a_source_that_changed(store, shakespeare_text):
+    s3 = _s3()
+    options = s3.storage_options()
+    url = f"{s3.s3_url('sources')}/a.txt"
+    fs = fsspec.filesystem("s3", **options)
+    fs.pipe_file(url, b"one\ntwo\n")
+    cfg = CorpusConfig(sources=(url,), source_mode="reference", storage_options=options)
+    raw = download_corpus(store, cfg)
+    fs.pipe_file(url, b"one\ntwo\nthree\n")
+    # Reusing the recorded version (here: sharding it again) finds the source changed.
+    with pytest.raises(InputError) as e:
+        shard_corpus(store, raw, cfg)
+    message = str(e.value)
+    assert url in message and "size 8 -> 14 bytes" in message and "ETag/modified" in message and "--source-mode copy" in message, message
+    assert store.list("corpus") == []  # nothing published
+    again = download_corpus(store, cfg)  # recording it again: a new version
+    assert again.version != raw.version
+    assert corpus_docs(store, shard_corpus(store, again, cfg)) == [b"one", b"two", b"three"]
+
+
+def test_reference_and_copy_are_different_raw_versions(store, tmp_path):
+    src = tmp_path / "c.txt"
+    src.write_text("one\ntwo\n")
+    copied = download_corpus(store, CorpusConfig(sources=(str(src),)))
+    referenced = download_corpus(store, CorpusConfig(sources=(str(src),), source_mode="reference"))  # a local file: its mtime
+    assert copied.version != referenced.version
+    assert stages.DOWNLOAD.fingerprint is not None
+    assert stages.DOWNLOAD.fingerprint(CorpusConfig(sources=(str(src),))) != stages.DOWNLOAD.fingerprint(
+        CorpusConfig(sources=(str(src),), source_mode="reference")
+    )
+    with pytest.raises(InputError, match="source_mode='nope'"):
+        CorpusConfig(source_mode="nope")  # type: ignore[arg-type]
+
+
+class _Files:
+    """A loopback HTTP server of in-memory files: HEAD and GET with byte ranges, an ETag
+    (the content's hash) unless told not to send one."""
+
+    def __init__(self, etag: bool = True):
+        import http.server
+        import threading
+
+        files: dict[str, bytes] = {}
+        self.files = files
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _head(self) -> bytes | None:
+                body = files.get(self.path)
+                if body is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
+                start, end = 0, len(body)
+                rng = self.headers.get("Range")
+                if rng and rng.startswith("bytes="):
+                    a, _, b = rng[6:].partition("-")
+                    start, end = int(a or 0), min(len(body), int(b) + 1 if b else len(body))
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(body)}")
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(end - start))
+                self.send_header("Accept-Ranges", "bytes")
+                if etag:
+                    self.send_header("ETag", f'"{hashlib.md5(body).hexdigest()}"')
+                self.end_headers()
+                return body[start:end]
+
+            def do_HEAD(self):
+                self._head()
+
+            def do_GET(self):
+                part = self._head()
+                if part is not None:
+                    self.wfile.write(part)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_reference_mode_over_http_needs_an_etag(store):
+    with _Files() as server:
+        body = b"alpha\nbeta\ngamma\n"
+        server.files["/corpus.txt"] = body
+        cfg = CorpusConfig(sources=(f"{server.url}/corpus.txt",), source_mode="reference")
+        raw = download_corpus(store, cfg)
+        assert store.manifest("raw", raw.version)["meta"]["sources"][0]["stamp"] == '"' + hashlib.md5(body).hexdigest() + '"'
+        assert corpus_docs(store, shard_corpus(store, raw, cfg)) == [b"alpha", b"beta", b"gamma"]
+        server.files["/corpus.txt"] = b"alpha\nBETA\ngamma\n"  # same size, new ETag
+        with pytest.raises(InputError, match="changed since it was recorded in place.*ETag/modified"):
+            shard_corpus(store, raw, CorpusConfig(sources=cfg.sources, source_mode="reference", n_shards=3))
+    with _Files(etag=False) as server:
+        server.files["/corpus.txt"] = b"alpha\n"
+        with pytest.raises(InputError, match="no ETag or modification time.*--source-mode copy"):
+            download_corpus(store, CorpusConfig(sources=(f"{server.url}/corpus.txt",), source_mode="reference"))

@@ -179,8 +179,18 @@ def test_serve_refuses_without_server(monkeypatch):
     from deployments.serve import serve
     from pipeline_lib.fsio import InputError
 
-    with temporary_settings(updates={PREFECT_API_URL: None}), pytest.raises(InputError, match="prefect server start"):
+    with temporary_settings(updates={PREFECT_API_URL: None}), pytest.raises(InputError, match="^tokenmill serve needs a Prefect server.*prefect server start"):
         serve("/tmp/never-used")
+
+
+def test_deploy_refuses_without_server(tmp_path):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from deployments.deploy import deploy
+    from pipeline_lib.fsio import InputError
+
+    with temporary_settings(updates={PREFECT_API_URL: None}), pytest.raises(InputError, match="^tokenmill deploy needs a Prefect server.*prefect server start"):
+        deploy(str(tmp_path / "store"), repo=str(tmp_path))
 
 
 def test_runner_from_env():

@@ -228,19 +228,24 @@ def test_cli_export_llmc_with_placement(tokens_store, tmp_path, capsys):
     url, store, ref, _ = tokens_store
     meta = store.manifest(ref.kind, ref.version)["meta"]
     sep = meta["separator"]["id"]
-    stored = np.concatenate([np.load(os.path.join(store.local_dir(ref.kind, ref.version), f"{s['name']}.npy")) for s in meta["shards"]])
-    assert main(["export-llmc", "--store", url, "--out", str(tmp_path / "a"), "--val-fraction", "0"]) == 0
+    shards = [np.load(os.path.join(store.local_dir(ref.kind, ref.version), f"{s['name']}.npy")) for s in meta["shards"]]
+    # the split recorded at encoding: each shard's head is training, its tail validation
+    heads = np.concatenate([t[: s["val_start"]] for t, s in zip(shards, meta["shards"])])
+    tails = np.concatenate([t[s["val_start"] :] for t, s in zip(shards, meta["shards"])])
+    assert main(["export-llmc", "--store", url, "--out", str(tmp_path / "a"), "--val-fraction", "0.1"]) == 0  # the recorded fraction: a check that passes
     assert "tokens_train.bin" in capsys.readouterr().out
     body = np.fromfile(tmp_path / "a" / "tokens_train.bin", dtype="<u2", offset=1024)
-    assert np.array_equal(body, stored) and body[-1] == sep  # as encoded: append
+    assert np.array_equal(body, heads) and body[-1] == sep  # as encoded: append
     assert main(["export-llmc", "--store", url, "--out", str(tmp_path / "p"), "--prefix", "shk", "--separator-placement", "prepend"]) == 0
     header = np.fromfile(tmp_path / "p" / "shk_train.bin", dtype="<i4", count=256)
     train = np.fromfile(tmp_path / "p" / "shk_train.bin", dtype="<u2", offset=1024)
     val = np.fromfile(tmp_path / "p" / "shk_val.bin", dtype="<u2", offset=1024)
     assert header[2] == len(train) and train[0] == sep and val[0] == sep
-    assert np.array_equal(np.concatenate([train[1:], [sep], val[1:], [sep]]), stored)
+    assert np.array_equal(np.concatenate([train[1:], [sep]]), heads) and np.array_equal(np.concatenate([val[1:], [sep]]), tails)
     assert main(["export-llmc", "--store", url, "--out", str(tmp_path / "b"), "--val-fraction", "2"]) == 2
     assert "val_fraction=2.0" in capsys.readouterr().err
+    assert main(["export-llmc", "--store", url, "--out", str(tmp_path / "c"), "--val-fraction", "0"]) == 2  # not the recorded split
+    assert "split at encoding with val_fraction=0.1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("fmt", ["gpt2", "transformers"])

@@ -129,7 +129,13 @@ def test_runs_read_well_in_the_ui(first_run, small_corpus):
     assert "count_words[shard=0/2]" in names and "encode_shard[shard=1/2]" in names, names
     count_run = next(r for r in runs if r.name == "count_words[shard=0/2]")
     assert {"tokenmill", "stage:count_words", f"store:{store_name}", "corpus:shakespeare_head"} <= set(count_run.tags), count_run.tags
-    keys = {a.key.rsplit("-", 1)[0]: a.key for a in artifacts if a.key}
+    assert "stage:reduce_counts" not in count_run.tags  # a unit task carries its own stage only
+    # a progress artifact per mapped stage, finished: all its shards done
+    progress = {a.key.rsplit("-", 1)[0]: a for a in artifacts if a.type == "progress" and a.key}
+    for stage in ("count-words", "encode-shard"):
+        assert progress[f"{stage}-progress"].data == 100.0, (stage, progress[f"{stage}-progress"])
+        assert progress[f"{stage}-progress"].description.endswith("2 / 2 shards done"), progress[f"{stage}-progress"].description
+    keys = {a.key.rsplit("-", 1)[0]: a.key for a in artifacts if a.key and a.type != "progress"}
     assert {"word-counts", "tokenizer-merges", "token-shards", "lm-metrics", "lm-report", "tokenmill-summary"} <= set(keys), sorted(keys)
     suffixes = {k.rsplit("-", 1)[1] for k in keys.values()}
     assert len(suffixes) == 1 and len(suffixes.pop()) == 8  # one key suffix: this store and corpus

@@ -183,6 +183,7 @@ def test_final_train_loss_is_an_evaluation_of_the_train_split(byte_dir, tmp_path
         seed=[c.seed, 0, 2],
         device=torch.device("cpu"),
         token_byte_lengths=torch.as_tensor(byte_token_lengths()),
+        separator_id=shards.separator_id,
     )
     assert want["val_loss"] == pytest.approx(r.final_train_loss, rel=1e-6)
     assert want["val_bpb"] == pytest.approx(last["train_eval_bpb"], rel=1e-6)

@@ -123,6 +123,13 @@ def test_sample_text_splits_documents_at_the_separator(tmp_path):
     assert sample_text(store, ref.version, SampleConfig(prompt="ab", max_new_tokens=2 * n, temperature=0.0)) == "ab\nab\nab"
     text = sample_text(store, ref, SampleConfig(max_new_tokens=20, top_k=0, seed=3))  # no top-k filter
     assert "<|endoftext|>" not in text and text.count("\n") >= 2
+    # the device is the caller's choice (auto: CUDA when there is one); one missing is bad input, named by its flag
+    assert sample_text(store, ref, SampleConfig(max_new_tokens=3 * n, temperature=0.0), device="cpu") == greedy
+    if not torch.cuda.is_available():
+        from pipeline_lib.errors import InputError
+
+        with pytest.raises(InputError, match="--device cuda: .*choose auto, cpu"):
+            sample_text(store, ref, SampleConfig(max_new_tokens=2), device="cuda")
 
 
 def test_small_model_decodes_on_one_thread_and_gives_the_setting_back(model):

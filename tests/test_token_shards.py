@@ -55,6 +55,8 @@ def write_shards(directory, shards_docs, tok, config, doc_table=True) -> dict:
                 "n_bytes": stats.n_bytes,
                 "sha256": files[f"{name}.npy"]["sha256"],
                 "files": files,
+                "val_start": stats.val_start,
+                "val_docs": stats.val_docs,
             }
         )
     meta = token_shards.build_meta(records, {"vocab_size": tok.vocab_size, "special_tokens": tok.special_tokens}, "tokenizer/test", config)
@@ -173,24 +175,28 @@ def test_check_shards_finds_damage(tmp_path, how):
 @pytest.mark.parametrize("val_fraction", [0.0, 0.25, 0.5])
 def test_export_nanogpt_reproduces_the_tokens(tmp_path, val_fraction):
     docs = [[f"document {i} ".encode() * (1 + i % 5) for i in range(40)], [f"more {i}".encode() for i in range(25)]]
-    meta = write_shards(tmp_path / "tok", docs, byte_tokenizer(), EncodeConfig())
-    written = export_nanogpt(str(tmp_path / "tok"), meta, str(tmp_path / "out"), val_fraction=val_fraction)
-    train = np.memmap(tmp_path / "out" / "train.bin", dtype=np.uint16, mode="r")
+    meta = write_shards(tmp_path / "tok", docs, byte_tokenizer(), EncodeConfig(val_fraction=val_fraction))
+    assert meta["split"]["val_fraction"] == val_fraction  # decided at encoding, recorded per shard
+    written = export_nanogpt(str(tmp_path / "tok"), meta, str(tmp_path / "out"))
+    train = np.memmap(tmp_path / "out" / "train.bin", dtype=np.uint16, mode="r") if written["train"] else np.zeros(0, np.uint16)
     val = np.memmap(tmp_path / "out" / "val.bin", dtype=np.uint16, mode="r") if written["val"] else np.zeros(0, np.uint16)
-    everything = np.concatenate([np.load(tmp_path / "tok" / f"shard_00000{i}.npy") for i in range(2)])
-    assert np.array_equal(np.concatenate([train, val]), everything)
+    shards = [np.load(tmp_path / "tok" / f"shard_00000{i}.npy") for i in range(2)]
+    cuts = [s["val_start"] for s in meta["shards"]]
+    # train.bin: each shard's head, val.bin: each shard's tail (its last documents), in shard order
+    assert np.array_equal(train, np.concatenate([t[:c] for t, c in zip(shards, cuts)]))
+    assert np.array_equal(val, np.concatenate([t[c:] for t, c in zip(shards, cuts)]))
     assert written == {"train": len(train), "val": len(val)}
     if val_fraction == 0:
         assert len(val) == 0
     else:
-        assert abs(len(val) / len(everything) - val_fraction) < 0.05
-        assert train[-1] == 256 and val[-1] == 256  # the cut falls on a document boundary
+        assert abs(len(val) / sum(map(len, shards)) - val_fraction) < 0.05
+        assert all(t[c - 1] == 256 for t, c in zip(shards, cuts)) and val[-1] == 256  # cuts on document boundaries
     assert not [p for p in os.listdir(tmp_path / "out") if p.startswith(".tmp")]
 
 
 def test_export_llmc_header(tmp_path):
     meta = write_shards(tmp_path / "tok", DOCS, byte_tokenizer(), EncodeConfig())
-    written = export_llmc(str(tmp_path / "tok"), meta, str(tmp_path / "out"), val_fraction=0.3)
+    written = export_llmc(str(tmp_path / "tok"), meta, str(tmp_path / "out"))
     raw = np.fromfile(tmp_path / "out" / "tokens_train.bin", dtype="<i4", count=256)
     assert raw[0] == 20240520 and raw[1] == 1 and raw[2] == written["train"]
     body = np.fromfile(tmp_path / "out" / "tokens_train.bin", dtype="<u2", offset=1024)
@@ -201,8 +207,8 @@ def test_export_nanogpt_meta_pkl_as_train_py_reads_it(tmp_path):
     import pickle
 
     tok = byte_tokenizer(sep_id=300)  # vocabulary 301 ids, not nanoGPT's default 50304
-    meta = write_shards(tmp_path / "tok", DOCS, tok, EncodeConfig())
-    export_nanogpt(str(tmp_path / "tok"), meta, str(tmp_path / "out"), val_fraction=0.3)
+    meta = write_shards(tmp_path / "tok", DOCS, tok, EncodeConfig(val_fraction=0.3))
+    export_nanogpt(str(tmp_path / "tok"), meta, str(tmp_path / "out"))
     # nanoGPT's train.py: meta = pickle.load(f); meta_vocab_size = meta['vocab_size']
     with open(tmp_path / "out" / "meta.pkl", "rb") as f:
         nano = pickle.load(f)
@@ -225,21 +231,23 @@ def _documents_with_separators(docs, placement, sep=256):
 @pytest.mark.parametrize("wanted", [None, "append", "prepend"])
 def test_exports_place_the_separator(tmp_path, exporter, encoded, wanted):
     docs = [[f"document {i} ".encode() * (1 + i % 4) for i in range(30)], [f"more {i}".encode() for i in range(12)]]
-    meta = write_shards(tmp_path / "tok", docs, byte_tokenizer(), EncodeConfig(separator=EOT, placement=encoded))
+    meta = write_shards(tmp_path / "tok", docs, byte_tokenizer(), EncodeConfig(separator=EOT, placement=encoded, val_fraction=0.4))
     check_shards(str(tmp_path / "tok"), meta)
     out = tmp_path / "out"
     if exporter == "nanogpt":
-        written = export_nanogpt(str(tmp_path / "tok"), meta, str(out), val_fraction=0.4, separator_placement=wanted)
+        written = export_nanogpt(str(tmp_path / "tok"), meta, str(out), separator_placement=wanted)
         train, val = (np.fromfile(out / f"{s}.bin", dtype="<u2") for s in ("train", "val"))
     else:
-        written = export_llmc(str(tmp_path / "tok"), meta, str(out), val_fraction=0.4, separator_placement=wanted)
+        written = export_llmc(str(tmp_path / "tok"), meta, str(out), separator_placement=wanted)
         train, val = (np.fromfile(out / f"tokens_{s}.bin", dtype="<u2", offset=1024) for s in ("train", "val"))
         assert [np.fromfile(out / f"tokens_{s}.bin", dtype="<i4", count=3)[2] for s in ("train", "val")] == [len(train), len(val)]
     assert written == {"train": len(train), "val": len(val)} and len(val) > 0
-    expected = _documents_with_separators(docs, wanted or encoded)
-    n_train = next(k for k in range(len(expected) + 1) if sum(map(len, expected[:k])) == len(train))  # whole documents
-    assert train.tolist() == [t for d in expected[:n_train] for t in d]
-    assert val.tolist() == [t for d in expected[n_train:] for t in d]
+    # each shard's first documents are training, its last ones validation (the recorded split)
+    heads = [shard[: len(shard) - s["val_docs"]] for shard, s in zip(docs, meta["shards"])]
+    tails = [shard[len(shard) - s["val_docs"] :] for shard, s in zip(docs, meta["shards"])]
+    assert all(s["val_docs"] > 0 for s in meta["shards"])
+    assert train.tolist() == [t for d in _documents_with_separators(heads, wanted or encoded) for t in d]
+    assert val.tolist() == [t for d in _documents_with_separators(tails, wanted or encoded) for t in d]
 
 
 def test_export_placement_needs_a_separator(tmp_path):

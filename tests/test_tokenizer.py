@@ -18,6 +18,7 @@ from pipeline_lib import Tokenizer
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.fsio import InputError
 from pipeline_lib.tokenizer import backend
+from pipeline_lib.tokenizer.load import merges_text
 
 NASTY = [
     "",
@@ -174,8 +175,31 @@ def test_save_load_roundtrip(tmp_path, trained):
     assert back.mergeable_ranks == trained.mergeable_ranks
     assert back.special_tokens == trained.special_tokens
     assert back.pattern == trained.pattern
+    assert back.merges == trained.merges and back.merge_counts == trained.merge_counts
     text = "Thou art a villain, sirrah! 123"
     assert back.encode(text) == trained.encode(text)
+
+
+def test_merge_counts_are_the_pair_counts_and_old_files_load(tmp_path, trained, shakespeare_text):
+    """Each merge's count is its pair's count when merged (the reference recounts it); files
+    written before merges.txt existed load with no merge list; a changed merges.txt is refused."""
+    text = shakespeare_text[:20_000]
+    tok = Tokenizer.train([text], vocab_size=300, pattern="gpt2", special_tokens=())
+    merges, counts = ref.learn_symbol_merges(ref.BYTES, {tuple(p): c for p, c in ref.count_pieces([text], "gpt2").items()}, 44)
+    assert tok.merges == merges and tok.merge_counts == counts
+    assert counts[0] == max(counts) and min(counts) >= 1
+    d = tmp_path / "tok"
+    trained.save(str(d))
+    meta = json.loads((d / "tokenmill.json").read_text())
+    (d / "merges.txt").write_bytes((d / "merges.txt").read_bytes().replace(b" ", b"  ", 1))
+    with pytest.raises(InputError, match=r"merges\.txt: sha256"):
+        Tokenizer.load(str(d))
+    for key in ("unit", "lossy", "merges_file", "merges_sha256", "merge_counts"):
+        del meta[key]
+    (d / "tokenmill.json").write_text(json.dumps(meta))
+    old = Tokenizer.load(str(d))
+    assert old.unit == "byte" and old.merges is None and old.merge_counts is None
+    assert old.encode(text[:2000]) == trained.encode(text[:2000])
 
 
 def test_save_load_memory_filesystem(trained):
@@ -463,11 +487,15 @@ def test_code_version_covers_every_file_of_a_package(tmp_path, monkeypatch):
 
 
 def test_tokenizer_stage_files_are_unchanged(shakespeare_text):
-    """The tokenizer stage's two files, byte for byte as before the package split (sha256
-    taken from the single-module version on this corpus)."""
+    """The tokenizer stage's files, byte for byte as before the package split (sha256 taken
+    from the single-module version on this corpus); units and merge counts only added fields
+    to tokenmill.json (the earlier ones keep their bytes and order) and merges.txt."""
     import hashlib
 
     tok = Tokenizer.train([shakespeare_text], vocab_size=1024, pattern="cl100k")
-    meta = json.dumps(tok.metadata(), indent=2, ensure_ascii=False).encode()
+    added = ("unit", "lossy", "merges_file", "merges_sha256", "merge_counts")
+    meta = json.dumps({k: v for k, v in tok.metadata().items() if k not in added}, indent=2, ensure_ascii=False).encode()
     assert hashlib.sha256(tok.ranks_text()).hexdigest() == "e1d9ebdc57537b53461360b358d99cee4306bd6b256d8b0f90d898ecac864f57"
     assert hashlib.sha256(meta).hexdigest() == "3c49e87d7fb9ad22830672a07b6bdbe1bec2844e04f4c2d81042779d773a7e49"
+    assert {k: tok.metadata()[k] for k in added[:2]} == {"unit": "byte", "lossy": False}
+    assert hashlib.sha256(merges_text(tok)).hexdigest() == tok.metadata()["merges_sha256"] == "786b83552e38a37491336aa3f9cbe98cc1f7b027195ef3385d8cbc3a66556199"

@@ -209,8 +209,9 @@ def test_own_directory_without_manifest_still_loads(tmp_path, hashes):
     d, meta = own_directory(tmp_path / "own")
     expected = open_tokens(os.path.join(d, "shard_000000.npy")).tolist()
     assert check_shards(d, meta)["n_docs"] == sum(len(x) for x in DOCS)
-    export_nanogpt(d, meta, str(tmp_path / "out"), val_fraction=0.0)
-    assert np.fromfile(tmp_path / "out" / "train.bin", dtype="<u2")[: len(expected)].tolist() == expected
+    export_nanogpt(d, meta, str(tmp_path / "out"))
+    head = meta["shards"][0]["val_start"]  # train.bin opens with shard 0's training documents
+    assert np.fromfile(tmp_path / "out" / "train.bin", dtype="<u2")[:head].tolist() == expected[:head]
     assert not hashes  # no store manifest: nothing to check against but sizes (and meta's hashes, in check_shards' scan)
     # A manifest.json that is not the store's (lm.testing's) is a directory of one's own too.
     t = write_token_dir(tmp_path / "lm", [[np.arange(20)] * 3], vocab_size=32, separator_id=31)

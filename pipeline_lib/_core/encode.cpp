@@ -19,7 +19,8 @@ namespace tokcore {
 namespace {
 // Pieces up to kSmallPiece bytes use the simple O(n^2) array merge (tiktoken's shape, fast
 // for short pieces); up to kHugePiece a linked list + binary min-heap, O(n log n); longer
-// ones a linked list + bucket queue by rank (see bpe_huge), close to linear.
+// ones a linked list + bucket queue by rank (BucketQueue), close to linear. They run on
+// initial token ids, so the same code serves pieces that start as bytes or as characters.
 constexpr size_t kSmallPiece = 64;
 constexpr size_t kHugePiece = size_t{1} << 16;
 }  // namespace
@@ -127,8 +128,9 @@ void visit_affixes(const std::vector<std::string>& tokens, const std::vector<uin
 }  // namespace
 
 EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks,
-                         int pattern)
-    : pattern_(pattern), vocab_(tokens.size() + 16) {
+                         int pattern, bool start_chars, uint32_t unknown)
+    : pattern_(pattern), start_chars_(start_chars), unknown_(unknown), vocab_(tokens.size() + 16) {
+    if (!start_chars && unknown != kNone) throw std::invalid_argument("an unknown id needs start_chars");
     if (tokens.size() != ranks.size())
         throw std::invalid_argument("tokens and ranks must have the same length");
     cancel::Poll& poll = cancel::current();
@@ -167,8 +169,9 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
     for (int b = 0; b < 256; ++b) {
         const uint8_t byte = static_cast<uint8_t>(b);
         const uint32_t* r = vocab_.find(&byte, 1);
-        if (!r) throw std::invalid_argument("single byte " + std::to_string(b) + " is not in the vocabulary");
-        byte_rank_[b] = *r;
+        if (!r && unknown_ == kNone)
+            throw std::invalid_argument("single byte " + std::to_string(b) + " is not in the vocabulary");
+        byte_rank_[b] = r ? *r : kNone;
     }
 
     // (left, right) -> merged for every token and cut where both halves are tokens: the cut
@@ -226,6 +229,7 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
     byte_pairs_.assign(65536, kNone);
     for (int a = 0; a < 256; ++a)
         for (int b = 0; b < 256; ++b) {
+            if (byte_rank_[a] == kNone || byte_rank_[b] == kNone) continue;
             const uint32_t* v = pairs_.find((static_cast<uint64_t>(byte_rank_[a]) << 32) | byte_rank_[b]);
             if (v) byte_pairs_[(a << 8) | b] = *v;
         }
@@ -234,24 +238,48 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
 void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
     if (n == 0) return;
     if (n >= kNone) throw std::length_error("a piece of 4 GiB or more");  // node indices are 32-bit
+    if (start_chars_) {
+        bpe_chars(p, n, out);
+        return;
+    }
     if (n == 1) {
         out.push_back(byte_rank_[p[0]]);
         return;
     }
-    if (n <= kSmallPiece)
-        bpe_small(p, n, out);
-    else if (n <= kHugePiece)
-        bpe_large(p, n, out);
-    else
-        bpe_huge(p, n, out);
+    bpe_from(
+        n, [&](size_t k) { return byte_rank_[p[k]]; }, [&](size_t k) { return merged_bytes(p[k], p[k + 1]); }, out);
 }
 
-void EncoderCore::bpe_small(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
+void EncoderCore::bpe_chars(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
+    thread_local std::vector<uint32_t> ids;
+    ids.clear();
+    for (size_t i = 0; i < n;) {
+        const Char c = char_at(p, n, i);
+        const uint32_t* r = c.len == 1 ? (byte_rank_[p[i]] != kNone ? &byte_rank_[p[i]] : nullptr) : vocab_.find(p + i, c.len);
+        if (r != nullptr) {
+            ids.push_back(*r);
+        } else if (unknown_ != kNone) {
+            ids.push_back(unknown_);
+        } else {
+            for (size_t j = i; j < i + c.len; ++j) ids.push_back(byte_rank_[p[j]]);  // byte fallback
+        }
+        i += c.len;
+    }
+    const uint32_t* t = ids.data();
+    if (ids.size() == 1) {
+        out.push_back(t[0]);
+        return;
+    }
+    bpe_from(ids.size(), [t](size_t k) { return t[k]; }, [this, t](size_t k) { return merged(t[k], t[k + 1]); }, out);
+}
+
+template <class First, class Pair>
+void EncoderCore::bpe_small(size_t n, First first, Pair pair, std::vector<uint32_t>& out) const {
     uint32_t tok[kSmallPiece];
     uint32_t rk[kSmallPiece];  // rk[k]: rank of merging tok[k] with tok[k + 1], kNone if none
     size_t m = n;
-    for (size_t k = 0; k < n; ++k) tok[k] = byte_rank_[p[k]];
-    for (size_t k = 0; k + 1 < m; ++k) rk[k] = merged_bytes(p[k], p[k + 1]);
+    for (size_t k = 0; k < n; ++k) tok[k] = first(k);
+    for (size_t k = 0; k + 1 < m; ++k) rk[k] = pair(k);
     while (m > 1) {
         uint32_t best = kNone;
         size_t at = 0;
@@ -403,8 +431,8 @@ private:
 
 }  // namespace
 
-template <class Queue>
-void EncoderCore::bpe_linked(const uint8_t* p, size_t n, Queue& queue, std::vector<uint32_t>& out) const {
+template <class Queue, class First, class Pair>
+void EncoderCore::bpe_linked(size_t n, First first, Pair pair, Queue& queue, std::vector<uint32_t>& out) const {
     const uint32_t end = static_cast<uint32_t>(n);
     std::vector<Node>& nodes = scratch_nodes();
     struct Trim {  // do not keep huge scratch, also when cancelled
@@ -419,12 +447,12 @@ void EncoderCore::bpe_linked(const uint8_t* p, size_t n, Queue& queue, std::vect
     // __tls_get_addr in a shared library) at uses of `nodes` inside the loop.
     Node* const nd = nodes.data();
     for (size_t k = 0; k < n; ++k) {
-        nd[k].tok = byte_rank_[p[k]];
+        nd[k].tok = first(k);
         nd[k].nxt = static_cast<uint32_t>(k + 1);
         nd[k].prv = k == 0 ? kNone : static_cast<uint32_t>(k - 1);
     }
     for (size_t k = 0; k < n; ++k) {
-        const uint32_t r = k + 1 < n ? merged_bytes(p[k], p[k + 1]) : kNone;
+        const uint32_t r = k + 1 < n ? pair(k) : kNone;
         nd[k].rk = r;
         if (r != kNone) queue.push(r, static_cast<uint32_t>(k));
     }
@@ -459,15 +487,20 @@ void EncoderCore::bpe_linked(const uint8_t* p, size_t n, Queue& queue, std::vect
     for (uint32_t i = 0; i != end; i = nd[i].nxt) out.push_back(nd[i].tok);
 }
 
-void EncoderCore::bpe_large(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
-    thread_local std::vector<uint64_t> heap_storage;
-    HeapQueue queue(heap_storage, n);
-    bpe_linked(p, n, queue, out);
-}
-
-void EncoderCore::bpe_huge(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
-    BucketQueue queue(vocab_size_);
-    bpe_linked(p, n, queue, out);
+// Pieces up to kSmallPiece tokens: the array merge; up to kHugePiece a binary heap; longer a
+// bucket queue by rank.
+template <class First, class Pair>
+void EncoderCore::bpe_from(size_t n, First first, Pair pair, std::vector<uint32_t>& out) const {
+    if (n <= kSmallPiece) {
+        bpe_small(n, first, pair, out);
+    } else if (n <= kHugePiece) {
+        thread_local std::vector<uint64_t> heap_storage;
+        HeapQueue queue(heap_storage, n);
+        bpe_linked(n, first, pair, queue, out);
+    } else {
+        BucketQueue queue(vocab_size_);
+        bpe_linked(n, first, pair, queue, out);
+    }
 }
 
 void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out) const {
@@ -489,7 +522,7 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
         const uint8_t* p = data + b;
         const size_t len = e - b;
         poll.tick(len);
-        if (len == 1) {
+        if (len == 1 && byte_rank_[*p] != kNone) {
             out.push_back(byte_rank_[*p]);
             return;
         }

@@ -7,6 +7,11 @@
 //      concatenation has the lowest rank (leftmost on ties) until no adjacent pair is a token.
 // Parts are always tokens, so step 2 runs on ids with a (left id, right id) -> merged id map:
 // every split of a token into two tokens (see the constructor: linear in the vocabulary's bytes).
+//
+// Character-level vocabularies (start_chars) start step 2 from the piece's UTF-8 characters
+// instead of its bytes; that initial segmentation is the only difference. A character that is
+// not a token becomes the `unknown` id, or, with no unknown id, its bytes' single-byte tokens
+// (byte fallback).
 #pragma once
 
 #include <cstddef>
@@ -50,7 +55,10 @@ public:
     // tokens[k] (bytes) has rank ranks[k]. Throws std::invalid_argument on a malformed
     // vocabulary (duplicate bytes or ranks, empty token, missing single byte, a rank
     // >= kMaxVocabSize, a token longer than kMaxTokenBytes). O(total token bytes).
-    EncoderCore(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks, int pattern);
+    // start_chars: start BPE from characters (see above). Every single byte must be a token unless
+    // start_chars with an `unknown` id.
+    EncoderCore(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks, int pattern,
+                bool start_chars = false, uint32_t unknown = kNone);
 
     int pattern() const { return pattern_; }
     size_t vocab_size() const { return vocab_size_; }
@@ -73,11 +81,14 @@ public:
 
 private:
     void bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
-    void bpe_small(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
-    void bpe_large(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
-    void bpe_huge(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
-    template <class Queue>
-    void bpe_linked(const uint8_t* p, size_t n, Queue& queue, std::vector<uint32_t>& out) const;
+    void bpe_chars(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
+    // BPE from n initial tokens: first(k) is token k, pair(k) the merged rank of tokens k, k + 1.
+    template <class First, class Pair>
+    void bpe_from(size_t n, First first, Pair pair, std::vector<uint32_t>& out) const;
+    template <class First, class Pair>
+    void bpe_small(size_t n, First first, Pair pair, std::vector<uint32_t>& out) const;
+    template <class Queue, class First, class Pair>
+    void bpe_linked(size_t n, First first, Pair pair, Queue& queue, std::vector<uint32_t>& out) const;
     // Merged rank of two adjacent tokens, or kNone. Most lookups are either pairs of single
     // bytes (a direct table) or pairs that are not a token at all (rejected by a small
     // Bloom filter that stays in cache); the rest go to the hash map.
@@ -95,6 +106,8 @@ private:
     }
 
     int pattern_;
+    bool start_chars_ = false;
+    uint32_t unknown_ = kNone;
     size_t vocab_size_ = 0;
     size_t max_token_len_ = 0;           // longer pieces skip the whole-piece lookup
     BytesMap<uint32_t> vocab_;           // token bytes -> rank
@@ -105,7 +118,7 @@ private:
     std::vector<uint64_t> tok_off_;      // by rank: offset into tok_bytes_
     std::vector<uint32_t> tok_len_;      // by rank: length, kNone = no such token
     std::string tok_bytes_;
-    uint32_t byte_rank_[256];
+    uint32_t byte_rank_[256];            // kNone: the byte is not a token (character-level vocabularies)
 
     std::mutex pool_mu_;
     std::vector<std::unique_ptr<PieceCache>> pool_;

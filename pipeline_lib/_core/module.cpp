@@ -82,7 +82,7 @@ void shutdown(double wait_s) {
 void check_pattern(int pattern) {
     if (pattern < 0 || pattern >= kNumPatterns)
         throw nb::value_error(("unknown pattern id " + std::to_string(pattern) +
-                               "; expected one of PATTERN_IDS.values() (0 gpt2, 1 cl100k, 2 o200k)")
+                               "; expected one of PATTERN_IDS.values() (0 gpt2, 1 cl100k, 2 o200k) or NO_SPLIT (3)")
                                   .c_str());
 }
 
@@ -262,24 +262,55 @@ nb::tuple counter_to_arrays(PieceCounter& self) {
 
 // ---- learn_merges ------------------------------------------------------------------------
 
-nb::ndarray<nb::numpy, int32_t, nb::ndim<2>> learn_merges_py(nb::handle pieces, nb::handle counts_obj,
-                                                             int64_t n_merges, int64_t min_frequency,
-                                                             nb::object progress, nb::object max_token_bytes) {
+size_t max_bytes_of(nb::object max_token_bytes) {
+    if (max_token_bytes.is_none()) return 0;  // no limit
+    const int64_t m = nb::cast<int64_t>(max_token_bytes);
+    if (m < 2) throw nb::value_error("max_token_bytes must be None or >= 2");
+    return static_cast<size_t>(m);
+}
+
+std::vector<int64_t> counts_of(nb::handle counts_obj, size_t n_pieces) {
+    auto counts = as_array<int64_t>(counts_obj, "int64", "counts");
+    if (counts.shape(0) != n_pieces) throw nb::value_error("pieces and counts must have the same length");
+    return std::vector<int64_t>(counts.data(), counts.data() + n_pieces);
+}
+
+Merges run_learn(const TrainInput& in, int64_t n_merges, int64_t min_frequency, nb::object progress, size_t max_bytes) {
     if (n_merges < 0) throw nb::value_error("n_merges must be >= 0");
-    size_t max_bytes = 0;  // no limit
-    if (!max_token_bytes.is_none()) {
-        const int64_t m = nb::cast<int64_t>(max_token_bytes);
-        if (m < 2) throw nb::value_error("max_token_bytes must be None or >= 2");
-        max_bytes = static_cast<size_t>(m);
+    ProgressFn fn;
+    if (!progress.is_none()) {
+        fn = [&progress](size_t done, size_t total) {
+            nb::gil_scoped_acquire acquire;
+            progress(done, total);
+        };
     }
+    CallScope scope;
+    try {
+        nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
+        return learn_merges(in, static_cast<size_t>(n_merges), min_frequency, fn, max_bytes);
+    } catch (const std::invalid_argument& e) {
+        throw nb::value_error(e.what());
+    }
+}
+
+nb::ndarray<nb::numpy, int32_t, nb::ndim<2>> rows_array(std::vector<int32_t>&& rows) {
+    auto* heap = new std::vector<int32_t>(std::move(rows));
+    nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
+    return nb::ndarray<nb::numpy, int32_t, nb::ndim<2>>(heap->data(), {heap->size() / 3, size_t{3}}, owner);
+}
+
+nb::object learn_merges_py(nb::handle pieces, nb::handle counts_obj, int64_t n_merges, int64_t min_frequency,
+                           nb::object progress, nb::object max_token_bytes, bool with_counts) {
+    if (n_merges < 0) throw nb::value_error("n_merges must be >= 0");
+    const size_t max_bytes = max_bytes_of(max_token_bytes);
     TrainInput in;
     {
         std::vector<nb::object> keep;
         std::vector<const uint8_t*> ptrs;
         std::vector<size_t> lens;
         collect_bytes(pieces, keep, ptrs, lens, "pieces");
-        auto counts = as_array<int64_t>(counts_obj, "int64", "counts");
-        if (counts.shape(0) != ptrs.size()) throw nb::value_error("pieces and counts must have the same length");
+        in.counts = counts_of(counts_obj, ptrs.size());
         size_t total = 0;
         for (size_t l : lens) total += l;
         in.bytes.resize(total);
@@ -291,27 +322,41 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<2>> learn_merges_py(nb::handle pieces, 
             off += lens[k];
         }
         in.offsets[ptrs.size()] = off;
-        in.counts.assign(counts.data(), counts.data() + ptrs.size());
     }
-    ProgressFn fn;
-    if (!progress.is_none()) {
-        fn = [&progress](size_t done, size_t total) {
-            nb::gil_scoped_acquire acquire;
-            progress(done, total);
-        };
+    Merges merges = run_learn(in, n_merges, min_frequency, progress, max_bytes);
+    nb::object rows = nb::cast(rows_array(std::move(merges.rows)));
+    if (!with_counts) return rows;
+    return nb::make_tuple(rows, numpy_1d(std::move(merges.counts)));
+}
+
+nb::tuple learn_symbol_merges_py(nb::handle alphabet, nb::handle symbols_obj, nb::handle offsets_obj,
+                                 nb::handle counts_obj, int64_t n_merges, int64_t min_frequency, nb::object progress,
+                                 nb::object max_token_bytes) {
+    if (n_merges < 0) throw nb::value_error("n_merges must be >= 0");
+    const size_t max_bytes = max_bytes_of(max_token_bytes);
+    TrainInput in;
+    {
+        std::vector<nb::object> keep;
+        std::vector<const uint8_t*> ptrs;
+        std::vector<size_t> lens;
+        collect_bytes(alphabet, keep, ptrs, lens, "alphabet");
+        if (ptrs.empty()) throw nb::value_error("the alphabet is empty");
+        for (size_t k = 0; k < ptrs.size(); ++k) in.alphabet.emplace_back(reinterpret_cast<const char*>(ptrs[k]), lens[k]);
     }
-    std::vector<int32_t> rows;
-    CallScope scope;
-    try {
-        nb::gil_scoped_release release;
-        cancel::Bind bind(&scope, true);
-        rows = learn_merges(in, static_cast<size_t>(n_merges), min_frequency, fn, max_bytes);
-    } catch (const std::invalid_argument& e) {
-        throw nb::value_error(e.what());
+    auto symbols = as_array<int32_t>(symbols_obj, "int32", "symbols");
+    auto offsets = as_array<int64_t>(offsets_obj, "int64", "offsets");
+    const size_t n_pieces = offsets.shape(0) ? offsets.shape(0) - 1 : 0;
+    in.symbols.assign(symbols.data(), symbols.data() + symbols.shape(0));
+    in.offsets.resize(n_pieces + 1, 0);
+    for (size_t k = 0; k <= n_pieces && offsets.shape(0); ++k) {
+        const int64_t o = offsets.data()[k];
+        if (o < 0 || static_cast<size_t>(o) > in.symbols.size() || (k > 0 && static_cast<uint64_t>(o) < in.offsets[k - 1]))
+            throw nb::value_error("offsets must be non-decreasing indices into symbols");
+        in.offsets[k] = static_cast<uint64_t>(o);
     }
-    auto* heap = new std::vector<int32_t>(std::move(rows));
-    nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
-    return nb::ndarray<nb::numpy, int32_t, nb::ndim<2>>(heap->data(), {heap->size() / 3, size_t{3}}, owner);
+    in.counts = counts_of(counts_obj, n_pieces);
+    Merges merges = run_learn(in, n_merges, min_frequency, progress, max_bytes);
+    return nb::make_tuple(rows_array(std::move(merges.rows)), numpy_1d(std::move(merges.counts)));
 }
 
 // ---- Encoder -----------------------------------------------------------------------------
@@ -320,8 +365,15 @@ struct Encoder {
     std::unique_ptr<EncoderCore> core;
 };
 
-void encoder_init(Encoder* self, nb::handle tokens, nb::handle ranks_obj, int pattern) {
+void encoder_init(Encoder* self, nb::handle tokens, nb::handle ranks_obj, int pattern, bool start_chars,
+                  nb::object unknown) {
     check_pattern(pattern);
+    uint32_t unknown_id = EncoderCore::kNone;
+    if (!unknown.is_none()) {
+        const int64_t u = nb::cast<int64_t>(unknown);
+        if (u < 0 || u >= static_cast<int64_t>(kMaxVocabSize)) throw nb::value_error("unknown id out of range");
+        unknown_id = static_cast<uint32_t>(u);
+    }
     std::vector<nb::object> keep;
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
@@ -336,7 +388,7 @@ void encoder_init(Encoder* self, nb::handle tokens, nb::handle ranks_obj, int pa
     try {
         nb::gil_scoped_release release;
         cancel::Bind bind(&scope, true);
-        self->core = std::make_unique<EncoderCore>(toks, rk, pattern);
+        self->core = std::make_unique<EncoderCore>(toks, rk, pattern, start_chars, unknown_id);
     } catch (const std::invalid_argument& e) {
         self->~Encoder();
         throw nb::value_error(e.what());
@@ -473,6 +525,7 @@ NB_MODULE(_tokcore, m) {
     ids["cl100k"] = static_cast<int>(kCl100k);
     ids["o200k"] = static_cast<int>(kO200k);
     m.attr("PATTERN_IDS") = ids;
+    m.attr("NO_SPLIT") = static_cast<int>(kNoSplit);
 
     m.def("split", &split_py, nb::arg("data"), nb::arg("pattern"),
           "Pre-tokenization pieces of UTF-8 bytes (valid or not) with a pattern id.");
@@ -496,11 +549,22 @@ NB_MODULE(_tokcore, m) {
 
     m.def("learn_merges", &learn_merges_py, nb::arg("pieces"), nb::arg("counts"), nb::arg("n_merges"),
           nb::arg("min_frequency") = 1, nb::arg("progress") = nb::none(), nb::arg("max_token_bytes") = nb::none(),
-          "BPE merges (left_id, right_id, merged_id) as an int32 array of shape (m, 3); "
-          "equal to bpe_reference.learn_merges(dict(zip(pieces, counts)), ...).");
+          nb::arg("with_counts") = false,
+          "Byte-level BPE merges (left_id, right_id, merged_id) as an int32 array of shape (m, 3); "
+          "equal to bpe_reference.learn_merges(dict(zip(pieces, counts)), ...). with_counts: "
+          "(rows, int64 counts of each merged pair when it was merged).");
+    m.def("learn_symbol_merges", &learn_symbol_merges_py, nb::arg("alphabet"), nb::arg("symbols"), nb::arg("offsets"),
+          nb::arg("counts"), nb::arg("n_merges"), nb::arg("min_frequency") = 1, nb::arg("progress") = nb::none(),
+          nb::arg("max_token_bytes") = nb::none(),
+          "BPE merges over pieces of symbols (piece k is symbols[offsets[k]:offsets[k + 1]], ids into "
+          "alphabet, a list of each symbol's bytes): (rows int32 (m, 3), counts int64 (m,)); equal to "
+          "bpe_reference.learn_symbol_merges.");
 
     nb::class_<Encoder>(m, "Encoder", "tiktoken-style BPE encoder over a split pattern.")
-        .def("__init__", &encoder_init, nb::arg("tokens"), nb::arg("ranks"), nb::arg("pattern"))
+        .def("__init__", &encoder_init, nb::arg("tokens"), nb::arg("ranks"), nb::arg("pattern"),
+             nb::arg("start_chars") = false, nb::arg("unknown") = nb::none(),
+             "start_chars: BPE starts from UTF-8 characters; a character that is no token becomes `unknown` "
+             "(an id) or, when None, its single-byte tokens.")
         .def("encode_ordinary", &encoder_encode, nb::arg("data"), "Encode bytes (no special tokens).")
         .def("encode_ordinary_batch", &encoder_encode_batch, nb::arg("docs"), nb::arg("num_threads") = 0,
              "Encode documents on threads: (ids uint32, offsets uint64 of len(docs) + 1).")

@@ -15,8 +15,9 @@
 
 namespace tokcore {
 
-enum PatternId : int { kGpt2 = 0, kCl100k = 1, kO200k = 2 };
-constexpr int kNumPatterns = 3;
+// kNoSplit: no split, a whole document is one piece (minbpe's BasicTokenizer).
+enum PatternId : int { kGpt2 = 0, kCl100k = 1, kO200k = 2, kNoSplit = 3 };
+constexpr int kNumPatterns = 4;
 
 namespace pretok {
 
@@ -279,6 +280,9 @@ inline void split_with(const uint8_t* s, size_t n, int pattern, Emit&& emit) {
                 emit(i, e);
                 i = e;
             }
+            break;
+        case kNoSplit:
+            if (n > 0) emit(size_t{0}, n);
             break;
         default:
             while (i < n) {

@@ -1,5 +1,7 @@
 // learn_merges, the fast way, with the reference's exact rules:
 //
+// * alphabet: the 256 bytes (byte-level BPE) or the symbols given (characters, an end-of-word
+//   symbol), ids 0..n-1; merged tokens get the next ids;
 // * words: the distinct pieces as flat int32 id arrays (merged in place), with counts;
 // * pair stats: (left << 32 | right) -> PairInfo {weighted count, occurrences, words};
 //   counted once up front, then updated incrementally: a merge touches only the words on
@@ -56,19 +58,26 @@ class Trainer {
 public:
     Trainer(const TrainInput& in, int64_t min_frequency, size_t max_token_bytes)
         : min_frequency_(min_frequency), max_token_bytes_(max_token_bytes ? max_token_bytes : SIZE_MAX) {
-        tokens_.reserve(256 + 1024);
-        for (int b = 0; b < 256; ++b) {
-            tokens_.emplace_back(1, static_cast<char>(b));
-            const uint8_t byte = static_cast<uint8_t>(b);
-            id_of_.get_or_insert(&byte, 1, b);
+        if (in.alphabet.empty()) {
+            tokens_.reserve(256 + 1024);
+            for (int b = 0; b < 256; ++b) add_symbol(std::string(1, static_cast<char>(b)));
+            build_words(in, in.bytes.data());
+        } else {
+            tokens_.reserve(in.alphabet.size() + 1024);
+            for (const std::string& t : in.alphabet) add_symbol(t);
+            const int32_t n = static_cast<int32_t>(tokens_.size());
+            for (const int32_t v : in.symbols)
+                if (v < 0 || v >= n) throw std::invalid_argument("symbol " + std::to_string(v) + " is not in the alphabet");
+            build_words(in, in.symbols.data());
         }
-        build_words(in);
         count_pairs();
     }
 
-    std::vector<int32_t> run(size_t n_merges, const ProgressFn& progress, size_t every) {
-        std::vector<int32_t> out;
+    Merges run(size_t n_merges, const ProgressFn& progress, size_t every) {
+        Merges result;
+        std::vector<int32_t>& out = result.rows;
         out.reserve(std::min<size_t>(n_merges, 1 << 20) * 3);
+        result.counts.reserve(std::min<size_t>(n_merges, 1 << 20));
         size_t done = 0, reported = 0;
         while (done < n_merges) {
             poll_.tick();
@@ -81,6 +90,7 @@ public:
             out.push_back(a);
             out.push_back(b);
             out.push_back(x);
+            result.counts.push_back(pairs_[pi].count);
             apply(pi, a, b, x, static_cast<uint32_t>(done));
             ++done;
             if (progress && every && done % every == 0) {
@@ -89,13 +99,23 @@ public:
             }
         }
         if (progress && reported != done) progress(done, n_merges);
-        return out;
+        return result;
     }
 
 private:
     // ---- setup -----------------------------------------------------------------------
-    // Strictly increasing pieces (PieceCounter.to_arrays order) cannot repeat.
+    void add_symbol(const std::string& t) {
+        if (t.empty()) throw std::invalid_argument("an alphabet symbol has no bytes");
+        bool inserted = false;
+        id_of_.get_or_insert(reinterpret_cast<const uint8_t*>(t.data()), t.size(),
+                             static_cast<int32_t>(tokens_.size()), &inserted);
+        if (!inserted) throw std::invalid_argument("two alphabet symbols have the same bytes");
+        tokens_.push_back(t);
+    }
+
+    // Strictly increasing byte pieces (PieceCounter.to_arrays order) cannot repeat.
     static bool strictly_sorted(const TrainInput& in) {
+        if (!in.alphabet.empty()) return false;
         for (size_t k = 1; k < in.counts.size(); ++k) {
             const uint64_t a0 = in.offsets[k - 1], a1 = in.offsets[k], b1 = in.offsets[k + 1];
             const size_t la = a1 - a0, lb = b1 - a1, m = std::min(la, lb);
@@ -105,12 +125,15 @@ private:
         return true;
     }
 
-    void build_words(const TrainInput& in) {
+    // `data`: in.bytes or in.symbols, whichever holds the pieces.
+    template <class T>
+    void build_words(const TrainInput& in, const T* data) {
         const size_t np = in.counts.size();
         const bool unique = strictly_sorted(in);
+        const size_t total = in.offsets.empty() ? 0 : in.offsets.back();
         BytesMap<uint32_t> seen(unique ? 16 : np / 2 + 16);
-        sym_.reserve(in.bytes.size());
-        words_.reserve(np + in.bytes.size() / kBlock);
+        sym_.reserve(total);
+        words_.reserve(np + total / kBlock);
         for (size_t k = 0; k < np; ++k) {
             if (in.counts[k] < 0) throw std::invalid_argument("counts must be >= 0");
             const uint64_t b = in.offsets[k], e = in.offsets[k + 1];
@@ -118,7 +141,7 @@ private:
             if (e - b < 2) continue;  // no pairs
             if (!unique) {
                 bool inserted = false;
-                uint32_t& w = seen.get_or_insert(in.bytes.data() + b, e - b,
+                uint32_t& w = seen.get_or_insert(reinterpret_cast<const uint8_t*>(data + b), (e - b) * sizeof(T),
                                                  static_cast<uint32_t>(words_.size()), &inserted);
                 if (!inserted) {  // duplicate piece: the last count wins (in each of its blocks)
                     for (uint32_t v = w; v != kNoWord; v = words_[v].next) words_[v].freq = in.counts[k];
@@ -137,7 +160,7 @@ private:
                     chained_ = true;
                 }
                 prev = w;
-                for (uint64_t i = s; i < s + len; ++i) sym_.push_back(in.bytes[i]);
+                for (uint64_t i = s; i < s + len; ++i) sym_.push_back(static_cast<int32_t>(data[i]));
             }
         }
     }
@@ -368,8 +391,8 @@ private:
 
 }  // namespace
 
-std::vector<int32_t> learn_merges(const TrainInput& input, size_t n_merges, int64_t min_frequency,
-                                  const ProgressFn& progress, size_t max_token_bytes, size_t progress_every) {
+Merges learn_merges(const TrainInput& input, size_t n_merges, int64_t min_frequency, const ProgressFn& progress,
+                    size_t max_token_bytes, size_t progress_every) {
     if (n_merges == 0) return {};
     Trainer t(input, min_frequency, max_token_bytes);
     return t.run(n_merges, progress, progress_every);

@@ -7,7 +7,7 @@
     model = load_model("runs/lm")                        # latest complete checkpoint (checked against its marker)
     ids = sample(model, [sep_id], 200, temperature=0.8, top_k=50, seed=0)
 
-CLI: ``python -m pipeline_lib.lm train ...`` / ``python -m pipeline_lib.lm sample ...``.
+CLI: ``python -m pipeline_lib.lm train ...`` / ``sample ...`` / ``plan ...`` (the memory plan).
 
 This package works on local paths and knows nothing of the artifact store; a model
 published there is loaded with `pipeline_lib.model_stage.load_published_model`, which

@@ -1,10 +1,14 @@
-"""Command line: ``python -m pipeline_lib.lm {train,sample} ...``.
+"""Command line: ``python -m pipeline_lib.lm {train,sample,plan} ...``.
 
     python -m pipeline_lib.lm train --data TOKENS_DIR --out RUN_DIR [--preset small] [--steps N]
         [--device auto|cpu|cuda|mps] [--resume] [--tokenizer TOK_DIR] ...
     torchrun --nproc_per_node 8 -m pipeline_lib.lm train --preset gpt2-124m --data ... --out ...
     python -m pipeline_lib.lm sample --ckpt RUN_DIR --tokenizer TOK_DIR --prompt "ROMEO:" \\
         --temperature 0.8 --top-k 50
+    python -m pipeline_lib.lm plan --preset gpt2-124m --device cuda [--world-size 8]
+
+`plan` prints the memory plan of a run (parameters, gradients, optimizer state,
+activations per micro-batch, total) and its tokens per step, allocating nothing.
 
 `train` writes checkpoints, ``loss.png`` and ``metrics.json`` into --out. `sample` loads the
 latest complete checkpoint of --ckpt (or that checkpoint directory) and prints the prompt
@@ -92,6 +96,17 @@ def _parser() -> argparse.ArgumentParser:
     bpb.add_argument("--token-byte-lengths", help=".npy of per-token UTF-8 byte lengths")
     t.add_argument("--no-report", action="store_true", help="skip loss.png / metrics.json")
 
+    pl = sub.add_parser("plan", help="print the memory plan and batch arithmetic of a run, without allocating")
+    pl.add_argument("--preset", default="gpt2-124m", help="tiny | small | gpt2-124m (default gpt2-124m)")
+    pl.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    pl.add_argument("--vocab-size", type=int, default=50257, help="ids of the token set (default GPT-2's 50257)")
+    pl.add_argument("--world-size", type=int, default=1, help="DDP ranks")
+    pl.add_argument("--no-bf16", action="store_true", help="a GPU without bfloat16: float16 autocast with a GradScaler")
+    pl.add_argument("--batch-size", type=int)
+    pl.add_argument("--grad-accum", type=int)
+    pl.add_argument("--block-size", type=int)
+    pl.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+
     s = sub.add_parser("sample", help="generate text from a checkpoint")
     s.add_argument("--ckpt", required=True, help="run directory (latest checkpoint) or a ckpt_* directory")
     s.add_argument("--tokenizer", help="tokenizer dir/URL (pipeline_lib.Tokenizer.load)")
@@ -101,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--temperature", type=float, default=0.8)
     s.add_argument("--top-k", type=int, default=200, help="0: no top-k filter")
     s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--device", default="cpu")
+    s.add_argument("--device", default="auto", help="auto (CUDA, else MPS, else CPU) | cpu | cuda | cuda:N | mps")
     return p
 
 
@@ -141,8 +156,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     from pipeline_lib.lm.checkpoint import latest_checkpoint, load_model, open_checkpoint
     from pipeline_lib.lm.sample import documents_text, sample
+    from pipeline_lib.lm.train import resolve_device
 
-    model = load_model(args.ckpt, device=args.device)
+    model = load_model(args.ckpt, device=resolve_device(args.device))
     tok = None
     if args.tokenizer:
         tok = _load_tokenizer(args.tokenizer)
@@ -172,10 +188,28 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from pipeline_lib.lm.config import preset
+    from pipeline_lib.lm.plan import memory_plan
+
+    flags = {"batch_size": "batch_size", "grad_accum": "grad_accum_steps", "block_size": "block_size", "dtype": "dtype"}
+    overrides = {field: getattr(args, flag) for flag, field in flags.items() if getattr(args, flag) is not None}
+    try:
+        cfg = preset(args.preset, **overrides)
+        plan = memory_plan(cfg, args.vocab_size, args.device, args.world_size, bf16=not args.no_bf16)
+    except ValueError as e:
+        raise SystemExit(f"tokenmill: error: {e}") from None
+    print(f"preset {args.preset}, vocabulary {args.vocab_size:,}")
+    print("\n".join(plan.lines()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "train":
         return _cmd_train(args)
+    if args.cmd == "plan":
+        return _cmd_plan(args)
     return _cmd_sample(args)
 
 

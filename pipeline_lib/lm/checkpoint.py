@@ -8,7 +8,7 @@ Layout of ``out_dir``::
         optimizer.json           optimizer param_groups and non-tensor state
         trainer_state.json       step, configs, lr, history, data identity
         rng_state.safetensors    torch CPU / CUDA generator states, per rank
-        rng_state.json           python `random` states, per rank
+        rng_state.json           per rank: Python `random` state (None: training draws none)
         data_state.json          data position: step + numpy sampler state per rank
         checkpoint.json          completion marker, written LAST: sizes + sha256 of the above
 

@@ -38,13 +38,17 @@ class GPTConfig:
     n_embd: int = 384  # residual stream width
     dropout: float = 0.0  # on embeddings, attention probabilities and residual branches
     bias: bool = False  # biases in Linear and LayerNorm (GPT-2 had them; a bit faster without)
+    # The embedding / output table has vocab_size rounded up to a multiple of this (nanoGPT's
+    # 50257 -> 50304, llm.c's Vp): the output matmul's width suits the GPU's tiles. The padded
+    # ids are never inputs, their logits are cut off before the loss and sampling.
+    pad_vocab_to: int = 64
 
     def __post_init__(self) -> None:
         _check(
             self.vocab_size is None or (_is_int(self.vocab_size) and self.vocab_size >= 2),
             f"GPTConfig.vocab_size must be None or an int >= 2, got {self.vocab_size!r}",
         )
-        for name in ("block_size", "n_layer", "n_head", "n_embd"):
+        for name in ("block_size", "n_layer", "n_head", "n_embd", "pad_vocab_to"):
             v = getattr(self, name)
             _check(_is_int(v) and v >= 1, f"GPTConfig.{name} must be a positive int, got {v!r}")
         _check(
@@ -61,6 +65,13 @@ class GPTConfig:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding / output table: vocab_size rounded up to pad_vocab_to."""
+        if self.vocab_size is None:
+            raise ValueError("GPTConfig.vocab_size is None: set it (train() takes it from the manifest)")
+        return -(-self.vocab_size // self.pad_vocab_to) * self.pad_vocab_to
+
     def with_vocab(self, vocab_size: int) -> GPTConfig:
         return dataclasses.replace(self, vocab_size=vocab_size)
 
@@ -72,19 +83,24 @@ class GPTConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         _check(not unknown, f"unknown GPTConfig fields: {sorted(unknown)}")
-        return cls(**d)
+        # Weights written before the table was padded hold exactly vocab_size rows.
+        return cls(**{"pad_vocab_to": 1, **d})
 
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     model: GPTConfig = field(default_factory=GPTConfig)  # architecture
-    # -- batch: tokens per optimizer step = batch_size * block_size * grad_accum_steps * world_size
+    # -- batch: tokens per optimizer step = batch_size * block_size * grad_accum_steps, whatever
+    # the world size: under DDP each of the N ranks runs grad_accum_steps / N micro-steps.
     batch_size: int = 12  # micro-batch of windows per rank
-    grad_accum_steps: int = 1  # micro-steps per optimizer step (loss is divided by it)
+    grad_accum_steps: int = 1  # micro-steps per optimizer step, all ranks together (loss is divided by it)
+    # None, or the tokens of one optimizer step (nanoGPT's / llm.c's total batch size):
+    # grad_accum_steps is then derived, total_batch_tokens / (batch_size * block_size).
+    total_batch_tokens: int | None = None
     # -- schedule: linear warmup to learning_rate, cosine decay to min_lr at lr_decay_steps
     max_steps: int = 2000  # optimizer steps in the whole run
     learning_rate: float = 1e-3  # peak learning rate
@@ -101,11 +117,13 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     # -- data
-    val_fraction: float = 0.1  # per shard, tail (at a document boundary) held out for val
+    # None: the split the token manifest records (decided at encoding, the one every export
+    # uses; 0.1 by the same rule for a manifest that records none). A number must equal it.
+    val_fraction: float | None = None
     seed: int = 1337  # model init, dropout and data sampling (offset per DDP rank)
     # -- evaluation, logging, checkpoints (intervals in optimizer steps)
     eval_interval: int = 250  # also evaluated at step 0 and at the last step
-    eval_iters: int = 20  # val micro-batches per evaluation (per rank)
+    eval_iters: int = 20  # val micro-batches per evaluation (all ranks together)
     log_interval: int = 10  # history/log entry every this many steps
     # Checkpoints protect the work whatever the run length: on a step cadence, on a time
     # cadence, and at the last step. Saving consumes no randomness, so the cadence never
@@ -116,7 +134,7 @@ class TrainConfig:
     resume: bool = False  # continue from the latest valid checkpoint in out_dir
     # -- hardware
     device: str = "auto"  # auto: cuda, else mps, else cpu; or "cuda:1" etc.
-    dtype: str = "auto"  # autocast dtype; auto: bfloat16 on cuda, float32 elsewhere
+    dtype: str = "auto"  # autocast dtype; auto: bfloat16 on cuda (float16 + GradScaler without bf16), float32 elsewhere
     compile: bool = False  # torch.compile the model
     peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None: look up the GPU
     verify_shards: bool = True  # sha256 every shard file against its manifest at start (False: sizes only)
@@ -144,6 +162,20 @@ class TrainConfig:
         for name in ("eval_interval", "log_interval"):
             v = getattr(self, name)
             _check(_is_int(v) and v >= 1, f"TrainConfig.{name} must be a positive int, got {v!r}")
+        _check(
+            self.total_batch_tokens is None or (_is_int(self.total_batch_tokens) and self.total_batch_tokens >= 1),
+            f"TrainConfig.total_batch_tokens must be None or a positive int, got {self.total_batch_tokens!r}",
+        )
+        if self.total_batch_tokens is not None:
+            _check(
+                self.grad_accum_steps == 1,
+                f"TrainConfig: give total_batch_tokens ({self.total_batch_tokens}) or grad_accum_steps ({self.grad_accum_steps}), not both",
+            )
+            per_micro = self.batch_size * self.model.block_size
+            _check(
+                self.total_batch_tokens % per_micro == 0,
+                f"TrainConfig.total_batch_tokens {self.total_batch_tokens} is not a multiple of batch_size * block_size = {per_micro}",
+            )
         _check(
             _is_int(self.ckpt_interval) and self.ckpt_interval >= 0,
             f"TrainConfig.ckpt_interval must be an int >= 0 (0: derived from max_steps), got {self.ckpt_interval!r}",
@@ -174,8 +206,8 @@ class TrainConfig:
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "TrainConfig.beta1/beta2 must be in [0, 1)")
         _check(self.grad_clip >= 0, f"TrainConfig.grad_clip must be >= 0, got {self.grad_clip!r}")
         _check(
-            0 <= self.val_fraction < 1,
-            f"TrainConfig.val_fraction must be in [0, 1), got {self.val_fraction!r}",
+            self.val_fraction is None or 0 <= self.val_fraction < 1,
+            f"TrainConfig.val_fraction must be None (the manifest's split) or in [0, 1), got {self.val_fraction!r}",
         )
         _check(_is_int(self.seed) and self.seed >= 0, f"TrainConfig.seed must be an int >= 0, got {self.seed!r}")
         dev = self.device.split(":")[0] if isinstance(self.device, str) else None
@@ -187,6 +219,27 @@ class TrainConfig:
             self.peak_flops is None or self.peak_flops > 0,
             f"TrainConfig.peak_flops must be None or > 0, got {self.peak_flops!r}",
         )
+
+    @property
+    def accum_steps(self) -> int:
+        """Micro-steps per optimizer step, all ranks together."""
+        if self.total_batch_tokens is not None:
+            return self.total_batch_tokens // (self.batch_size * self.model.block_size)
+        return self.grad_accum_steps
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens of one optimizer step (the same under any world size)."""
+        return self.batch_size * self.model.block_size * self.accum_steps
+
+    def micro_steps_per_rank(self, world_size: int) -> int:
+        """Each rank's share of `accum_steps` under DDP; raises ValueError when it does not divide."""
+        _check(
+            self.accum_steps % world_size == 0,
+            f"{self.accum_steps} micro-steps per optimizer step do not divide among {world_size} ranks: "
+            "set grad_accum_steps (or total_batch_tokens) to a multiple of the world size",
+        )
+        return self.accum_steps // world_size
 
     @property
     def decay_steps(self) -> int:
@@ -210,6 +263,8 @@ class TrainConfig:
         unknown = set(overrides) - train_fields
         _check(not unknown, f"unknown config fields: {sorted(unknown)}")
         model = dataclasses.replace(overrides.pop("model", self.model), **model_kw)
+        if "grad_accum_steps" in overrides:  # an explicit count replaces the preset's total batch
+            overrides.setdefault("total_batch_tokens", None)
         return dataclasses.replace(self, model=model, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
@@ -254,13 +309,13 @@ PRESETS: dict[str, TrainConfig] = {
         eval_iters=20,
         log_interval=25,
     ),
-    # GPT-2 small (124M with the 50257 GPT-2 vocab), llm.c-style: ~0.5M tokens per step
-    # (16 x 1024 x 32 micro-steps on one GPU; divide grad_accum_steps by the world size),
-    # 10B tokens = 19073 steps, bf16 autocast, compiled.
+    # GPT-2 small (124M with the 50257 GPT-2 vocab), llm.c-style: 2**19 tokens per step
+    # (16 x 1024 x 32 micro-steps on one GPU, 4 on each of 8), 10B tokens = 19073 steps,
+    # bf16 autocast, compiled.
     "gpt2-124m": TrainConfig(
         model=GPTConfig(block_size=1024, n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=True),
         batch_size=16,
-        grad_accum_steps=32,
+        total_batch_tokens=524288,
         max_steps=19073,
         learning_rate=6e-4,
         min_lr=6e-5,
@@ -290,7 +345,8 @@ def preset(name: str, **overrides: Any) -> TrainConfig:
 # The run length is a cap and a time budget: `steps` at most, planned down to what fits in
 # `minutes` (see `plan_steps` in train.py). The default, 1 minute of the "small" model, keeps
 # `tokenmill run` (everything, fixed costs included) well within 90 s on an idle 2-core
-# machine: ~200 steps there, the whole 400 on a faster one.
+# machine: ~200 steps there, the preset's whole 600 on a faster one. `steps` None keeps the
+# preset's own count (and its schedule); a number replaces it.
 from typing import Annotated, Literal  # noqa: E402
 
 from pipeline_lib.config import STRICT, doc  # noqa: E402
@@ -304,7 +360,7 @@ class LMConfig:
     __pydantic_config__ = STRICT
 
     preset: Annotated[Literal["tiny", "small", "gpt2-124m"], doc("model size and recipe")] = "small"
-    steps: Annotated[int | None, doc("optimizer steps, at most (none: the preset's own)")] = 400
+    steps: Annotated[int | None, doc("optimizer steps, at most (none: the preset's own: 600 for small, 19073 for gpt2-124m)")] = None
     minutes: Annotated[
         float | None,
         doc(

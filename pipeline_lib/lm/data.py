@@ -20,8 +20,12 @@ out, for callers that verified the version already. A directory whose manifest.j
 no such list (your own files, `lm.testing.write_token_dir`) gets the size checks only,
 unless ``verify_hashes=True`` asks to hash its shards against the sha256 its meta records.
 
-Split: in each shard the tail starting at the document boundary nearest
-(1 - val_fraction) of its tokens is validation, the head is training. Windows of
+Split: the one the manifest records, decided when the tokens were written (each shard's
+``val_start``: its tail from the document boundary nearest (1 - val_fraction) of its
+tokens is validation, the head training), so the trainer and every export
+(`token_shards.export_nanogpt`, `export_llmc`) hold out the same documents. A manifest
+that records none gets the same rule (`token_shards.val_start`) with the caller's
+fraction (default 0.1). Windows of
 block_size + 1 tokens are drawn uniformly from inside one region, so they cross document
 boundaries only through the separator tokens that are in the stream, never a shard or
 train/val boundary.
@@ -43,7 +47,7 @@ import numpy as np
 from pipeline_lib.errors import ShardError, StoreError  # ShardError re-exported
 from pipeline_lib.fsio import check_local_file
 from pipeline_lib.store import MAX_MANIFEST_BYTES
-from pipeline_lib.token_shards import check_version_file, published_files
+from pipeline_lib.token_shards import DEFAULT_VAL_FRACTION, check_version_file, published_files, val_start
 
 TOKENS_FORMAT = "tokenmill.tokens/1"
 _DTYPES: dict[str, np.dtype[np.unsignedinteger[Any]]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4"), "<u2": np.dtype("<u2"), "<u4": np.dtype("<u4")}
@@ -179,6 +183,9 @@ class TokenShards:
             self.vocab_size = int(meta["vocab_size"])
             if self.vocab_size < 2 or self.vocab_size - 1 > np.iinfo(self.dtype).max:
                 raise ShardError(f"{mpath}: vocab_size {self.vocab_size} does not fit dtype {dtype_name}")
+            split_meta = meta.get("split")
+            # the val_fraction of the split the manifest records (None: it records none)
+            self.recorded_val_fraction: float | None = None if split_meta is None else float(split_meta["val_fraction"])
             sep = meta.get("separator")
             self.separator_id: int | None = None if sep is None else int(sep["id"])
             self.separator_token: str | None = None if sep is None else sep.get("token")
@@ -232,11 +239,11 @@ class TokenShards:
                     tokens = np.load(info.path, mmap_mode="r", allow_pickle=False)
                 except Exception as e:
                     raise ShardError(f"{info.path}: cannot memory-map ({e})") from e
-            try:
-                ends = np.load(info.idx_path, allow_pickle=False).astype(np.int64)
+            try:  # mapped too: an index grows with the documents (8 bytes each)
+                ends = np.load(info.idx_path, mmap_mode="r", allow_pickle=False) if info.n_docs else np.zeros(0, _IDX_DTYPE)
             except Exception as e:
                 raise ShardError(f"{info.idx_path}: cannot read ({e})") from e
-            if len(ends) and (ends[0] < 0 or np.any(np.diff(ends) < 0)):
+            if len(ends) and np.any(ends[1:] < ends[:-1]):
                 raise ShardError(f"{info.idx_path}: document end offsets are not non-decreasing")
             last = int(ends[-1]) if len(ends) else 0
             if last != n:
@@ -272,24 +279,54 @@ class TokenShards:
         nb, nt = self.n_bytes, self.n_tokens
         return nb / nt if nb is not None and nt > 0 else None
 
+    @property
+    def bytes_per_text_token(self) -> float | None:
+        """Average UTF-8 bytes per token that is not a separator (the tokens bytes are of)."""
+        nb = self.n_bytes
+        n_text = self.n_tokens - (sum(s.n_docs for s in self.shards) if self.separator_id is not None else 0)
+        return nb / n_text if nb is not None and n_text > 0 else None
+
     # -- split ---------------------------------------------------------------------------
 
-    def split(self, val_fraction: float, window: int) -> Split:
-        """Split every shard at the document boundary nearest (1 - val_fraction) of its tokens.
+    def val_starts(self, val_fraction: float | None = None) -> list[int]:
+        """Each shard's first validation token: the manifest's recorded split (a
+        `val_fraction` given must equal its fraction), else the split rule applied with
+        `val_fraction` (None: 0.1). Raises ShardError naming the manifest."""
+        mpath = self.data_dir / "manifest.json"
+        recorded = self.recorded_val_fraction
+        if recorded is None:
+            fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
+            return [val_start(self._doc_ends[i], info.n_tokens, fraction) for i, info in enumerate(self.shards)]
+        if val_fraction is not None and abs(val_fraction - recorded) > 1e-12:
+            raise ShardError(
+                f"{mpath}: val_fraction {val_fraction:g} asked, but these tokens were split at encoding with val_fraction "
+                f"{recorded:g}, the split every reader uses: leave val_fraction unset, or encode again with --val-fraction {val_fraction:g}"
+            )
+        starts = []
+        for i, (info, s) in enumerate(zip(self.shards, self.manifest["meta"]["shards"])):
+            b = s.get("val_start")
+            ends = self._doc_ends[i]
+            at_boundary = isinstance(b, int) and 0 <= b <= info.n_tokens and (b == 0 or bool(np.any(ends == b)))
+            if not at_boundary:
+                raise ShardError(f"{mpath}: shard {info.name}'s val_start {b!r} is not a document boundary of {info.idx_path.name}")
+            starts.append(int(b))
+        return starts
+
+    def split(self, val_fraction: float | None, window: int) -> Split:
+        """Train and validation regions: per shard, tokens before `val_starts` and from it.
 
         `window` (block_size + 1) is used only to warn about regions too short to sample.
         """
         train: list[Region] = []
         val: list[Region] = []
+        starts = self.val_starts(val_fraction)
+        if val_fraction is None:
+            val_fraction = DEFAULT_VAL_FRACTION if self.recorded_val_fraction is None else self.recorded_val_fraction
         for i, info in enumerate(self.shards):
             n = info.n_tokens
             if n == 0:
                 continue
-            boundaries = np.concatenate([[0], self._doc_ends[i]])
-            target = (1.0 - val_fraction) * n
-            b = int(boundaries[np.argmin(np.abs(boundaries - target))])
-            if val_fraction == 0:
-                b = n
+            b = starts[i]
             if b > 0:
                 train.append(Region(i, 0, b))
             if b < n:
@@ -337,11 +374,17 @@ class WindowSampler:
     def n_windows(self) -> int:
         return int(self._cum[-1])
 
-    def next_batch(self) -> np.ndarray:
-        """(batch_size, window) int64 token ids."""
+    def next_batch(self, rows: slice | None = None) -> np.ndarray:
+        """(batch_size, window) int64 token ids; with `rows`, only those rows of it.
+
+        Every caller draws the whole batch from the generator and reads only its rows: the
+        ranks of a DDP run share one seed and each takes its slice, so an optimizer step
+        sees the same windows under any world size (and a resume may change it)."""
         picks = self.rng.integers(0, self.n_windows, size=self.batch_size)
+        if rows is not None:
+            picks = picks[rows]
         which = np.searchsorted(self._cum, picks, side="right")
-        out = np.empty((self.batch_size, self.window), dtype=np.int64)
+        out = np.empty((len(picks), self.window), dtype=np.int64)
         vocab = self.shards.vocab_size
         for row, (p, w) in enumerate(zip(picks, which)):
             r = self.regions[w]

@@ -5,7 +5,10 @@
 
 * Attention is `F.scaled_dot_product_attention(..., is_causal=True)` (flash / memory
   efficient kernels on GPU, a fused math kernel on CPU).
-* The output projection shares its weight with the token embedding (weight tying).
+* The output projection shares its weight with the token embedding (weight tying). The
+  table has `GPTConfig.padded_vocab_size` rows (a multiple of 64, for the GPU's matmul
+  tiles); the logits of the padded ids are cut off before the loss and before sampling,
+  so they take no part in either.
 * Generation passes a `KVCache`: the keys and values of the positions seen so far are
   kept per block, so each new token costs one position's forward pass, not the context's.
 * GPT-2 initialisation: N(0, 0.02) everywhere, zero biases, and the residual output
@@ -131,16 +134,17 @@ class GPT(nn.Module):
         if config.vocab_size is None:
             raise ValueError("GPTConfig.vocab_size is None: set it (train() takes it from the manifest)")
         self.config = config
+        self.vocab_size = config.vocab_size
         self.transformer = _Trunk(
             dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
                 ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )
         )
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
 
         # GPT-2 init.
@@ -182,17 +186,19 @@ class GPT(nn.Module):
             x = block(x, cache.layers[i] if cache is not None else None)
         x = self.transformer.ln_f(x)
         if targets is None:
-            return self.lm_head(x[:, [-1], :]), None
-        logits = self.lm_head(x)
+            return self.lm_head(x[:, [-1], :])[..., : self.vocab_size], None
+        logits = self.lm_head(x)[..., : self.vocab_size]  # the padded ids' logits: never in the loss
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
         return logits, loss
 
     # -- accounting ----------------------------------------------------------------------
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count (tied weights once). non_embedding drops the position table;
-        the token table stays since it is also the output layer."""
+        """Parameter count (tied weights once; the padded table rows are not counted: no
+        input or loss uses them). non_embedding drops the position table; the token table
+        stays since it is also the output layer."""
         n = sum(p.numel() for p in self.parameters())
+        n -= (self.config.padded_vocab_size - self.vocab_size) * self.config.n_embd
         if non_embedding:
             n -= self.transformer.wpe.weight.numel()
         return n

@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline_lib.corpus import shard_name
 from pipeline_lib.lm.data import TOKENS_FORMAT
+from pipeline_lib.token_shards import split_record, val_start
 
 BYTE_SEPARATOR_ID = 256
 BYTE_VOCAB_SIZE = 257
@@ -30,11 +31,14 @@ def write_token_dir(
     separator_id: int | None,
     n_bytes: Sequence[int] | None = None,
     version: str = "test",
+    val_fraction: float | None = None,
 ) -> Path:
     """shards: per shard, a list of documents (1-D int arrays, separator NOT included).
 
     With a separator each document is followed by it (placement "append"); the index
-    holds cumulative document end offsets including the separator.
+    holds cumulative document end offsets including the separator. With `val_fraction`
+    the manifest records the train/val split as the encoder does (``split``, and each
+    shard's ``val_start`` / ``val_docs``); without, it records none.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -56,6 +60,9 @@ def write_token_dir(
         digest = hashlib.sha256((out / f"{name}.npy").read_bytes()).hexdigest()
         nb = int(n_bytes[i]) if n_bytes is not None else int(sum(len(d) for d in docs))
         metas.append({"name": name, "n_tokens": int(total), "n_docs": len(ends), "n_bytes": nb, "sha256": digest})
+        if val_fraction is not None:
+            start = val_start(np.asarray(ends, dtype=np.int64), total, val_fraction)
+            metas[-1].update(val_start=start, val_docs=len(ends) - int(np.searchsorted(ends, start, side="right")))
     manifest = {
         "kind": "tokens",
         "version": version,
@@ -71,6 +78,7 @@ def write_token_dir(
                 "n_docs": sum(m["n_docs"] for m in metas),
                 "n_bytes": sum(m["n_bytes"] for m in metas),
             },
+            **({"split": split_record(val_fraction)} if val_fraction is not None else {}),
         },
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -84,13 +92,13 @@ def byte_docs(text: bytes, sep: bytes = b"\n\n") -> list[np.ndarray]:
     return [np.frombuffer(d, dtype=np.uint8).astype(np.int64) for d in docs if d]
 
 
-def write_byte_token_dir(out_dir: str | os.PathLike[str], text: bytes, n_shards: int = 2) -> Path:
+def write_byte_token_dir(out_dir: str | os.PathLike[str], text: bytes, n_shards: int = 2, val_fraction: float | None = None) -> Path:
     """Raw bytes as tokens (vocab 257, separator 256), documents split at blank lines,
-    dealt into n_shards contiguous shards."""
+    dealt into n_shards contiguous shards (`val_fraction`: as `write_token_dir`)."""
     docs = byte_docs(text)
     per = -(-len(docs) // n_shards)
     shards = [docs[i * per : (i + 1) * per] for i in range(n_shards)]
-    return write_token_dir(out_dir, shards, BYTE_VOCAB_SIZE, BYTE_SEPARATOR_ID)
+    return write_token_dir(out_dir, shards, BYTE_VOCAB_SIZE, BYTE_SEPARATOR_ID, val_fraction=val_fraction)
 
 
 def byte_token_lengths() -> np.ndarray:

@@ -4,15 +4,31 @@
     eval at step 0
     for each optimizer step:
         lr from the schedule (linear warmup, cosine to min_lr)
-        grad_accum_steps micro-steps: sample windows, forward under autocast, loss/steps, backward
+        accum_steps / world_size micro-steps on each rank: its slice of the step's windows,
+        forward under autocast, loss / micro-steps, backward (through the GradScaler: a
+        no-op unless float16)
+        (DDP averages the ranks' gradients: the mean over all of the step's windows)
         (DDP: gradients all-reduced only on the last micro-step, via no_sync on the others)
-        clip grads to grad_clip, AdamW step
+        unscale, clip grads to grad_clip, AdamW step
         log (train loss, lr, tokens/s, MFU); eval (val loss, bits/byte); checkpoint
 
 Distributed: launched by torchrun (RANK / WORLD_SIZE / LOCAL_RANK in the environment) the
 process group is created here (NCCL on CUDA, else gloo); if the caller already created
-one it is used as is. Data and dropout seeds are offset by rank; only rank 0 logs and
-writes checkpoints (after gathering every rank's RNG and sampler state).
+one it is used as is. An optimizer step is `TrainConfig.tokens_per_step` tokens whatever
+the world size: every rank draws the step's windows from one shared seed and takes its
+slice (`micro_steps_per_rank` micro-steps of batch_size), so N ranks compute the gradient
+one process would with accum_steps micro-steps. Dropout seeds are offset by rank; only
+rank 0 logs and writes checkpoints (after gathering every rank's RNG and sampler state).
+
+Precision (`autocast_dtype`): bfloat16 autocast on a GPU that has it, float16 with a
+`torch.amp.GradScaler` on one that does not, float32 elsewhere. The scaler is always in
+the loop, disabled (`enabled=False`: scale, unscale and update do nothing, `step` is the
+optimizer's) unless float16, so the CPU runs the code path a float16 GPU does; its state
+is checkpointed.
+
+Bits per byte counts the text: the targets that are the document separator (which encodes
+no bytes) are left out of its nats, as their zero bytes are of its bytes. The val loss
+(nats per token) keeps every target, as nanoGPT's does.
 
 Exact resume: a checkpoint after step k holds the weights, the optimizer state, the step,
 the torch / python RNG states and the numpy sampler state of every rank. Evaluation uses
@@ -302,22 +318,46 @@ def _unb64(s: str) -> torch.Tensor:
 
 
 def _rank_rng_state(sampler: WindowSampler, device: torch.device) -> dict[str, Any]:
-    py = random.getstate()
     return {
         "torch_cpu": _b64(torch.get_rng_state()),
         "torch_cuda": _b64(torch.cuda.get_rng_state(device)) if device.type == "cuda" else None,
-        "python": [py[0], list(py[1]), py[2]],
+        # None: training draws nothing from Python's `random`, and other threads of the process
+        # (Prefect's) do, so its state would make the same training write different bytes.
+        "python": None,
         "sampler": sampler.state(),
     }
 
 
+def _can_pin() -> bool:
+    return torch.cuda.is_available()
+
+
 def _to_batch(arr: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of a (B, window) batch on `device`: copied from page-locked host
+    memory without blocking when a GPU is present (pinning needs one), by the same call
+    otherwise (to the CPU it is no copy at all)."""
     t = torch.from_numpy(arr)
-    if device.type == "cuda":
-        t = t.pin_memory().to(device, non_blocking=True)
-    elif device.type != "cpu":
-        t = t.to(device)
+    if _can_pin() and device.type != "cpu":
+        t = t.pin_memory()
+    t = t.to(device, non_blocking=True)
     return t[:, :-1], t[:, 1:]
+
+
+def autocast_dtype(dtype: str, device_type: str, bf16_supported: bool) -> torch.dtype | None:
+    """The autocast dtype of `TrainConfig.dtype` on a device (None: float32, no autocast).
+
+    auto: bfloat16 on CUDA when the GPU supports it, else float16 (with a GradScaler);
+    float32 on the CPU and MPS."""
+    if dtype == "auto":
+        if device_type != "cuda":
+            return None
+        return torch.bfloat16 if bf16_supported else torch.float16
+    return {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def grad_scaler(amp_dtype: torch.dtype | None, device: torch.device) -> torch.amp.GradScaler:
+    """Loss scaling for float16 autocast; a disabled scaler (a pass-through) otherwise."""
+    return torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
 
 
 def _broadcast_int(value: int, d: _Dist, device: torch.device) -> int:
@@ -419,43 +459,111 @@ def evaluate(
     autocast: Callable[[], Any] = nullcontext,
     token_byte_lengths: torch.Tensor | None = None,
     bytes_per_token: float | None = None,
+    separator_id: int | None = None,
     d: _Dist | None = None,
 ) -> dict[str, float | None]:
-    """Mean val loss (nats/token) and bits per byte over eval_iters seeded batches.
+    """Mean val loss (nats/token, every target) and bits per byte over eval_iters seeded batches.
 
-    bits/byte = sum of nats / (ln 2 * bytes the target tokens encode), the bytes from
-    `token_byte_lengths[target]` or, without it, n_targets * manifest bytes/token.
-    Summed over ranks under DDP.
+    bits/byte = nats of the text targets / (ln 2 * bytes they encode): the separator's
+    targets (`separator_id`, no bytes) are left out of both; the bytes from
+    `token_byte_lengths[target]` or, without it, n_text_targets * `bytes_per_token` (the
+    manifest's bytes per text token). Under DDP every rank draws the same eval_iters
+    batches and evaluates every world_size-th of them, summed over ranks: the figures of
+    one process evaluating them all, in 1/world_size of its time.
     """
+    world, rank = (d.world_size, d.rank) if d is not None and d.enabled else (1, 0)
     sampler = WindowSampler(shards, regions, block_size + 1, batch_size, seed=seed)
     was_training = model.training
     model.eval()
     nats = torch.zeros((), dtype=torch.float64, device=device)
+    text_nats = torch.zeros((), dtype=torch.float64, device=device)
     n_bytes = torch.zeros((), dtype=torch.float64, device=device)
+    n_text = torch.zeros((), dtype=torch.float64, device=device)
     n_tok = 0
-    for _ in range(eval_iters):
-        x, y = _to_batch(sampler.next_batch(), device)
+    for i in range(eval_iters):
+        mine = i % world == rank
+        batch = sampler.next_batch(None if mine else slice(0, 0))  # another rank's batch: drawn, not read
+        if not mine:
+            continue
+        x, y = _to_batch(batch, device)
         with autocast():
-            _, loss = model(x, y, reduction="sum")
-        nats += loss.double()
+            _, loss = model(x, y, reduction="none")
+        losses = loss.double()
+        nats += losses.sum()
         n_tok += y.numel()
+        text = (y != separator_id).reshape(-1) if separator_id is not None else torch.ones(y.numel(), dtype=torch.bool, device=y.device)
+        text_nats += losses[text].sum()
+        n_text += text.sum()
         if token_byte_lengths is not None:
             n_bytes += token_byte_lengths[y].sum().double()
-    stats = torch.stack([nats, torch.tensor(float(n_tok), dtype=torch.float64, device=device), n_bytes])
+    stats = torch.stack([nats, torch.tensor(float(n_tok), dtype=torch.float64, device=device), n_bytes, text_nats, n_text])
     if d is not None and d.enabled:
         if dist.get_backend() != "nccl":
             stats = stats.cpu()
         dist.all_reduce(stats, op=dist.ReduceOp.SUM)
     model.train(was_training)
-    total_nats, total_tok, total_bytes = (float(v) for v in stats.cpu())
+    total_nats, total_tok, total_bytes, total_text_nats, total_text = (float(v) for v in stats.cpu())
     if token_byte_lengths is None:
-        total_bytes = total_tok * bytes_per_token if bytes_per_token else 0.0
+        total_bytes = total_text * bytes_per_token if bytes_per_token else 0.0
     return {
         "val_loss": total_nats / total_tok,
-        "val_bpb": bits_per_byte(total_nats, total_bytes) if total_bytes > 0 else None,
+        "val_bpb": bits_per_byte(total_text_nats, total_bytes) if total_bytes > 0 else None,
         "val_tokens": total_tok,
         "val_bytes": total_bytes,
     }
+
+
+def accumulate_gradients(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    micro_steps: int,
+    autocast: Callable[[], Any],
+    scaler: torch.amp.GradScaler,
+) -> torch.Tensor:
+    """This rank's part of one optimizer step's gradient: `micro_steps` forward/backward
+    passes over equal slices of (x, y), each loss divided by `micro_steps`; DDP averages
+    the ranks' gradients (all-reduced on the last micro-step only, `no_sync` before), so
+    the gradient is the mean over the whole step's windows on any world size. Returns
+    this rank's mean loss."""
+    loss_sum = torch.zeros((), device=x.device)
+    per = x.size(0) // micro_steps
+    for micro in range(micro_steps):
+        rows = slice(micro * per, (micro + 1) * per)
+        sync = model.no_sync() if (isinstance(model, DDP) and micro < micro_steps - 1) else nullcontext()
+        with sync:
+            with autocast():
+                _, loss = model(x[rows], y[rows])
+            loss = loss / micro_steps
+            scaler.scale(loss).backward()
+        loss_sum += loss.detach()
+    return loss_sum
+
+
+_PRECISION = {None: "fp32", torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast + GradScaler"}
+EPOCH_FRACTION_PER_STEP = 0.1  # warn when one step draws more than this share of the train split
+MANY_EPOCHS = 10  # warn when the run draws more than this many times the train split
+
+
+def _epoch_warnings(cfg: TrainConfig, tokens_per_step: int, n_train_tokens: int, data: str) -> list[str]:
+    """Warnings when a step is a large part of an epoch, or the run many epochs (the model
+    would see the same windows again and again: a smaller batch or more data is wanted)."""
+    if n_train_tokens <= 0:
+        return []
+    out = []
+    per_step = tokens_per_step / n_train_tokens
+    if per_step > EPOCH_FRACTION_PER_STEP:
+        out.append(
+            f"one optimizer step draws {tokens_per_step:,} tokens, {per_step:.0%} of the {n_train_tokens:,} training tokens of {data}: "
+            "use a smaller batch (batch_size, grad_accum_steps, total_batch_tokens) or more data"
+        )
+    epochs = cfg.max_steps * per_step
+    if epochs > MANY_EPOCHS:
+        out.append(
+            f"{cfg.max_steps:,} steps of {tokens_per_step:,} tokens are {epochs:.0f} epochs of the {n_train_tokens:,} training tokens "
+            f"of {data} (a time budget may stop it sooner): expect overfitting; use fewer steps or more data"
+        )
+    return out
 
 
 def _fmt(entry: dict[str, Any], max_steps: int) -> str:
@@ -549,10 +657,11 @@ def _train(
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
+    amp_dtype = autocast_dtype(cfg.dtype, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
+    scaler = grad_scaler(amp_dtype, device)
 
     def autocast() -> Any:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+        return torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
 
     # -- data
     # verify_shards (default): a published version's files against its store manifest
@@ -573,7 +682,16 @@ def _train(
         emit(f"WARNING: {m}")
         if master:
             warnings.warn(m, stacklevel=3)
-    train_sampler = WindowSampler(shards, split.train, window, cfg.batch_size, seed=[cfg.seed, d.rank, 0])
+    # One draw of the whole step's windows on every rank, each reading its slice (see the module doc).
+    micro_steps = cfg.micro_steps_per_rank(d.world_size)
+    rank_rows = slice(d.rank * micro_steps * cfg.batch_size, (d.rank + 1) * micro_steps * cfg.batch_size)
+    train_sampler = WindowSampler(shards, split.train, window, cfg.batch_size * cfg.accum_steps, seed=[cfg.seed, 0, 0])
+    tokens_per_step = cfg.tokens_per_step
+    for m in _epoch_warnings(cfg, tokens_per_step, split.n_train_tokens, f"tokens version {shards.version}" if shards.version else str(shards.data_dir)):
+        messages.append(m)
+        emit(f"WARNING: {m}")
+        if master:
+            _log.warning(m)
     has_val = bool(split.val)
     tbl: torch.Tensor | None = None
     if token_byte_lengths is not None:
@@ -598,7 +716,6 @@ def _train(
 
     # -- model and optimizer (same init on every rank; DDP broadcasts rank 0's anyway)
     torch.manual_seed(cfg.seed + d.rank)
-    random.seed(cfg.seed + d.rank)
     raw_model = GPT(mcfg).to(device)
     # One intra-op thread for a small model on the CPU, the rule sampling follows. A trade:
     # on an idle 2-core machine the "small" preset trained at 11,500 tokens/s on one thread
@@ -628,19 +745,21 @@ def _train(
 
     if ckpt is not None:  # restore randomness last, after everything that may consume it
         data_state, rng_json, rng_t = ckpt.data_state, ckpt.rng_json, ckpt.rng_tensors
+        train_sampler.set_state(data_state["samplers"][0])  # the same on every rank
+        if ckpt.state.get("grad_scaler"):
+            scaler.load_state_dict(ckpt.state["grad_scaler"])
         if data_state.get("world_size") == d.world_size:
-            train_sampler.set_state(data_state["samplers"][d.rank])
             torch.set_rng_state(rng_t[f"rank{d.rank}.torch_cpu"])
             if device.type == "cuda" and f"rank{d.rank}.torch_cuda" in rng_t:
                 torch.cuda.set_rng_state(rng_t[f"rank{d.rank}.torch_cuda"], device)
             py = rng_json["python"][d.rank]
-            random.setstate((py[0], tuple(py[1]), py[2]))
+            if py is not None:  # a checkpoint written before training stopped recording it
+                random.setstate((py[0], tuple(py[1]), py[2]))
         else:
             warn_run(
-                f"resume: world size changed ({data_state.get('world_size')} -> {d.world_size}); "
-                "data order and dropout are re-seeded, so the run is not an exact continuation"
+                f"resume: world size changed ({data_state.get('world_size')} -> {d.world_size}); the data order continues "
+                "exactly but dropout is re-seeded, so with dropout the run is not an exact continuation"
             )
-            train_sampler = WindowSampler(shards, split.train, window, cfg.batch_size, seed=[cfg.seed, d.rank, 0, start_step])
             torch.manual_seed(cfg.seed + d.rank + 7919 * start_step)
 
     # -- the step plan: max_steps, or (time budget) the count a calibration chose, once
@@ -663,11 +782,10 @@ def _train(
     cal_end = min(cfg.max_steps, max(min(cfg.warmup_steps + 1, CALIBRATION_STEPS), start_step + 1))
 
     n_params = raw_model.num_params()
-    tokens_per_step = cfg.batch_size * mcfg.block_size * cfg.grad_accum_steps * d.world_size
     flops_per_token = raw_model.flops_per_token()
     peak = cfg.peak_flops or peak_flops_for(device)
     emit(
-        f"device {device} ({'bf16 autocast' if use_bf16 else 'fp32'}{', compiled' if cfg.compile else ''}"
+        f"device {device} ({_PRECISION[amp_dtype]}{', compiled' if cfg.compile else ''}"
         f"{f', DDP x{d.world_size}' if d.enabled else ''}) | {n_params / 1e6:.2f}M params | "
         f"data {shards.n_tokens:,} tokens: train {split.n_train_tokens:,} / val {split.n_val_tokens:,} | "
         f"{tokens_per_step:,} tokens/step" + (f" | resuming at step {start_step} from {ckpt.path}" if ckpt is not None else "")
@@ -681,11 +799,12 @@ def _train(
             block_size=mcfg.block_size,
             batch_size=cfg.batch_size,
             eval_iters=cfg.eval_iters,
-            seed=[cfg.seed, d.rank, stream],
+            seed=[cfg.seed, 0, stream],  # one draw shared by the ranks, each evaluating its share
             device=device,
             autocast=autocast,
             token_byte_lengths=tbl,
-            bytes_per_token=shards.bytes_per_token,
+            bytes_per_token=shards.bytes_per_text_token,
+            separator_id=shards.separator_id,
             d=d,
         )
 
@@ -714,6 +833,7 @@ def _train(
                         "model_config": mcfg.to_dict(),
                         "world_size": d.world_size,
                         "tokens_per_step": tokens_per_step,
+                        "grad_scaler": scaler.state_dict(),  # {} unless float16
                         "data": {
                             "version": shards.version,
                             "vocab_size": shards.vocab_size,
@@ -769,20 +889,13 @@ def _train(
         t0 = time.perf_counter()
         if budget is not None and planned is None:
             step_starts.append(_budget_clock())
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(cfg.grad_accum_steps):
-            x, y = _to_batch(train_sampler.next_batch(), device)
-            last_micro = micro == cfg.grad_accum_steps - 1
-            sync = model.no_sync() if (isinstance(model, DDP) and not last_micro) else nullcontext()
-            with sync:
-                with autocast():
-                    _, loss = model(x, y)
-                loss = loss / cfg.grad_accum_steps
-                loss.backward()
-            loss_sum += loss.detach()
+        x_all, y_all = _to_batch(train_sampler.next_batch(rank_rows), device)
+        loss_sum = accumulate_gradients(model, x_all, y_all, micro_steps, autocast, scaler)
+        scaler.unscale_(optimizer)
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         optimizer.zero_grad(set_to_none=True)
         time_due = every_s > 0 and _clock() - last_save_t >= every_s
         if d.enabled:

@@ -22,7 +22,9 @@ CODE_MODULES = ("pipeline_lib.corpus",)
 
 def _fingerprint(config: CorpusConfig) -> Any:
     assert config.sources is not None  # __post_init__ fills in the default
-    return corpus_lib.source_fingerprint(config.sources, **config.storage_options)
+    fingerprint = corpus_lib.source_fingerprint(config.sources, **config.storage_options)
+    # A copied and a referenced raw version of the same sources are different versions.
+    return fingerprint if config.source_mode == "copy" else {"reference": fingerprint}
 
 
 def _download(ctx: Context) -> VersionRef:

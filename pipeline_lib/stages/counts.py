@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from pipeline_lib import counting
 from pipeline_lib.counting import COUNTS_FILE, COUNTS_KIND, CountConfig
@@ -19,10 +22,11 @@ def _count_shard(ctx: Context) -> dict[str, Any]:
     assert ctx.staging is not None and ctx.index is not None  # set for a unit of work
     info = corpus_shards(ctx.store, corpus)[ctx.index]
     path = ctx.store.local_file(corpus.kind, corpus.version, info["file"])
-    pieces, counts = counting.count_shard(path, ctx.config.pattern)
+    pieces, counts, pruned = counting.count_shard(path, ctx.config)
     with ctx.staging.open_write(f"parts/{ctx.unit}.parquet") as tmp:
         counting.write_counts(tmp, pieces, counts)
-    return {"shard": ctx.index, "n_pieces": len(pieces), "n_occurrences": int(counts.sum()), "n_docs": info["n_docs"], "n_bytes": info["n_bytes"]}
+    record = {"shard": ctx.index, "n_pieces": len(pieces), "n_occurrences": int(counts.sum()), "n_docs": info["n_docs"], "n_bytes": info["n_bytes"]}
+    return record | ({"pruned": pruned} if pruned else {})
 
 
 def _reduce(ctx: Context) -> Output:
@@ -31,17 +35,36 @@ def _reduce(ctx: Context) -> Output:
     names = [f"parts/{spec.unit_name(i)}.parquet" for i in range(len(ctx.records))]
     with tempfile.TemporaryDirectory(prefix="counts-", dir=ctx.store.scratch_dir(COUNTS_KIND)) as tmpdir:
         parts_dir = staging.local_dir(names, tmpdir)  # in place on local disk, else downloaded
-        pieces, counts = counting.reduce_counts([os.path.join(parts_dir, *n.split("/")) for n in names], ctx.config.pattern)
+        pieces, counts, pruned = counting.reduce_counts([os.path.join(parts_dir, *n.split("/")) for n in names], ctx.config)
     with staging.open_write(COUNTS_FILE) as tmp:
         counting.write_counts(tmp, pieces, counts)
+    top = np.argsort(-counts, kind="stable")[:20].tolist()  # ties in piece order
     meta = {
         "pattern": ctx.config.pattern,
         "n_pieces": len(pieces),
         "n_occurrences": int(counts.sum()),
         "shards": list(ctx.records),
-        "top_pieces": [[p.decode("utf-8", "replace"), int(c)] for p, c in sorted(zip(pieces, counts.tolist()), key=lambda x: -x[1])[:20]],
+        "top_pieces": [[pieces[i].decode("utf-8", "replace"), int(counts[i])] for i in top],
+        "count_mode": ctx.config.count_mode,
+        "count_memory": ctx.config.memory_bytes,
     }
+    if ctx.config.pruned:
+        meta["pruned"] = _pruned_summary(ctx.config, ctx.records, pruned)
     return Output(files={COUNTS_FILE: staging.written[COUNTS_FILE]}, meta=meta)
+
+
+def _pruned_summary(config: counting.CountConfig, shards: Sequence[dict[str, Any]], reduce: dict[str, int]) -> dict[str, Any]:
+    """What pruned mode dropped: per shard (threshold used, pieces and occurrences dropped),
+    in the reduce, and in all."""
+    per_shard = [r["pruned"] for r in shards]
+    return {
+        "count_min": config.count_min,
+        "shard_thresholds": sorted({p["threshold"] for p in per_shard}),
+        "shards_over_budget": sum(p["threshold"] > config.count_min or p["prunings"] > 0 for p in per_shard),
+        "reduce": reduce,
+        "pieces_dropped": sum(p["pieces_dropped"] for p in per_shard) + reduce["pieces_dropped"],
+        "occurrences_dropped": sum(p["occurrences_dropped"] for p in per_shard) + reduce["occurrences_dropped"],
+    }
 
 
 COUNTS = Stage(

@@ -26,7 +26,7 @@ def _train(ctx: Context) -> VersionRef:
 
     def on_step(event: dict[str, Any]) -> None:
         if progress is not None:
-            progress(event["step"], config.max_steps)
+            progress(event["step"], event.get("max_steps", config.max_steps))  # the time budget's plan, once made
 
     return model_stage.train_language_model(
         ctx.store,

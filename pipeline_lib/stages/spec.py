@@ -10,7 +10,9 @@ every stage:
 A mapped stage also declares `units`: one unit of work per corpus shard, each written into
 the output's staging area under a claim of its own with a completion record (`mark_done`)
 last, so a killed run resumes with the shards it had not finished; its `run` then reads the
-records and returns what to publish.
+records and returns what to publish. Units are run in groups of consecutive shards
+(`unit_groups`, by a byte budget per group), so that a corpus of thousands of small shards
+is a few dozen tasks for an orchestrator, each still resumable shard by shard.
 
 Two stages predate the spec and publish by themselves (corpus sharding, LM training): their
 code lives in modules that are part of their own code version, so moving it would change
@@ -23,11 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline_lib.corpus import shard_name
+from pipeline_lib.corpus import MIN_TASKS, shard_name
 from pipeline_lib.errors import InputError, StoreError
 from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef, version_id
 from pipeline_lib.version import code_version
@@ -71,17 +73,23 @@ def corpus_shard_count(store: ArtifactStore, inputs: Mapping[str, VersionRef]) -
     return len(corpus_shards(store, inputs["corpus"]))
 
 
+def corpus_shard_bytes(store: ArtifactStore, inputs: Mapping[str, VersionRef]) -> list[int]:
+    return [int(s["n_bytes"]) for s in corpus_shards(store, inputs["corpus"])]
+
+
 @dataclass(frozen=True)
 class Units:
     """The per-shard work of a mapped stage, done before its `run` publishes.
 
     `run(ctx)` writes unit `ctx.index` into `ctx.staging` and returns its completion record
-    (a JSON-able dict); `count(store, inputs)` is how many units there are.
+    (a JSON-able dict); `count(store, inputs)` is how many units there are, `sizes(store,
+    inputs)` their sizes in bytes (what `unit_groups` balances).
     """
 
     name: str
     run: Callable[[Context], dict[str, Any]]
     count: Callable[[ArtifactStore, Mapping[str, VersionRef]], int] = corpus_shard_count
+    sizes: Callable[[ArtifactStore, Mapping[str, VersionRef]], list[int]] = corpus_shard_bytes
 
 
 @dataclass(frozen=True)
@@ -154,6 +162,45 @@ def unit_count(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionR
     if stage.units is None:
         raise InputError(f"stage {stage.name} is not a mapped stage")
     return stage.units.count(store, check_inputs(stage, inputs))
+
+
+def group_units(sizes: Sequence[int], task_bytes: int) -> list[range]:
+    """Consecutive units grouped into tasks of about `task_bytes` bytes each.
+
+    ``ceil(total / task_bytes)`` groups, but at least ``MIN_TASKS`` (one unit per group
+    when there are no more units than that) and at most one per unit; `task_bytes` 0
+    means one unit per group. Each group aims at the bytes left over the groups left (so
+    a big unit early does not starve the later groups) and holds at least one unit.
+
+    >>> len(group_units([1 << 20] * 10_000, 64 << 20))  # 10,000 shards of 1 MiB, 64 MiB per task
+    157
+    >>> group_units([5, 5], 64 << 20)  # few shards: one task each
+    [range(0, 1), range(1, 2)]
+    """
+    n = len(sizes)
+    if task_bytes < 0:
+        raise InputError(f"task_bytes={task_bytes}: give a positive number of bytes, or 0 for one task per shard")
+    total = sum(sizes)
+    n_groups = n if task_bytes == 0 else min(n, max(MIN_TASKS, -(-total // task_bytes)))
+    if n_groups >= n:
+        return [range(i, i + 1) for i in range(n)]
+    groups: list[range] = []
+    start, current, remaining = 0, 0, total
+    for i, size in enumerate(sizes):
+        current += size
+        left = n_groups - len(groups)  # groups still to make, this one included
+        if left > 1 and (current >= remaining / left or n - i - 1 == left - 1):
+            groups.append(range(start, i + 1))
+            start, remaining, current = i + 1, remaining - current, 0
+    groups.append(range(start, n))
+    return groups
+
+
+def unit_groups(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], task_bytes: int) -> list[range]:
+    """The units of a mapped stage in groups of about `task_bytes` (see `group_units`)."""
+    if stage.units is None:
+        raise InputError(f"stage {stage.name} is not a mapped stage")
+    return group_units(stage.units.sizes(store, check_inputs(stage, inputs)), task_bytes)
 
 
 # --------------------------------------------------------------------------- the engine
@@ -241,12 +288,16 @@ def run_unit(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef
         return record
 
 
-def unit_present(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any, index: int) -> bool:
-    """Whether unit `index` needs no work: the output is published, or the unit is staged."""
+def unit_present(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any, index: int | Sequence[int]) -> bool:
+    """Whether unit `index` (or every unit of a group) needs no work: the output is
+    published, or the units are staged."""
     version = stage.version(inputs, config)
     if version is None:
         raise InputError(f"stage {stage.name} is content-addressed: it cannot have units")
-    return store.usable(stage.kind, version) or store.stage(stage.kind, version).done(unit_name(index)) is not None
+    if store.usable(stage.kind, version):
+        return True
+    staging = store.stage(stage.kind, version)
+    return all(staging.done(unit_name(i)) is not None for i in ([index] if isinstance(index, int) else index))
 
 
 def output_current(store: ArtifactStore, ref: VersionRef) -> bool:

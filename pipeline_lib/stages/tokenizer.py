@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pipeline_lib import counting
 from pipeline_lib.config import STRICT, doc
@@ -15,7 +14,9 @@ from pipeline_lib.report import notable_tokens
 from pipeline_lib.stages import spec
 from pipeline_lib.stages.spec import Context, Output, Stage
 from pipeline_lib.store import ArtifactStore, VersionRef
-from pipeline_lib.tokenizer import ENDOFTEXT, META_FILE, RANKS_FILE, Tokenizer
+from pipeline_lib.tokenizer import ENDOFTEXT, Tokenizer
+from pipeline_lib.tokenizer.core import UNIT_DESCRIPTIONS
+from pipeline_lib.tokenizer.load import files as tokenizer_file_bytes
 
 TOKENIZER_KIND = "tokenizer"
 # This module (the stage's code), the tokenizer and its reference implementation; with the
@@ -27,26 +28,46 @@ TOKENIZER_MODULES = ("pipeline_lib.tokenizer", "pipeline_lib.bpe_reference", "pi
 class TokenizerConfig:
     __pydantic_config__ = STRICT
 
-    vocab_size: Annotated[int, doc("total ids: 256 bytes + merges + special tokens")] = 4096
+    vocab_size: Annotated[int, doc("total ids: the unit's alphabet (256 bytes, or the corpus's characters) + merges + special tokens")] = 4096
     special_tokens: Annotated[tuple[str, ...], doc("special tokens, appended after the merges in this order")] = (ENDOFTEXT,)
     min_frequency: Annotated[int, doc("stop merging when the best pair occurs fewer times")] = 2
+    unit: Annotated[
+        Literal["byte", "char", "word"],
+        doc(f"what BPE starts from. byte: {UNIT_DESCRIPTIONS['byte']}. char: {UNIT_DESCRIPTIONS['char']}. word: {UNIT_DESCRIPTIONS['word']}"),
+    ] = "byte"
+    unknown: Annotated[
+        Literal["unk", "bytes"],
+        doc("char and word units: a character unseen at training becomes <unk> (an id), or its bytes (byte fallback: +256 ids at most)"),
+    ] = "unk"
+    lowercase: Annotated[bool, doc("word unit: lowercase the words")] = False
 
     def __post_init__(self):
-        if self.vocab_size < 256 + len(self.special_tokens):
+        if self.unit == "byte" and self.vocab_size < 256 + len(self.special_tokens):
             raise InputError(f"vocab_size={self.vocab_size} is too small: need at least 256 + {len(self.special_tokens)} special token(s)")
+        if self.vocab_size < len(self.special_tokens) + 2:
+            raise InputError(f"vocab_size={self.vocab_size} is too small: need at least 2 + {len(self.special_tokens)} special token(s)")
         if self.vocab_size > 1 << 31:
             raise InputError(f"vocab_size={self.vocab_size} is too large")
         if len(set(self.special_tokens)) != len(self.special_tokens):
             raise InputError(f"duplicate special tokens in {self.special_tokens}")
         if self.min_frequency < 1:
             raise InputError("min_frequency must be at least 1")
+        if self.lowercase and self.unit != "word":
+            raise InputError(f"lowercase is for the word unit (unit={self.unit!r} keeps case)")
 
     def params(self) -> dict[str, Any]:
-        return {**asdict(self), "special_tokens": list(self.special_tokens)}
+        # The unit's fields enter the version id when they differ from byte-level BPE's, so
+        # byte-level versions keep the ids they had before units existed.
+        params = {**asdict(self), "special_tokens": list(self.special_tokens)}
+        if self.unit == "byte":
+            del params["unit"], params["unknown"], params["lowercase"]
+        elif not self.lowercase:
+            del params["lowercase"]
+        return params
 
 
 def tokenizer_files(tok: Tokenizer) -> dict[str, bytes]:
-    return {RANKS_FILE: tok.ranks_text(), META_FILE: json.dumps(tok.metadata(), indent=2, ensure_ascii=False).encode()}
+    return tokenizer_file_bytes(tok)
 
 
 def load_tokenizer(store: ArtifactStore, ref: VersionRef) -> Tokenizer:
@@ -65,12 +86,16 @@ def _learn(ctx: Context) -> Output:
         special_tokens=config.special_tokens,
         min_frequency=config.min_frequency,
         progress=ctx.progress,
+        unit=config.unit,
+        unknown=config.unknown,
+        lowercase=config.lowercase,
     )
     assert ctx.staging is not None  # the engine publishes this stage
     files = {name: ctx.staging.put_bytes(name, data) for name, data in tokenizer_files(tok).items()}
     notable = notable_tokens(tok, 10)
     meta = {
         **tok.metadata(),
+        "unit_description": UNIT_DESCRIPTIONS[tok.unit],
         "n_merges": len(tok.merges or []),
         "requested_vocab_size": config.vocab_size,
         "first_merges": notable["first"],

@@ -1,4 +1,7 @@
-"""`Tokenizer`: byte-level BPE with tiktoken's API and ids, trained here or loaded from files.
+"""`Tokenizer`: BPE with tiktoken's API and ids, trained here or loaded from files.
+
+Byte-level by default (tiktoken's ids); character-level and word-level BPE (`UNITS`) and
+split patterns from names, ``none`` or a regex share the same machinery and methods.
 
 Laid out as tiktoken is:
 
@@ -6,8 +9,10 @@ Laid out as tiktoken is:
   which backend runs (`backend`, `backend_info`): the compiled core
   (`pipeline_lib._tokcore`) when it is built, else the pure-Python `bpe_reference`
   (``TOKENMILL_PURE_PYTHON=1`` forces it); both give the same ids.
-* `train`: counting pieces on threads (`PieceCounts`, `count_documents`) and learning merges.
-* `load`: ``save`` / ``load`` through fsspec, ``.tiktoken`` ranks files, GPT-2's files.
+* `train`: counting pieces on threads (`PieceCounts`, `count_documents`) and learning merges
+  (and each merge's count) for every unit.
+* `load`: ``save`` / ``load`` through fsspec (ranks, merges with their counts, metadata),
+  ``.tiktoken`` ranks files, GPT-2's files.
 * `export`: HF ``tokenizer.json``, a transformers directory, GPT-2's ``vocab.json`` +
   ``merges.txt``, and `tiktoken.Encoding`.
 * `registry`: ``get_encoding("cl100k_base")``, ``encoding_for_model("gpt-4o")``, from local
@@ -19,6 +24,9 @@ from pipeline_lib.tokenizer.core import (
     ENDOFTEXT,
     MAX_TOKEN_BYTES,
     MAX_VOCAB_SIZE,
+    UNIT_DESCRIPTIONS,
+    UNITS,
+    UNK,
     Tokenizer,
     UnknownTokenError,
     backend,
@@ -28,6 +36,7 @@ from pipeline_lib.tokenizer.load import (
     FORMAT,
     MAX_META_FILE_BYTES,
     MAX_VOCAB_FILE_BYTES,
+    MERGES_FILE,
     META_FILE,
     RANKS_FILE,
     parse_tiktoken_ranks,
@@ -48,8 +57,12 @@ __all__ = [
     "MAX_TOKEN_BYTES",
     "MAX_VOCAB_FILE_BYTES",
     "MAX_VOCAB_SIZE",
+    "MERGES_FILE",
     "META_FILE",
     "RANKS_FILE",
+    "UNITS",
+    "UNIT_DESCRIPTIONS",
+    "UNK",
     "PieceCounts",
     "Tokenizer",
     "UnknownModelError",

@@ -22,7 +22,7 @@ import regex
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib import cancel
 from pipeline_lib.errors import InputError
-from pipeline_lib.patterns import PATTERNS, pattern_string
+from pipeline_lib.patterns import NO_SPLIT, PATTERNS, check_pattern, is_custom, pattern_string
 
 # Every id (ordinary or special) is below MAX_VOCAB_SIZE: 4,194,304 ids, 20x o200k's. The
 # decoder's tables are per id, so this bounds what a file can make us allocate.
@@ -31,6 +31,22 @@ MAX_VOCAB_SIZE = 1 << 22
 # less) and the default max_token_bytes of training. The compiled core checks both too.
 MAX_TOKEN_BYTES = 1 << 20
 ENDOFTEXT = "<|endoftext|>"
+# The unknown token of char- and word-level vocabularies trained with unknown="unk".
+UNK = "<unk>"
+UNITS = ref.UNITS
+# One line per unit, for --help and manifests.
+UNIT_DESCRIPTIONS = {
+    "byte": "byte-level BPE: 256 bytes + merges; lossless on any text (GPT-2, tiktoken)",
+    "char": "character-level BPE: the corpus's characters + merges; lossless on text made of them, unseen characters become <unk> or bytes",
+    "word": "word BPE with an end-of-word </w> (Sennrich): lossy, whitespace is not kept (nor case with --lowercase, nor what a --pattern regex does not match); decodes </w> as a space",
+}
+
+
+def check_unit(unit: str) -> str:
+    if unit not in UNITS:
+        raise InputError(f"unknown unit {unit!r}; choose one of {', '.join(UNITS)}")
+    return unit
+
 
 # tiktoken runs its threads in Rust; ours are the native core's. Same default count.
 DEFAULT_THREADS = 8
@@ -151,7 +167,11 @@ SpecialSet = Literal["all"] | Collection[str]
 
 
 class Tokenizer:
-    """A byte-level BPE tokenizer: mergeable ranks + split pattern + special tokens.
+    """A BPE tokenizer: mergeable ranks + split pattern + special tokens, over a unit.
+
+    The unit (``byte``, ``char`` or ``word``, see `pipeline_lib.bpe_reference`) is what a
+    piece starts as before merging; ``byte`` is tiktoken's and the default. Every unit
+    encodes and decodes with the same methods; ``word`` is lossy (`lossy`).
 
     Its methods are tiktoken's `Encoding` API (same names, arguments, results and
     policies), plus array paths (`encode_to_numpy`, `encode_ordinary_batch_to_numpy`),
@@ -190,20 +210,34 @@ class Tokenizer:
         special_tokens: Mapping[str, int] | None = None,
         *,
         merges: Sequence[tuple[int, int, int]] | None = None,
+        merge_counts: Sequence[int] | None = None,
         name: str = "tokenmill",
         pat_str: str | None = None,
         explicit_n_vocab: int | None = None,
+        unit: str = "byte",
+        unknown: str | None = None,
+        lowercase: bool = False,
     ):
         if pat_str is not None:
             pattern = _pattern_name(pat_str)
-        self.pattern = pattern
+        self.pattern = check_pattern(pattern)
         self.pattern_str = pattern_string(pattern)
         self.name = name
+        self.unit = check_unit(unit)
+        self.unknown = unknown if unit != "byte" else None
+        self.lowercase = bool(lowercase)
         self.mergeable_ranks: dict[bytes, int] = dict(mergeable_ranks)
         self.special_tokens: dict[str, int] = dict(special_tokens or {})
-        self.merges = list(merges) if merges is not None else None
+        self.merges: list[tuple[int, int, int]] | None = [(a, b, x) for a, b, x in merges] if merges is not None else None
+        self.merge_counts = [int(c) for c in merge_counts] if merge_counts is not None else None
+        if self.merge_counts is not None and (self.merges is None or len(self.merge_counts) != len(self.merges)):
+            raise InputError(f"merge_counts has {len(self.merge_counts)} entries for {len(self.merges or [])} merges")
         self._validate()
-        self._token_bytes: dict[int, bytes] = {i: b for b, i in self.mergeable_ranks.items()}
+        self._raw_bytes: dict[int, bytes] = {i: b for b, i in self.mergeable_ranks.items()}
+        if self.unit == "word":  # the tutorials' decoders: </w> -> a space
+            self._token_bytes = {i: b.replace(ref.END_OF_WORD, b" ") for i, b in self._raw_bytes.items()}
+        else:
+            self._token_bytes = dict(self._raw_bytes)
         for tok, i in self.special_tokens.items():
             self._token_bytes.setdefault(i, tok.encode("utf-8"))  # a shared id decodes to its first name
         self.max_token_value = max(self._token_bytes)
@@ -216,11 +250,16 @@ class Tokenizer:
                 )
         self._special_names = frozenset(self.special_tokens)
         self._special_ids = frozenset(self.special_tokens.values())
+        self._unknown_id = self.special_tokens[UNK] if self.unknown == "unk" else None
+        # Custom regexes and the word unit's words are split in Python; the core then encodes
+        # each piece as a whole (NO_SPLIT).
+        self._split_in_python = self.unit == "word" or is_custom(self.pattern)
         self._core, self._encoder = _CORE, None
         if _CORE is not None:
             tokens = list(self.mergeable_ranks)
             ranks = np.fromiter(self.mergeable_ranks.values(), dtype=np.uint32, count=len(tokens))
-            self._encoder = _CORE.Encoder(tokens, ranks, _CORE.PATTERN_IDS[pattern])
+            pattern_id = _CORE.NO_SPLIT if self._split_in_python or self.pattern == NO_SPLIT else _CORE.PATTERN_IDS[self.pattern]
+            self._encoder = _CORE.Encoder(tokens, ranks, pattern_id, self.unit != "byte", self._unknown_id)
 
     def _validate(self) -> None:
         ranks = self.mergeable_ranks
@@ -237,9 +276,16 @@ class Tokenizer:
         longest = max(map(len, ranks), default=0)
         if longest > MAX_TOKEN_BYTES:
             check_token_length(longest, "mergeable_ranks")
-        missing = [b for b in range(256) if bytes([b]) not in ranks]
+        if self.unit != "byte" and self.unknown not in ("unk", "bytes"):
+            raise InputError(f"unknown={self.unknown!r}: a {self.unit}-level vocabulary needs 'unk' or 'bytes' (byte fallback) for unseen characters")
+        if self.unknown == "unk" and UNK not in self.special_tokens:
+            raise InputError(f"unknown='unk' needs the special token {UNK!r}, which this vocabulary lacks")
+        if self.lowercase and self.unit != "word":
+            raise InputError(f"lowercase is for the word unit only, not unit={self.unit!r}")
+        missing = [b for b in range(256) if bytes([b]) not in ranks] if self.unknown != "unk" else []
         if missing:
-            raise InputError(f"vocabulary lacks single-byte tokens for bytes {missing[:8]}...: not byte-level, cannot be lossless")
+            what = "not byte-level, cannot be lossless" if self.unit == "byte" else "byte fallback needs every byte"
+            raise InputError(f"vocabulary lacks single-byte tokens for bytes {missing[:8]}...: {what}")
         id_set = set(ids)
         if len(id_set) != len(ids):
             raise InputError("vocabulary has two tokens with the same id")
@@ -270,7 +316,11 @@ class Tokenizer:
             "pattern": self.pattern,
             "special_tokens": self.special_tokens,
             "merges": self.merges,
+            "merge_counts": self.merge_counts,
             "name": self.name,
+            "unit": self.unit,
+            "unknown": self.unknown,
+            "lowercase": self.lowercase,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -282,17 +332,40 @@ class Tokenizer:
         cls,
         counts_or_texts: Mapping[bytes, int] | Iterable[str | bytes],
         vocab_size: int,
-        pattern: str = "cl100k",
+        pattern: str | None = None,
         special_tokens: Sequence[str] | Mapping[str, int] = (ENDOFTEXT,),
         min_frequency: int = 1,
         progress: Callable[[int, int], None] | None = None,
         workers: int = 0,
         max_token_bytes: int = MAX_TOKEN_BYTES,
+        *,
+        unit: str = "byte",
+        unknown: str = "unk",
+        lowercase: bool = False,
     ) -> Tokenizer:
-        """Learn a vocabulary of `vocab_size` ids; see `pipeline_lib.tokenizer.train.train_tokenizer`."""
+        """Learn a vocabulary of `vocab_size` ids: `unit` ``byte``, ``char`` or ``word``,
+        `pattern` a name, ``none`` or a regex (None: ``cl100k``, ``none`` for words); see
+        `pipeline_lib.tokenizer.train.train_tokenizer`."""
         from pipeline_lib.tokenizer.train import train_tokenizer
 
-        return train_tokenizer(cls, counts_or_texts, vocab_size, pattern, special_tokens, min_frequency, progress, workers, max_token_bytes)
+        return train_tokenizer(
+            cls, counts_or_texts, vocab_size, pattern, special_tokens, min_frequency, progress, workers, max_token_bytes, unit, unknown, lowercase
+        )
+
+    @property
+    def lossy(self) -> bool:
+        """Whether decode(encode(text)) may differ from text by design (the word unit)."""
+        return self.unit == "word"
+
+    def require_byte_level(self, what: str) -> None:
+        """Raise InputError unless this is byte-level BPE with a named split pattern: what
+        `what` (an export format) can carry."""
+        if self.unit != "byte" or self.pattern not in PATTERNS:
+            kind = f"{self.unit}-level" if self.unit != "byte" else f"pattern={self.pattern!r}"
+            raise InputError(
+                f"{what} cannot carry this tokenizer ({kind}): it holds byte-level BPE with the gpt2, cl100k or o200k split;"
+                " train with --unit byte and one of those patterns to export it, or use the tokenizer's own files (save / Tokenizer.load)"
+            )
 
     def ranks_text(self) -> bytes:
         """The ``vocab.tiktoken`` file (see `pipeline_lib.tokenizer.load.ranks_text`)."""
@@ -360,13 +433,28 @@ class Tokenizer:
         return to_tiktoken(self)
 
     # ------------------------------------------------------------------ the native paths
+    def _pieces(self, data: bytes) -> list[bytes]:
+        """The pieces split in Python (custom regex; the word unit's words, each ending in </w>)."""
+        if self.unit == "word":
+            return [w + ref.END_OF_WORD for w in ref.unit_pieces(data, "word", self.pattern, self.lowercase)]
+        return ref.split_bytes(data, self.pattern)
+
     def _ordinary_array(self, data: bytes) -> np.ndarray:
         """uint32 ids of bytes, no special tokens; invalid UTF-8 bytes split as characters of their own."""
-        if self._encoder is not None:
-            return self._encoder.encode_ordinary(data)
-        return np.array(ref.encode_ordinary(data, self.mergeable_ranks, self.pattern), dtype=np.uint32)
+        if self._encoder is None:
+            ids = ref.encode_ordinary(data, self.mergeable_ranks, self.pattern, self.unit, self._unknown_id, self.lowercase)
+            return np.array(ids, dtype=np.uint32)
+        if self._split_in_python:
+            return self._encoder.encode_ordinary_batch(self._pieces(data), 1)[0]
+        return self._encoder.encode_ordinary(data)
 
     def _ordinary_batch(self, docs: list[bytes], num_threads: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._encoder is not None and self._split_in_python:
+            per_doc = [self._pieces(d) for d in docs]
+            flat, piece_offsets = self._encoder.encode_ordinary_batch([p for ps in per_doc for p in ps], num_threads)
+            ends = np.zeros(len(docs) + 1, dtype=np.int64)
+            np.cumsum([len(ps) for ps in per_doc], out=ends[1:])
+            return flat, piece_offsets[ends]
         if self._encoder is not None:
             return self._encoder.encode_ordinary_batch(docs, num_threads)
         arrays = [self._ordinary_array(d) for d in docs]
@@ -378,10 +466,12 @@ class Tokenizer:
     def _bpe_piece(self, piece: bytes) -> list[int]:
         if self._encoder is not None:
             return self._encoder.encode_piece(piece).tolist()
+        if self.unit != "byte":
+            return ref.bpe_chars(piece, self.mergeable_ranks, self._unknown_id)
         return ref.bpe_piece(piece, self.mergeable_ranks)
 
     def _split(self, data: bytes) -> list[bytes]:
-        if self._core is not None:
+        if self._core is not None and self.pattern in PATTERNS:
             return self._core.split(data, self._core.PATTERN_IDS[self.pattern])
         return ref.split_bytes(data, self.pattern)
 
@@ -511,6 +601,8 @@ class Tokenizer:
         piece, with no regex split.
         """
         data = bytes(data)
+        if self.unit != "byte":  # invalid bytes: byte fallback, or <unk>
+            return self._ordinary_array(data).tolist()
         try:
             data.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -637,17 +729,28 @@ class Tokenizer:
     def token_bytes(self, i: int) -> bytes:
         return self._token_bytes[i]
 
+    def token_str(self, i: int) -> str:
+        """Id `i` as a person reads it: its text (invalid UTF-8 as U+FFFD), ``</w>`` shown as such
+        in word-level vocabularies, special tokens by name."""
+        raw = self._raw_bytes.get(i)
+        if raw is None:
+            return self.decode_single_token_bytes(i).decode("utf-8", "replace")  # a special token, or UnknownTokenError
+        if self.unit == "word":
+            raw = raw.replace(ref.END_OF_WORD, ref.END_OF_WORD_TEXT.encode())
+        return raw.decode("utf-8", "replace")
+
     def token_byte_lengths(self) -> np.ndarray:
         """Byte length of every id (0 for unused ids and special tokens): for bits per byte."""
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
-        for b, i in self.mergeable_ranks.items():
-            lengths[i] = len(b)
+        for i in self.mergeable_ranks.values():
+            lengths[i] = len(self._token_bytes[i])
         return lengths
 
     def __repr__(self) -> str:
         names = sorted(self.special_tokens, key=self.special_tokens.__getitem__)
         special = names if len(names) <= 8 else [*names[:4], f"... {len(names)} in all"]
-        return f"Tokenizer(name={self.name!r}, pattern={self.pattern!r}, vocab_size={self.vocab_size}, special={special})"
+        unit = f", unit={self.unit!r}" if self.unit != "byte" else ""
+        return f"Tokenizer(name={self.name!r}{unit}, pattern={self.pattern!r}, vocab_size={self.vocab_size}, special={special})"
 
 
 def _pattern_name(pat_str: str) -> str:

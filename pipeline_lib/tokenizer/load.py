@@ -1,9 +1,15 @@
 """Tokenizer files, through fsspec (any local path or URL): save, load, and other formats in.
 
-`save` writes ``vocab.tiktoken`` (``base64(token) rank`` per line, tiktoken's format) and
-``tokenmill.json`` (pattern, special tokens, vocabulary size and the sha256 of the ranks
-file, checked on `load`). `from_tiktoken` reads a ``.tiktoken`` ranks file (``.gz`` too),
-`from_gpt2` GPT-2's ``encoder.json`` + ``vocab.bpe``. No pickle anywhere.
+`save` writes ``vocab.tiktoken`` (``base64(token) rank`` per line, tiktoken's format),
+``merges.txt`` for a trained tokenizer (``left_id right_id merged_id count`` per line, in the
+order learned: the count is the merged pair's count when it was merged) and
+``tokenmill.json`` (unit, pattern, special tokens, vocabulary size and the sha256 of the
+other files, checked on `load`). The pattern is stored as its name (``gpt2``, ``cl100k``,
+``o200k``, ``none``) or, for a custom split, as the regex source itself; ``pattern_str`` is
+the regex that runs. Files written before units and merges existed (no ``unit``, no
+``merges.txt``) load as byte-level with no merges. `from_tiktoken` reads a ``.tiktoken``
+ranks file (``.gz`` too), `from_gpt2` GPT-2's ``encoder.json`` + ``vocab.bpe``. No pickle
+anywhere.
 
 Limits: a ranks file is at most ``MAX_VOCAB_FILE_BYTES``, a manifest ``MAX_META_FILE_BYTES``;
 ranks are decimal digits below ``MAX_VOCAB_SIZE``, tokens at most ``MAX_TOKEN_BYTES`` long.
@@ -21,14 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline_lib.formats import gpt2_vocab
 from pipeline_lib.fsio import InputError, filesystem, read_bytes, write_bytes_atomic
-from pipeline_lib.patterns import PATTERNS
-from pipeline_lib.tokenizer.core import MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, check_special, check_token_length
+from pipeline_lib.patterns import check_pattern
+from pipeline_lib.tokenizer.core import MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, UNITS, check_special, check_token_length
 
 if TYPE_CHECKING:
     from pipeline_lib.tokenizer.core import Tokenizer
 
 FORMAT = "tokenmill.tokenizer/1"
 RANKS_FILE = "vocab.tiktoken"
+MERGES_FILE = "merges.txt"
 META_FILE = "tokenmill.json"
 MAX_VOCAB_FILE_BYTES = 64 << 20
 MAX_META_FILE_BYTES = 1 << 20
@@ -47,12 +54,23 @@ def ranks_text(tok: Tokenizer) -> bytes:
     return text
 
 
+def merges_text(tok: Tokenizer) -> bytes | None:
+    """The ``merges.txt`` file, or None for a tokenizer with no merge list (loaded from ranks)."""
+    if tok.merges is None:
+        return None
+    counts = tok.merge_counts if tok.merge_counts is not None else [0] * len(tok.merges)
+    return "".join(f"{a} {b} {x} {c}\n" for (a, b, x), c in zip(tok.merges, counts)).encode()
+
+
 def metadata(tok: Tokenizer) -> dict[str, Any]:
     """The ``tokenmill.json`` content."""
     ranks = ranks_text(tok)
-    return {
+    merges = merges_text(tok)
+    meta = {
         "format": FORMAT,
         "name": tok.name,
+        "unit": tok.unit,
+        "lossy": tok.lossy,
         "pattern": tok.pattern,
         "pattern_str": tok.pattern_str,
         "special_tokens": tok.special_tokens,
@@ -61,15 +79,32 @@ def metadata(tok: Tokenizer) -> dict[str, Any]:
         "ranks_file": RANKS_FILE,
         "ranks_sha256": hashlib.sha256(ranks).hexdigest(),
     }
+    if tok.unit != "byte":
+        meta["unknown"] = tok.unknown
+    if tok.unit == "word":
+        meta["lowercase"] = tok.lowercase
+        meta["end_of_word"] = "</w> (stored as the byte 0xFF in vocab.tiktoken; decoded as a space)"
+    if merges is not None:
+        meta.update(merges_file=MERGES_FILE, merges_sha256=hashlib.sha256(merges).hexdigest(), merge_counts=tok.merge_counts is not None)
+    return meta
+
+
+def files(tok: Tokenizer) -> dict[str, bytes]:
+    """The tokenizer's files by name: what `save` writes and `load` reads."""
+    out = {RANKS_FILE: ranks_text(tok)}
+    merges = merges_text(tok)
+    if merges is not None:
+        out[MERGES_FILE] = merges
+    out[META_FILE] = json.dumps(metadata(tok), indent=2, ensure_ascii=False).encode()
+    return out
 
 
 def save(tok: Tokenizer, url: str, **storage_options: Any) -> None:
-    """Write ``vocab.tiktoken`` and ``tokenmill.json`` into the directory `url`."""
+    """Write the tokenizer's files (`files`) into the directory `url`, ``tokenmill.json`` last."""
     fs, root = filesystem(url, **storage_options)
     fs.makedirs(root, exist_ok=True)
-    write_bytes_atomic(fs, f"{root}/{RANKS_FILE}", ranks_text(tok))
-    meta = json.dumps(metadata(tok), indent=2, ensure_ascii=False).encode()
-    write_bytes_atomic(fs, f"{root}/{META_FILE}", meta)
+    for name, data in files(tok).items():
+        write_bytes_atomic(fs, f"{root}/{name}", data)
 
 
 def load(cls: type[Tokenizer], url: str, **storage_options: Any) -> Tokenizer:
@@ -89,8 +124,13 @@ def load(cls: type[Tokenizer], url: str, **storage_options: Any) -> Tokenizer:
     for key in ("pattern", "special_tokens", "ranks_sha256"):
         if key not in meta:
             raise InputError(f"{meta_url}: missing field {key!r}")
-    if meta["pattern"] not in PATTERNS:
-        raise InputError(f"{meta_url}: unknown pattern {meta['pattern']!r}")
+    try:
+        check_pattern(meta["pattern"])
+    except InputError as e:
+        raise InputError(f"{meta_url}: {e}") from None
+    unit = meta.get("unit", "byte")
+    if unit not in UNITS:
+        raise InputError(f"{meta_url}: unknown unit {unit!r} (expected one of {', '.join(UNITS)})")
     ranks_url = f"{url.rstrip('/')}/{RANKS_FILE}"
     data = read_bytes(ranks_url, MAX_VOCAB_FILE_BYTES, **storage_options)
     digest = hashlib.sha256(data).hexdigest()
@@ -101,7 +141,43 @@ def load(cls: type[Tokenizer], url: str, **storage_options: Any) -> Tokenizer:
         raise InputError(f"{meta_url}: special_tokens must map strings to integer ids")
     for tok, i in specials.items():
         check_special(tok, i, f"{meta_url}: ")
-    return cls(parse_tiktoken_ranks(data, ranks_url), meta["pattern"], specials, name=meta.get("name", "tokenmill"))
+    merges, merge_counts = None, None
+    if "merges_file" in meta:
+        merges_url = f"{url.rstrip('/')}/{MERGES_FILE}"
+        raw_merges = read_bytes(merges_url, MAX_VOCAB_FILE_BYTES, **storage_options)
+        digest = hashlib.sha256(raw_merges).hexdigest()
+        if digest != meta.get("merges_sha256"):
+            raise InputError(f"{merges_url}: sha256 {digest[:12]}… does not match {meta_url}: the file is corrupt or was changed")
+        merges, merge_counts = parse_merges(raw_merges, merges_url)
+        if not meta.get("merge_counts", True):
+            merge_counts = None
+    return cls(
+        parse_tiktoken_ranks(data, ranks_url),
+        meta["pattern"],
+        specials,
+        name=meta.get("name", "tokenmill"),
+        merges=merges,
+        merge_counts=merge_counts,
+        unit=unit,
+        unknown=meta.get("unknown"),
+        lowercase=bool(meta.get("lowercase", False)),
+    )
+
+
+def parse_merges(data: bytes, source: str) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """Parse ``left right merged count`` lines (decimal integers), naming the file and line of any error."""
+    merges: list[tuple[int, int, int]] = []
+    counts: list[int] = []
+    for lineno, line in enumerate(data.splitlines(), start=1):
+        parts = line.split()
+        if len(parts) != 4 or not all(p.isdigit() for p in parts):
+            raise InputError(f"{source}:{lineno}: expected 'left_id right_id merged_id count' (non-negative integers), got {line[:60]!r}")
+        a, b, x, c = map(int, parts)
+        if max(a, b, x) >= MAX_VOCAB_SIZE:
+            raise InputError(f"{source}:{lineno}: an id is outside [0, {MAX_VOCAB_SIZE}) (MAX_VOCAB_SIZE)")
+        merges.append((a, b, x))
+        counts.append(c)
+    return merges, counts
 
 
 def from_tiktoken(

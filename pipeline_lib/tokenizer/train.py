@@ -1,7 +1,9 @@
 """Counting pieces (on threads) and learning merges: what `Tokenizer.train` runs.
 
 Native when the compiled core is built (`core._CORE`), else the pure-Python reference;
-both give the same counts and the same merges.
+both give the same counts and the same merges. The compiled core splits the named patterns
+and ``none`` itself; a custom regex, and the word unit's words, are split in Python and
+counted there.
 """
 
 from __future__ import annotations
@@ -16,23 +18,36 @@ import numpy as np
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib import cancel
 from pipeline_lib.errors import InputError
-from pipeline_lib.patterns import pattern_string
+from pipeline_lib.patterns import NO_SPLIT, check_pattern, is_custom
 from pipeline_lib.tokenizer import core
-from pipeline_lib.tokenizer.core import MAX_TOKEN_BYTES, MAX_VOCAB_SIZE
+from pipeline_lib.tokenizer.core import MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, UNK, check_unit
 
 if TYPE_CHECKING:
     from pipeline_lib.tokenizer.core import Tokenizer
 
 
+def native_pattern_id(pattern: str) -> int | None:
+    """The compiled core's id of a named pattern or ``none``; None for a custom regex."""
+    native = core._CORE
+    if native is None or is_custom(pattern):
+        return None
+    return native.NO_SPLIT if pattern == NO_SPLIT else native.PATTERN_IDS[pattern]
+
+
 class PieceCounts:
-    """A piece -> count table, filled from documents; native when the core is built."""
+    """A piece -> count table, filled from documents; native when the core is built and
+    splits the pattern (a custom regex is split in Python)."""
 
     def __init__(self, pattern: str = "cl100k"):
-        pattern_string(pattern)
-        self.pattern = pattern
-        native = core._CORE
-        self._native = native.PieceCounter(native.PATTERN_IDS[pattern]) if native else None
+        self.pattern = check_pattern(pattern)
+        pattern_id = native_pattern_id(pattern)
+        self._native = core._CORE.PieceCounter(pattern_id) if core._CORE is not None and pattern_id is not None else None
         self._counts: dict[bytes, int] = {}
+        self._total = 0
+
+    @property
+    def native(self) -> bool:
+        return self._native is not None
 
     def add_documents(self, docs: Sequence[bytes]) -> None:
         if self._native is not None:
@@ -41,13 +56,15 @@ class PieceCounts:
             counts = ref.count_pieces(docs, self.pattern)
             for piece, n in counts.items():
                 self._counts[piece] = self._counts.get(piece, 0) + n
+                self._total += n
 
     def add_counts(self, pieces: Sequence[bytes], counts: np.ndarray) -> None:
         if self._native is not None:
             self._native.add_counts(list(pieces), np.asarray(counts, dtype=np.int64))
         else:
-            for piece, n in zip(pieces, counts.tolist()):
+            for piece, n in zip(pieces, np.asarray(counts).tolist()):
                 self._counts[piece] = self._counts.get(piece, 0) + n
+                self._total += n
 
     def to_arrays(self) -> tuple[list[bytes], np.ndarray]:
         """Pieces sorted by their bytes, and their counts: deterministic whatever the order of adds."""
@@ -59,15 +76,21 @@ class PieceCounts:
     def __len__(self) -> int:
         return len(self._native) if self._native is not None else len(self._counts)
 
+    @property
+    def total(self) -> int:
+        """Sum of all counts (occurrences counted)."""
+        return self._native.total if self._native is not None else self._total
+
 
 def count_documents(docs: Iterable[bytes], pattern: str, workers: int = 0, batch_bytes: int = 4 << 20) -> PieceCounts:
-    """Count pieces over byte documents on `workers` threads (the native counter releases the GIL).
+    """Count pieces over byte documents on `workers` threads (the native counter releases the
+    GIL; a custom regex is split and counted on the calling thread).
 
     Each thread fills its own counter from batches of about `batch_bytes`; the counters are
     summed at the end, so the result does not depend on the number of threads.
     """
     workers = workers or os.cpu_count() or 1
-    if core._CORE is None or workers == 1:
+    if workers == 1 or native_pattern_id(pattern) is None:
         total = PieceCounts(pattern)
         batch: list[bytes] = []
         for doc in docs:
@@ -123,40 +146,116 @@ def count_documents(docs: Iterable[bytes], pattern: str, workers: int = 0, batch
     return total
 
 
-def _learn_merges(pieces: list[bytes], counts: np.ndarray, n_merges: int, min_frequency: int, progress, max_token_bytes: int) -> list[tuple[int, int, int]]:
+def symbol_arrays(pieces: Sequence[bytes], unit: str) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    """``(alphabet, symbols, offsets)`` of char or word pieces, as `bpe_reference.alphabet_of`
+    and `initial_symbols` define them: the alphabet sorted by bytes, piece k's symbol ids
+    ``symbols[offsets[k]:offsets[k + 1]]`` (word pieces end with ``</w>``)."""
+    texts = [p.decode("utf-8", "surrogateescape") for p in pieces]
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    # One code point per character (invalid bytes are U+DC80..U+DCFF after surrogateescape).
+    points = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    # The characters present, in code point order, and each one's index among them: linear
+    # (np.unique would sort all the points).
+    present = np.zeros(0x110000, dtype=bool)
+    present[points] = True
+    unique = np.flatnonzero(present)
+    inverse = (np.cumsum(present, dtype=np.int32) - 1)[points]
+    alphabet = [chr(c).encode("utf-8", "surrogateescape") for c in unique.tolist()]
+    if unit == "word":
+        alphabet.append(ref.END_OF_WORD)
+    order = sorted(range(len(alphabet)), key=alphabet.__getitem__)
+    rank = np.empty(len(alphabet), dtype=np.int32)
+    rank[order] = np.arange(len(alphabet), dtype=np.int32)
+    symbols = rank[inverse] if len(inverse) else np.zeros(0, dtype=np.int32)
+    if unit == "word":
+        ends = np.cumsum(lengths)
+        symbols = np.insert(symbols, ends, rank[len(alphabet) - 1])
+        lengths = lengths + 1
+    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return [alphabet[i] for i in order], symbols.astype(np.int32, copy=False), offsets
+
+
+def learn_merges(
+    pieces: list[bytes],
+    counts: np.ndarray,
+    n_merges: int,
+    min_frequency: int = 1,
+    progress=None,
+    max_token_bytes: int | None = None,
+    symbols: tuple[list[bytes], np.ndarray, np.ndarray] | None = None,
+) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """``(merges, merge_counts)`` from byte pieces, or from `symbols` (`symbol_arrays` of
+    char or word pieces): native when the core is built, else `bpe_reference.learn_symbol_merges`."""
     native = core._CORE
+    counts = np.asarray(counts, dtype=np.int64)
+    if symbols is None:
+        if native is not None:
+            rows, merge_counts = native.learn_merges(pieces, counts, n_merges, min_frequency, progress, max_token_bytes, with_counts=True)
+            return [tuple(r) for r in rows.tolist()], merge_counts.tolist()
+        table = {tuple(p): c for p, c in zip(pieces, counts.tolist())}
+        return ref.learn_symbol_merges(ref.BYTES, table, n_merges, min_frequency, progress, max_token_bytes)
+    alphabet, flat, offsets = symbols
+    if not alphabet:
+        return [], []  # no text, no alphabet
     if native is not None:
-        rows = native.learn_merges(pieces, np.asarray(counts, dtype=np.int64), n_merges, min_frequency, progress, max_token_bytes)
-        return [tuple(r) for r in np.asarray(rows).tolist()]
-    return ref.learn_merges(dict(zip(pieces, counts.tolist())), n_merges, min_frequency, progress, max_token_bytes)
+        rows, merge_counts = native.learn_symbol_merges(alphabet, flat, offsets, counts, n_merges, min_frequency, progress, max_token_bytes)
+        return [tuple(r) for r in rows.tolist()], merge_counts.tolist()
+    ends = offsets.tolist()
+    table = {tuple(flat[a:b].tolist()): c for a, b, c in zip(ends, ends[1:], counts.tolist())}
+    return ref.learn_symbol_merges(alphabet, table, n_merges, min_frequency, progress, max_token_bytes)
 
 
 def train_tokenizer(
     cls: type[Tokenizer],
     counts_or_texts: Mapping[bytes, int] | Iterable[str | bytes],
     vocab_size: int,
-    pattern: str = "cl100k",
+    pattern: str | None = None,
     special_tokens: Sequence[str] | Mapping[str, int] = (core.ENDOFTEXT,),
     min_frequency: int = 1,
     progress: Callable[[int, int], None] | None = None,
     workers: int = 0,
     max_token_bytes: int = MAX_TOKEN_BYTES,
+    unit: str = "byte",
+    unknown: str = "unk",
+    lowercase: bool = False,
 ) -> Tokenizer:
-    """Learn a vocabulary of `vocab_size` ids (256 bytes + merges + special tokens).
+    """Learn a vocabulary of `vocab_size` ids: the unit's alphabet + merges + special tokens.
 
-    `counts_or_texts` is a piece -> count table (what the counting stage writes) or
-    documents to count here, on `workers` threads (0 = all cores). When the corpus cannot
-    give that many merges, training stops early with a warning and the vocabulary is
-    smaller. A pair whose merged token would be longer than `max_token_bytes` is never
-    merged (the default, 1 MiB, only matters for pathological pieces such as a megabyte of
-    one repeated character).
+    `unit` is ``byte`` (256 bytes), ``char`` (the corpus's characters) or ``word`` (the
+    corpus's characters and ``</w>``, over words; lossy), see `pipeline_lib.bpe_reference`.
+    `pattern` is a name, ``none`` or a regex (`pipeline_lib.patterns`); None: ``cl100k``, or
+    ``none`` (words at whitespace) for the word unit. For ``char`` and ``word``, `unknown`
+    says what a character unseen at training becomes: ``unk`` (the special token ``<unk>``,
+    added after `special_tokens` and counted in `vocab_size`) or ``bytes`` (byte fallback: the
+    single bytes that are not characters of the corpus get ids after the merges, so any text
+    encodes). `lowercase` (word unit only) lowercases the words.
+
+    `counts_or_texts` is a piece -> count table (what the counting stage writes; the word
+    unit takes its words from the pieces, `bpe_reference.word_counts`) or documents to count
+    here, on `workers` threads (0 = all cores). When the corpus cannot give that many merges,
+    training stops early with a warning and the vocabulary is smaller. A pair whose merged token would be longer than `max_token_bytes`
+    is never merged (the default, 1 MiB, only matters for pathological pieces such as a
+    megabyte of one repeated character).
 
     Raises:
-        InputError: `vocab_size` too small for the bytes and the special tokens, or too
-            large, or `max_token_bytes` outside [2, MAX_TOKEN_BYTES].
+        InputError: an unknown unit, pattern or unknown policy; `vocab_size` too small for
+            the alphabet and the special tokens, or too large; `max_token_bytes` outside
+            [2, MAX_TOKEN_BYTES].
     """
-    n_special = len(special_tokens)
-    if vocab_size < 256 + n_special:
+    unit = check_unit(unit)
+    pattern = check_pattern(pattern if pattern is not None else (NO_SPLIT if unit == "word" else "cl100k"))
+    if unit == "byte":
+        unknown = None  # type: ignore[assignment]
+    elif unknown not in ("unk", "bytes"):
+        raise InputError(f"unknown={unknown!r}: choose 'unk' (an <unk> id) or 'bytes' (byte fallback) for characters unseen at training")
+    if lowercase and unit != "word":
+        raise InputError(f"lowercase=True is for the word unit only (unit={unit!r} is lossless and keeps case)")
+    specials = dict(special_tokens) if isinstance(special_tokens, Mapping) else {t: -1 for t in special_tokens}
+    if unknown == "unk" and UNK not in specials:
+        specials[UNK] = -1
+    n_special = len(specials)
+    if unit == "byte" and vocab_size < 256 + n_special:
         raise InputError(
             f"vocab_size={vocab_size} is too small: byte-level BPE needs 256 byte tokens plus {n_special} special token(s), so at least {256 + n_special}"
         )
@@ -171,16 +270,33 @@ def train_tokenizer(
     else:
         docs = (ref.utf8(t) if isinstance(t, str) else t for t in counts_or_texts)
         pieces, counts = count_documents(docs, pattern, workers).to_arrays()
-    n_merges = vocab_size - 256 - n_special
-    merges = _learn_merges(pieces, counts, n_merges, min_frequency, progress, max_token_bytes)
-    ranks = ref.ranks_from_merges(merges)
+    if unit == "word":
+        words = sorted(ref.word_counts(dict(zip(pieces, counts.tolist())), pattern, lowercase).items())
+        pieces, counts = [w for w, _ in words], np.array([c for _, c in words], dtype=np.int64)
+    symbols = symbol_arrays(pieces, unit) if unit != "byte" else None
+    alphabet = symbols[0] if symbols is not None else ref.BYTES
+    n_fallback = 256 - sum(1 for a in alphabet if len(a) == 1) if unknown == "bytes" else 0
+    minimum = len(alphabet) + n_fallback + n_special
+    if unit != "byte" and vocab_size < minimum:
+        what = "characters" if unit == "char" else "characters and </w>"
+        fallback = f" + {n_fallback} byte-fallback tokens" if n_fallback else ""
+        raise InputError(
+            f"vocab_size={vocab_size} is too small: {unit}-level BPE on this corpus needs its {len(alphabet)} {what}{fallback}"
+            f" + {n_special} special token(s), so at least {minimum}"
+        )
+    n_merges = vocab_size - minimum
+    merges, merge_counts = learn_merges(pieces, counts, n_merges, min_frequency, progress, max_token_bytes, symbols)
+    ranks = ref.ranks_from_merges(merges, alphabet)
+    if unknown == "bytes":
+        for b in ref.BYTES:
+            ranks.setdefault(b, len(ranks))
     if len(merges) < n_merges:
         warnings.warn(
             f"the corpus gave only {len(merges)} merges of the {n_merges} asked for (vocab_size={vocab_size}); the vocabulary has {len(ranks) + n_special} ids",
             stacklevel=3,
         )
-    if isinstance(special_tokens, Mapping):
-        specials = dict(special_tokens)
-    else:
-        specials = {tok: len(ranks) + i for i, tok in enumerate(special_tokens)}
-    return cls(ranks, pattern, specials, merges=merges)
+    next_id = len(ranks)
+    for tok, i in specials.items():
+        if i == -1:
+            specials[tok], next_id = next_id, next_id + 1
+    return cls(ranks, pattern, specials, merges=merges, merge_counts=merge_counts, unit=unit, unknown=unknown, lowercase=lowercase)

@@ -1,0 +1,162 @@
+"""Large corpora through the product path, in one run: the figures the scale work is judged by.
+
+Run by hand (not part of the tests; the 4 GB chain takes minutes and 4 GB of disk twice):
+
+    bash ../shared/corpus/make_prose_big.sh /tmp/corpora           # prose_big.txt, ~139 MB
+    pip install -e ".[bench]"                                      # rustbpe, tiktoken
+    python benchmarks/bench_scale.py --prose /tmp/corpora/prose_big.txt \\
+        --chain-source /tmp/corpora/prose_big.txt --chain-gb 1 4
+
+It prints, section by section:
+
+1. `tokenmill tokenizer train` against the library path and a rustbpe + tiktoken script at
+   20 MB (the first 20 MB of --prose) and on the whole of --prose: benchmarks/bench_cli.py,
+   whose table and ratios are printed as they come (with and without a running
+   `prefect server start`).
+2. The chain without the LM (`tokenmill run --no-lm`: ingest, shard, count, merges to
+   --vocab-size, encode every shard) on corpora of --chain-gb gigabytes, made by
+   concatenating the --chain-source files (cycled) and cut at a line end, with tokenmill's
+   local Prefect server already running: wall time, peak RSS of the command (the largest of
+   its process and its children), RSS growth from the smallest to the largest corpus, and
+   the corpus shards' size spread (the manifest's `balance`).
+3. The cost of a task run: benchmarks/bench_granularity.py (1,000 small shards, one task per
+   shard vs grouped), where it exists.
+
+Targets (issue "large corpora"): CLI <= 0.5x rustbpe's wall at 20 MB and <= 0.3x at 139 MB;
+the 1 GB chain <= 60 s wall with peak RSS <= 1 GB, RSS flat (<= 1.2x) from 1 GB to 4 GB.
+The machine's load average is printed with each figure: compare runs side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+# Runs a command and prints its children's peak RSS (KiB on Linux) as its last line: a fresh
+# process per measurement, so the peak is that command's alone.
+PEAK_RSS = "import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)"
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.1f}"
+
+
+def section(title: str) -> None:
+    print(f"\n== {title} ({load()}) ==", flush=True)
+
+
+def stream(argv: list[str], env: dict[str, str] | None = None) -> int:
+    """Run `argv`, printing its output as it comes, indented."""
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        print(f"  {line}", end="", flush=True)
+    return proc.wait()
+
+
+def build_corpus(sources: list[str], size: int, out: Path) -> Path:
+    """`size` bytes of the `sources` concatenated (cycled), cut at a line end."""
+    if out.exists() and out.stat().st_size <= size and out.stat().st_size > size - (1 << 20):
+        return out
+    written = 0
+    with open(out, "wb") as f:
+        for source in itertools.cycle(sources):
+            with open(source, "rb") as src:
+                while written < size:
+                    block = src.read(min(64 << 20, size - written))
+                    if not block:
+                        break
+                    f.write(block)
+                    written += len(block)
+            if written >= size:
+                break
+        f.truncate(written)
+    with open(out, "rb+") as f:  # cut at the last line end
+        f.seek(max(0, written - (1 << 20)))
+        tail = f.read()
+        f.truncate(written - len(tail) + tail.rfind(b"\n") + 1)
+    return out
+
+
+def chain(corpus: Path, store: Path, vocab_size: int, workers: int, env: dict[str, str], log: Path) -> dict[str, float | str]:
+    """`tokenmill run --no-lm` on `corpus`: wall, peak RSS and the shards' spread."""
+    argv = [sys.executable, "-m", "flows.cli", "run", "--no-lm", "--corpus", str(corpus), "--store", str(store)]
+    argv += ["--vocab-size", str(vocab_size), "--pattern", "cl100k", "--workers", str(workers)]
+    t0 = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.run([sys.executable, "-c", PEAK_RSS, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=out, text=True)
+    wall = time.perf_counter() - t0
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"tokenmill run --no-lm on {corpus} exited with {proc.returncode}: see {log}")
+    with open(log, "a") as out:
+        out.write("\n".join(lines[:-1]))
+    sys.path.insert(0, str(ROOT))
+    from pipeline_lib.store import ArtifactStore
+
+    latest = ArtifactStore(str(store)).latest("corpus")
+    balance = (latest or {}).get("meta", {}).get("balance", {})
+    return {"wall": wall, "peak_rss_mb": int(lines[-1]) / 1024, "spread": json.dumps(balance, sort_keys=True) if balance else "n/a"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prose", help="English text for section 1 (prose_big.txt); leave out to skip it")
+    ap.add_argument("--chain-source", action="append", default=[], help="text file concatenated into the chain corpora (repeatable)")
+    ap.add_argument("--chain-gb", type=float, nargs="*", default=[1.0, 4.0], help="chain corpus sizes in GB (default: 1 4)")
+    ap.add_argument("--vocab-size", type=int, default=32768)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--no-granularity", action="store_true", help="skip section 3")
+    ap.add_argument("--work-dir", help="for corpora, stores and logs (default: a temp dir, removed afterwards)")
+    args = ap.parse_args()
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="tokenmill-bench-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"bench_scale: {os.cpu_count()} CPUs, {load()}, work dir {work}", flush=True)
+
+    if args.prose:
+        for label, extra in (("20 MB", ["--head-mb", "20"]), ("the whole file", [])):
+            section(f"1. tokenizer train vs library vs rustbpe + tiktoken: {label} of {args.prose}")
+            stream([sys.executable, str(BENCH / "bench_cli.py"), args.prose, "--vocab-size", str(args.vocab_size), "--workers", str(args.workers), *extra])
+
+    if args.chain_source and args.chain_gb:
+        home = work / "prefect-home"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_"))}
+        env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+        section("2. tokenmill run --no-lm, tokenmill's local Prefect server running")
+        subprocess.run([sys.executable, "-m", "flows.cli", "server", "start"], cwd=ROOT, env=env, check=True, capture_output=True)
+        rows = []
+        try:
+            for gb in sorted(args.chain_gb):
+                corpus = build_corpus(args.chain_source, int(gb * 1e9), work / f"chain-{gb:g}GB.txt")
+                store = work / f"store-{gb:g}GB"
+                shutil.rmtree(store, ignore_errors=True)
+                row = chain(corpus, store, args.vocab_size, args.workers, env, work / f"chain-{gb:g}GB.log")
+                rows.append((gb, row))
+                print(f"  {gb:g} GB: wall {row['wall']:.1f} s, peak RSS {row['peak_rss_mb']:.0f} MB, shards {row['spread']} ({load()})", flush=True)
+                shutil.rmtree(store, ignore_errors=True)
+        finally:
+            subprocess.run([sys.executable, "-m", "flows.cli", "server", "stop"], cwd=ROOT, env=env, capture_output=True)
+        if len(rows) > 1:
+            (small, first), (large, last) = rows[0], rows[-1]
+            print(f"  RSS {small:g} GB -> {large:g} GB: x{float(last['peak_rss_mb']) / float(first['peak_rss_mb']):.2f} (target <= 1.2)")
+
+    granularity = BENCH / "bench_granularity.py"
+    if not args.no_granularity and granularity.exists():
+        section("3. the cost of a task run (benchmarks/bench_granularity.py)")
+        stream([sys.executable, str(granularity), "--workers", str(args.workers)])
+    if not args.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The memory plan of a training run, computed without allocating anything.
+
+    python -m pipeline_lib.lm plan --preset gpt2-124m --device cuda [--world-size 8]
+
+prints, per rank: the parameters, their gradients and AdamW's two moments (all float32,
+as the trainer keeps them under autocast), the activations one micro-batch keeps for
+its backward pass, their total, and the batch arithmetic (tokens per optimizer step,
+micro-steps per rank, FLOPs per step). The model is built on torch's meta device, so the
+parameter count is the model's own code, not a formula.
+
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models", eq. 2): a block keeps about ``34 * T * B * C`` bytes at 2 bytes per
+value (LayerNorm inputs, q/k/v, the attention output, the 4C-wide MLP input and GELU
+input, residuals), without the ``5 * n_head * T^2 * B`` attention-score term when the
+attention kernel is a fused (flash / memory-efficient) one, which `scaled_dot_product_attention`
+is on CUDA; at float32 the same values take twice the bytes. The output layer adds the
+logits in the autocast dtype and the float32 log-softmax the loss keeps (``B * T * V * (a +
+4)``). Not counted: the CUDA context and allocator slack (~0.5-1 GiB), `torch.compile`'s
+workspace, and the transient peaks inside a kernel. `tests/test_lm_plan.py` checks the
+activation figure against what autograd actually saves for a small model on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipeline_lib.lm.config import TrainConfig
+from pipeline_lib.lm.model import GPT
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    device: str
+    precision: str  # "fp32", "bf16 autocast", "fp16 autocast + GradScaler"
+    world_size: int
+    n_params: int  # the model's (`GPT.num_params(non_embedding=False)`)
+    n_tensor_values: int  # every parameter value held, the padded table rows included
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int  # per micro-batch, kept for its backward pass
+    micro_batch: int  # windows per micro-step
+    micro_steps_per_rank: int
+    tokens_per_step: int  # all ranks together
+    flops_per_step: float  # all ranks together
+
+    @property
+    def total_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+
+    def lines(self) -> list[str]:
+        def gib(n: int) -> str:
+            return f"{n / GIB:8.2f} GiB"
+
+        return [
+            f"device {self.device}, {self.precision}, {self.world_size} rank(s); per rank:",
+            f"  parameters   {gib(self.params_bytes)}  ({self.n_params / 1e6:.2f}M, {self.n_tensor_values:,} float32 values with the padded table)",
+            f"  gradients    {gib(self.grads_bytes)}",
+            f"  AdamW state  {gib(self.optimizer_bytes)}  (two float32 moments)",
+            f"  activations  {gib(self.activations_bytes)}  (one micro-batch of {self.micro_batch} windows, kept for backward)",
+            f"  total        {gib(self.total_bytes)}  (+ CUDA context and allocator slack)"
+            if self.device == "cuda"
+            else f"  total        {gib(self.total_bytes)}",
+            f"tokens per optimizer step {self.tokens_per_step:,} = {self.micro_batch} windows x {self.micro_steps_per_rank} micro-steps x "
+            f"{self.world_size} rank(s) x context; {self.flops_per_step:.3g} FLOPs per step",
+        ]
+
+
+def activation_bytes(cfg: TrainConfig, act_bytes: int, fused_attention: bool) -> int:
+    """Bytes one micro-batch keeps for backward (see the module doc for the formula)."""
+    m = cfg.model
+    assert m.vocab_size is not None
+    b, t, c = cfg.batch_size, m.block_size, m.n_embd
+    per_value = act_bytes / 2  # the formula counts 2-byte values
+    block = 34 * t * b * c * per_value
+    if not fused_attention:
+        block += 5 * m.n_head * t * t * b * per_value
+    embed = 2 * t * b * c * 4  # token + position embeddings and their sum (float32)
+    head = b * t * m.vocab_size * (act_bytes + 4)  # logits, and the loss's float32 log-softmax
+    return int(m.n_layer * block + embed + head)
+
+
+def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "cuda", world_size: int = 1, bf16: bool = True) -> MemoryPlan:
+    """The per-rank memory of training `cfg` on `device` ("cuda" or "cpu"), without allocating.
+
+    `vocab_size` fills a config that leaves it to the data; `bf16`: the GPU supports
+    bfloat16 (else "auto" means float16 with a GradScaler).
+    """
+    from pipeline_lib.lm.train import _PRECISION, autocast_dtype
+
+    if cfg.model.vocab_size is None:
+        if vocab_size is None:
+            raise ValueError("the config leaves vocab_size to the data: give one (GPT-2's is 50257)")
+        cfg = cfg.replace(vocab_size=vocab_size)
+    with torch.device("meta"):
+        gpt = GPT(cfg.model)
+    values = sum(p.numel() for p in gpt.parameters())
+    amp = autocast_dtype(cfg.dtype, device, bf16)
+    act = 4 if amp is None else 2
+    micro = cfg.micro_steps_per_rank(world_size)
+    return MemoryPlan(
+        device=device,
+        precision=_PRECISION[amp],
+        world_size=world_size,
+        n_params=gpt.num_params(non_embedding=False),
+        n_tensor_values=values,
+        params_bytes=4 * values,
+        grads_bytes=4 * values,
+        optimizer_bytes=8 * values,
+        activations_bytes=activation_bytes(cfg, act, fused_attention=device == "cuda"),
+        micro_batch=cfg.batch_size,
+        micro_steps_per_rank=micro,
+        tokens_per_step=cfg.tokens_per_step,
+        flops_per_step=gpt.flops_per_token() * cfg.tokens_per_step,
+    )

@@ -1,0 +1,253 @@
+"""The tokenizer lab: drawing tokens, the special-token error, inspecting, comparing (pipeline_lib/lab.py, the CLI)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flows.cli import main
+from pipeline_lib import lab
+from pipeline_lib.errors import InputError
+from pipeline_lib.tokenizer import Tokenizer, get_encoding
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(scope="module")
+def tok(shakespeare_text) -> Tokenizer:
+    return Tokenizer.train([shakespeare_text[:200_000]], 512, pattern="gpt2")
+
+
+@pytest.fixture(scope="module")
+def saved(tok, tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("tok") / "tok")
+    tok.save(path)
+    return path
+
+
+def _cells(lines: list[str]) -> list[tuple[str, str]]:
+    """(text, id) cells back from the plain drawing: pairs of rows split at ``|``."""
+    out = []
+    for top, bottom in zip(lines[0::2], lines[1::2]):
+        out += list(zip(top.strip("|").split("|"), bottom.strip("|").split("|")))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet=st.sampled_from("ab c\n\tdé—好"), min_size=1, max_size=60), st.integers(12, 100))
+def test_drawing_shows_every_token_and_its_id(tok, text, width):
+    ids = tok.encode(text)
+    lines = lab.show_tokens(tok, text, ids, width=width).splitlines()
+    cells = _cells(lines[:-1])
+    assert [int(i) for _, i in cells] == ids
+    assert [t.rstrip(" ") for t, _ in cells] == [t.rstrip(" ") for t in lab.token_texts(tok, ids)]
+    assert all(len(line) <= max(width, max(len(c) for c, _ in cells) + 2) for line in lines[:-1])
+    # Whitespace is visible: no raw space, tab or newline inside a token's text.
+    assert not any(re.search(r"[\t\n]", t) or t.strip(" ") != t.rstrip(" ").lstrip(" ") for t, _ in cells)
+
+
+def test_drawing_in_colour_has_no_bars_and_the_same_cells(tok):
+    text = "To be, or not to be:\n\tthat is the question."
+    ids = tok.encode(text)
+    plain = lab.show_tokens(tok, text, ids, width=200)
+    coloured = lab.show_tokens(tok, text, ids, width=200, colour=True)
+    assert "\x1b[48;5;" in coloured and "|" not in ANSI.sub("", coloured)
+    assert ANSI.sub("", coloured).replace(" ", "") == plain.replace("|", "").replace(" ", "")
+
+
+def test_compression_line(tok):
+    text = "the king and the queen"
+    shown = lab.show_tokens(tok, text, tok.encode(text)).splitlines()[-1]
+    n = len(tok.encode(text))
+    assert shown.startswith(f"{n} tokens for 22 characters (22 bytes): {22 / n:.2f} bytes/token, {22 / n:.2f} chars/token")
+    assert "␣ ' '" in shown
+
+
+def test_special_tokens_are_refused_with_the_flag_that_allows_them(tok):
+    text = "one<|endoftext|>two"
+    with pytest.raises(InputError, match=r"--text holds the special token '<\|endoftext\|>' \(at character 3\).*--allow-special '<\|endoftext\|>'"):
+        lab.check_special_tokens(tok, text, [], "--text")
+    with pytest.raises(InputError, match="not a special token of this tokenizer"):
+        lab.check_special_tokens(tok, text, ["<|nope|>"], "--text")
+    ids = tok.encode(text, allowed_special=lab.check_special_tokens(tok, text, ["<|endoftext|>"], "--text"))
+    assert ids == tok.encode("one") + [tok.eot_token] + tok.encode("two")
+    assert lab.check_special_tokens(tok, text, ["all"], "--text") == "all"
+
+
+def test_encode_cli_special_token_error_and_show(tok, saved, capsys):
+    assert main(["tokenizer", "encode", "--tokenizer", saved, "--text", "a <|endoftext|> b"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tokenmill: error: --text holds the special token '<|endoftext|>'") and "--allow-special" in err[0]
+    assert main(["tokenizer", "encode", "--tokenizer", saved, "--text", "a <|endoftext|> b", "--allow-special", "<|endoftext|>", "--show"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "<|endoftext|>" in out[0] and "511" in out[1]  # the special token and its id (after 256 bytes + 255 merges)
+    n = len(tok.encode("a <|endoftext|> b", allowed_special="all"))
+    assert out[-1].startswith(f"{n} tokens for 17 characters (17 bytes): {17 / n:.2f} bytes/token")
+
+
+def test_inspect(tok, shakespeare_text):
+    from pipeline_lib.tokenizer import count_documents
+
+    pieces, counts = count_documents([shakespeare_text[:200_000].encode()], "gpt2", workers=1).to_arrays()
+    report = lab.inspect_tokenizer(tok, 5, (pieces, counts))
+    assert [e["id"] for e in report["shortest"]] == [0, 1, 2, 3, 4]
+    assert report["longest"][0]["text"] == lab.visible(max((b for b in tok.mergeable_ranks), key=len).decode())
+    assert [e["id"] for e in report["first"]] == [256, 257, 258, 259, 260] and report["last"][-1]["id"] == 510
+    assert sum(report["per_length"].values()) == len(tok.mergeable_ranks)
+    seen = lab.token_occurrences(tok, pieces, counts)
+    assert sum(seen) == len(tok.encode_ordinary(shakespeare_text[:200_000]))  # every token of the training text, once
+    assert report["never_used"]["count"] == sum(1 for m in tok.merges if seen[m[2]] == 0)
+    text = lab.inspect_text(report)
+    assert "never used in training" in text and "tokens per length" in text
+
+
+def test_inspect_cli_knows_the_training_counts_from_the_store(tmp_path, shakespeare_text, capsys):
+    from pipeline_lib import ArtifactStore, stages
+    from pipeline_lib.corpus import CorpusConfig
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    source = tmp_path / "corpus.txt"
+    source.write_text(shakespeare_text[:30_000], encoding="utf-8")
+    cfg = CorpusConfig(sources=(str(source),), n_shards=1)
+    corpus = stages.shard_corpus(store, stages.download_corpus(store, cfg), cfg)
+    stages.count_shard(store, corpus, 0, stages.CountConfig())
+    stages.learn_tokenizer(store, stages.reduce_counts(store, corpus, stages.CountConfig()), stages.TokenizerConfig(vocab_size=400))
+    assert main(["tokenizer", "inspect", "--store", store.url, "--json", "--top", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["vocab_size"] == 400 and len(report["longest"]) == 3
+    assert report["never_used"] is not None and report["never_used"]["count"] >= 0
+    assert main(["tokenizer", "inspect", "--store", store.url, "--top", "0"]) == 2
+    assert capsys.readouterr().err.startswith("tokenmill: error: --top 0")
+
+
+def test_compare_measures_every_row(shakespeare_text):
+    config = lab.CompareConfig(vocab_sizes=(300, 600), production=("gpt2",), hf=True)
+    multilingual = "### UDHR [eng] English (x)\nAll human beings are born free.\n### UDHR [fra] French (x)\nTous les êtres humains naissent libres.\n"
+    result = lab.compare(shakespeare_text[:60_000], config, "sample", multilingual)
+    rows = {r["name"]: r for r in result["rows"]}
+    heldout = shakespeare_text[:60_000][-result["heldout_chars"] :]
+    assert rows["character level"]["tokens"] == len(heldout) and rows["character level"]["chars_per_token"] == 1.0
+    assert rows["word level"]["tokens"] == len(lab.WORD_PIECES.findall(heldout))
+    ours300, ours600 = rows["ours byte gpt2 300"], rows["ours byte gpt2 600"]
+    assert 1 < ours300["chars_per_token"] < ours600["chars_per_token"] < rows["gpt2"]["chars_per_token"]
+    assert rows["gpt2"]["vocab_size"] == 50257 and rows["gpt2"]["embedding_params"] == 50257 * 768
+    assert abs(rows["HF byte-level BPE 600"]["chars_per_token"] - ours600["chars_per_token"]) < 0.1  # the same algorithm, other ties
+    assert all(r["mb_per_s"] > 0 for r in result["rows"] if r["family"] not in ("character level", "word level"))
+    assert [f["text"] for f in result["fertility"]] == ["eng English", "fra French"]
+    english = "All human beings are born free."
+    assert result["fertility"][0]["gpt2"] == len(get_encoding("gpt2").encode(english)) / 6
+    md = lab.compare_text(result, markdown=True)
+    assert md.count("\n| ours byte gpt2") == 2 and "### Fertility per language" in md
+
+
+def test_lab_options_come_from_the_config_and_bad_values_are_one_line(capsys):
+    from flows import cli
+    from pipeline_lib.config import fields_of
+
+    args = cli.build_parser(["compare"]).parse_args(["compare", "--vocab-sizes", "64,128", "--units", "word", "--no-hf", "--production", "none"])
+    config = cli.configs_from_args(args, cli.COMPARE_CONFIGS)["compare"]
+    assert config == lab.CompareConfig(vocab_sizes=(64, 128), units=("word",), hf=False, production=())
+    assert all(f.description and not f.description.endswith(".") for f in fields_of(lab.CompareConfig))
+    assert main(["tokenizer", "train", "--log-merges", "-1"]) == 2
+    assert main(["tokenizer", "inspect", "--tokenizer", "/no/such/dir"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert err == [
+        "tokenmill: error: --log-merges -1: give a step of at least 1 (0: no merge log)",
+        "tokenmill: error: --tokenizer /no/such/dir: not a saved tokenizer directory (no tokenmill.json there); give one, or a REF in the store (latest:tokenizer)",
+    ]
+
+
+def test_compare_says_what_it_left_out(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # HF tokenizers not installed
+    assert lab.hf_bpe("some text to train on", [300]) == ([], "HF tokenizers is not installed (pip install tokenizers): its rows are left out")
+    found, notes = lab.production(["gpt2", "cl100k_base"], {"cl100k_base": str(tmp_path / "missing.tiktoken")})
+    assert [c.name for c in found] == ["gpt2"]
+    assert len(notes) == 1 and notes[0].startswith("cl100k_base left out: ") and "--encoding-file cl100k_base=PATH" in notes[0]
+
+
+def test_compare_cli(tmp_path, shakespeare_text, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(shakespeare_text[:20_000], encoding="utf-8")
+    out = tmp_path / "out"
+    assert (
+        main(["compare", "--corpus", str(corpus), "--vocab-sizes", "300", "--production", "none", "--no-hf", "--multilingual", "none", "--out", str(out)]) == 0
+    )
+    printed = capsys.readouterr().out
+    assert "ours byte gpt2 300" in printed and "character level" in printed
+    assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((out / "compare.json").read_text())["rows"][2]["name"] == "ours byte gpt2 300"
+    assert main(["compare", "--corpus", str(corpus), "--units", "bogus"]) == 2
+    assert main(["compare", "--corpus", str(tmp_path / "missing.txt")]) == 2
+    assert main(["compare", "--encoding-file", "cl100k_base"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0] for line in err if line.startswith("tokenmill")] == ["tokenmill"] * 3
+
+
+# --------------------------------------------------------------------------- as Prefect flows: the artifacts
+def _artifacts(flow_run_id) -> dict:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    return {a.key: a for a in found if a.key}
+
+
+def test_compare_flow_publishes_the_table_and_the_plot(prefect_harness, tmp_path, shakespeare_text):
+    from flows.lab import compare_flow
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(shakespeare_text[:20_000], encoding="utf-8")
+    config = lab.CompareConfig(vocab_sizes=(300,), units=("byte", "char"), production=(), hf=False)
+    state = compare_flow(str(corpus), config, "none", out=str(tmp_path / "out"), return_state=True)
+    result = state.result()
+    assert [r["name"] for r in result["rows"]] == ["character level", "word level", "ours byte gpt2 300", "ours char 300"]
+    artifacts = _artifacts(state.state_details.flow_run_id)
+    table = json.loads(artifacts["tokenizer-comparison"].data)
+    assert [row["name"] for row in table] == [r["name"] for r in result["rows"]]
+    assert table[2]["chars_per_token"] == round(result["rows"][2]["chars_per_token"], 3)
+    report = artifacts["tokenizer-comparison-report"].data
+    assert report.startswith("![compression against vocabulary size](data:image/png;base64,") and "| ours char 300 |" in report
+    assert (tmp_path / "out" / "compare.md").read_text(encoding="utf-8") == lab.compare_text(result, markdown=True)
+
+
+def test_tokenizer_flow_logs_every_nth_merge_with_its_count(prefect_harness, tmp_path, shakespeare_text):
+    import logging
+
+    from flows.pipeline import tokenizer_train_flow
+    from pipeline_lib import ArtifactStore
+    from pipeline_lib.corpus import CorpusConfig
+    from pipeline_lib.counting import CountConfig
+    from pipeline_lib.stages import TokenizerConfig
+
+    source = tmp_path / "c.txt"
+    source.write_text(shakespeare_text[:30_000], encoding="utf-8")
+    store = str(tmp_path / "store")
+    corpus = CorpusConfig(sources=(str(source),), documents="file", n_shards=1)
+    config = TokenizerConfig(vocab_size=200, unit="char", special_tokens=(), min_frequency=1)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    run_logger = logging.getLogger("prefect.flow_runs")  # the flow's run logger, set quieter by the suite
+    level = run_logger.level
+    run_logger.addHandler(handler)
+    run_logger.setLevel(logging.INFO)
+    try:
+        state = tokenizer_train_flow(corpus, CountConfig(pattern="none"), config, store=store, log_merges=40, return_state=True)
+    finally:
+        run_logger.removeHandler(handler)
+        run_logger.setLevel(level)
+    ref = state.result()
+    tok = Tokenizer.load(ArtifactStore(store).local_dir(ref["kind"], ref["version"]))
+    expected = lab.merge_log(tok, 40)
+    assert [r["merge"] for r in expected] == [0, 40, 80, 120, len(tok.merges) - 1]
+    assert expected[0]["count"] == shakespeare_text[:30_000].count("e ")  # 'e' + ' ', the most frequent pair, counted here
+    logged = [r.getMessage() for r in records if r.getMessage().startswith("merge ")]
+    assert logged == [lab.merge_line(r) for r in expected]
+    table = next(a for key, a in _artifacts(state.state_details.flow_run_id).items() if key.startswith("tokenizer-merge-log-"))
+    assert json.loads(table.data) == expected

@@ -1,0 +1,153 @@
+"""The BPE tutorials a learner follows, replayed with tokenmill: each figure they print, computed.
+
+* character-level BPE, 300 ids on tiny Shakespeare, no split: 1.93 characters per token
+  (578,590 tokens), the merges at 0, 50, 100, 150, 200 with their counts, the encoding examples;
+* word BPE with an end-of-word ``</w>`` over whitespace words, decoded as the tutorials'
+  decoders do (words joined by spaces);
+* byte-level BPE with ``<|endoftext|>``: the bytes of "This is some text", GPT-2's ids for
+  it from GPT-2's own files, and a trained vocabulary of 1,000 ids;
+* word frequencies with ``</w>`` on the ``low/lower/newest/widest`` corpus;
+* lowercase ``\\w+`` word BPE on the cat/rat corpus, to 50 tokens.
+
+Tie rule: on equal counts tokenmill merges the pair whose (left, right) bytes sort first;
+the tutorials' Python takes the first pair met in the text. Where a tutorial's figures
+depend on that order they are asserted only as far as the ties allow (said so below).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from pipeline_lib import lab
+from pipeline_lib.bpe_reference import END_OF_WORD
+from pipeline_lib.tokenizer import ENDOFTEXT, Tokenizer, get_encoding
+
+
+def tokens_of(tok: Tokenizer, text: str) -> list[str]:
+    return lab.token_texts(tok, tok.encode(text))
+
+
+def words_merged(tok: Tokenizer) -> set[bytes]:
+    return {b.replace(END_OF_WORD, b"</w>") for b in tok.mergeable_ranks}
+
+
+# --------------------------------------------------------------------------- character level, tiny Shakespeare
+@pytest.fixture(scope="module")
+def char300(shakespeare_text) -> Tokenizer:
+    # 65 characters + 235 merges are the tutorial's 300 ids; ours also holds the <unk> id.
+    return Tokenizer.train([shakespeare_text], 301, unit="char", pattern="none", special_tokens=())
+
+
+def test_character_level_300_ids_compress_tiny_shakespeare_1_93x(char300, shakespeare_text):
+    assert len(shakespeare_text) == 1_115_394
+    alphabet = sorted(set(shakespeare_text))
+    assert len(alphabet) == 65 and len(char300.merges) == 235 and len(char300.mergeable_ranks) == 300
+    n = len(char300.encode_ordinary(shakespeare_text))
+    assert abs(n - 578_590) / 578_590 < 0.01
+    assert abs(len(shakespeare_text) / n - 1.93) / 1.93 < 0.01
+    # The tutorial's log every 50 merges (these have no tie around them).
+    logged = {r["merge"]: (r["left"], r["right"], r["token"], r["count"]) for r in lab.merge_log(char300, 50)}
+    assert logged[0] == ("e", "␣", "e␣", 27_643)
+    assert logged[50] == ("l", "i", "li", 2_358)
+    assert logged[100] == ("w", "ith", "with", 1_258)
+    assert logged[150] == ("a", "y␣", "ay␣", 849)
+    assert logged[200] == ("s", "ha", "sha", 636)
+    # Its first merge's count, recounted here: 'e' followed by ' ' in the text.
+    assert logged[0][3] == shakespeare_text.count("e ")
+
+
+def test_character_level_tokens_as_the_tutorial_shows_them(char300):
+    report = lab.inspect_tokenizer(char300, 10)
+    assert [e["text"] for e in report["shortest"]] == ["↵", "␣", "!", "$", "&", "'", ",", "-", ".", "3"]
+    longest = {e["text"] for e in report["longest"]}
+    assert {"␣this␣", "␣that␣", "␣the␣", "␣and␣", ",↵And␣"} <= longest
+    assert char300.encode("To be or not to be") == [227, 197, 77, 1, 136, 92, 178]
+    assert tokens_of(char300, "To be or not to be") == ["To␣", "be␣", "or", "␣", "not␣", "to␣", "be"]
+    assert char300.encode("ROMEO: Wherefore art thou") == [30, 27, 25, 17, 27, 10, 1, 169, 72, 43, 109, 65, 81, 67, 185]
+    assert tokens_of(char300, "the king") == ["the␣", "k", "ing"]
+    assert char300.decode(char300.encode("the king")) == "the king"
+
+
+# --------------------------------------------------------------------------- word BPE with </w>
+def test_word_bpe_with_end_of_word(shakespeare_text):
+    tok = Tokenizer.train([shakespeare_text], 500, unit="word", pattern="none", special_tokens=())
+    words = Counter(shakespeare_text.split())
+    pairs: Counter[tuple[str, str]] = Counter()
+    for word, n in words.items():
+        symbols = [*word, "</w>"]
+        for pair in zip(symbols, symbols[1:]):
+            pairs[pair] += n
+    ((best, count),) = pairs.most_common(1)
+    first = lab.merge_log(tok, 1)[0]
+    assert (first["left"], first["right"], first["count"]) == (best[0], best[1], count) == ("e", "</w>", 29_077)
+    alphabet = {c for w in words for c in w}
+    assert len(tok.mergeable_ranks) == len(alphabet) + 1 + len(tok.merges)  # characters, </w>, merges
+    text = "Once upon a time there was a little girl."
+    ids = tok.encode(text)
+    assert all(t.endswith("</w>") for t in lab.token_texts(tok, ids) if t.endswith("</w>"))
+    assert sum(t.endswith("</w>") for t in lab.token_texts(tok, ids)) == len(text.split())  # one end per word
+    assert tok.decode(ids) == " ".join(text.split()) + " "  # the tutorials' decoders: words joined by spaces
+    assert tok.lossy and tok.decode(tok.encode("a  b\n\tc")) == "a b c "
+    sample = shakespeare_text[:10_000]
+    assert len(sample) / len(tok.encode(sample)) > 2  # word BPE at 500 ids: over two characters per token
+
+
+# --------------------------------------------------------------------------- byte level with <|endoftext|>
+def test_byte_level_with_endoftext_and_gpt2s_ids(shakespeare_text):
+    text = "This is some text"
+    bytes_only = Tokenizer.train([shakespeare_text[:1000]], 257, special_tokens=(ENDOFTEXT,))
+    assert bytes_only.encode(text) == list(text.encode()) == [84, 104, 105, 115, 32, 105, 115, 32, 115, 111, 109, 101, 32, 116, 101, 120, 116]
+    gpt2 = get_encoding("gpt2")  # GPT-2's encoder.json + vocab.bpe
+    assert gpt2.encode(text) == [1212, 318, 617, 2420]
+    assert [gpt2.decode_single_token_bytes(i) for i in (1212, 318, 617, 2420)] == [b"This", b" is", b" some", b" text"]
+    assert [gpt2.decode_single_token_bytes(i) for i in (256, 257)] == [b" t", b" a"]  # space + letter, GPT-2's first merges
+    assert gpt2.encode("the end<|endoftext|>", allowed_special={ENDOFTEXT})[-1] == 50256
+
+    tok = Tokenizer.train([shakespeare_text[:100_000]], 1000, pattern="gpt2", special_tokens=(ENDOFTEXT,))
+    assert tok.vocab_size == 1000 and len(tok.merges) == 743 and tok.special_tokens == {ENDOFTEXT: 999}
+    sentence = "Jack embraced beauty through art and life."
+    ids = tok.encode(sentence)
+    assert len(sentence) == 42 and len(ids) < 42
+    assert tok.decode(ids) == sentence and "".join(lab.token_texts(tok, ids)).replace("␣", " ") == sentence
+    assert tok.encode("the end<|endoftext|>", allowed_special={ENDOFTEXT})[-1] == 999
+    assert tok.decode(tok.encode("This is some text.")) == "This is some text."
+
+
+# --------------------------------------------------------------------------- low / lower / newest / widest
+LOW_CORPUS = ["low low low low low", "lower lower", "newest newest newest", "widest widest"]
+
+
+def test_word_frequencies_and_merges_on_low_lower_newest_widest():
+    freq = Counter(" ".join(LOW_CORPUS).split())
+    assert freq == {"low": 5, "lower": 2, "newest": 3, "widest": 2}
+    tok = Tokenizer.train(LOW_CORPUS, 11 + 10 + 1, unit="word", pattern="none", special_tokens=())  # 11 symbols, 10 merges, <unk>
+    assert len(tok.mergeable_ranks) - len(tok.merges) == 11  # l o w e r n s t i d and </w>
+    log = [(r["left"], r["right"], r["count"]) for r in lab.merge_log(tok, 1)]
+    # l+o and lo+w occur in low and lower, e+s and es+t in newest and widest.
+    lo, es = freq["low"] + freq["lower"], freq["newest"] + freq["widest"]
+    assert log[:4] == [("l", "o", lo), ("lo", "w", lo), ("e", "s", es), ("es", "t", es)] == [("l", "o", 7), ("lo", "w", 7), ("e", "s", 5), ("es", "t", 5)]
+    assert tokens_of(tok, "newest") == ["newest</w>"]  # fully merged
+    assert tokens_of(tok, "lowest") == ["low", "est</w>"]  # "low" is known, "lowest" is not a learned word
+    assert {b"low</w>", b"newest</w>"} <= words_merged(tok)
+
+
+# --------------------------------------------------------------------------- cat / rat, lowercase \w+ words
+CAT_CORPUS = ["the cat sat on the mat", "the cat saw the rat", "the rat ran from the cat", "cats and rats are animals", "animals run and cats catch rats"]
+
+
+def test_cat_rat_corpus_to_50_tokens():
+    # 50 tokens: 16 letters and </w>, 33 merges (the tutorial's count), and our <unk> id beside them.
+    tok = Tokenizer.train(CAT_CORPUS, 51, unit="word", pattern=r"\w+", lowercase=True, special_tokens=())
+    assert len(tok.mergeable_ranks) == 50 and len(tok.mergeable_ranks) - len(tok.merges) == 17 and len(tok.merges) == 33
+    log = lab.merge_log(tok, 1)
+    words = " ".join(CAT_CORPUS).split()
+    assert (log[0]["left"], log[0]["right"], log[0]["count"]) == ("a", "t", sum(w.count("at") for w in words)) == ("a", "t", 12)
+    counts = [r["count"] for r in log]
+    assert counts == sorted(counts, reverse=True)  # the best pair's count never grows
+    # The words the tutorial ends with as single tokens (the order between equal counts differs).
+    assert {b"the</w>", b"cat</w>", b"cats</w>", b"rats</w>", b"rat</w>", b"and</w>", b"animals</w>", b"from</w>"} <= words_merged(tok)
+    assert tokens_of(tok, "the cat catches rats") == ["the</w>", "cat</w>", "c", "atch", "e", "s</w>", "rats</w>"]
+    assert tok.encode("The CAT") == tok.encode("the cat")  # lowercased
+    assert tok.decode(tok.encode("the cat catches rats")) == "the cat catches rats "

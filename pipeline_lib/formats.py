@@ -195,6 +195,14 @@ def gpt2_files(tok: Tokenizer) -> dict[str, bytes]:
     }
 
 
+def hf_added_tokens(tok: Tokenizer) -> list[dict[str, Any]]:
+    """The special tokens as HF `tokenizers` ``added_tokens``, in id order."""
+    return [
+        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+        for t, i in sorted(tok.special_tokens.items(), key=lambda kv: kv[1])
+    ]
+
+
 def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
     """The HF `tokenizers` JSON for `tok`: Split(pattern) + ByteLevel, BPE model, same ids
     (the special tokens included: they sit in the BPE vocabulary too, see `gpt2_style_vocab`)."""
@@ -203,10 +211,7 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": [
-            {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
-            for t, i in sorted(tok.special_tokens.items(), key=lambda kv: kv[1])
-        ],
+        "added_tokens": hf_added_tokens(tok),
         "normalizer": None,
         "pre_tokenizer": {
             "type": "Sequence",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pipeline_lib import ArtifactStore, Tokenizer
 from pipeline_lib.corpus import CorpusConfig, download_corpus, shard_corpus
 from pipeline_lib.report import char_level_curve, compression_curve, fertility, stop_reason, tokenizer_report, truncate, udhr_sections
@@ -33,7 +35,8 @@ def test_truncating_a_character_level_tokenizer_equals_training_at_that_size(sha
 def test_a_size_the_corpus_cannot_reach_is_said_with_the_reason():
     text = "the cat sat on the mat. " * 50
     pieces, counts = count_documents([text.encode()], "gpt2", workers=1).to_arrays()
-    tok = Tokenizer.train(dict(zip(pieces, counts.tolist())), 5000, pattern="gpt2", special_tokens=())
+    with pytest.warns(UserWarning, match="the corpus gave only 12 merges"):
+        tok = Tokenizer.train(dict(zip(pieces, counts.tolist())), 5000, pattern="gpt2", special_tokens=())
     assert tok.vocab_size < 5000
     reason = stop_reason(tok, pieces)
     assert f"each of the corpus's {len(pieces)} distinct pieces is one token" in reason and f"after {len(tok.merges)} merges" in reason

@@ -13,7 +13,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from pipeline_lib import bpe_reference as ref
-from pipeline_lib.formats import gpt2_files, hf_tokenizer_json, onig_pattern
+from pipeline_lib.formats import gpt2_files, hf_added_tokens, hf_tokenizer_json, onig_pattern
 from pipeline_lib.fsio import InputError, filesystem, write_bytes_atomic
 from pipeline_lib.patterns import NO_SPLIT
 from pipeline_lib.tokenizer.core import ENDOFTEXT, UNK
@@ -159,10 +159,7 @@ def unit_tokenizer_json(tok: Tokenizer, what: str = "a HF tokenizer.json") -> di
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": [
-            {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
-            for t, i in sorted(tok.special_tokens.items(), key=lambda kv: kv[1])
-        ],
+        "added_tokens": hf_added_tokens(tok),
         "normalizer": {"type": "Sequence", "normalizers": normalizers} if normalizers else None,
         "pre_tokenizer": pre_tokenizer,
         "post_processor": None,

@@ -18,12 +18,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from chain import publish_tokens_version
 
-from pipeline_lib import stages
 from pipeline_lib.corpus import CorpusConfig, download_corpus, iter_shard_batches, shard_corpus
 from pipeline_lib.fsio import InputError
 from pipeline_lib.store import MANIFEST, ArtifactStore, StoreError
-from pipeline_lib.token_shards import EncodeConfig, check_shards, open_tokens
+from pipeline_lib.token_shards import check_shards, open_tokens
 from pipeline_lib.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -293,19 +293,8 @@ def test_npy_with_wrong_dtype_or_pickle(tmp_path):
 
 @pytest.fixture(scope="module")
 def tokens_version(tmp_path_factory, shakespeare_text):
-    root = tmp_path_factory.mktemp("tok")
-    store = ArtifactStore(str(root / "store"))
-    (root / "c.txt").write_text(shakespeare_text[:50_000])
-    cfg = CorpusConfig(sources=(str(root / "c.txt"),), n_shards=2)
-    corpus = shard_corpus(store, download_corpus(store, cfg), cfg)
-    cc = stages.CountConfig()
-    for i in range(2):
-        stages.count_shard(store, corpus, i, cc)
-    tok = stages.learn_tokenizer(store, stages.reduce_counts(store, corpus, cc), stages.TokenizerConfig(vocab_size=300))
-    ec = EncodeConfig()
-    for i in range(2):
-        stages.encode_shard(store, corpus, tok, i, ec)
-    return store, stages.publish_tokens(store, corpus, tok, ec)
+    store, ref, _ = publish_tokens_version(tmp_path_factory.mktemp("tok"), shakespeare_text[:50_000], vocab_size=300)
+    return store, ref
 
 
 def test_tokens_altered_after_publish(tokens_version):

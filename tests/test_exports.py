@@ -9,13 +9,11 @@ import os
 
 import numpy as np
 import pytest
+from chain import publish_tokens_version
 
 from pipeline_lib import get_encoding, stages
-from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.formats import onig_pattern
 from pipeline_lib.fsio import InputError
-from pipeline_lib.store import ArtifactStore
-from pipeline_lib.token_shards import EncodeConfig
 from pipeline_lib.tokenizer import Tokenizer
 
 EOT = "<|endoftext|>"
@@ -206,19 +204,7 @@ def test_gpt2_files_that_do_not_match(tmp_path):
 @pytest.fixture(scope="module")
 def tokens_store(tmp_path_factory, shakespeare_text):
     root = tmp_path_factory.mktemp("exports")
-    store = ArtifactStore(str(root / "store"))
-    src = root / "c.txt"
-    src.write_text(shakespeare_text[:60_000])
-    cfg = CorpusConfig(sources=(str(src),), n_shards=2)
-    corpus = stages.shard_corpus(store, stages.download_corpus(store, cfg), cfg)
-    cc = stages.CountConfig()
-    for i in range(2):
-        stages.count_shard(store, corpus, i, cc)
-    tok_ref = stages.learn_tokenizer(store, stages.reduce_counts(store, corpus, cc), stages.TokenizerConfig(vocab_size=400))
-    ec = EncodeConfig()
-    for i in range(2):
-        stages.encode_shard(store, corpus, tok_ref, i, ec)
-    ref = stages.publish_tokens(store, corpus, tok_ref, ec)
+    store, ref, tok_ref = publish_tokens_version(root, shakespeare_text[:60_000], vocab_size=400)
     return str(root / "store"), store, ref, stages.load_tokenizer(store, tok_ref)
 
 

@@ -6,33 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from chain import publish_tokens_version
 
-from pipeline_lib import stages
-from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.errors import InputError, ShardError
 from pipeline_lib.lm.data import TokenShards
 from pipeline_lib.lm.testing import write_token_dir
-from pipeline_lib.store import ArtifactStore
-from pipeline_lib.token_shards import EncodeConfig, check_shards, export_llmc, export_nanogpt
+from pipeline_lib.token_shards import check_shards, export_llmc, export_nanogpt
 
 
 @pytest.fixture(scope="module")
 def two_shard_tokens(tmp_path_factory, shakespeare_text):
     """A published tokens version of 2 shards, through the stages (as `tokenmill run`)."""
-    root = tmp_path_factory.mktemp("split")
-    store = ArtifactStore(str(root / "store"))
-    src = root / "c.txt"
-    src.write_text(shakespeare_text[:120_000])
-    cfg = CorpusConfig(sources=(str(src),), n_shards=2)
-    corpus = stages.shard_corpus(store, stages.download_corpus(store, cfg), cfg)
-    cc = stages.CountConfig()
-    for i in range(2):
-        stages.count_shard(store, corpus, i, cc)
-    tok = stages.learn_tokenizer(store, stages.reduce_counts(store, corpus, cc), stages.TokenizerConfig(vocab_size=300))
-    ec = EncodeConfig()
-    for i in range(2):
-        stages.encode_shard(store, corpus, tok, i, ec)
-    ref = stages.publish_tokens(store, corpus, tok, ec)
+    store, ref, _ = publish_tokens_version(tmp_path_factory.mktemp("split"), shakespeare_text[:120_000], vocab_size=300)
     return store.local_dir(ref.kind, ref.version), store.manifest(ref.kind, ref.version)["meta"]
 
 

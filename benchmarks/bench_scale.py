@@ -5,7 +5,11 @@ Run by hand (not part of the tests; the 4 GB chain takes minutes and 4 GB of dis
     bash ../shared/corpus/make_prose_big.sh /tmp/corpora           # prose_big.txt, ~139 MB
     pip install -e ".[bench]"                                      # rustbpe, tiktoken
     python benchmarks/bench_scale.py --prose /tmp/corpora/prose_big.txt \\
-        --chain-source /tmp/corpora/prose_big.txt --chain-gb 1 4
+        --chain-source /tmp/corpora/prose_big.txt --chain-source /tmp/corpora/multilingual_big.txt \\
+        --chain-source /tmp/corpora/code_py.txt --chain-gb 0.25 1 4
+
+    (multilingual_big.txt: ../shared/corpus/make_multilingual_big.sh; code_py.txt:
+    ../shared/corpus/make_code_corpus.py over the venv's site-packages and the stdlib)
 
 It prints, section by section:
 
@@ -19,7 +23,11 @@ It prints, section by section:
    local Prefect server already running: wall time, peak RSS of the command (the largest of
    its process and its children), RSS growth from the smallest to the largest corpus, and
    the corpus shards' size spread (the manifest's `balance`).
-3. The cost of a task run: benchmarks/bench_granularity.py (1,000 small shards, one task per
+   Each run's stage timings come from the Prefect API (benchmarks/cost_model.py).
+3. The cost model (benchmarks/cost_model.py) calibrated on the smallest chain run: its
+   per-stage rates (MB/s per core), its predictions for the bigger runs against their
+   measured wall time (the error), and its projection to 1 TB and 10 TB on a cluster.
+4. The cost of a task run: benchmarks/bench_granularity.py (1,000 small shards, one task per
    shard vs grouped), where it exists.
 
 Targets (issue "large corpora"): CLI <= 0.5x rustbpe's wall at 20 MB and <= 0.3x at 139 MB;
@@ -42,6 +50,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+import cost_model  # noqa: E402
+
 # Runs a command and prints its children's peak RSS (KiB on Linux) as its last line: a fresh
 # process per measurement, so the peak is that command's alone.
 PEAK_RSS = "import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)"
@@ -88,6 +99,17 @@ def build_corpus(sources: list[str], size: int, out: Path) -> Path:
     return out
 
 
+def api_url(home: Path) -> str:
+    """The API of tokenmill's local server in PREFECT_HOME `home`."""
+    sys.path.insert(0, str(ROOT))
+    from flows.prefect_api import LocalServer, server_dir
+
+    state = LocalServer(server_dir(home)).read_state()
+    if not state:
+        raise SystemExit(f"tokenmill's local server in {home} is not running")
+    return state["api_url"]
+
+
 def chain(corpus: Path, store: Path, vocab_size: int, workers: int, env: dict[str, str], log: Path) -> dict[str, float | str]:
     """`tokenmill run --no-lm` on `corpus`: wall, peak RSS and the shards' spread."""
     argv = [sys.executable, "-m", "flows.cli", "run", "--no-lm", "--corpus", str(corpus), "--store", str(store)]
@@ -113,7 +135,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prose", help="English text for section 1 (prose_big.txt); leave out to skip it")
     ap.add_argument("--chain-source", action="append", default=[], help="text file concatenated into the chain corpora (repeatable)")
-    ap.add_argument("--chain-gb", type=float, nargs="*", default=[1.0, 4.0], help="chain corpus sizes in GB (default: 1 4)")
+    ap.add_argument("--chain-gb", type=float, nargs="*", default=[0.25, 1.0, 4.0], help="chain corpus sizes in GB (default: 0.25 1 4)")
     ap.add_argument("--vocab-size", type=int, default=32768)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-granularity", action="store_true", help="skip section 3")
@@ -141,18 +163,31 @@ def main() -> None:
                 store = work / f"store-{gb:g}GB"
                 shutil.rmtree(store, ignore_errors=True)
                 row = chain(corpus, store, args.vocab_size, args.workers, env, work / f"chain-{gb:g}GB.log")
-                rows.append((gb, row))
+                timings = cost_model.flow_run_timings(api_url(home))
+                model = cost_model.CostModel.calibrate(timings, cost_model.store_figures(str(store)), float(row["wall"]), args.workers)
+                rows.append((gb, row, model))
+                stages = ", ".join(f"{k} {v:.1f}" for k, v in model.busy_s.items())
                 print(f"  {gb:g} GB: wall {row['wall']:.1f} s, peak RSS {row['peak_rss_mb']:.0f} MB, shards {row['spread']} ({load()})", flush=True)
+                print(f"    busy s per stage: {stages}; fixed {model.fixed_s:.1f} s", flush=True)
                 shutil.rmtree(store, ignore_errors=True)
         finally:
             subprocess.run([sys.executable, "-m", "flows.cli", "server", "stop"], cwd=ROOT, env=env, capture_output=True)
-        if len(rows) > 1:
-            (small, first), (large, last) = rows[0], rows[-1]
+        sized = [(gb, row) for gb, row, _ in rows if gb >= 1]
+        if len(sized) > 1:
+            (small, first), (large, last) = sized[0], sized[-1]
             print(f"  RSS {small:g} GB -> {large:g} GB: x{float(last['peak_rss_mb']) / float(first['peak_rss_mb']):.2f} (target <= 1.2)")
+        if len(rows) > 1:
+            section("3. the cost model, calibrated on the smallest run")
+            gb0, _, model = rows[0]
+            cost_model.print_model(model)
+            for gb, row, _ in rows[1:]:
+                predicted = model.wall(gb * 1e9)
+                print(f"  {gb:g} GB: predicted {predicted:.1f} s, measured {row['wall']:.1f} s, error {100 * (predicted / float(row['wall']) - 1):+.0f}%")
+            cost_model.print_clusters(model, [1, 10], [(32, 8), (128, 8)])
 
     granularity = BENCH / "bench_granularity.py"
     if not args.no_granularity and granularity.exists():
-        section("3. the cost of a task run (benchmarks/bench_granularity.py)")
+        section("4. the cost of a task run (benchmarks/bench_granularity.py)")
         stream([sys.executable, str(granularity), "--workers", str(args.workers)])
     if not args.work_dir:
         shutil.rmtree(work, ignore_errors=True)

@@ -293,12 +293,10 @@ def cmd_encode(args) -> int:
     so = _storage_options(args.storage_option) or None
     k, v = _resolve(store, args.tokenizer, "tokenizer")
     with _flow_api():
-        from flows.pipeline import corpus_flow, encode_flow
+        from flows.pipeline import encode_corpus_flow
 
-        corpus = corpus_flow(configs["corpus"], store=args.store, storage_options=so)
-        tokens = encode_flow.with_options(task_runner=_runner(args))(
-            corpus, _ref_dict(store, k, v), store=args.store, encode=configs["encode"], storage_options=so, corpus=configs["corpus"]
-        )
+        flow = encode_corpus_flow.with_options(task_runner=_runner(args))
+        tokens = flow(configs["corpus"], _ref_dict(store, k, v), store=args.store, encode=configs["encode"], storage_options=so)
     print(f"tokens {tokens['kind']}/{tokens['version']} -> {tokens['uri']}")
     return 0
 

@@ -228,6 +228,21 @@ def encode_flow(
         return _encode(store, corpus_ref, tokenizer_ref, encode, storage_options, corpus)
 
 
+@flow(name="tokenmill-encode-corpus", flow_run_name=_run_name("encode"))
+def encode_corpus_flow(
+    corpus: CorpusConfig,
+    tokenizer_ref: dict[str, str],
+    store: str = DEFAULT_STORE,
+    encode: EncodeConfig = EncodeConfig(),
+    storage_options: dict | None = None,
+) -> dict[str, str]:
+    """`corpus_flow` then `encode_flow` in one flow run (what `tokenmill encode` runs): a
+    corpus encoded with an existing tokenizer, without a second flow run's start and end."""
+    with tags(*_run_tags(store, corpus)):
+        corpus_ref = _corpus(store, corpus, storage_options)
+    return encode_flow.fn(corpus_ref, tokenizer_ref, store, encode, storage_options, corpus)
+
+
 @flow(name="tokenmill-lm", flow_run_name=_run_name("lm"))
 def lm_flow(
     tokens_ref: dict[str, str],

@@ -161,3 +161,22 @@ def test_a_closed_pipe_is_no_error(cli_store, tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141
     assert "error" not in err and "Traceback" not in err
+
+
+def test_encode_a_new_corpus_with_a_stored_tokenizer(cli_store, capsys, tmp_path, shakespeare_text):
+    store_url, _ = cli_store
+    other = tmp_path / "other.txt"
+    other.write_text(shakespeare_text[-20_000:], encoding="utf-8")
+    store = ArtifactStore(store_url)
+    tokenizer = store.latest("tokenizer")
+    capsys.readouterr()
+    args = ["encode", "--tokenizer", "latest:tokenizer", "--corpus", str(other), "--store", store_url, "--workers", "2", "--no-doc-table"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    kind, version = out.split()[1].split("/")
+    manifest = store.manifest(kind, version)
+    assert kind == "tokens" and manifest["parents"]["tokenizer"] == f"tokenizer/{tokenizer['version']}"
+    assert store.manifest(*manifest["parents"]["corpus"].split("/"))["meta"]["sources"][0]["url"].endswith("other.txt")
+    tok = Tokenizer.load(store.local_dir("tokenizer", tokenizer["version"]))
+    tokens = np.concatenate([np.load(store.file_path(kind, version, f"{s['name']}.npy"), allow_pickle=False) for s in manifest["meta"]["shards"]])
+    assert tok.decode(tokens.tolist()).replace("<|endoftext|>", "\n").split() == other.read_text(encoding="utf-8").split()

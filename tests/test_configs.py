@@ -58,6 +58,7 @@ def _flows():
         "lm_flow": pipeline.lm_flow,
         "report_flow": pipeline.report_flow,
         "tokenizer_train_flow": pipeline.tokenizer_train_flow,
+        "encode_corpus_flow": pipeline.encode_corpus_flow,
         "compare_flow": lab.compare_flow,
         "sweep_flow": sweep.sweep_flow,
     }

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import random
+import re
 import string
 
 import numpy as np
@@ -129,7 +131,23 @@ def test_cli_exact_over_the_budget_is_one_clear_error(rare_corpus, tmp_path, cap
     err = capsys.readouterr().err
     (line,) = [line for line in err.splitlines() if line.startswith("tokenmill: error: ")]  # Prefect's log lines go there too
     assert "over --count-memory 64KiB" in line and "--count-mode pruned" in line and "Traceback" not in err
-    assert main([*argv, "--count-memory", "64KiB", "--count-mode", "pruned"]) == 0
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    run_logs = [logging.getLogger(f"prefect.{name}") for name in ("task_runs", "flow_runs")]
+    levels = [logger.level for logger in run_logs]
+    for logger in run_logs:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)  # the suite runs Prefect at WARNING
+    try:
+        assert main([*argv, "--count-memory", "64KiB", "--count-mode", "pruned"]) == 0
+    finally:
+        for logger, level in zip(run_logs, levels):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    err = "\n".join(logged)  # the counting tasks say what pruning dropped
+    assert re.search(r"shard 0: [\d,]+ distinct pieces \(pruned below \d+: [\d,]+ pieces dropped\)", err), err[-3000:]
+    assert re.search(r"pruned mode \(--count-min \d+\): [\d,]+ pieces and [\d,]+ occurrences dropped", err), err[-3000:]
 
 
 def test_estimate_follows_the_table(sharded):

@@ -20,7 +20,9 @@ Every contender is a fresh process, timed from spawn to exit, on the same file:
                        --workers W --store DIR`, no PREFECT_API_URL, a fresh PREFECT_HOME:
                        the command starts tokenmill's local Prefect server (once per home)
     tokenmill          the same command again (new store), the local server already running:
-                       what every later command costs
+                       what every later command costs, run in the warm runner the first
+                       command left (flows/warm.py; its child's CPU is counted), and with
+                       TOKENMILL_WARM=0 (imports and all, in the command's own process)
     tokenmill (API)    the same with PREFECT_API_URL pointing at `prefect server start`
                        (started here, on 127.0.0.1 and a free port, and stopped afterwards)
 
@@ -185,6 +187,27 @@ def prefect_server(home: str):
                 break
 
 
+def wait_for_runner(home: str, timeout: float = 120) -> str:
+    """The log of the warm runner (flows/warm.py) the first command left, once it serves."""
+    directory = os.path.join(home, "tokenmill")
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(os.path.join(directory, "warm.json")):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no warm runner in {directory} after {timeout:.0f} s")
+        time.sleep(0.2)
+    return os.path.join(directory, "warm.log")
+
+
+def served_cpu(t: Timing, runner_log: str) -> Timing:
+    """`t` with the CPU of the runner's child that ran the command (it logs it as it exits)."""
+    with open(runner_log) as f:
+        exits = re.findall(r"pid \d+: exit \d+, ([\d.]+) s CPU", f.read())
+    if not exits:
+        raise SystemExit(f"{runner_log}: the command did not run in the warm runner")
+    t.cpu += float(exits[-1])
+    return t
+
+
 def cut(path: str, out: str, head_mb: float | None = None, head_tail_mb: float | None = None) -> str:
     """The first `head_mb` MB of `path`, or its first and last `head_tail_mb` MB, cut at line ends."""
     with open(path, "rb") as f:
@@ -264,13 +287,13 @@ def main() -> None:
         ]
 
     print(f"{corpus}: {size / 1e6:.1f} MB, vocab {args.vocab_size}, {args.workers} workers, {os.cpu_count()} CPUs, load {load():.1f}", flush=True)
-    print(f"  {'contender':<30} {'wall s':>7} {'cpu s':>6} {'server':>6}  {'to flow':>7} {'flow':>6} {'exit':>5}  load", flush=True)
+    print(f"  {'contender':<38} {'wall s':>7} {'cpu s':>6} {'server':>6}  {'to flow':>7} {'flow':>6} {'exit':>5}  load", flush=True)
     results: dict[str, list[Timing]] = {}
 
     def record(name: str, t: Timing) -> None:
         results.setdefault(name, []).append(t)
         phases = "  ".join(f"{p:6.2f}" for p in t.phases) if t.phases else ""
-        print(f"  {name:<30} {t.wall:7.2f} {t.cpu:6.2f} {t.server_cpu:6.2f}  {phases:<22} {t.load:4.1f}", flush=True)
+        print(f"  {name:<38} {t.wall:7.2f} {t.cpu:6.2f} {t.server_cpu:6.2f}  {phases:<22} {t.load:4.1f}", flush=True)
 
     log = lambda name: os.path.join(work, f"{name}{next(runs)}.log")  # noqa: E731
     env = base_env(os.path.join(work, "unused-home"))
@@ -293,8 +316,13 @@ def main() -> None:
     env = base_env(home)
     try:
         record("tokenmill (cold local server)", timed(train_cmd(), env, log("cold"), lambda: local_server_pgid(home), phases=True))
+        runner_log = wait_for_runner(home)
         for _ in range(args.repeat):
-            record("tokenmill (local server)", timed(train_cmd(), env, log("warm"), lambda: local_server_pgid(home), phases=True))
+            t = timed(train_cmd(), env, log("warm"), lambda: local_server_pgid(home), phases=True)
+            record("tokenmill (local server, warm runner)", served_cpu(t, runner_log))
+        for _ in range(args.repeat):
+            cold_env = {**env, "TOKENMILL_WARM": "0"}
+            record("tokenmill (local server, no runner)", timed(train_cmd(), cold_env, log("nowarm"), lambda: local_server_pgid(home), phases=True))
     finally:
         subprocess.run([*tokenmill, "server", "stop"], env=env, cwd=ROOT, capture_output=True)
     if not args.no_api_server:
@@ -308,11 +336,11 @@ def main() -> None:
         base = min(results["rustbpe + tiktoken"], key=lambda t: t.wall)
         target = 0.5 if size < 50e6 else 0.3
         print(f"ratio to rustbpe + tiktoken ({base.wall:.2f} s wall, {base.cpu:.2f} s CPU; target <= {target}x wall at this size):")
-        print(f"  {'':<30} {'wall':>6} {'cpu+server':>10}")
+        print(f"  {'':<38} {'wall':>6} {'cpu+server':>10}")
         for name, timings in results.items():
             if name != "rustbpe + tiktoken":
                 best = min(timings, key=lambda t: t.wall)
-                print(f"  {name:<30} {best.wall / base.wall:5.2f}x {(best.cpu + best.server_cpu) / base.cpu:9.2f}x")
+                print(f"  {name:<38} {best.wall / base.wall:5.2f}x {(best.cpu + best.server_cpu) / base.cpu:9.2f}x")
     if not args.work_dir:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -14,9 +14,10 @@ A REF names a version in the store: ``kind/version``, a unique version-id prefix
 ``latest:KIND``. Commands that run flows use Prefect's API when PREFECT_API_URL is set,
 else tokenmill's local Prefect server: started in the background by the first such command
 (on 127.0.0.1), reused by the next ones, stopped after an hour unused or by
-`tokenmill server stop`. It keeps its database (prefect.db), log and the runs' task results
-in $PREFECT_HOME/tokenmill (default ~/.prefect/tokenmill), and nothing else in
-$PREFECT_HOME; `tokenmill gc --prefect-home` removes them. TOKENMILL_PREFECT_SERVER=temporary uses Prefect's per-command server instead.
+`tokenmill server stop`. A warm runner beside it (flows/warm.py) runs later commands in a
+process that has made their imports already (TOKENMILL_WARM=0: never). They keep their
+database (prefect.db), logs and the runs' task results in $PREFECT_HOME/tokenmill (default
+~/.prefect/tokenmill), and nothing else in $PREFECT_HOME; `tokenmill gc --prefect-home` removes them. TOKENMILL_PREFECT_SERVER=temporary uses Prefect's per-command server instead.
 
 A failure prints one ``tokenmill: error:`` line naming the file, URL or store and what to
 do; the traceback goes to a log file ($TOKENMILL_LOG_DIR, default $PREFECT_HOME/logs) and
@@ -25,6 +26,11 @@ to Prefect's run logs (--debug or TOKENMILL_DEBUG=1 prints it too). Exit status:
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__":  # `python -m flows.cli`: the warm runner first, before the imports below
+    from flows.warm import main as _warm_main
+
+    _warm_main()
 
 import argparse
 import contextlib
@@ -401,11 +407,13 @@ def cmd_gc(args) -> int:
 
 
 def cmd_server(args) -> int:
+    from flows import warm
     from flows.prefect_api import DEFAULT_STARTUP_TIMEOUT_S, ENV_STARTUP_TIMEOUT, LocalServer, read_float_env, server_dir
 
     local = LocalServer(server_dir())
     if args.action == "start":
         state = local.ensure(read_float_env(ENV_STARTUP_TIMEOUT, DEFAULT_STARTUP_TIMEOUT_S))
+        warm.spawn(str(local.directory), state["pid"])
         print(f"tokenmill's local Prefect server: {state['api_url']} (pid {state['pid']}, files in {local.directory})")
     elif args.action == "stop":
         pid = local.stop()

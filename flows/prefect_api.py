@@ -46,6 +46,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from flows import warm
+from flows.warm import SERVER_DIR
+from flows.warm import pid_alive as _pid_alive
 from pipeline_lib.errors import InputError, TokenmillError
 
 ENV_MODE = "TOKENMILL_PREFECT_SERVER"  # "local" (default) or "temporary"
@@ -55,7 +58,6 @@ ENV_IDLE_TIMEOUT = "TOKENMILL_SERVER_IDLE_TIMEOUT"
 # creating it, on 2 cores at load 6.5; a machine several times busier still fits.
 DEFAULT_STARTUP_TIMEOUT_S = 180.0
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
-SERVER_DIR = "tokenmill"
 SERVER_MODULE = "flows.local_server"
 STATE_FILE, LOG_FILE, LOCK_FILE, DB_FILE = "server.json", "server.log", "server.lock", "prefect.db"
 STORAGE_DIR, CLIENTS_DIR, MEMO_FILE = "storage", "clients", "memo_store.toml"
@@ -87,16 +89,6 @@ def prefect_home() -> Path:
 
 def server_dir(home: Path | None = None) -> Path:
     return (home or prefect_home()) / SERVER_DIR
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class LocalServer:
@@ -308,6 +300,7 @@ class LocalServer:
             self.remove_state(state["pid"])
             return None
         self._kill(state["pid"])
+        warm.stop(str(self.directory))
         return state["pid"]
 
     def _last_log_line(self) -> str:
@@ -359,8 +352,11 @@ class LocalServer:
                     notes.append(f"{'would stop' if dry_run else 'stopped'} the local Prefect server (pid {state['pid']})")
                     if not dry_run:
                         self._kill(state["pid"])
-                for name in (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm", f"{DB_FILE}-journal", MEMO_FILE, LOG_FILE, STATE_FILE):
-                    if (self.directory / name).is_file():
+                if not dry_run:
+                    warm.stop(str(self.directory))
+                server_files = (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm", f"{DB_FILE}-journal", MEMO_FILE, LOG_FILE, STATE_FILE)
+                for name in (*server_files, warm.INFO_FILE, warm.LOG_FILE, warm.SOCKET_FILE):
+                    if (self.directory / name).is_file() or (self.directory / name).is_socket():
                         remove(self.directory / name)
             if self.clients_dir.is_dir():
                 for p in self.clients_dir.iterdir():
@@ -433,8 +429,11 @@ def flow_api() -> Iterator[str | None]:
     with local.registered():
         state = local.ensure(startup_timeout)
         env, updates, defaults = local_client_settings(local, state["api_url"], settings)
-        with _environ(env), temporary_settings(updates=updates, set_defaults=defaults), TagLimits.installed():
-            yield state["api_url"]
+        try:
+            with _environ(env), temporary_settings(updates=updates, set_defaults=defaults), TagLimits.installed():
+                yield state["api_url"]
+        finally:
+            warm.spawn(str(local.directory), state["pid"])  # for the next command (flows.warm)
 
 
 def local_client_settings(local: LocalServer, api_url: str, settings: Any) -> tuple[dict[str, str], dict[Any, Any], dict[Any, Any]]:

@@ -24,6 +24,12 @@ fail the run (`CorpusConfig.errors`); the counts go in the manifest. A source th
 binary, a truncated or corrupt archive, or one that decompresses past `max_source_bytes`
 (a decompression bomb) stops the run with an `InputError` naming the file, and nothing
 is published.
+
+Plain text files are split into line or paragraph documents by the compiled core's
+scanner, a block at a time (`_scan_text`), and reach the shards in batches (`SourceBatch`)
+with no per-document Python work. `_iter_docs` reads every format document by document and
+defines the rules: the scanner follows them, and `_iter_docs` takes its place when the core
+is not built.
 """
 
 from __future__ import annotations
@@ -33,10 +39,12 @@ import codecs
 import contextlib
 import gzip
 import hashlib
+import importlib
 import io
 import json
 import logging
 import lzma
+import math
 import os
 import re
 import shutil
@@ -45,14 +53,15 @@ import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, BinaryIO, Literal, Protocol
+from typing import Annotated, Any, BinaryIO, Literal, Protocol, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline_lib import cancel
 from pipeline_lib.config import STRICT, doc
-from pipeline_lib.fsio import InputError, filesystem, hash_file, hash_stream, protocol_of
+from pipeline_lib.fsio import InputError, filesystem, hash_stream, protocol_of
 from pipeline_lib.store import ArtifactStore, FileInfo, VersionRef, version_id
 from pipeline_lib.version import code_version
 
@@ -60,6 +69,8 @@ log = logging.getLogger(__name__)
 
 RAW_KIND = "raw"
 CORPUS_KIND = "corpus"
+# What decides the shards: this module and its document scanner, which is native code.
+SHARD_CODE = ("pipeline_lib.corpus", "pipeline_lib._tokcore")
 DEFAULT_CORPUS = os.path.join(os.path.dirname(__file__), "data", "tinyshakespeare.txt")
 _COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 _FORMATS = (".txt", ".text", ".md", ".jsonl", ".ndjson", ".json", ".parquet")
@@ -73,6 +84,7 @@ DEFAULT_TASK_BYTES = 64 << 20
 # that a small corpus keeps one task per shard and a cluster has work for its workers.
 MIN_TASKS = 64
 _BIG_DOC = 4 << 20  # documents above this are validated in slices and written on their own
+_BLOCK_BYTES = 16 << 20  # text read per native scan (more while one document spans blocks)
 # Magic numbers of common binary formats that are not text (compressed ones are handled
 # by extension; a compressed file without its extension is refused here).
 _BINARY_MAGIC = {
@@ -426,7 +438,7 @@ class _InPlace:
 
 # --------------------------------------------------------------------------- reading sources
 class _ByteSource(Protocol):
-    def read(self, size: int, /) -> bytes | None: ...
+    def readinto(self, buffer: Any, /) -> int | None: ...
 
 
 class _CappedReader(io.RawIOBase):
@@ -440,17 +452,15 @@ class _CappedReader(io.RawIOBase):
 
     def readinto(self, b) -> int:
         try:
-            data = self.inner.read(len(b))
-            assert data is not None  # None only comes from a non-blocking raw stream
+            n = self.inner.readinto(b)  # straight into the reader's buffer: no copy for a plain file
+            assert n is not None  # None only comes from a non-blocking raw stream
         except InputError:
             raise
         except (EOFError, OSError, lzma.LZMAError, ValueError) as e:
             raise InputError(f"{self.name}: corrupt or truncated archive ({e})") from e
-        n = len(data)
         self.n += n
         if self.n > self.cap:
             raise InputError(f"{self.name}: decompresses to more than {self.cap:,} bytes (max_source_bytes); refusing a possible decompression bomb")
-        b[:n] = data
         return n
 
 
@@ -517,7 +527,7 @@ def open_source(path: str | _InPlace, name: str, cap: int) -> Iterator[io.Buffer
         elif comp == ".zst":
             inner = _ZstdReader(raw, name)
         else:
-            inner = raw
+            inner = cast(_ByteSource, raw)  # typing.BinaryIO declares no readinto; every binary file has it
         yield io.BufferedReader(_CappedReader(inner, cap, name), buffer_size=1 << 20)
 
 
@@ -731,6 +741,142 @@ def iter_documents(path: str, name: str, config: CorpusConfig, stats: DecodeStat
         yield data.decode("utf-8")
 
 
+def _native_scanner() -> Any:
+    """The compiled core's `scan_documents`, or None (not built, or TOKENMILL_PURE_PYTHON)."""
+    if os.environ.get("TOKENMILL_PURE_PYTHON"):
+        return None
+    try:
+        _tokcore = importlib.import_module("pipeline_lib._tokcore")
+    except ImportError:
+        return None
+    if not hasattr(_tokcore, "scan_documents"):
+        return None
+    cancel.watch(_tokcore)
+    return _tokcore.scan_documents
+
+
+# Read at call time, so a test can swap it; without it the sharder packs `_iter_docs`'s documents.
+_SCAN = _native_scanner()
+
+
+@dataclass
+class SourceBatch:
+    """Consecutive documents of one source: document k is ``data[offsets[k]:offsets[k + 1]]``
+    (valid UTF-8, not blank) and ``ends[k]`` the source bytes walked through its end, as
+    `_iter_docs` yields them one at a time."""
+
+    data: Any  # a buffer: bytes or a uint8 array
+    offsets: np.ndarray  # int64, n + 1
+    ends: np.ndarray  # int64, n
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+
+def _iter_batches(path: str | _InPlace, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[SourceBatch]:
+    """`_iter_docs`'s documents in batches: text files in line or paragraph mode are scanned
+    natively a block at a time, the other sources document by document."""
+    fmt, _ = _split_name(name)
+    if _SCAN is not None and fmt not in (".parquet", ".jsonl", ".ndjson", ".json") and config.documents != "file":
+        yield from _scan_text(_SCAN, path, name, config, stats)
+    else:
+        yield from _pack(_iter_docs(path, name, config, stats))
+
+
+def _pack(docs: Iterator[tuple[bytes, int]]) -> Iterator[SourceBatch]:
+    """Batches of (document, position) pairs, of about `_BATCH_BYTES`; a big document alone (not copied)."""
+    datas: list[bytes] = []
+    ends: list[int] = []
+    size = 0
+
+    def batch() -> SourceBatch:
+        offsets = np.zeros(len(datas) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, datas), dtype=np.int64, count=len(datas)), out=offsets[1:])
+        return SourceBatch(b"".join(datas), offsets, np.array(ends, dtype=np.int64))
+
+    for data, pos in docs:
+        if len(data) > _BIG_DOC and datas:
+            yield batch()
+            datas, ends, size = [], [], 0
+        datas.append(data)
+        ends.append(pos)
+        size += len(data)
+        if size >= _BATCH_BYTES or len(datas) >= _BATCH_DOCS or len(data) > _BIG_DOC:
+            yield batch()
+            datas, ends, size = [], [], 0
+        del data
+    if datas:
+        yield batch()
+
+
+def _scan_text(scan: Any, path: str | _InPlace, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[SourceBatch]:
+    """The line or paragraph documents of a text source, read `_BLOCK_BYTES` at a time.
+
+    A block's incomplete last line (or paragraph) is carried into the next one; while a
+    single document spans blocks the reads grow with it, so memory stays a small multiple
+    of the largest document and each byte is scanned a bounded number of times.
+    """
+    mode = 0 if config.documents == "line" else 1
+    base = 0  # source position of the block's first byte
+    lines = 0  # lines before it
+    carry = np.empty(0, dtype=np.uint8)  # the end of the last block: an incomplete line or paragraph
+    with open_source(path, name, config.max_source_bytes) as f:
+        _sniff_binary(f.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], name)
+        while True:
+            # uninitialized (pages cost only once read into); doubles while one document goes on
+            block = np.empty(len(carry) + max(_BLOCK_BYTES, len(carry)), dtype=np.uint8)
+            filled = len(carry)
+            block[:filled] = carry
+            del carry
+            with block.data as view:
+                while filled < len(block) and (got := f.readinto(view[filled:])):
+                    filled += got
+                final = filled < len(block) or not f.peek(1)
+                # the documents are packed at the start of the block, the rest left as it is
+                _, offsets, ends, consumed, n_lines, chars, empty, invalid, invalid_lines = scan(view[:filled], mode, final, True)
+            carry = block[consumed:filled]  # a view: copied into the next block
+            ends += base
+            stats.empty_documents += empty
+            stats.documents += len(ends) - len(invalid)
+            stats.bytes += int(offsets[-1]) - int((offsets[invalid + 1] - offsets[invalid]).sum())
+            stats.chars += chars
+            batch = SourceBatch(block, offsets, ends)
+            if len(invalid):
+                batch = _apply_policy(batch, invalid, invalid_lines + (lines + 1), name, config.errors, stats)
+            if len(batch):
+                yield batch
+            del batch, block, offsets, ends
+            base += consumed
+            lines += n_lines
+            if final:
+                assert not len(carry), "the final scan consumes everything"
+                return
+
+
+def _apply_policy(batch: SourceBatch, invalid: np.ndarray, linenos: np.ndarray, name: str, errors: str, stats: DecodeStats) -> SourceBatch:
+    """`batch` with its invalid-UTF-8 documents repaired or dropped (`_check_utf8`, which counts them)."""
+    offsets = batch.offsets
+    view = memoryview(batch.data).cast("B")
+    lengths = np.diff(offsets)
+    keep = np.ones(len(lengths), dtype=bool)
+    pieces: list[Any] = []
+    start = 0
+    for k, lineno in zip(invalid.tolist(), linenos.tolist()):
+        pieces.append(view[offsets[start] : offsets[k]])
+        data = _check_utf8(bytes(view[offsets[k] : offsets[k + 1]]), errors, f"{name}:{lineno}", stats)
+        if data is None:
+            keep[k] = False
+        else:
+            pieces.append(data)
+            lengths[k] = len(data)
+        start = k + 1
+    pieces.append(view[offsets[start] : offsets[-1]])
+    lengths = lengths[keep]
+    new_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    return SourceBatch(b"".join(pieces), new_offsets, batch.ends[keep])
+
+
 def _text_column(pf: pq.ParquetFile, name: str, field: str) -> None:
     names = pf.schema_arrow.names
     if field not in names:
@@ -837,7 +983,8 @@ def shard_name(i: int) -> str:
 
 
 class _ShardPlan:
-    """Where the shard boundaries fall, decided one document at a time (streaming, deterministic).
+    """Where the shard boundaries fall, decided one document at a time (streaming, deterministic;
+    `place_batch` decides a batch of documents at once, with the same result).
 
     Each shard aims at the bytes still to come divided by the shards still to make, so a
     big early shard does not starve the later ones (cutting at fixed k/n marks of the
@@ -878,6 +1025,38 @@ class _ShardPlan:
             after = True
         return before, after
 
+    def place_batch(self, sizes: np.ndarray) -> list[tuple[int, bool, bool, bool]]:
+        """`place` for consecutive documents of these sizes: (index, close before, close after,
+        oversize) for each document where a shard closes (the others just join the current one).
+
+        Only the document at which the current shard first reaches its target can close it:
+        below the target, adding a document of size s < target - current neither overshoots
+        by more than it falls short nor reaches it. So each close is one `searchsorted` over
+        the cumulative sizes, then `place` on that document.
+        """
+        events: list[tuple[int, bool, bool, bool]] = []
+        n = len(sizes)
+        if n == 0:
+            return events
+        cum = np.cumsum(sizes, dtype=np.int64)
+        i = 0  # next document
+        walked = 0  # cum[i - 1]
+        while i < n and self.left > 1:
+            # first k with current + cum[k] - walked >= target (an int reaches a float at its ceiling)
+            need = walked + math.ceil(self.remaining / self.left) - self.current
+            k = max(i, int(np.searchsorted(cum, need, side="left")))
+            if k >= n:
+                break
+            self.current += int(cum[k - 1]) - walked if k > i else 0
+            before, after = self.place(int(sizes[k]))
+            events.append((k, before, after, self.oversize))
+            walked, i = int(cum[k]), k + 1
+        if i < n:  # the rest joins the current shard
+            before_last = self.current + (int(cum[n - 2]) - walked if n - 1 > i else 0)
+            self.oversize = before_last == 0 and int(sizes[n - 1]) > self.share
+            self.current += int(cum[n - 1]) - walked
+        return events
+
     def skip(self, size: int) -> None:
         """Source bytes after the last document of a source (they belong to the current shard)."""
         self.current += size
@@ -905,11 +1084,17 @@ def format_balance(balance: Mapping[str, Any]) -> str:
 
 
 class _ShardWriter:
-    """Writes one Parquet text shard through `Staging.open_write`, in bounded batches."""
+    """Writes one Parquet text shard through `Staging.open_write`, in bounded row groups.
+
+    Documents come in batches (`SourceBatch`) and go into Arrow arrays without a copy; row
+    groups hold about `_BATCH_BYTES` or `_BATCH_DOCS` documents, a document larger than
+    `_BIG_DOC` one of its own.
+    """
 
     def __init__(self, staging, index: int):
         self.name = shard_name(index)
         self.file = f"{self.name}.parquet"
+        self.staging = staging
         self._ctx = staging.open_write(self.file)
         self.path = self._ctx.__enter__()
         self.writer = pq.ParquetWriter(
@@ -919,51 +1104,61 @@ class _ShardWriter:
             use_dictionary=["source"],
             write_statistics=False,
         )
-        self.texts: list[bytes] = []
-        self.sources: list[str] = []
-        self.batch_bytes = 0
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_bytes = self.pending_docs = 0
         self.n_docs = self.n_bytes = 0
+        self._source_column: tuple[str, pa.Array] | None = None
 
-    def add(self, data: bytes, source: str) -> None:
-        if len(data) > _BIG_DOC:  # a huge document goes out on its own, without a copy
-            self.flush()
-            self._write([data], [source], single=True)
-            self.n_docs += 1
-            self.n_bytes += len(data)
+    def add(self, batch: SourceBatch, start: int, stop: int, source: str) -> None:
+        """Documents ``start:stop`` of `batch`, from `source`."""
+        if start >= stop:
             return
-        self.texts.append(data)
-        self.sources.append(source)
-        self.batch_bytes += len(data)
-        self.n_docs += 1
-        self.n_bytes += len(data)
-        if self.batch_bytes >= _BATCH_BYTES or len(self.texts) >= _BATCH_DOCS:
-            self.flush()
+        offsets = batch.offsets
+        self.n_docs += stop - start
+        self.n_bytes += int(offsets[stop] - offsets[start])
+        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(batch.data)]
+        big = (np.flatnonzero(np.diff(offsets[start : stop + 1]) > _BIG_DOC) + start).tolist()
+        i = start
+        for b in [*big, stop]:
+            while i < b:  # documents i:b are small: fill the pending row group
+                room = offsets[i] + (_BATCH_BYTES - self.pending_bytes)
+                j = min(b, i + _BATCH_DOCS - self.pending_docs, int(np.searchsorted(offsets, room, side="left")))
+                self._append(buffers, i, j, int(offsets[j] - offsets[i]), source)
+                if self.pending_bytes >= _BATCH_BYTES or self.pending_docs >= _BATCH_DOCS:
+                    self.flush()
+                i = j
+            if b < stop:  # a huge document goes out on its own
+                self.flush()
+                self._append(buffers, b, b + 1, int(offsets[b + 1] - offsets[b]), source)
+                self.flush()
+                i = b + 1
 
-    def flush(self) -> None:
-        if not self.texts:
-            return
-        texts, sources = self.texts, self.sources
-        self.texts, self.sources, self.batch_bytes = [], [], 0
-        self._write(texts, sources)
-
-    def _write(self, texts: list[bytes], sources: list[str], single: bool = False) -> None:
-        if single:
-            data = texts.pop()
-            offsets = pa.py_buffer(np.array([0, len(data)], dtype=np.int64).tobytes())
-            binary = pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)])
-        else:
-            binary = pa.array(texts, pa.large_binary())
-            texts.clear()
+    def _append(self, buffers: list[Any], i: int, j: int, n_bytes: int, source: str) -> None:
+        binary = pa.Array.from_buffers(pa.large_binary(), j - i, buffers, offset=i)
         # Bytes were validated as UTF-8 already; the cast re-checks it in C, zero-copy.
         text = binary.cast(pa.large_string())
-        del binary
-        self.writer.write_batch(pa.record_batch([text, pa.array(sources, pa.string())], schema=SHARD_SCHEMA))
+        self.pending.append(pa.record_batch([text, self._sources(source, j - i)], schema=SHARD_SCHEMA))
+        self.pending_bytes += n_bytes
+        self.pending_docs += j - i
+
+    def _sources(self, source: str, n: int) -> pa.Array:
+        """The source column of `n` documents: a slice of one array of `_BATCH_DOCS` copies of the name."""
+        if self._source_column is None or self._source_column[0] != source:
+            self._source_column = (source, pa.repeat(pa.scalar(source, pa.string()), _BATCH_DOCS))
+        return self._source_column[1].slice(0, n)
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        table = pa.Table.from_batches(self.pending, schema=SHARD_SCHEMA)
+        self.pending, self.pending_bytes, self.pending_docs = [], 0, 0
+        self.writer.write_table(table, row_group_size=table.num_rows)  # one row group
 
     def close(self) -> dict[str, Any]:
         self.flush()
         self.writer.close()
-        self.info = FileInfo(*hash_file(self.path))
-        self._ctx.__exit__(None, None, None)  # publishes the file into the staging area
+        self._ctx.__exit__(None, None, None)  # publishes the file into the staging area, hashing it
+        self.info: FileInfo = self.staging.written[self.file]
         return {"name": self.name, "file": self.file, "n_docs": self.n_docs, "n_bytes": self.n_bytes}
 
     def abort(self) -> None:
@@ -984,7 +1179,7 @@ def shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) ->
     document. Deterministic: the same raw version and config give byte-identical shards.
     """
     params = config.shard_params()
-    code = code_version("pipeline_lib.corpus")
+    code = code_version(*SHARD_CODE)
     version = version_id(CORPUS_KIND, {"raw": raw.key}, params, code)
     return store.produce(CORPUS_KIND, version, lambda: _shard_corpus(store, raw, config, version, params, code))
 
@@ -1035,20 +1230,33 @@ def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, v
         writer = None
         shards.append(record)
 
+    def write(batch: SourceBatch, start: int, stop: int, source: str) -> None:
+        nonlocal writer
+        if start < stop:
+            if writer is None:
+                writer = _ShardWriter(staging, len(shards))
+            writer.add(batch, start, stop, source)
+
     try:
         for (path, name), smeta, extent in zip(sources, raw_sources, extents):
             sstats = DecodeStats()
             last = 0  # source bytes walked through in this source
-            for data, pos in _iter_docs(path, name, config, sstats):
-                close_before, close_after = plan.place(pos - last)
-                last = pos
-                if close_before and writer is not None:
-                    close()
-                if writer is None:
-                    writer = _ShardWriter(staging, len(shards))
-                writer.add(data, name)
-                if close_after:
-                    close(plan.oversize)
+            for batch in _iter_batches(path, name, config, sstats):
+                sizes = np.diff(batch.ends, prepend=last)
+                last = int(batch.ends[-1])
+                start = 0  # first document of the batch not written yet
+                for k, close_before, close_after, oversize in plan.place_batch(sizes):
+                    if close_before:
+                        write(batch, start, k, name)
+                        if writer is not None:
+                            close()
+                        start = k
+                    if close_after:
+                        write(batch, start, k + 1, name)
+                        close(oversize)
+                        start = k + 1
+                write(batch, start, len(batch), name)
+                del batch
             plan.skip(extent - last)  # bytes after the last document (blank lines, a torn tail)
             stats.add(sstats)
             per_source.append(
@@ -1093,12 +1301,7 @@ def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, v
     return store.publish(staging, files=files, parents={"raw": raw}, params=params, code_version=code, meta=meta)
 
 
-def iter_shard_batches(path: str, rows: int = 2048, with_source: bool = False) -> Iterator[Any]:
-    """Yield a Parquet text shard's documents as UTF-8 bytes, `rows` at a time.
-
-    Slices the Arrow string buffer directly: no str objects are built on the way. With
-    `with_source`, yields ``(docs, sources)`` pairs.
-    """
+def _open_shard(path: str, with_source: bool) -> pq.ParquetFile:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
@@ -1106,6 +1309,17 @@ def iter_shard_batches(path: str, rows: int = 2048, with_source: bool = False) -
     names = pf.schema_arrow.names
     if "text" not in names or (with_source and "source" not in names):
         raise InputError(f"{path}: not a corpus shard (columns {names})")
+    return pf
+
+
+def iter_shard_batches(path: str, rows: int = 2048, with_source: bool = False) -> Iterator[Any]:
+    """Yield a Parquet text shard's documents as UTF-8 bytes, `rows` at a time.
+
+    Slices the Arrow string buffer directly: no str objects are built on the way. With
+    `with_source`, yields ``(docs, sources)`` pairs. The stages read shards with
+    `iter_shard_buffers` instead, which builds no object per document.
+    """
+    pf = _open_shard(path, with_source)
     columns = ["text", "source"] if with_source else ["text"]
     try:
         for batch in pf.iter_batches(columns=columns, batch_size=rows):
@@ -1116,5 +1330,82 @@ def iter_shard_batches(path: str, rows: int = 2048, with_source: bool = False) -
             sources = batch.column(1).to_pylist() if with_source else None
             del batch, off, buf  # hold the documents once, not twice
             yield (docs, sources) if with_source else docs
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"{path}: corrupt corpus shard ({e})") from e
+
+
+# Bytes of text per `DocBatch`: big enough that per-batch costs (a native call, its threads'
+# start) vanish, small enough that a batch and its token ids stay in memory a few times over.
+DOC_BATCH_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class DocBatch:
+    """Documents as one UTF-8 buffer and int64 offsets: document k is
+    ``data[offsets[k]:offsets[k + 1]]`` (`iter_shard_buffers` gives an Arrow column's own
+    buffers, uncopied; ``offsets[0]`` need not be 0). `sources`, when read, holds each
+    document's source file."""
+
+    data: memoryview
+    offsets: np.ndarray
+    sources: pa.Array | None = None
+
+    @classmethod
+    def from_docs(cls, docs: Sequence[bytes], sources: Sequence[str] | None = None) -> DocBatch:
+        """A batch holding a copy of `docs` (and their `sources`)."""
+        offsets = np.zeros(len(docs) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, docs), dtype=np.int64, count=len(docs)), out=offsets[1:])
+        return cls(memoryview(b"".join(docs)), offsets, None if sources is None else pa.array(sources, pa.string()))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def n_bytes(self) -> int:
+        return int(self.offsets[-1] - self.offsets[0])
+
+    def lengths(self) -> np.ndarray:
+        """Each document's length in bytes (int64)."""
+        return np.diff(self.offsets)
+
+    def docs(self) -> list[bytes]:
+        """The documents as bytes objects, one per document (for callers that need them)."""
+        bounds = self.offsets.tolist()
+        return [bytes(self.data[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
+def _byte_cuts(offsets: np.ndarray, batch_bytes: int) -> list[int]:
+    """Document indices that cut `offsets` into runs of about `batch_bytes` (first 0, last the count)."""
+    n, total = len(offsets) - 1, int(offsets[-1] - offsets[0])
+    pieces = max(1, round(total / batch_bytes))
+    if pieces == 1:
+        return [0, n]
+    targets = offsets[0] + np.arange(1, pieces, dtype=np.int64) * total // pieces
+    return sorted({0, n, *np.searchsorted(offsets, targets).tolist()})
+
+
+def iter_shard_buffers(path: str, batch_bytes: int = DOC_BATCH_BYTES, with_source: bool = False) -> Iterator[DocBatch]:
+    """Yield a Parquet text shard's documents in `DocBatch` batches of about `batch_bytes` of
+    text each (a bigger document still comes whole), with their sources if `with_source`.
+
+    No object per document: each batch is the Arrow column's data buffer and offsets, read a
+    row group at a time in slices of about `batch_bytes` (the row group's metadata gives its
+    size), so memory is bounded by about a batch, not by the row group.
+    """
+    pf = _open_shard(path, with_source)
+    columns = ["text", "source"] if with_source else ["text"]
+    text_column = pf.metadata.schema.names.index("text")
+    try:
+        for group in range(pf.num_row_groups):
+            meta = pf.metadata.row_group(group)
+            pieces = max(1, round(meta.column(text_column).total_uncompressed_size / batch_bytes))
+            rows = max(1, -(-meta.num_rows // pieces))
+            for batch in pf.iter_batches(columns=columns, batch_size=rows, row_groups=[group]):
+                off, buf, valid = _binary_values(batch.column(0))
+                if valid is not None:
+                    raise InputError(f"{path}: null documents in a corpus shard")
+                cuts = _byte_cuts(off, batch_bytes)
+                for a, b in zip(cuts, cuts[1:]):
+                    yield DocBatch(buf, off[a : b + 1], batch.column(1).slice(a, b - a) if with_source else None)
     except (pa.ArrowInvalid, OSError) as e:
         raise InputError(f"{path}: corrupt corpus shard ({e})") from e

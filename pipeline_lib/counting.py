@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from pydantic import AfterValidator
 
 from pipeline_lib.config import STRICT, doc
-from pipeline_lib.corpus import iter_shard_batches
+from pipeline_lib.corpus import DocBatch, iter_shard_buffers
 from pipeline_lib.fsio import InputError
 from pipeline_lib.patterns import check_pattern
 from pipeline_lib.tokenizer import PieceCounts
@@ -156,6 +156,14 @@ class BoundedCounts:
         self._bytes_seen += sum(map(len, docs))
         self._check()
 
+    def add_batch(self, batch: DocBatch) -> None:
+        """`add_documents` for a `DocBatch`: the native counter reads its buffer, no object per document."""
+        before = self.counts.total
+        self.counts.add_buffer(batch.data, batch.offsets)
+        self._items_seen += self.counts.total - before
+        self._bytes_seen += batch.n_bytes
+        self._check()
+
     def add_counts(self, pieces: list[bytes], counts: np.ndarray) -> None:
         self.counts.add_counts(pieces, counts)
         self._items_seen += len(pieces)
@@ -219,16 +227,17 @@ class BoundedCounts:
 
 def count_shard(shard_path: str, config: CountConfig | str) -> tuple[list[bytes], np.ndarray, dict[str, int]]:
     """Piece counts of one Parquet text shard, sorted by piece, and what pruning dropped (on one
-    thread: the shards are what runs in parallel). Held under ``config.count_memory``; a
-    pattern name instead of a config counts exactly under the default budget.
+    thread: the shards are what runs in parallel), read a `DocBatch` at a time. Held under
+    ``config.count_memory``; a pattern name instead of a config counts exactly under the
+    default budget.
 
     Raises:
         InputError: exact mode, and the shard's table would outgrow the budget.
     """
     config = CountConfig(pattern=config) if isinstance(config, str) else config
     table = BoundedCounts(config, f"the corpus shard {os.path.basename(shard_path)}")
-    for batch in iter_shard_batches(shard_path):
-        table.add_documents(batch)
+    for batch in iter_shard_buffers(shard_path):
+        table.add_batch(batch)
     pieces, counts = table.to_arrays()
     return pieces, counts, table.record()
 

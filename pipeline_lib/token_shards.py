@@ -173,6 +173,33 @@ def _separator_id(tokenizer, config: EncodeConfig) -> int | None:
     return sep
 
 
+def sha256_documents(batch: Any) -> bytes:
+    """The sha256 digest of each document of a `DocBatch`, concatenated (32 bytes each):
+    computed by the compiled core when it is built, no Python object per document."""
+    from pipeline_lib.tokenizer import core
+
+    if core._CORE is not None:
+        return core._CORE.sha256_documents(batch.data, batch.offsets)
+    bounds = batch.offsets.tolist()
+    return b"".join([hashlib.sha256(batch.data[a:b]).digest() for a, b in zip(bounds, bounds[1:])])
+
+
+def _doc_rows(batch: Any, shard: int, starts: np.ndarray, n_tokens: np.ndarray) -> pa.RecordBatch:
+    """The doc table's rows of a `DocBatch`: lengths from its offsets, a sha256 per document."""
+    if batch.sources is None:
+        raise ValueError("a doc table needs each document's source: read the batches with_source=True")
+    digests = sha256_documents(batch)
+    columns = [
+        pa.array(np.full(len(batch), shard, dtype=np.int32)),
+        pa.array(starts),
+        pa.array(n_tokens),
+        pa.array(batch.lengths()),
+        batch.sources,
+        pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), len(batch), [None, pa.py_buffer(digests)]),
+    ]
+    return pa.record_batch(columns, schema=DOC_TABLE_SCHEMA)
+
+
 def encode_documents(
     tokenizer,
     batches: Iterable[Any],
@@ -185,47 +212,49 @@ def encode_documents(
 ) -> ShardStats:
     """Encode documents into a token `.npy`, its document index and optionally a doc table.
 
-    `batches` yields lists of UTF-8 document bytes or, when `doc_table_path` is given,
-    ``(docs, sources)`` pairs. Memory is bounded by one batch. Every file is written to
+    `batches` yields `corpus.DocBatch` es (read with their sources when `doc_table_path` is
+    given), or lists of UTF-8 document bytes, or ``(docs, sources)`` pairs when
+    `doc_table_path` is given (copied into a `DocBatch` each). Nothing is done per document
+    in Python. Memory is bounded by one batch. Every file is written to
     exactly the path given.
     """
+    from pipeline_lib.corpus import DocBatch
+
     sep = _separator_id(tokenizer, config)
     dtype = token_dtype(tokenizer.vocab_size)
     writer = NpyStreamWriter(tokens_path, dtype)
     table = (
         pq.ParquetWriter(doc_table_path, DOC_TABLE_SCHEMA, compression="zstd", use_dictionary=["source"], write_statistics=False) if doc_table_path else None
     )
-    rows: dict[str, list] = {k: [] for k in DOC_TABLE_SCHEMA.names}
+    rows: list[pa.RecordBatch] = []
     ends = NpyStreamWriter(index_path, np.dtype("<u8"))  # streamed too: nothing grows with the shard
     n_docs = n_bytes = 0
 
     def flush_rows() -> None:
-        if table is not None and rows["start"]:
-            table.write_table(pa.table({k: pa.array(v, DOC_TABLE_SCHEMA.field(k).type) for k, v in rows.items()}, schema=DOC_TABLE_SCHEMA))
-            for v in rows.values():
-                v.clear()
+        if table is not None and rows:
+            table.write_table(pa.Table.from_batches(rows, schema=DOC_TABLE_SCHEMA))
+            rows.clear()
 
     try:
         for batch in batches:
-            if doc_table_path is not None:
-                docs, sources = batch
-            else:
-                docs, sources = batch, None
-            if not len(docs):
+            if not isinstance(batch, DocBatch):
+                batch = DocBatch.from_docs(*batch) if doc_table_path is not None else DocBatch.from_docs(batch)
+            n = len(batch)
+            if not n:
                 continue
-            flat, offsets = tokenizer.encode_ordinary_batch_to_numpy(docs, config.workers)
+            flat, offsets = tokenizer.encode_ordinary_buffer_to_numpy(batch.data, batch.offsets, config.workers)
             flat = np.asarray(flat)
             offsets = np.asarray(offsets, dtype=np.int64)
             lengths = np.diff(offsets)
             if len(flat) and int(flat.max()) >= tokenizer.vocab_size:
                 raise InputError(f"{name}: the tokenizer produced id {int(flat.max())}, outside its vocabulary ({tokenizer.vocab_size})")
             base = writer.n
-            if base + len(flat) + (len(docs) if sep is not None else 0) > MAX_SHARD_TOKENS:
+            if base + len(flat) + (n if sep is not None else 0) > MAX_SHARD_TOKENS:
                 raise InputError(f"{name}: more than {MAX_SHARD_TOKENS:,} tokens in one shard; shard the corpus into more pieces (n_shards)")
-            if sep is not None and len(docs) <= 64:
+            if sep is not None and n <= 64:
                 # Few (maybe huge) documents: stream them with their separators, no copy of the batch.
                 sep_arr = np.array([sep], dtype=dtype)
-                for i in range(len(docs)):
+                for i in range(n):
                     if config.placement == "prepend":
                         writer.write(sep_arr)
                     for a in range(int(offsets[i]), int(offsets[i + 1]), _CHECK_CHUNK):
@@ -235,8 +264,8 @@ def encode_documents(
                 lengths = lengths + 1
             elif sep is not None:
                 # Interleave one separator per document, before or after its tokens.
-                out = np.empty(len(flat) + len(docs), dtype=dtype)
-                starts = offsets[:-1] + np.arange(len(docs))
+                out = np.empty(len(flat) + n, dtype=dtype)
+                starts = offsets[:-1] + np.arange(n)
                 sep_pos = starts if config.placement == "prepend" else starts + lengths
                 mask = np.ones(len(out), dtype=bool)
                 mask[sep_pos] = False
@@ -253,16 +282,11 @@ def encode_documents(
             doc_ends = base + np.cumsum(lengths, dtype=np.int64)
             ends.write(doc_ends)
             if table is not None:
-                rows["shard"].extend([shard] * len(docs))
-                rows["start"].extend((doc_ends - lengths).tolist())
-                rows["n_tokens"].extend(lengths.tolist())
-                rows["n_bytes"].extend(len(d) for d in docs)
-                rows["source"].extend(sources)
-                rows["text_sha256"].extend(hashlib.sha256(d).digest() for d in docs)
-                if len(rows["start"]) >= _DOC_ROWS:
+                rows.append(_doc_rows(batch, shard, doc_ends - lengths, lengths))
+                if sum(map(len, rows)) >= _DOC_ROWS:
                     flush_rows()
-            n_docs += len(docs)
-            n_bytes += sum(len(d) for d in docs)
+            n_docs += n
+            n_bytes += batch.n_bytes
         flush_rows()
     finally:
         writer.close()
@@ -285,10 +309,10 @@ def encode_shard_file(
     shard: int = 0,
     doc_table_path: str | None = None,
 ) -> ShardStats:
-    """Encode one Parquet text shard (from `shard_corpus`) into token files."""
-    from pipeline_lib.corpus import iter_shard_batches
+    """Encode one Parquet text shard (from `shard_corpus`) into token files, a `DocBatch` at a time."""
+    from pipeline_lib.corpus import iter_shard_buffers
 
-    batches = iter_shard_batches(src_path, with_source=doc_table_path is not None)
+    batches = iter_shard_buffers(src_path, with_source=doc_table_path is not None)
     return encode_documents(tokenizer, batches, tokens_path, index_path, config, name, doc_table_path=doc_table_path, shard=shard)
 
 

@@ -16,14 +16,17 @@ except metadata.PackageNotFoundError:  # running from a source tree
 
 # Modules whose work the compiled core does when it is built (pre-tokenizing, counting,
 # training, encoding): naming one makes the core's C++ source part of the code version.
-NATIVE_BACKED = frozenset({"pipeline_lib.tokenizer", "pipeline_lib.bpe_reference"})  # submodules too
+NATIVE_BACKED = frozenset({"pipeline_lib.tokenizer", "pipeline_lib.bpe_reference", "pipeline_lib._tokcore"})  # submodules too
 
 
 def _sources(name: str) -> list[tuple[bytes, str]]:
     """(label, path) of the source files that module `name` stands for: its own file, or
     for a package every ``.py`` file in it (subpackages too), sorted by and labelled with
     its path in the package and its size (renaming or moving code is a change too)."""
-    module = importlib.import_module(name)
+    try:
+        module = importlib.import_module(name)
+    except ImportError:  # the compiled core, not built: the pure-Python reference stands in for it
+        return []
     path = getattr(module, "__file__", None)
     if not path or not path.endswith(".py"):
         return []
@@ -46,7 +49,8 @@ def code_version(*modules: str) -> str:
     """`<package version>+<hash of the named modules' source>`: changes when their code does.
 
     A module stands for its source file; a package (``pipeline_lib.stages``) for every
-    ``.py`` file in it, subpackages included.
+    ``.py`` file in it, subpackages included; ``pipeline_lib._tokcore``, the compiled core,
+    for its C++ sources (for a stage that calls it directly, as the sharder does).
 
     Stages name the modules whose behaviour decides their output, so editing the LM code
     does not invalidate tokenized shards. When one of them is in NATIVE_BACKED and the

@@ -54,6 +54,30 @@ def corpus(tmp_path, shakespeare_text) -> Path:
     return path
 
 
+def _wait_for_runner(directory: Path, timeout: float = 120) -> int:
+    """The pid of the warm runner serving in `directory`, once it serves."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return int(json.loads((directory / "warm.json").read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.2)
+    raise AssertionError(
+        f"no warm runner in {directory} after {timeout} s: {(directory / 'warm.log').read_text() if (directory / 'warm.log').exists() else ''}"
+    )
+
+
+def _wait_gone(pid: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"process {pid} still runs after {timeout} s")
+
+
 def _train_args(corpus: Path, store: Path) -> list[str]:
     return ["tokenizer", "train", "--corpus", str(corpus), "--vocab-size", "300", "--workers", "2", "--store", str(store)]
 
@@ -111,9 +135,14 @@ def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
         first = _tokenmill(_train_args(corpus, tmp_path / "s1"), env)
         assert first.returncode == 0, first.stderr[-3000:]
         state = json.loads(local.state_path.read_text())
+        # The first command left a warm runner (flows/warm.py) starting: the next command runs in it.
+        runner = _wait_for_runner(local.directory)
         second = _tokenmill(_train_args(corpus, tmp_path / "s2"), env)
         assert second.returncode == 0, second.stderr[-3000:]
         assert json.loads(local.state_path.read_text())["pid"] == state["pid"]  # the same server
+        served = (local.directory / "warm.log").read_text()
+        assert f"tokenmill {' '.join(_train_args(corpus, tmp_path / 's2'))}" in served, served
+        assert (tmp_path / "s2" / "tokenizer").is_dir() and "-> " in second.stdout
         assert "View at" not in first.stderr + first.stdout  # the server has no UI to link to
         status = _tokenmill(["server", "status"], env, timeout=120)
         assert status.returncode == 0 and state["api_url"] in status.stdout, status.stdout
@@ -129,6 +158,7 @@ def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
         stop = _tokenmill(["server", "stop"], env, timeout=120)
     assert stop.returncode == 0 and "stopped" in stop.stdout, stop.stdout + stop.stderr
     assert not local.state_path.exists()
+    _wait_gone(runner)  # the runner leaves with its server
     assert "not running" in _tokenmill(["server", "status"], env, timeout=120).stdout
 
 

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from pipeline_lib import counting, model_stage, stages, token_shards
+from pipeline_lib.corpus import SHARD_CODE
 from pipeline_lib.errors import StoreError
 from pipeline_lib.lm.config import LMConfig
 from pipeline_lib.stages import spec as engine
@@ -55,7 +56,7 @@ def test_engine_publishes_the_ids_the_stage_helpers_compute(tmp_path, corpus_fil
     # Each id as the per-stage code wrote it out before the spec (kind, parents, params, code
     # modules), the helpers, the spec, and what was published: all the same.
     expected = {
-        "corpus": version_id("corpus", {"raw": refs["raw"].key}, cfg.shard_params(), code_version("pipeline_lib.corpus")),
+        "corpus": version_id("corpus", {"raw": refs["raw"].key}, cfg.shard_params(), code_version(*SHARD_CODE)),
         "counts": version_id("counts", {"corpus": corpus.key}, cc.params(), code_version(*counting.CODE_MODULES)),
         "tokenizer": version_id("tokenizer", {"counts": counts.key}, tc.params(), code_version(*stages.TOKENIZER_MODULES)),
         "tokens": version_id("tokens", {"corpus": corpus.key, "tokenizer": tok.key}, ec.params(), code_version(*token_shards.CODE_MODULES)),

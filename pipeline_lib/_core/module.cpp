@@ -31,6 +31,8 @@
 #include "counter.h"
 #include "encode.h"
 #include "pretokenize.h"
+#include "scan.h"
+#include "sha256.h"
 #include "train.h"
 
 namespace nb = nanobind;
@@ -489,6 +491,117 @@ nb::bytes encoder_decode(Encoder& self, nb::handle ids_obj) {
     return nb::bytes(out.data(), out.size());
 }
 
+// ---- documents as (buffer, offsets) ------------------------------------------------------
+// Document k is data[offsets[k]:offsets[k + 1]]: one buffer for a whole batch (an Arrow
+// string column's, zero copy) instead of one bytes object per document.
+
+// A read-only view of an object with the buffer protocol (bytes, memoryview, a uint8 NumPy
+// array), held until destroyed (with the GIL): the object stays alive and cannot be resized,
+// so offsets checked against its size stay in bounds while the GIL is released (a mutable
+// buffer that another thread writes meanwhile gives meaningless results, nothing worse).
+class ByteView {
+public:
+    explicit ByteView(nb::handle obj) {
+        if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) {
+            PyErr_Clear();
+            throw nb::type_error("data must be a contiguous bytes-like object (bytes, memoryview, uint8 array)");
+        }
+    }
+    ~ByteView() { PyBuffer_Release(&view_); }
+    ByteView(const ByteView&) = delete;
+    ByteView& operator=(const ByteView&) = delete;
+
+    const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
+    size_t size() const { return static_cast<size_t>(view_.len); }
+
+private:
+    Py_buffer view_;
+};
+
+// Offsets of documents in a buffer of `size` bytes, checked: integers, one-dimensional, at
+// least one entry, non-decreasing, within the buffer.
+nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> doc_offsets(nb::handle obj, size_t size) {
+    nb::module_ np = nb::module_::import_("numpy");
+    nb::object arr = np.attr("asarray")(obj);
+    if (nb::cast<int>(arr.attr("ndim")) != 1) throw nb::value_error("offsets must be one-dimensional");
+    if (nb::cast<size_t>(arr.attr("size")) == 0)
+        throw nb::value_error("offsets must hold len(documents) + 1 entries, at least one");
+    const std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
+    if (kind != "i" && kind != "u") throw nb::type_error("offsets must be an array of integers");
+    auto off = as_array<int64_t>(arr, "int64", "offsets");
+    const size_t n = off.shape(0);
+    const int64_t* o = off.data();
+    if (o[0] < 0) throw nb::value_error(("offsets[0] is " + std::to_string(o[0]) + ": offsets must be >= 0").c_str());
+    for (size_t k = 1; k < n; ++k)
+        if (o[k] < o[k - 1])
+            throw nb::value_error(("offsets must be non-decreasing: offsets[" + std::to_string(k) + "] = " +
+                                   std::to_string(o[k]) + " < offsets[" + std::to_string(k - 1) +
+                                   "] = " + std::to_string(o[k - 1]))
+                                      .c_str());
+    if (static_cast<uint64_t>(o[n - 1]) > size)
+        throw nb::value_error(("offsets[-1] = " + std::to_string(o[n - 1]) + " is past the end of data (" +
+                               std::to_string(size) + " bytes)")
+                                  .c_str());
+    return off;
+}
+
+void counter_add_buffer(PieceCounter& self, nb::handle data_obj, nb::handle offsets_obj) {
+    ByteView data(data_obj);
+    auto off = doc_offsets(offsets_obj, data.size());
+    const uint8_t* base = data.data();
+    const int64_t* o = off.data();
+    const size_t n_docs = off.shape(0) - 1;
+    with_counter(self, [&] {
+        for (size_t k = 0; k < n_docs; ++k) self.core.add(base + o[k], static_cast<size_t>(o[k + 1] - o[k]));
+    });
+}
+
+nb::tuple encoder_encode_buffer(Encoder& self, nb::handle data_obj, nb::handle offsets_obj, int num_threads) {
+    ByteView data(data_obj);
+    auto off = doc_offsets(offsets_obj, data.size());
+    const int64_t* o = off.data();
+    const size_t n_docs = off.shape(0) - 1;
+    std::vector<const uint8_t*> ptrs(n_docs);
+    std::vector<size_t> lens(n_docs);
+    for (size_t k = 0; k < n_docs; ++k) {
+        ptrs[k] = data.data() + o[k];
+        lens[k] = static_cast<size_t>(o[k + 1] - o[k]);
+    }
+    std::vector<uint32_t> ids;
+    std::vector<uint64_t> offsets;
+    CallScope scope;
+    {
+        nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
+        self.core->encode_batch(ptrs, lens, num_threads, ids, offsets);
+    }
+    return nb::make_tuple(numpy_1d(std::move(ids)), numpy_1d(std::move(offsets)));
+}
+
+nb::bytes sha256_documents(nb::handle data_obj, nb::handle offsets_obj, bool portable) {
+    ByteView data(data_obj);
+    auto off = doc_offsets(offsets_obj, data.size());
+    const int64_t* o = off.data();
+    const size_t n_docs = off.shape(0) - 1;
+    PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(32 * n_docs));
+    if (!out) throw nb::python_error();
+    nb::bytes digests = nb::steal<nb::bytes>(out);
+    auto* dst = reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(out));
+    const sha256::CompressFn compress = portable ? &sha256::compress_portable : sha256::compress_fn();
+    CallScope scope;
+    {
+        nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
+        cancel::Poll& poll = cancel::current();
+        for (size_t k = 0; k < n_docs; ++k) {
+            const size_t n = static_cast<size_t>(o[k + 1] - o[k]);
+            poll.tick(n + 64);
+            sha256::digest(data.data() + o[k], n, dst + 32 * k, compress);
+        }
+    }
+    return digests;
+}
+
 }  // namespace
 
 NB_MODULE(_tokcore, m) {
@@ -526,6 +639,46 @@ NB_MODULE(_tokcore, m) {
     ids["o200k"] = static_cast<int>(kO200k);
     m.attr("PATTERN_IDS") = ids;
     m.attr("NO_SPLIT") = static_cast<int>(kNoSplit);
+
+    // scan_documents: plain-text documents of a block of bytes (pipeline_lib.corpus), GIL released
+    m.def(
+        "scan_documents",
+        [](nb::handle data, int mode, bool final, bool in_place) {
+            if (mode != kScanLine && mode != kScanParagraph)
+                throw nb::value_error("mode must be 0 (line) or 1 (paragraph)");
+            Py_buffer view;
+            if (PyObject_GetBuffer(data.ptr(), &view, in_place ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0)
+                throw nb::python_error();
+            std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> held(&view, PyBuffer_Release);
+            const size_t n = static_cast<size_t>(view.len);
+            uint8_t* input = static_cast<uint8_t*>(view.buf);
+            std::unique_ptr<uint8_t[]> packed(in_place ? nullptr : new uint8_t[n + 1]);  // uninitialized
+            ScanResult r;
+            CallScope scope;
+            {
+                nb::gil_scoped_release release;
+                cancel::Bind bind(&scope, true);
+                r = scan_documents(input, n, mode, final, in_place ? input : packed.get());
+            }
+            held.reset();
+            nb::object packed_array = nb::none();
+            if (!in_place) {
+                uint8_t* raw = packed.release();
+                nb::capsule owner(raw, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+                packed_array = nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(raw, {r.packed_size}, owner));
+            }
+            return nb::make_tuple(packed_array, numpy_1d(std::move(r.offsets)), numpy_1d(std::move(r.ends)),
+                                  r.consumed, r.lines, r.chars, r.empty, numpy_1d(std::move(r.invalid)),
+                                  numpy_1d(std::move(r.invalid_lines)));
+        },
+        nb::arg("data"), nb::arg("mode"), nb::arg("final"), nb::arg("in_place") = false,
+        "Line (mode 0) or paragraph (mode 1) documents of a block of bytes (any buffer), as "
+        "pipeline_lib.corpus reads text files: (packed uint8, offsets int64 (n + 1), ends int64 (input "
+        "position after each document's last line), consumed, lines, chars, empty, invalid int64 (indices "
+        "of the documents that are not UTF-8), invalid_lines int64 (their first line)). Bytes past "
+        "`consumed` (an incomplete line or paragraph) come again with the next block; final=True: the "
+        "input ends with this block. in_place=True: the documents are packed at the start of `data` "
+        "(writable; bytes past `consumed` untouched) and packed is None.");
 
     m.def("split", &split_py, nb::arg("data"), nb::arg("pattern"),
           "Pre-tokenization pieces of UTF-8 bytes (valid or not) with a pattern id.");
@@ -571,4 +724,19 @@ NB_MODULE(_tokcore, m) {
         .def("encode_piece", &encoder_encode_piece, nb::arg("piece"), "BPE of one piece (no splitting).")
         .def("decode", &encoder_decode, nb::arg("ids"), "Bytes of the ids; ValueError on an unknown id.")
         .def_prop_ro("vocab_size", [](Encoder& self) { return self.core->vocab_size(); });
+
+    // Documents as one buffer and int64 offsets (document k is data[offsets[k]:offsets[k + 1]]).
+    nb::cpp_function_def<PieceCounter>(&counter_add_buffer, nb::scope(nb::type<PieceCounter>()),
+                                       nb::name("add_buffer"), nb::is_method(), nb::arg("data"), nb::arg("offsets"),
+                                       "add_batch() for documents given as one buffer and their offsets (GIL released); "
+                                       "ValueError on offsets that are not non-decreasing indices into data.");
+    nb::cpp_function_def<Encoder>(&encoder_encode_buffer, nb::scope(nb::type<Encoder>()),
+                                  nb::name("encode_ordinary_buffer"), nb::is_method(), nb::arg("data"),
+                                  nb::arg("offsets"), nb::arg("num_threads") = 0,
+                                  "encode_ordinary_batch() for documents given as one buffer and their offsets: "
+                                  "(ids uint32, offsets uint64 of len(offsets)); ValueError on offsets that are "
+                                  "not non-decreasing indices into data.");
+    m.def("sha256_documents", &sha256_documents, nb::arg("data"), nb::arg("offsets"), nb::arg("portable") = false,
+          "SHA-256 digest of each document data[offsets[k]:offsets[k + 1]], concatenated (32 bytes each; GIL "
+          "released). portable: without the CPU's SHA instructions even where it has them (for tests).");
 }

@@ -592,6 +592,21 @@ class Tokenizer:
         """
         return self._ordinary_batch([ref.utf8(d) if isinstance(d, str) else d for d in docs], num_threads)
 
+    def encode_ordinary_buffer_to_numpy(self, data: bytes | bytearray | memoryview, offsets: np.ndarray, num_threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_ordinary_batch_to_numpy` of documents given as one buffer and their offsets
+        (document k is ``data[offsets[k]:offsets[k + 1]]``, e.g. an Arrow string column's
+        buffers): no bytes object per document on the native path.
+
+        Raises:
+            ValueError: offsets that are not non-decreasing indices into `data`.
+        """
+        if self._encoder is not None and not self._split_in_python:
+            return self._encoder.encode_ordinary_buffer(data, offsets, num_threads)
+        view, bounds = memoryview(data).cast("B"), np.asarray(offsets, dtype=np.int64).tolist()
+        if not bounds or bounds[0] < 0 or bounds[-1] > len(view) or any(a > b for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(f"offsets must be len(documents) + 1 non-decreasing indices into data ({len(view)} bytes)")
+        return self._ordinary_batch([bytes(view[a:b]) for a, b in zip(bounds, bounds[1:])], num_threads)
+
     def encode_bytes(self, data: bytes) -> list[int]:
         """Encode any bytes, valid UTF-8 or not, losslessly: tiktoken's ``_encode_bytes`` ids.
 

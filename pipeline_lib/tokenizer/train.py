@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -57,6 +57,15 @@ class PieceCounts:
             for piece, n in counts.items():
                 self._counts[piece] = self._counts.get(piece, 0) + n
                 self._total += n
+
+    def add_buffer(self, data: Any, offsets: np.ndarray) -> None:
+        """`add_documents` for documents packed in one buffer: document k is
+        ``data[offsets[k]:offsets[k + 1]]`` (no object per document on the native path)."""
+        if self._native is not None:
+            self._native.add_buffer(data, offsets)
+        else:
+            view = memoryview(data).cast("B")
+            self.add_documents([bytes(view[offsets[k] : offsets[k + 1]]) for k in range(len(offsets) - 1)])
 
     def add_counts(self, pieces: Sequence[bytes], counts: np.ndarray) -> None:
         if self._native is not None:

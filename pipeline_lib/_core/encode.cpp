@@ -518,38 +518,60 @@ void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint3
 
 void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const {
     cancel::Poll& poll = cancel::current();
-    pretok::split_with(data, n, pattern_, [&](size_t b, size_t e) {
+    size_t polled = 0;  // bytes handed to the poll so far, in steps of >= kPollBytes rather than per piece
+    // Inlined into the split loop: most pieces are one token, found by one lookup.
+    pretok::split_with(data, n, pattern_, [&](size_t b, size_t e) __attribute__((always_inline)) {
+        if (e - polled >= pretok::kPollBytes) {
+            poll.tick(e - polled);
+            polled = e;
+        }
         const uint8_t* p = data + b;
         const size_t len = e - b;
-        poll.tick(len);
         if (len == 1 && byte_rank_[*p] != kNone) {
             out.push_back(byte_rank_[*p]);
             return;
         }
-        const uint64_t h = hash_bytes(p, len);
-        if (len <= max_token_len_) {
-            if (const uint32_t* r = vocab_.find(p, len, h)) {
-                out.push_back(*r);
+        const Key key(p, len);
+        PieceCache::Recent* recent = nullptr;
+        if (cache != nullptr && len <= 8) {
+            recent = &cache->recent[key.hash & (PieceCache::kRecent - 1)];
+            if (recent->len == len && recent->head == key.head) {
+                if (recent->id != kNone) {
+                    out.push_back(recent->id);
+                } else {
+                    encode_merged(key, out, cache);  // known not to be a token
+                }
                 return;
             }
         }
-        if (cache == nullptr || len > PieceCache::kMaxPieceBytes) {
-            bpe(p, len, out);
+        const uint32_t* r = len <= max_token_len_ ? vocab_.find(key) : nullptr;
+        if (recent != nullptr) *recent = PieceCache::Recent{key.head, static_cast<uint32_t>(len), r ? *r : kNone};
+        if (r != nullptr) {
+            out.push_back(*r);
             return;
         }
-        if (const PieceCache::Span* s = cache->map.find(p, len, h)) {
-            out.insert(out.end(), cache->ids.begin() + s->off, cache->ids.begin() + s->off + s->len);
-            return;
-        }
-        const size_t before = out.size();
-        bpe(p, len, out);
-        if (cache->map.size() >= PieceCache::kMaxEntries || cache->ids.size() >= PieceCache::kMaxIds)
-            cache->clear();
-        const PieceCache::Span span{static_cast<uint32_t>(cache->ids.size()),
-                                    static_cast<uint32_t>(out.size() - before)};
-        cache->ids.insert(cache->ids.end(), out.begin() + before, out.end());
-        cache->map.get_or_insert(p, len, h, span);
+        encode_merged(key, out, cache);
     });
+    poll.tick(n - polled);
+}
+
+// A piece that is not a single token: its ids from the cache, or BPE (then cached).
+void EncoderCore::encode_merged(const Key& key, std::vector<uint32_t>& out, PieceCache* cache) const {
+    if (cache == nullptr || key.n > PieceCache::kMaxPieceBytes) {
+        bpe(key.p, key.n, out);
+        return;
+    }
+    if (const PieceCache::Span* s = cache->map.find(key)) {
+        // a few ids: a loop, not vector::insert's call to memmove
+        for (const uint32_t *id = cache->ids.data() + s->off, *end = id + s->len; id != end; ++id) out.push_back(*id);
+        return;
+    }
+    const size_t before = out.size();
+    bpe(key.p, key.n, out);
+    if (cache->map.size() >= PieceCache::kMaxEntries || cache->ids.size() >= PieceCache::kMaxIds) cache->clear();
+    const PieceCache::Span span{static_cast<uint32_t>(cache->ids.size()), static_cast<uint32_t>(out.size() - before)};
+    cache->ids.insert(cache->ids.end(), out.begin() + before, out.end());
+    cache->map.get_or_insert(key, span);
 }
 
 void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
@@ -576,6 +598,21 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     size_t nt = num_threads > 0 ? static_cast<size_t>(num_threads)
                                 : std::max<size_t>(1, std::thread::hardware_concurrency());
     nt = std::min(nt, nchunks);
+    if (nt <= 1) {
+        // One thread: straight into `ids`, sized for ~4 bytes per id up front, up to 64 MiB
+        // (growing it from empty copies every id a few times, and concatenating chunks once more).
+        size_t bytes = 0;
+        for (size_t d = 0; d < nd; ++d) bytes += lens[d];
+        ids.reserve(std::min(bytes / 4, size_t{1} << 24) + 16);
+        std::unique_ptr<PieceCache> cache = acquire_cache();
+        for (size_t d = 0; d < nd; ++d) {
+            const size_t before = ids.size();
+            encode(docs[d], lens[d], ids, cache.get());
+            offsets[d + 1] = offsets[d] + (ids.size() - before);
+        }
+        release_cache(std::move(cache));
+        return;
+    }
 
     std::vector<std::vector<uint32_t>> chunk_ids(nchunks);
     std::vector<uint64_t> doc_count(nd, 0);
@@ -592,6 +629,7 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
             cache = acquire_cache();
             for (size_t c; (c = next.fetch_add(1)) < nchunks;) {
                 std::vector<uint32_t>& out = chunk_ids[c];
+                out.reserve(kChunkBytes / 4);
                 for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) {
                     const size_t before = out.size();
                     encode(docs[d], lens[d], out, cache.get());
@@ -607,21 +645,17 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
         if (cache) release_cache(std::move(cache));
     };
 
-    if (nt <= 1) {
-        worker(false);
-    } else {
-        std::vector<std::thread> threads;
-        threads.reserve(nt - 1);
-        try {
-            for (size_t t = 0; t + 1 < nt; ++t) threads.emplace_back(worker, true);
-        } catch (...) {  // could not start a thread: stop and join the ones that run
-            next.store(nchunks);
-            for (auto& th : threads) th.join();
-            throw;
-        }
-        worker(false);
+    std::vector<std::thread> threads;
+    threads.reserve(nt - 1);
+    try {
+        for (size_t t = 0; t + 1 < nt; ++t) threads.emplace_back(worker, true);
+    } catch (...) {  // could not start a thread: stop and join the ones that run
+        next.store(nchunks);
         for (auto& th : threads) th.join();
+        throw;
     }
+    worker(false);
+    for (auto& th : threads) th.join();
     if (error) std::rethrow_exception(error);
 
     size_t total = 0;

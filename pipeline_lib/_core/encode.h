@@ -25,7 +25,8 @@
 
 namespace tokcore {
 
-// Bounded cache of piece -> ids for pieces that are not a single token.
+// Per-thread caches of the encoder: piece -> ids for pieces that are not a single token
+// (bounded), and the id (or "not a token") of recent short pieces.
 struct PieceCache {
     struct Span {
         uint32_t off;
@@ -33,6 +34,18 @@ struct PieceCache {
     };
     BytesMap<Span> map{1 << 12};
     std::vector<uint32_t> ids;
+
+    // Direct-mapped by hash: (head word, length) -> id of a piece of <= 8 bytes, kNone if it is
+    // not a token (its ids are in `map`).
+    // 64 KiB stays in the core's L1/L2 cache, where the vocabulary's tables (megabytes for 100k
+    // tokens) do not, and most pieces of a text are one of its few thousand frequent words.
+    struct Recent {
+        uint64_t head;
+        uint32_t len;  // 0: empty
+        uint32_t id;   // 0xFFFFFFFF (EncoderCore::kNone): not a token
+    };
+    static constexpr size_t kRecent = 4096;
+    std::vector<Recent> recent = std::vector<Recent>(kRecent, Recent{0, 0, 0});
 
     static constexpr size_t kMaxEntries = size_t{1} << 16;
     static constexpr size_t kMaxIds = size_t{1} << 21;
@@ -80,6 +93,7 @@ public:
     void release_cache(std::unique_ptr<PieceCache> cache);
 
 private:
+    [[gnu::noinline]] void encode_merged(const Key& key, std::vector<uint32_t>& out, PieceCache* cache) const;
     void bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
     void bpe_chars(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
     // BPE from n initial tokens: first(k) is token k, pair(k) the merged rank of tokens k, k + 1.

@@ -1,9 +1,13 @@
 // Small open-addressing hash maps (no external dependencies).
 //
-//   hash_bytes(p, n)  -- fast 64-bit hash of a byte string (wyhash-style multiply-mix).
+//   hash_bytes(p, n)  -- fast 64-bit hash of a byte string (wyhash-style multiply-mix);
+//                        Key(p, n) holds it with the key's head word, to look up in many maps.
 //   BytesMap<V>       -- byte string -> V. Keys live in one arena; entries are stored in
 //                        insertion order (so callers can iterate them), the probe table
 //                        holds (tag, entry index) pairs. Linear probing, load <= 1/2.
+//                        An entry holds its key's head word (head_word), so a lookup of a
+//                        key of <= 8 bytes -- most pre-tokenized pieces -- compares within the
+//                        entry and never reads the arena: one cache miss fewer per lookup.
 //   U64Map<V>         -- uint64 key -> V, linear probing; key ~0 is reserved (empty).
 #pragma once
 
@@ -35,20 +39,28 @@ constexpr uint64_t kP1 = 0xe7037ed1a0b428dbull;
 constexpr uint64_t kP2 = 0x8ebc6af09c88c6e3ull;
 }  // namespace detail
 
-inline uint64_t hash_bytes(const uint8_t* p, size_t n) {
+// The key's first bytes as one word: for n <= 8 all of them (with n, a unique name of the
+// key; the two 4-byte reads overlap for n < 8), else the first 8.
+inline uint64_t head_word(const uint8_t* p, size_t n) {
+    using detail::read32;
+    if (n >= 8) return detail::read64(p);
+    if (n >= 4) return read32(p) | (read32(p + n - 4) << 32);
+    if (n > 0) return p[0] | (static_cast<uint64_t>(p[n >> 1]) << 8) | (static_cast<uint64_t>(p[n - 1]) << 16);
+    return 0;
+}
+
+// Hash of the n bytes at p, whose head_word is `head` (a key of <= 8 bytes is hashed from it
+// alone, without reading its bytes again).
+inline uint64_t hash_bytes(const uint8_t* p, size_t n, uint64_t head) {
     using namespace detail;
     uint64_t seed = kP0 ^ (static_cast<uint64_t>(n) * kP2);
     uint64_t a, b;
-    if (n <= 16) {
-        if (n >= 4) {
-            a = (read32(p) << 32) | read32(p + ((n >> 3) << 2));
-            b = (read32(p + n - 4) << 32) | read32(p + n - 4 - ((n >> 3) << 2));
-        } else if (n > 0) {
-            a = (static_cast<uint64_t>(p[0]) << 16) | (static_cast<uint64_t>(p[n >> 1]) << 8) | p[n - 1];
-            b = 0;
-        } else {
-            a = b = 0;
-        }
+    if (n <= 8) {
+        a = head;
+        b = 0;
+    } else if (n <= 16) {
+        a = head;
+        b = read64(p + n - 8);
     } else {
         size_t i = n;
         while (i > 16) {
@@ -61,6 +73,16 @@ inline uint64_t hash_bytes(const uint8_t* p, size_t n) {
     }
     return mix(kP1 ^ n, mix(a ^ kP1, b ^ seed));
 }
+inline uint64_t hash_bytes(const uint8_t* p, size_t n) { return hash_bytes(p, n, head_word(p, n)); }
+
+// A byte string to look up, with its head word and hash computed once for any number of maps.
+struct Key {
+    const uint8_t* p;
+    size_t n;
+    uint64_t head;
+    uint64_t hash;
+    Key(const uint8_t* p_, size_t n_) : p(p_), n(n_), head(head_word(p_, n_)), hash(hash_bytes(p_, n_, head)) {}
+};
 
 // Equality of two byte strings of length n; short keys without a call to memcmp.
 inline bool bytes_equal(const uint8_t* a, const uint8_t* b, size_t n) {
@@ -89,9 +111,9 @@ template <class V>
 class BytesMap {
 public:
     struct Entry {
+        uint64_t head;  // head_word of the key
         uint64_t off;
         uint32_t len;
-        uint64_t hash;
         V value;
     };
 
@@ -112,50 +134,27 @@ public:
     std::vector<Entry>& entries() { return entries_; }
     const uint8_t* key_data(const Entry& e) const { return arena_.data() + e.off; }
 
-    // Value for the key, or nullptr.
-    V* find(const uint8_t* p, size_t n, uint64_t h) {
-        const uint32_t tag = static_cast<uint32_t>(h >> 32);
-        for (size_t i = h & mask_;; i = (i + 1) & mask_) {
-            const Slot s = slots_[i];
-            if (s.idx == 0) return nullptr;
-            if (s.tag == tag) {
-                Entry& e = entries_[s.idx - 1];
-                if (e.len == n && bytes_equal(arena_.data() + e.off, p, n)) return &e.value;
-            }
-        }
+    // Value for the key, or nullptr. Lookups inline into the callers' loops; inserting does not.
+    [[gnu::always_inline]] V* find(const Key& k) {
+        size_t i;
+        return probe(k, i);
     }
-    const V* find(const uint8_t* p, size_t n, uint64_t h) const {
-        return const_cast<BytesMap*>(this)->find(p, n, h);
-    }
-    V* find(const uint8_t* p, size_t n) { return find(p, n, hash_bytes(p, n)); }
-    const V* find(const uint8_t* p, size_t n) const { return find(p, n, hash_bytes(p, n)); }
+    [[gnu::always_inline]] const V* find(const Key& k) const { return const_cast<BytesMap*>(this)->find(k); }
+    V* find(const uint8_t* p, size_t n) { return find(Key(p, n)); }
+    const V* find(const uint8_t* p, size_t n) const { return find(Key(p, n)); }
 
     // Reference to the value for the key, inserting `init` if absent.
-    V& get_or_insert(const uint8_t* p, size_t n, uint64_t h, const V& init, bool* inserted = nullptr) {
-        const uint32_t tag = static_cast<uint32_t>(h >> 32);
-        size_t i = h & mask_;
-        for (;; i = (i + 1) & mask_) {
-            const Slot s = slots_[i];
-            if (s.idx == 0) break;
-            if (s.tag == tag) {
-                Entry& e = entries_[s.idx - 1];
-                if (e.len == n && bytes_equal(arena_.data() + e.off, p, n)) {
-                    if (inserted) *inserted = false;
-                    return e.value;
-                }
-            }
+    [[gnu::always_inline]] V& get_or_insert(const Key& k, const V& init, bool* inserted = nullptr) {
+        size_t i;
+        if (V* v = probe(k, i)) {
+            if (inserted) *inserted = false;
+            return *v;
         }
-        if (n > 0xFFFFFFFFu) throw std::length_error("a key of 4 GiB or more");  // Entry::len is 32-bit
         if (inserted) *inserted = true;
-        const uint64_t off = arena_.size();
-        arena_.insert(arena_.end(), p, p + n);
-        entries_.push_back(Entry{off, static_cast<uint32_t>(n), h, init});
-        slots_[i] = Slot{tag, static_cast<uint32_t>(entries_.size())};
-        if (entries_.size() * 2 > slots_.size()) grow();
-        return entries_.back().value;
+        return insert_at(i, k, init);
     }
     V& get_or_insert(const uint8_t* p, size_t n, const V& init, bool* inserted = nullptr) {
-        return get_or_insert(p, n, hash_bytes(p, n), init, inserted);
+        return get_or_insert(Key(p, n), init, inserted);
     }
 
 private:
@@ -164,12 +163,40 @@ private:
         uint32_t idx;  // entry index + 1; 0 = empty
     };
 
+    // The key's value, or nullptr and in `i` the empty slot where it would go.
+    [[gnu::always_inline]] V* probe(const Key& k, size_t& i) {
+        const uint32_t tag = static_cast<uint32_t>(k.hash >> 32);
+        for (i = k.hash & mask_;; i = (i + 1) & mask_) {
+            const Slot s = slots_[i];
+            if (s.idx == 0) return nullptr;
+            if (s.tag == tag) {
+                Entry& e = entries_[s.idx - 1];
+                if (same_key(e, k)) return &e.value;
+            }
+        }
+    }
+
+    [[gnu::noinline]] V& insert_at(size_t i, const Key& k, const V& init) {
+        if (k.n > 0xFFFFFFFFu) throw std::length_error("a key of 4 GiB or more");  // Entry::len is 32-bit
+        const uint64_t off = arena_.size();
+        arena_.insert(arena_.end(), k.p, k.p + k.n);
+        entries_.push_back(Entry{k.head, off, static_cast<uint32_t>(k.n), init});
+        slots_[i] = Slot{static_cast<uint32_t>(k.hash >> 32), static_cast<uint32_t>(entries_.size())};
+        if (entries_.size() * 2 > slots_.size()) grow();
+        return entries_.back().value;
+    }
+
+    bool same_key(const Entry& e, const Key& k) const {
+        return e.len == k.n && e.head == k.head && (k.n <= 8 || bytes_equal(arena_.data() + e.off + 8, k.p + 8, k.n - 8));
+    }
+
+    // Rehashes the keys from the arena: storing each hash would make every entry 8 bytes larger.
     void grow() {
         const size_t cap = slots_.size() * 2;
         slots_.assign(cap, Slot{0, 0});
         mask_ = cap - 1;
         for (size_t k = 0; k < entries_.size(); ++k) {
-            const uint64_t h = entries_[k].hash;
+            const uint64_t h = hash_bytes(arena_.data() + entries_[k].off, entries_[k].len);
             size_t i = h & mask_;
             while (slots_[i].idx != 0) i = (i + 1) & mask_;
             slots_[i] = Slot{static_cast<uint32_t>(h >> 32), static_cast<uint32_t>(k + 1)};

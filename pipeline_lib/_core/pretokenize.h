@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "unicode.h"
 
@@ -23,11 +24,37 @@ namespace pretok {
 
 constexpr size_t npos = static_cast<size_t>(-1);
 
+// Loops over the pieces of a text hand the bytes they have done to the cancellation poll
+// (cancel.h) once this many have passed, not per piece: a poll per piece, whose counter the
+// compiler must keep in memory, costs as much as pre-tokenizing an English word.
+constexpr size_t kPollBytes = size_t{1} << 12;
+
 inline bool is_other(uint8_t f) { return (f & (kFlagL | kFlagN | kFlagS)) == 0; }
 inline bool is_crlf(uint32_t cp) { return cp == '\r' || cp == '\n'; }
 
+// Number of leading ASCII letters ([A-Za-z]) among the 8 bytes of w, first byte lowest.
+// Per byte: OR 0x20 folds A-Z onto a-z, and adding 0x1F / 0x05 to the low 7 bits sets bit 7
+// iff they are >= 'a' / > 'z' (no carry crosses a byte).
+inline unsigned ascii_letters(uint64_t w) {
+    constexpr uint64_t k01 = 0x0101010101010101ull, k80 = 0x80 * k01;
+    const uint64_t low7 = (w | 0x20 * k01) & ~k80;
+    const uint64_t letter = (low7 + (0x80 - 'a') * k01) & ~(low7 + (0x80 - 'z' - 1) * k01) & ~w & k80;
+    const uint64_t other = ~letter & k80;
+    return other ? static_cast<unsigned>(__builtin_ctzll(other)) / 8 : 8;
+}
+
 // End of the maximal run, starting at i, of characters whose flags have any bit of `mask`.
-inline size_t run_any(const uint8_t* s, size_t n, size_t i, uint8_t mask) {
+[[gnu::always_inline]] inline size_t run_any(const uint8_t* s, size_t n, size_t i, uint8_t mask) {
+    // Runs of ASCII letters -- most of the bytes of most text -- 8 bytes at a time.
+    if (mask == kFlagL) {
+        while (i + 8 <= n) {
+            uint64_t w;
+            std::memcpy(&w, s + i, 8);
+            const unsigned k = ascii_letters(w);
+            i += k;
+            if (k < 8) break;
+        }
+    }
     while (i < n) {
         const uint8_t b = s[i];
         if (b < 0x80) {
@@ -107,7 +134,7 @@ inline size_t whitespace_piece(const uint8_t* s, size_t n, size_t i, bool crlf_a
 }
 
 // GPT-2:  '(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s
-inline size_t gpt2_piece(const uint8_t* s, size_t n, size_t i) {
+[[gnu::always_inline]] inline size_t gpt2_piece(const uint8_t* s, size_t n, size_t i) {
     // '(?:[sdmt]|ll|ve|re) -- case-sensitive, ASCII only
     if (s[i] == '\'' && i + 1 < n) {
         const uint8_t b = s[i + 1];
@@ -135,7 +162,7 @@ inline size_t gpt2_piece(const uint8_t* s, size_t n, size_t i) {
 
 // cl100k:  '(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+
 //          | ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s
-inline size_t cl100k_piece(const uint8_t* s, size_t n, size_t i) {
+[[gnu::always_inline]] inline size_t cl100k_piece(const uint8_t* s, size_t n, size_t i) {
     if (s[i] == '\'') {
         const size_t e = contraction_ci(s, n, i);
         if (e != npos) return e;
@@ -216,7 +243,7 @@ inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
 //   [^\r\n\p{L}\p{N}]?[Up]*[Lo]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?
 //  |[^\r\n\p{L}\p{N}]?[Up]+[Lo]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?
 //  |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
-inline size_t o200k_piece(const uint8_t* s, size_t n, size_t i) {
+[[gnu::always_inline]] inline size_t o200k_piece(const uint8_t* s, size_t n, size_t i) {
     const Char c = char_at(s, n, i);
     // The optional prefix is tried first (greedy), then without it.
     const bool prefix = !(c.flags & (kFlagL | kFlagN)) && !is_crlf(c.cp);
@@ -263,6 +290,9 @@ inline size_t o200k_piece(const uint8_t* s, size_t n, size_t i) {
     return w.end;
 }
 
+// Calls emit(begin, end) for each piece. The *_piece functions are forced inline, and callers
+// force their `emit` inline too: one loop per pattern with no call per piece, which would cost
+// about as much as finding an English word's piece.
 template <class Emit>
 inline void split_with(const uint8_t* s, size_t n, int pattern, Emit&& emit) {
     size_t i = 0;

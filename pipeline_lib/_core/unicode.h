@@ -36,7 +36,8 @@ inline uint8_t flags_of_cp(uint32_t cp) {
 inline uint8_t ascii_flags(uint8_t b) { return tables::kStage2[b]; }
 
 // Slow path: decode a (possibly invalid) multi-byte sequence starting at s[i], i < n.
-inline Char decode_multibyte(const uint8_t* s, size_t n, size_t i) {
+// Kept out of line so that the ASCII path of its callers inlines.
+[[gnu::noinline]] inline Char decode_multibyte(const uint8_t* s, size_t n, size_t i) {
     const uint8_t b0 = s[i];
     const size_t left = n - i;
     Char bad{0xDC00u + b0, 0, 1};
@@ -66,8 +67,9 @@ inline Char decode_multibyte(const uint8_t* s, size_t n, size_t i) {
     return bad;
 }
 
-// The character starting at s[i]; requires i < n.
-inline Char char_at(const uint8_t* s, size_t n, size_t i) {
+// The character starting at s[i]; requires i < n. Inlined: pre-tokenizing calls it for
+// nearly every byte, and for ASCII it is a table load.
+[[gnu::always_inline]] inline Char char_at(const uint8_t* s, size_t n, size_t i) {
     const uint8_t b = s[i];
     if (b < 0x80) return {b, ascii_flags(b), 1};
     return decode_multibyte(s, n, i);

@@ -153,7 +153,8 @@ def main() -> None:
     if args.chain_source and args.chain_gb:
         home = work / "prefect-home"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_"))}
-        env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+        # TOKENMILL_WARM=0: each run in its own process (imports included), so that its peak RSS is the command's.
+        env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", TOKENMILL_WARM="0")
         section("2. tokenmill run --no-lm, tokenmill's local Prefect server running")
         subprocess.run([sys.executable, "-m", "flows.cli", "server", "start"], cwd=ROOT, env=env, check=True, capture_output=True)
         rows = []

@@ -138,7 +138,7 @@ def main() -> None:
     ap.add_argument("--chain-gb", type=float, nargs="*", default=[0.25, 1.0, 4.0], help="chain corpus sizes in GB (default: 0.25 1 4)")
     ap.add_argument("--vocab-size", type=int, default=32768)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--no-granularity", action="store_true", help="skip section 3")
+    ap.add_argument("--no-granularity", action="store_true", help="skip section 4")
     ap.add_argument("--work-dir", help="for corpora, stores and logs (default: a temp dir, removed afterwards)")
     args = ap.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="tokenmill-bench-scale-"))
@@ -181,15 +181,26 @@ def main() -> None:
             section("3. the cost model, calibrated on the smallest run")
             gb0, _, model = rows[0]
             cost_model.print_model(model)
-            for gb, row, _ in rows[1:]:
-                predicted = model.wall(gb * 1e9)
-                print(f"  {gb:g} GB: predicted {predicted:.1f} s, measured {row['wall']:.1f} s, error {100 * (predicted / float(row['wall']) - 1):+.0f}%")
+            for gb, row, run in rows[1:]:
+                measured = float(row["wall"])
+                predicted, known = model.wall(gb * 1e9), model.wall(gb * 1e9, pieces=run.pieces)
+                print(
+                    f"  {gb:g} GB: predicted {predicted:.1f} s, measured {measured:.1f} s, error {100 * (predicted / measured - 1):+.0f}%; "
+                    f"with its distinct pieces known ({run.pieces:,}: the corpus repeats its sources) {known:.1f} s, "
+                    f"error {100 * (known / measured - 1):+.0f}%"
+                )
             cost_model.print_clusters(model, [1, 10], [(32, 8), (128, 8)])
 
     granularity = BENCH / "bench_granularity.py"
     if not args.no_granularity and granularity.exists():
         section("4. the cost of a task run (benchmarks/bench_granularity.py)")
-        stream([sys.executable, str(granularity), "--workers", str(args.workers)])
+        home = work / "prefect-home-granularity"  # a local server of its own, stopped afterwards
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_"))}
+        env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+        try:
+            stream([sys.executable, str(granularity), "--workers", str(args.workers)], env=env)
+        finally:
+            subprocess.run([sys.executable, "-m", "flows.cli", "server", "stop"], cwd=ROOT, env=env, capture_output=True)
     if not args.work_dir:
         shutil.rmtree(work, ignore_errors=True)
 

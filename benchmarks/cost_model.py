@@ -161,18 +161,20 @@ class CostModel:
         """Rows of the per-shard count tables the reduce merges."""
         return shards * self.pieces_at(nbytes / shards)
 
-    def stage_seconds(self, nbytes: float, shards: int | None = None) -> dict[str, float]:
+    def stage_seconds(self, nbytes: float, shards: int | None = None, pieces: float | None = None) -> dict[str, float]:
         """Busy seconds (one core) of each stage for a corpus of `nbytes` cut into `shards`
-        shards (default: as many as the calibration run)."""
+        shards (default: as many as the calibration run) with `pieces` distinct pieces
+        (default: Heaps' law)."""
         shards = shards or self.shards
+        piece_scale = (pieces or self.pieces_at(nbytes)) / self.pieces
         scale = {k: nbytes / self.bytes for k in self.busy_s}
-        scale["merges"] = self.pieces_at(nbytes) / self.pieces
-        scale["reduce"] = self.rows_at(nbytes, shards) / self.rows_at(self.bytes, self.shards)
+        scale["merges"] = piece_scale
+        scale["reduce"] = piece_scale if pieces else self.rows_at(nbytes, shards) / self.rows_at(self.bytes, self.shards)
         return {k: v * scale[k] for k, v in self.busy_s.items()}
 
-    def wall(self, nbytes: float, workers: int | None = None) -> float:
+    def wall(self, nbytes: float, workers: int | None = None, pieces: float | None = None) -> float:
         workers = workers or self.workers
-        seconds = self.stage_seconds(nbytes)
+        seconds = self.stage_seconds(nbytes, pieces=pieces)
         serial = sum(v for k, v in seconds.items() if k not in PARALLEL)
         parallel = sum(v for k, v in seconds.items() if k in PARALLEL)
         return self.fixed_s + serial + parallel / (workers * self.efficiency)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import pickle  # nanoGPT's meta.pkl, written only (export_nanogpt)
 import re
@@ -158,8 +159,12 @@ def val_start(doc_ends: np.ndarray, n_tokens: int, val_fraction: float) -> int:
     document index with their own fraction (`split_points`)."""
     if val_fraction == 0 or n_tokens == 0:
         return n_tokens
-    boundaries = np.concatenate([[0], np.asarray(doc_ends, dtype=np.int64)])
-    return int(boundaries[np.argmin(np.abs(boundaries - (1.0 - val_fraction) * n_tokens))])
+    # The boundaries are sorted: the nearest is one of the two around the target (a binary
+    # search over the memory-mapped index; a copy of it would grow with the shard).
+    target = (1.0 - val_fraction) * n_tokens
+    i = _search(doc_ends, math.ceil(target))  # the first end >= target (ends are integers)
+    candidates = [0] + [int(doc_ends[j]) for j in (i - 1, i) if 0 <= j < len(doc_ends)]
+    return min(candidates, key=lambda b: abs(b - target))  # the first, the smaller, on a tie
 
 
 def _separator_id(tokenizer, config: EncodeConfig) -> int | None:
@@ -295,7 +300,7 @@ def encode_documents(
             table.close()
     doc_ends = np.load(index_path, mmap_mode="r", allow_pickle=False) if n_docs else np.zeros(0, np.int64)
     start = val_start(doc_ends, writer.n, config.val_fraction)
-    n_val_docs = n_docs - int(np.searchsorted(doc_ends, start, side="right"))
+    n_val_docs = n_docs - _search(doc_ends, start, side="right")
     return ShardStats(name=name, n_tokens=writer.n, n_docs=n_docs, n_bytes=n_bytes, val_start=start, val_docs=n_val_docs)
 
 
@@ -584,6 +589,39 @@ def read_doc_table(path: str, verify: bool = True) -> pa.Table:
     return table
 
 
+_INDEX_CHUNK = 1 << 20
+
+
+def _search(index: np.ndarray, value: int, side: Literal["left", "right"] = "left") -> int:
+    """`np.searchsorted` of a non-negative int in a document index, as the index's own dtype:
+    a Python int against a uint64 array would make NumPy cast the whole (mapped) index to
+    float64 first."""
+    index = np.asarray(index)  # a view of a mapped array, not a copy
+    return int(np.searchsorted(index, np.asarray(value, dtype=index.dtype), side=side))
+
+
+def _strictly_increasing_from_one(index: np.ndarray) -> bool:
+    """Document ends > 0 and strictly increasing, checked a chunk at a time."""
+    previous = 0
+    for a in range(0, len(index), _INDEX_CHUNK):
+        chunk = np.asarray(index[a : a + _INDEX_CHUNK], dtype=np.int64)
+        if chunk[0] <= previous or np.any(np.diff(chunk) <= 0):
+            return False
+        previous = int(chunk[-1])
+    return True
+
+
+def _separator_positions(index: np.ndarray, placement: str, start: int, stop: int) -> np.ndarray:
+    """Where the separators of documents ending at `index` are, among tokens [start, stop):
+    the last token of each document ("append"), or the first ("prepend")."""
+    if placement == "append":  # a document ending at e has its separator at e - 1
+        lo, hi = _search(index, start + 1), _search(index, stop + 1)
+        return np.asarray(index[lo:hi], dtype=np.int64) - 1
+    lo, hi = _search(index[:-1], start), _search(index[:-1], stop)  # documents start at 0 and at every end but the last
+    starts = np.asarray(index[lo:hi], dtype=np.int64)
+    return np.concatenate([[0], starts]) if start == 0 < stop else starts
+
+
 def _check_doc_table(path: str, index: np.ndarray, shard: int, index_path: str) -> None:
     """The document table agrees with the index, row for row (streamed by batches)."""
     try:
@@ -662,21 +700,18 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
             raise InputError(f"{path}: {n_tokens:,} tokens, manifest says {shard['n_tokens']:,}")
         if n_tokens > MAX_SHARD_TOKENS:
             raise InputError(f"{path}: {n_tokens:,} tokens, more than {MAX_SHARD_TOKENS:,} in one shard")
-        index = np.array(open_index(index_path, verify=False), dtype=np.int64)  # checked above
+        index = open_index(index_path, verify=False)  # checked above; mapped, read a chunk at a time (never copied whole)
         if len(index) != shard["n_docs"]:
             raise InputError(f"{index_path}: {len(index):,} document ends, manifest says {shard['n_docs']:,}")
-        if len(index) and (index[0] <= 0 or index[-1] != n_tokens or np.any(np.diff(index) <= 0)):
+        if len(index) and (int(index[-1]) != n_tokens or not _strictly_increasing_from_one(index)):
             raise InputError(f"{index_path}: document ends are not strictly increasing from >0 up to the token count {n_tokens:,}")
         if not len(index) and n_tokens:
             raise InputError(f"{index_path}: no documents but {n_tokens:,} tokens")
         if "val_start" in shard:  # the recorded split: at a document boundary, its document count right
             vs, vd = shard.get("val_start"), shard.get("val_docs")
-            at = int(np.searchsorted(index, vs, side="right")) if isinstance(vs, int) else -1
+            at = _search(index, vs, side="right") if isinstance(vs, int) and vs >= 0 else -1
             if not (isinstance(vs, int) and 0 <= vs <= n_tokens and (vs == 0 or (at > 0 and index[at - 1] == vs)) and vd == len(index) - at):
                 raise InputError(f"{directory}: shard {name}'s split (val_start {vs!r}, val_docs {vd!r}) is not a document boundary of {index_path}")
-        sep_pos = None
-        if sep is not None and len(index):  # sep_id is set exactly when sep is
-            sep_pos = index - 1 if sep["placement"] == "append" else np.concatenate([[0], index[:-1]])
         # One sequential read: ids in range, separators where the index says and nowhere else, hash.
         hasher = hashlib.sha256() if deep and files is None and shard.get("sha256") else None
         n_sep = 0
@@ -686,9 +721,9 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
                 raise InputError(f"{path}: token id {top} is outside the vocabulary (size {vocab_size})")
             if sep_id is not None:
                 n_sep += int(np.count_nonzero(chunk == sep_id))
-            if sep is not None and sep_pos is not None:
-                lo, hi = np.searchsorted(sep_pos, [start, start + len(chunk)])
-                if np.any(chunk[sep_pos[lo:hi] - start] != sep_id):
+            if sep is not None and len(index):
+                at = _separator_positions(index, sep["placement"], start, start + len(chunk))
+                if np.any(chunk[at - start] != sep_id):
                     raise InputError(f"{path}: a document boundary lacks the separator {sep.get('token')!r} (id {sep_id})")
         if sep_id is not None and n_sep != len(index):
             raise InputError(f"{path}: the separator id {sep_id} occurs {n_sep:,} times for {len(index):,} documents")

@@ -8,6 +8,8 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline_lib import stages, token_shards
 from pipeline_lib.corpus import CorpusConfig, iter_shard_batches
@@ -295,3 +297,40 @@ def test_encode_stage_on_shakespeare(tmp_path, shakespeare_text):
         for j in (0, len(docs) // 2, len(docs) - 1):
             ids = tokens[starts[j] : ends[j]].tolist()
             assert ids[-1] == sep and tok.decode_bytes(ids[:-1]) == docs[j]
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=st.lists(st.integers(0, 5), max_size=12), fraction=st.sampled_from([0.0, 0.1, 0.25, 0.33, 0.5, 0.9, 1.0]))
+def test_val_start_is_the_nearest_document_boundary(lengths, fraction):
+    from pipeline_lib.token_shards import val_start
+
+    ends = np.cumsum(lengths, dtype=np.uint64)
+    n_tokens = int(ends[-1]) if lengths else 0
+    boundaries = [0, *ends.tolist()]
+    target = (1.0 - fraction) * n_tokens
+    nearest = min(boundaries, key=lambda b: abs(b - target))  # the first (smallest) on a tie
+    assert val_start(ends, n_tokens, fraction) == (n_tokens if fraction == 0 or n_tokens == 0 else nearest)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=20), data=st.data())
+def test_separator_positions_of_a_token_range(lengths, data):
+    from pipeline_lib.token_shards import _separator_positions
+
+    ends = np.cumsum(lengths, dtype=np.uint64)
+    start = data.draw(st.integers(0, int(ends[-1])))
+    stop = data.draw(st.integers(start, int(ends[-1])))
+    for placement, every in (("append", [e - 1 for e in ends.tolist()]), ("prepend", [0, *ends.tolist()[:-1]])):
+        assert _separator_positions(ends, placement, start, stop).tolist() == [p for p in every if start <= p < stop]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1 << 20])
+def test_index_order_is_checked_across_chunks(monkeypatch, chunk):
+    from pipeline_lib import token_shards
+
+    monkeypatch.setattr(token_shards, "_INDEX_CHUNK", chunk)
+    check = token_shards._strictly_increasing_from_one
+    assert check(np.array([1, 2, 5, 9], dtype=np.uint64))
+    assert not check(np.array([0, 2, 5], dtype=np.uint64))  # a first document of no tokens
+    assert not check(np.array([1, 2, 2, 9], dtype=np.uint64))
+    assert not check(np.array([1, 4, 3, 9], dtype=np.uint64))  # down across a chunk boundary when chunk is 1 or 3

@@ -14,7 +14,7 @@ from pipeline_lib.report import notable_tokens
 from pipeline_lib.stages import spec
 from pipeline_lib.stages.spec import Context, Output, Stage
 from pipeline_lib.store import ArtifactStore, VersionRef
-from pipeline_lib.tokenizer import ENDOFTEXT, Tokenizer
+from pipeline_lib.tokenizer import ENDOFTEXT, PieceTable, Tokenizer
 from pipeline_lib.tokenizer.core import UNIT_DESCRIPTIONS
 from pipeline_lib.tokenizer.load import files as tokenizer_file_bytes
 
@@ -80,7 +80,7 @@ def _learn(ctx: Context) -> Output:
     path = os.path.join(ctx.store.local_dir(counts.kind, counts.version), COUNTS_FILE)
     pieces, cnt = counting.read_counts(path)
     tok = Tokenizer.train(
-        dict(zip(pieces, cnt.tolist())),
+        PieceTable(pieces, cnt),
         config.vocab_size,
         pattern=cmeta["meta"]["pattern"],
         special_tokens=config.special_tokens,

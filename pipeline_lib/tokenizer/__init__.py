@@ -48,7 +48,7 @@ from pipeline_lib.tokenizer.registry import (
     get_encoding,
     list_encoding_names,
 )
-from pipeline_lib.tokenizer.train import PieceCounts, count_documents
+from pipeline_lib.tokenizer.train import PieceCounts, PieceTable, count_documents
 
 __all__ = [
     "ENDOFTEXT",
@@ -64,6 +64,7 @@ __all__ = [
     "UNIT_DESCRIPTIONS",
     "UNK",
     "PieceCounts",
+    "PieceTable",
     "Tokenizer",
     "UnknownModelError",
     "UnknownTokenError",

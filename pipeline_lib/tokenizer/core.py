@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import regex
@@ -23,6 +23,9 @@ from pipeline_lib import bpe_reference as ref
 from pipeline_lib import cancel
 from pipeline_lib.errors import InputError
 from pipeline_lib.patterns import NO_SPLIT, PATTERNS, check_pattern, is_custom, pattern_string
+
+if TYPE_CHECKING:
+    from pipeline_lib.tokenizer.train import PieceTable
 
 # Every id (ordinary or special) is below MAX_VOCAB_SIZE: 4,194,304 ids, 20x o200k's. The
 # decoder's tables are per id, so this bounds what a file can make us allocate.
@@ -330,7 +333,7 @@ class Tokenizer:
     @classmethod
     def train(
         cls,
-        counts_or_texts: Mapping[bytes, int] | Iterable[str | bytes],
+        counts_or_texts: PieceTable | Mapping[bytes, int] | Iterable[str | bytes],
         vocab_size: int,
         pattern: str | None = None,
         special_tokens: Sequence[str] | Mapping[str, int] = (ENDOFTEXT,),

@@ -8,10 +8,11 @@ counted there.
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -32,6 +33,14 @@ def native_pattern_id(pattern: str) -> int | None:
     if native is None or is_custom(pattern):
         return None
     return native.NO_SPLIT if pattern == NO_SPLIT else native.PATTERN_IDS[pattern]
+
+
+class PieceTable(NamedTuple):
+    """A piece -> count table as two columns, pieces sorted (what `counting.read_counts` and
+    `PieceCounts.to_arrays` give): trains without a dict of the table."""
+
+    pieces: list[bytes]
+    counts: np.ndarray
 
 
 class PieceCounts:
@@ -217,7 +226,7 @@ def learn_merges(
 
 def train_tokenizer(
     cls: type[Tokenizer],
-    counts_or_texts: Mapping[bytes, int] | Iterable[str | bytes],
+    counts_or_texts: PieceTable | Mapping[bytes, int] | Iterable[str | bytes],
     vocab_size: int,
     pattern: str | None = None,
     special_tokens: Sequence[str] | Mapping[str, int] = (core.ENDOFTEXT,),
@@ -240,7 +249,7 @@ def train_tokenizer(
     single bytes that are not characters of the corpus get ids after the merges, so any text
     encodes). `lowercase` (word unit only) lowercases the words.
 
-    `counts_or_texts` is a piece -> count table (what the counting stage writes; the word
+    `counts_or_texts` is a piece -> count table, or a `PieceTable` (what the counting stage writes; the word
     unit takes its words from the pieces, `bpe_reference.word_counts`) or documents to count
     here, on `workers` threads (0 = all cores). When the corpus cannot give that many merges,
     training stops early with a warning and the vocabulary is smaller. A pair whose merged token would be longer than `max_token_bytes`
@@ -272,7 +281,11 @@ def train_tokenizer(
         raise InputError(f"vocab_size={vocab_size} is larger than MAX_VOCAB_SIZE ({MAX_VOCAB_SIZE})")
     if not 2 <= max_token_bytes <= MAX_TOKEN_BYTES:
         raise InputError(f"max_token_bytes={max_token_bytes} must be in [2, {MAX_TOKEN_BYTES}] (MAX_TOKEN_BYTES)")
-    if isinstance(counts_or_texts, Mapping):
+    if isinstance(counts_or_texts, PieceTable):
+        pieces, counts = counts_or_texts.pieces, np.asarray(counts_or_texts.counts, dtype=np.int64)
+        if len(pieces) != len(counts) or any(a >= b for a, b in zip(pieces, itertools.islice(pieces, 1, None))):
+            raise InputError(f"a PieceTable needs as many counts as pieces ({len(pieces)} pieces, {len(counts)} counts) and its pieces sorted, each once")
+    elif isinstance(counts_or_texts, Mapping):
         items = sorted(counts_or_texts.items())
         pieces = [p for p, _ in items]
         counts = np.array([c for _, c in items], dtype=np.int64)

@@ -722,8 +722,8 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
             if sep_id is not None:
                 n_sep += int(np.count_nonzero(chunk == sep_id))
             if sep is not None and len(index):
-                at = _separator_positions(index, sep["placement"], start, start + len(chunk))
-                if np.any(chunk[at - start] != sep_id):
+                separators = _separator_positions(index, sep["placement"], start, start + len(chunk))
+                if np.any(chunk[separators - start] != sep_id):
                     raise InputError(f"{path}: a document boundary lacks the separator {sep.get('token')!r} (id {sep_id})")
         if sep_id is not None and n_sep != len(index):
             raise InputError(f"{path}: the separator id {sep_id} occurs {n_sep:,} times for {len(index):,} documents")

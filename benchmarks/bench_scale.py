@@ -19,7 +19,8 @@ It prints, section by section:
    `prefect server start`).
 2. The chain without the LM (`tokenmill run --no-lm`: ingest, shard, count, merges to
    --vocab-size, encode every shard) on corpora of --chain-gb gigabytes, made by
-   concatenating the --chain-source files (cycled) and cut at a line end, with tokenmill's
+   interleaving the --chain-source files (each cycled, in proportion to its size, so every
+   size has the same mix) and cut at a line end, with tokenmill's
    local Prefect server already running: wall time, peak RSS of the command (the largest of
    its process and its children), RSS growth from the smallest to the largest corpus, and
    the corpus shards' size spread (the manifest's `balance`).
@@ -38,7 +39,6 @@ The machine's load average is printed with each figure: compare runs side by sid
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shutil
@@ -75,23 +75,34 @@ def stream(argv: list[str], env: dict[str, str] | None = None) -> int:
     return proc.wait()
 
 
-def build_corpus(sources: list[str], size: int, out: Path) -> Path:
-    """`size` bytes of the `sources` concatenated (cycled), cut at a line end."""
-    if out.exists() and out.stat().st_size <= size and out.stat().st_size > size - (1 << 20):
+def build_corpus(sources: list[str], size: int, out: Path, block: int = 8 << 20) -> Path:
+    """`size` bytes of the `sources` interleaved, each cycled, in proportion to their sizes
+    (blocks of about `block` bytes in all per round, cut at line ends): every size has the
+    same mix, so two sizes differ in amount, not in kind."""
+    if out.exists() and size - (1 << 20) < out.stat().st_size <= size:
         return out
+    sizes = [os.path.getsize(src) for src in sources]
+    shares = [max(1, block * n // sum(sizes)) for n in sizes]
+    files = [open(src, "rb") for src in sources]
     written = 0
-    with open(out, "wb") as f:
-        for source in itertools.cycle(sources):
-            with open(source, "rb") as src:
-                while written < size:
-                    block = src.read(min(64 << 20, size - written))
-                    if not block:
+    try:
+        with open(out, "wb") as f:
+            while written < size:
+                for src, share in zip(files, shares):
+                    part = src.read(share)
+                    if len(part) < share:  # cycle this source
+                        src.seek(0)
+                        part += src.read(share - len(part))
+                    part += src.readline()  # to the line end
+                    part = part[: size - written]
+                    f.write(part)
+                    written += len(part)
+                    if written >= size:
                         break
-                    f.write(block)
-                    written += len(block)
-            if written >= size:
-                break
-        f.truncate(written)
+            f.truncate(written)
+    finally:
+        for src in files:
+            src.close()
     with open(out, "rb+") as f:  # cut at the last line end
         f.seek(max(0, written - (1 << 20)))
         tail = f.read()

@@ -52,21 +52,10 @@ def _use_core_file() -> None:
 
 _use_core_file()
 
+from bench_core import documents  # noqa: E402  (this folder: the same documents as bench_core)
+
 from pipeline_lib import _tokcore as core  # type: ignore[attr-defined]  # noqa: E402
 from pipeline_lib.tokenizer import Tokenizer  # noqa: E402
-
-
-def documents(data: bytes, doc_bytes: int = 1 << 16) -> list[bytes]:
-    docs, cur, size = [], [], 0
-    for para in data.split(b"\n\n"):
-        cur.append(para)
-        size += len(para) + 2
-        if size >= doc_bytes:
-            docs.append(b"\n\n".join(cur))
-            cur, size = [], 0
-    if cur:
-        docs.append(b"\n\n".join(cur))
-    return docs
 
 
 def load_tokenizer(where: str) -> Tokenizer:
@@ -98,7 +87,7 @@ def main() -> int:
 
     with open(args.corpus, "rb") as f:
         data = f.read(int(args.mb * 1e6))
-    docs = documents(data)
+    docs = documents(data, 1 << 16)
     tok = load_tokenizer(args.tokenizer)
     pid = core.PATTERN_IDS[tok.pattern]
     tokens = list(tok.mergeable_ranks)

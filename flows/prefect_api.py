@@ -38,7 +38,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -257,21 +256,7 @@ class LocalServer:
         env["PREFECT_UI_ENABLED"] = "false"
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            # Its own session: the terminal's Ctrl-C and hang-up do not reach it.
-            return subprocess.Popen(
-                [sys.executable, "-m", SERVER_MODULE, str(self.directory)],
-                env=env,
-                cwd="/",
-                stdin=subprocess.DEVNULL,
-                stdout=fd,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
-        finally:
-            os.close(fd)
+        return warm.spawn_detached(["-m", SERVER_MODULE, str(self.directory)], env, str(self.log_path), append=False)
 
     def _kill(self, pid: int, timeout: float = 10.0) -> None:
         """SIGTERM the server's process group, SIGKILL after `timeout` s."""

@@ -347,8 +347,6 @@ def _watch_client(conn: socket.socket) -> None:
 def spawn(directory: str, server_pid: int) -> None:
     """Start a runner for the local server in `directory` unless one with this code and
     environment answers there already (the command's exit is not delayed: it runs detached)."""
-    import subprocess
-
     if not enabled(_ORIGINAL_ENV) or len(os.path.join(directory, SOCKET_FILE)) > 100:  # AF_UNIX path limit
         return
     try:
@@ -358,17 +356,27 @@ def spawn(directory: str, server_pid: int) -> None:
             return
         _log(
             directory,
-            f"pid {os.getpid()} replaces the runner (env {info['env'] == env_key(_ORIGINAL_ENV)}, code {info['fingerprint'] == code_fingerprint(info['extra'])})",
+            f"pid {os.getpid()} replaces the runner {info['pid']}: its environment or code is not this command's",
         )
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(int(info["pid"]), signal.SIGTERM)  # another environment's or stale: one runner per server
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    log = os.open(os.path.join(directory, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    env = {**_ORIGINAL_ENV, "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, _ORIGINAL_ENV.get("PYTHONPATH")) if p)}
+    spawn_detached(["-m", "flows.warm", directory, str(server_pid), env_key(_ORIGINAL_ENV)], env, os.path.join(directory, LOG_FILE))
+
+
+def spawn_detached(args: list[str], env: dict[str, str], log_path: str, append: bool = True):
+    """`python ARGS` in a session of its own (the terminal's Ctrl-C and hang-up do not reach
+    it), in /, its output to `log_path` (appended, or from empty)."""
+    import subprocess
+
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    log = os.open(log_path, flags, 0o600)
     try:
-        subprocess.Popen(
-            [sys.executable, "-m", "flows.warm", directory, str(server_pid), env_key(_ORIGINAL_ENV)],
-            env={**_ORIGINAL_ENV, "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, _ORIGINAL_ENV.get("PYTHONPATH")) if p)},
+        return subprocess.Popen(
+            [sys.executable, *args],
+            env=env,
             cwd="/",
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -404,4 +412,8 @@ def pid_alive(pid: int) -> bool:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    # Through the importable module, not this `__main__` copy of it: the children's state
+    # (the command's environment) must be the one `flows.prefect_api` sees.
+    from flows import warm
+
+    warm.serve(sys.argv[1], int(sys.argv[2]), sys.argv[3])

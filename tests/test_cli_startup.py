@@ -142,6 +142,7 @@ def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
         assert json.loads(local.state_path.read_text())["pid"] == state["pid"]  # the same server
         served = (local.directory / "warm.log").read_text()
         assert f"tokenmill {' '.join(_train_args(corpus, tmp_path / 's2'))}" in served, served
+        assert _wait_for_runner(local.directory) == runner, served  # still the same runner: a served command keeps it
         assert (tmp_path / "s2" / "tokenizer").is_dir() and "-> " in second.stdout
         assert "View at" not in first.stderr + first.stdout  # the server has no UI to link to
         status = _tokenmill(["server", "status"], env, timeout=120)

@@ -416,11 +416,8 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::
     return numpy_1d(std::move(out));
 }
 
-nb::tuple encoder_encode_batch(Encoder& self, nb::handle docs, int num_threads) {
-    std::vector<nb::object> keep;
-    std::vector<const uint8_t*> ptrs;
-    std::vector<size_t> lens;
-    collect_bytes(docs, keep, ptrs, lens, "docs");
+// The documents at `ptrs`/`lens` encoded on `num_threads` threads (GIL released): (flat ids, offsets).
+nb::tuple encode_documents(Encoder& self, const std::vector<const uint8_t*>& ptrs, const std::vector<size_t>& lens, int num_threads) {
     std::vector<uint32_t> ids;
     std::vector<uint64_t> offsets;
     CallScope scope;
@@ -430,6 +427,14 @@ nb::tuple encoder_encode_batch(Encoder& self, nb::handle docs, int num_threads) 
         self.core->encode_batch(ptrs, lens, num_threads, ids, offsets);
     }
     return nb::make_tuple(numpy_1d(std::move(ids)), numpy_1d(std::move(offsets)));
+}
+
+nb::tuple encoder_encode_batch(Encoder& self, nb::handle docs, int num_threads) {
+    std::vector<nb::object> keep;
+    std::vector<const uint8_t*> ptrs;
+    std::vector<size_t> lens;
+    collect_bytes(docs, keep, ptrs, lens, "docs");
+    return encode_documents(self, ptrs, lens, num_threads);
 }
 
 nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode_piece(Encoder& self, nb::bytes piece) {
@@ -567,15 +572,7 @@ nb::tuple encoder_encode_buffer(Encoder& self, nb::handle data_obj, nb::handle o
         ptrs[k] = data.data() + o[k];
         lens[k] = static_cast<size_t>(o[k + 1] - o[k]);
     }
-    std::vector<uint32_t> ids;
-    std::vector<uint64_t> offsets;
-    CallScope scope;
-    {
-        nb::gil_scoped_release release;
-        cancel::Bind bind(&scope, true);
-        self.core->encode_batch(ptrs, lens, num_threads, ids, offsets);
-    }
-    return nb::make_tuple(numpy_1d(std::move(ids)), numpy_1d(std::move(offsets)));
+    return encode_documents(self, ptrs, lens, num_threads);
 }
 
 nb::bytes sha256_documents(nb::handle data_obj, nb::handle offsets_obj, bool portable) {

@@ -23,11 +23,15 @@ spec declares.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import pyarrow as pa
 
 from pipeline_lib.corpus import MIN_TASKS, shard_name
 from pipeline_lib.errors import InputError, StoreError
@@ -204,6 +208,16 @@ def unit_groups(stage: Stage, store: ArtifactStore, inputs: Mapping[str, Version
 
 
 # --------------------------------------------------------------------------- the engine
+def release_memory() -> None:
+    """Hand the memory a stage freed back to the system: glibc's malloc and Arrow's pool keep
+    freed pages for reuse, so the next stage's peak would stack on the last one's leftovers
+    (the pipeline runs its stages one after the other in one process)."""
+    with contextlib.suppress(Exception):
+        pa.default_memory_pool().release_unused()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def produce(
     stage: Stage,
     store: ArtifactStore,
@@ -219,7 +233,10 @@ def produce(
     version = stage.version(inputs, config)
     code = stage.code_version()
     if stage.publishes:
-        ref = stage.run(Context(store, inputs, config, version, code, progress=progress, log=log))
+        try:
+            ref = stage.run(Context(store, inputs, config, version, code, progress=progress, log=log))
+        finally:
+            release_memory()
         if not isinstance(ref, VersionRef) or ref.kind != stage.kind or (version is not None and ref.version != version):
             got = ref.key if isinstance(ref, VersionRef) else type(ref).__name__
             raise StoreError(
@@ -234,7 +251,10 @@ def produce(
     def make() -> VersionRef:
         staging = store.stage(stage.kind, version)
         records = _unit_records(stage, store, inputs, staging) if stage.units is not None else ()
-        out = stage.run(Context(store, inputs, config, version, code, staging, records=records, progress=progress, log=log))
+        try:
+            out = stage.run(Context(store, inputs, config, version, code, staging, records=records, progress=progress, log=log))
+        finally:
+            release_memory()
         if not isinstance(out, Output):
             raise TypeError(f"stage {stage.name}: run returned {type(out).__name__}, not an Output")
         # The unit parts a mapped stage left in staging and did not list are dropped by
@@ -283,7 +303,10 @@ def run_unit(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef
         if done is not None:
             return done
         assert staging is not None  # _unit_state gives one whenever the unit is not done
-        record = stage.units.run(Context(store, inputs, config, version, stage.code_version(), staging, unit=unit, index=index))
+        try:
+            record = stage.units.run(Context(store, inputs, config, version, stage.code_version(), staging, unit=unit, index=index))
+        finally:
+            release_memory()
         staging.mark_done(unit, record)
         return record
 

@@ -309,13 +309,13 @@ def _run_child(directory: str, conn: socket.socket, request: dict, fds: list[int
         with contextlib.suppress(BaseException):
             sys.stdout.flush()
             sys.stderr.flush()
-        with contextlib.suppress(BaseException):
-            _send(conn, {"status": status})
-        with contextlib.suppress(BaseException):
+        with contextlib.suppress(BaseException):  # logged before the caller hears the status, so it can read it then
             import resource
 
             cpu = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
             _log(directory, f"pid {os.getpid()}: exit {status}, {cpu:.2f} s CPU")
+        with contextlib.suppress(BaseException):
+            _send(conn, {"status": status})
         os._exit(status)
 
 

@@ -76,6 +76,8 @@ def test_a_command_runs_in_the_runner_as_in_a_fresh_process(runner, tmp_path):
     served = _tokenmill(args, env, cwd=tmp_path, input="")
     assert served.returncode == 0, served.stderr[-3000:]
     assert " ".join(args) in _served(directory)
+    # Its exit is logged (with its CPU seconds) before the caller hears the status.
+    assert re.search(r"pid \d+: exit 0, [\d.]+ s CPU\n$", (directory / warm.LOG_FILE).read_text())
     assert np.load(tmp_path / "ids.npy").tolist() == [1212, 318, 617, 2420]  # in the caller's directory
     usual = _tokenmill(args, {**env, warm.ENV_WARM: "0"}, cwd=tmp_path, input="")  # TOKENMILL_WARM=0: the usual way
     assert usual.returncode == 0 and usual.stdout == served.stdout == "4 tokens -> ids.npy\n", (served.stdout, usual.stdout)

@@ -46,6 +46,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from flows.warm import prefect_home
 from pipeline_lib.errors import CancelledError, InputError, TokenmillError
 
 DEFAULT_STORE = "./artifacts"
@@ -1107,7 +1108,7 @@ def describe_failure(exc: BaseException, store: str | None = None, resumable: bo
 def _log_dir() -> str:
     if os.environ.get(ENV_LOG_DIR):
         return os.path.expanduser(os.environ[ENV_LOG_DIR])
-    return os.path.join(os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect"), "logs")
+    return os.path.join(prefect_home(), "logs")
 
 
 def write_failure_log(exc: BaseException, argv: list[str], line: str) -> str | None:
@@ -1203,8 +1204,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(argv)
     # Before anything imports Prefect: its logging setup reads this (see PREFECT_CONSOLE_CLASS).
     # A logging.yml of the user's own is left alone.
-    home = os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect")
-    if not os.environ.get("PREFECT_LOGGING_SETTINGS_PATH") and not os.path.exists(os.path.join(home, "logging.yml")):
+    if not os.environ.get("PREFECT_LOGGING_SETTINGS_PATH") and not os.path.exists(os.path.join(prefect_home(), "logging.yml")):
         os.environ.setdefault(*PREFECT_CONSOLE_CLASS)
     args = build_parser(argv).parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")

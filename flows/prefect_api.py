@@ -83,7 +83,7 @@ def read_float_env(name: str, default: float) -> float:
 
 
 def prefect_home() -> Path:
-    return Path(os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect")).absolute()
+    return Path(warm.prefect_home())
 
 
 def server_dir(home: Path | None = None) -> Path:

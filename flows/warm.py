@@ -50,6 +50,12 @@ _ORIGINAL_ENV = dict(os.environ)  # before the CLI sets its own variables (flows
 
 
 # --------------------------------------------------------------------------- shared
+def prefect_home() -> str:
+    """PREFECT_HOME, absolute (default ~/.prefect): here, where the commands can read it before
+    they import Prefect."""
+    return os.path.abspath(os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect"))
+
+
 def enabled(environ: dict[str, str] | os._Environ = os.environ) -> bool:
     return environ.get(ENV_WARM, "").strip().lower() not in ("0", "false", "no", "off")
 
@@ -112,8 +118,7 @@ def _recv(conn: socket.socket, max_fds: int = 0) -> tuple[dict, list[int]]:
 def main() -> None:
     """The `tokenmill` program: the command in the warm runner when it can, else as usual."""
     argv = sys.argv[1:]
-    home = os.path.expanduser(os.environ.get("PREFECT_HOME") or "~/.prefect")
-    status = run_warm(argv, os.path.join(os.path.abspath(home), SERVER_DIR))
+    status = run_warm(argv, os.path.join(prefect_home(), SERVER_DIR))
     if status is None:
         from flows.cli import main as cli_main
 
@@ -241,9 +246,10 @@ def serve(directory: str, server_pid: int, key: str) -> None:
             try:
                 conn.settimeout(5.0)
                 request, fds = _recv(conn, max_fds=3)
-                if len(fds) != 3 or request.get("fingerprint") != code_fingerprint(extra) or env_key(request["env"]) != info["env"]:
+                current = code_fingerprint(extra)
+                if len(fds) != 3 or request.get("fingerprint") != current or env_key(request["env"]) != info["env"]:
                     _send(conn, {"refused": "code or environment changed"})
-                    if code_fingerprint(extra) != fingerprint:
+                    if current != fingerprint:
                         _log(directory, "code changed: leaving")
                         return
                     continue
@@ -298,7 +304,6 @@ def _run_child(directory: str, conn: socket.socket, request: dict, fds: list[int
         from flows.cli import main
 
         status = main(request["argv"])
-        _exit_as_python_does()
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # noqa: BLE001 - main reports every failure; this is the last resort
@@ -306,6 +311,8 @@ def _run_child(directory: str, conn: socket.socket, request: dict, fds: list[int
 
         traceback.print_exc()
     finally:
+        with contextlib.suppress(BaseException):
+            _exit_as_python_does()
         with contextlib.suppress(BaseException):
             sys.stdout.flush()
             sys.stderr.flush()

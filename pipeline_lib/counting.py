@@ -152,16 +152,18 @@ class BoundedCounts:
     def add_documents(self, docs: list[bytes]) -> None:
         before = self.counts.total
         self.counts.add_documents(docs)
-        self._items_seen += self.counts.total - before
-        self._bytes_seen += sum(map(len, docs))
-        self._check()
+        self._added(before, sum(map(len, docs)))
 
     def add_batch(self, batch: DocBatch) -> None:
         """`add_documents` for a `DocBatch`: the native counter reads its buffer, no object per document."""
         before = self.counts.total
         self.counts.add_buffer(batch.data, batch.offsets)
-        self._items_seen += self.counts.total - before
-        self._bytes_seen += batch.n_bytes
+        self._added(before, batch.n_bytes)
+
+    def _added(self, total_before: int, n_bytes: int) -> None:
+        """Account for documents of `n_bytes` just counted, and hold the budget."""
+        self._items_seen += self.counts.total - total_before
+        self._bytes_seen += n_bytes
         self._check()
 
     def add_counts(self, pieces: list[bytes], counts: np.ndarray) -> None:

@@ -67,7 +67,8 @@ def _wait_for_runner(directory: Path, timeout: float = 120) -> int:
     )
 
 
-def _wait_gone(pid: int, timeout: float = 60) -> None:
+def wait_gone(pid: int, timeout: float = 60) -> None:
+    """Wait for process `pid` to end (an AssertionError after `timeout` s); tests/test_warm.py too."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -159,7 +160,7 @@ def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
         stop = _tokenmill(["server", "stop"], env, timeout=120)
     assert stop.returncode == 0 and "stopped" in stop.stdout, stop.stdout + stop.stderr
     assert not local.state_path.exists()
-    _wait_gone(runner)  # the runner leaves with its server
+    wait_gone(runner)  # the runner leaves with its server
     assert "not running" in _tokenmill(["server", "status"], env, timeout=120).stdout
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cli_startup import wait_gone
 
 from flows import warm
 from pipeline_lib.tokenizer.registry import get_encoding
@@ -130,17 +131,6 @@ def _start_blocked(env: dict[str, str], directory: Path) -> tuple[subprocess.Pop
     return proc, int(re.search(r"pid (\d+):", line).group(1))  # type: ignore[union-attr]
 
 
-def _gone(pid: int, timeout: float = 60) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_ctrl_c_reaches_the_command(runner):
     directory, env = runner
     proc, child = _start_blocked(env, directory)
@@ -149,7 +139,7 @@ def test_ctrl_c_reaches_the_command(runner):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err and "Traceback" not in err
-    assert _gone(child)
+    wait_gone(child)
 
 
 def test_the_command_ends_when_its_caller_is_killed(runner):
@@ -157,4 +147,4 @@ def test_the_command_ends_when_its_caller_is_killed(runner):
     proc, child = _start_blocked(env, directory)
     proc.kill()
     proc.wait(60)
-    assert _gone(child)
+    wait_gone(child)

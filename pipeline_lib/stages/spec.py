@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -208,14 +209,24 @@ def unit_groups(stage: Stage, store: ArtifactStore, inputs: Mapping[str, Version
 
 
 # --------------------------------------------------------------------------- the engine
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's `malloc_trim`, or None on another C library."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
 def release_memory() -> None:
     """Hand the memory a stage freed back to the system: glibc's malloc and Arrow's pool keep
     freed pages for reuse, so the next stage's peak would stack on the last one's leftovers
     (the pipeline runs its stages one after the other in one process)."""
     with contextlib.suppress(Exception):
         pa.default_memory_pool().release_unused()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def produce(

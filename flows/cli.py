@@ -1189,6 +1189,14 @@ def _debug_env(debug: bool):
 _RESUMABLE = (cmd_run, cmd_sweep, cmd_tokenizer_train, cmd_encode, cmd_lm_train, cmd_report, cmd_serve)
 
 
+def use_console_handler() -> None:
+    """Our console handler for Prefect's logs (PREFECT_CONSOLE_CLASS), set before anything
+    imports Prefect: its settings read it then (in a command's process, or once in the warm
+    runner for every command it runs). A logging.yml of the user's own is left alone."""
+    if not os.environ.get("PREFECT_LOGGING_SETTINGS_PATH") and not os.path.exists(os.path.join(prefect_home(), "logging.yml")):
+        os.environ.setdefault(*PREFECT_CONSOLE_CLASS)
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the program itself (the `tokenmill` script, python -m flows.cli), not a caller in-process
         try:
@@ -1202,10 +1210,7 @@ def main(argv: list[str] | None = None) -> int:
 
             gc.freeze()
     argv = list(argv)
-    # Before anything imports Prefect: its logging setup reads this (see PREFECT_CONSOLE_CLASS).
-    # A logging.yml of the user's own is left alone.
-    if not os.environ.get("PREFECT_LOGGING_SETTINGS_PATH") and not os.path.exists(os.path.join(prefect_home(), "logging.yml")):
-        os.environ.setdefault(*PREFECT_CONSOLE_CLASS)
+    use_console_handler()
     args = build_parser(argv).parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
     with _debug_env(debug):

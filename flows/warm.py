@@ -200,8 +200,11 @@ def serve(directory: str, server_pid: int, key: str) -> None:
     """The runner: import what the commands need, then fork a child per command."""
     import threading
 
-    import flows.cli  # noqa: F401 - the imports every command needs, made once
-    import flows.lab  # noqa: F401
+    import flows.cli
+
+    flows.cli.use_console_handler()  # as each command does before Prefect is imported: once, here
+
+    import flows.lab  # noqa: F401 - the imports every command needs, made once
     import flows.pipeline  # noqa: F401
     import flows.prefect_api  # noqa: F401
     import flows.runners  # noqa: F401

@@ -154,6 +154,13 @@ def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
         runs = httpx.post(f"{state['api_url']}/flow_runs/filter", json={}, timeout=60).json()
         names = sorted(r["name"] for r in runs)
         assert len(names) == 2 and names[0].startswith("tokenizer-corpus-") and names[0].endswith("@s1") and names[1].endswith("@s2"), names
+        # A failure in a served command reads as in a fresh process: one line, no traceback.
+        bad = _tokenmill(_train_args(tmp_path / "missing.txt", tmp_path / "s3"), env)
+        assert bad.returncode == 2 and "missing.txt" in (local.directory / "warm.log").read_text(), bad.stderr[-3000:]
+        assert "Traceback" not in bad.stderr + bad.stdout, bad.stderr[-3000:]
+        assert [line for line in bad.stderr.splitlines() if line.startswith("tokenmill: error:")] == [
+            f"tokenmill: error: corpus source '{tmp_path / 'missing.txt'}': no such file"
+        ], bad.stderr[-3000:]
         assert any(local.storage_dir.iterdir())  # the runs' task results are kept with it
         assert not (home / "storage").exists() and not (home / "prefect.db").exists()
     finally:

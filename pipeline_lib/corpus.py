@@ -62,15 +62,12 @@ import pyarrow.parquet as pq
 from pipeline_lib import cancel
 from pipeline_lib.config import STRICT, doc
 from pipeline_lib.fsio import InputError, filesystem, hash_stream, protocol_of
-from pipeline_lib.store import ArtifactStore, FileInfo, VersionRef, version_id
-from pipeline_lib.version import code_version
+from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef
 
 log = logging.getLogger(__name__)
 
 RAW_KIND = "raw"
 CORPUS_KIND = "corpus"
-# What decides the shards: this module and its document scanner, which is native code.
-SHARD_CODE = ("pipeline_lib.corpus", "pipeline_lib._tokcore")
 DEFAULT_CORPUS = os.path.join(os.path.dirname(__file__), "data", "tinyshakespeare.txt")
 _COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 _FORMATS = (".txt", ".text", ".md", ".jsonl", ".ndjson", ".json", ".parquet")
@@ -264,8 +261,11 @@ def _source_name(url: str, i: int) -> str:
     return f"{i:05d}_{safe}"
 
 
-def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
-    """Copy the sources into the store as a `raw` version, content-addressed by their sha256.
+@contextlib.contextmanager
+def fetch_sources(store: ArtifactStore, config: CorpusConfig) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Copy mode: fetch the sources into the store's scratch area, hashing them; yields the
+    `raw` version's params (``{"content": [name, sha256 per source]}``, what its id hashes)
+    and the fetched files, for `stage_sources`. The fetched files are removed on exit.
 
     Streams each source in bounded chunks while hashing it. Idempotent: a retry (or a
     second run) downloads again and lands on the same version id, which is published
@@ -273,8 +273,6 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
     """
     sources = config.sources
     assert sources is not None  # __post_init__ fills in the default
-    if config.source_mode == "reference":
-        return reference_corpus(store, config)
     urls = expand_sources(sources, **config.storage_options)
     tmpdir = tempfile.mkdtemp(prefix="download-", dir=store.scratch_dir(RAW_KIND))
     try:
@@ -295,37 +293,30 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
         if sum(f["size"] for f in fetched) == 0:
             shown = ", ".join(repr(_redact(u)) for u in urls[:5]) + (" ..." if len(urls) > 5 else "")
             raise InputError(f"the corpus is empty: {shown} hold 0 bytes")
-        content = [{"name": f["name"], "sha256": f["sha256"]} for f in fetched]
-        code = code_version("pipeline_lib.corpus")
-        version = version_id(RAW_KIND, {}, {"content": content}, code)
-
-        def publish_raw() -> VersionRef:
-            staging = store.stage(RAW_KIND, version)
-            files: dict[str, FileInfo] = {}
-            for f in fetched:
-                files[f"sources/{f['name']}"] = staging.put_file(f"sources/{f['name']}", f["local"], move=True)
-                if files[f"sources/{f['name']}"] != FileInfo(f["size"], f["sha256"]):
-                    raise InputError(f"corpus source {f['url']!r} changed on local disk while it was being stored")
-            sources_meta = [{k: f[k] for k in ("url", "name", "size", "sha256")} for f in fetched]
-            return store.publish(
-                staging,
-                files=files,
-                params={"content": content},
-                code_version=code,
-                meta={
-                    "sources": sources_meta,
-                    "n_bytes": sum(f["size"] for f in fetched),
-                    "fingerprint": source_fingerprint(sources, **config.storage_options),
-                },
-            )
-
-        return store.produce(RAW_KIND, version, publish_raw)
+        yield {"content": [{"name": f["name"], "sha256": f["sha256"]} for f in fetched]}, fetched
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def reference_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
-    """A `raw` version that refers to the sources in place (``source_mode="reference"``).
+def stage_sources(staging: Staging, fetched: list[dict[str, Any]], config: CorpusConfig) -> tuple[dict[str, FileInfo], dict[str, Any]]:
+    """The fetched sources moved into a `raw` version's staging area: (files, meta)."""
+    assert config.sources is not None  # __post_init__ fills in the default
+    files: dict[str, FileInfo] = {}
+    for f in fetched:
+        files[f"sources/{f['name']}"] = staging.put_file(f"sources/{f['name']}", f["local"], move=True)
+        if files[f"sources/{f['name']}"] != FileInfo(f["size"], f["sha256"]):
+            raise InputError(f"corpus source {f['url']!r} changed on local disk while it was being stored")
+    meta = {
+        "sources": [{k: f[k] for k in ("url", "name", "size", "sha256")} for f in fetched],
+        "n_bytes": sum(f["size"] for f in fetched),
+        "fingerprint": source_fingerprint(config.sources, **config.storage_options),
+    }
+    return files, meta
+
+
+def reference_sources(config: CorpusConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Reference mode (``source_mode="reference"``): the `raw` version's params and meta
+    for sources read in place.
 
     Nothing is read: the version records each source's URL (without credentials or query),
     size and ETag / modification time, and its id hashes them, so a changed source is a new
@@ -345,14 +336,7 @@ def reference_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
     if n_bytes == 0:
         raise InputError(f"the corpus is empty: {', '.join(repr(r['url']) for r in records[:5])} hold 0 bytes")
     params = {"reference": [{k: r[k] for k in ("url", "size", "stamp")} for r in records]}
-    code = code_version("pipeline_lib.corpus")
-    version = version_id(RAW_KIND, {}, params, code)
-
-    def publish_reference() -> VersionRef:
-        meta = {"mode": "reference", "sources": records, "n_bytes": n_bytes}
-        return store.publish(store.stage(RAW_KIND, version), files={}, params=params, code_version=code, meta=meta)
-
-    return store.produce(RAW_KIND, version, publish_reference)
+    return params, {"mode": "reference", "sources": records, "n_bytes": n_bytes}
 
 
 def _source_info(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
@@ -1168,22 +1152,6 @@ class _ShardWriter:
             self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
 
 
-def shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) -> VersionRef:
-    """Split a `raw` version into up to `n_shards` Parquet shards of about equal bytes
-    (or shards of about `shard_bytes`).
-
-    Shard boundaries fall on document boundaries (`_ShardPlan`: each shard aims at the
-    bytes left over the shards left; a document larger than a shard's share gets a shard
-    of its own, flagged ``oversize``); the manifest's ``balance`` reports the spread. Two streaming passes: the first measures (free for
-    uncompressed sources), the second writes; memory stays bounded by the largest
-    document. Deterministic: the same raw version and config give byte-identical shards.
-    """
-    params = config.shard_params()
-    code = code_version(*SHARD_CODE)
-    version = version_id(CORPUS_KIND, {"raw": raw.key}, params, code)
-    return store.produce(CORPUS_KIND, version, lambda: _shard_corpus(store, raw, config, version, params, code))
-
-
 def _in_place_sources(raw: VersionRef, records: list[dict[str, Any]], config: CorpusConfig) -> list[_InPlace]:
     """The referenced sources of a raw version, matched with the config's sources (which
     carry what the records leave out: credentials, query strings)."""
@@ -1197,7 +1165,17 @@ def _in_place_sources(raw: VersionRef, records: list[dict[str, Any]], config: Co
     return [_InPlace(url, record, config.storage_options) for url, record in zip(urls, records)]
 
 
-def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, version: str, params: dict[str, Any], code: str) -> VersionRef:
+def write_shards(store: ArtifactStore, staging: Staging, raw: VersionRef, config: CorpusConfig) -> tuple[dict[str, FileInfo], dict[str, Any]]:
+    """Split a `raw` version into up to `n_shards` Parquet shards of about equal bytes
+    (or shards of about `shard_bytes`) in `staging`: (files, meta) of the corpus version.
+
+    Shard boundaries fall on document boundaries (`_ShardPlan`: each shard aims at the
+    bytes left over the shards left; a document larger than a shard's share gets a shard
+    of its own, flagged ``oversize``); the manifest's ``balance`` reports the spread. Two
+    streaming passes: the first measures (free for uncompressed sources), the second
+    writes; memory stays bounded by the largest document. Deterministic: the same raw
+    version and config give byte-identical shards.
+    """
     raw_manifest = store.manifest(raw.kind, raw.version)
     raw_sources = raw_manifest["meta"]["sources"]
     sources: list[tuple[str | _InPlace, str]]
@@ -1212,7 +1190,6 @@ def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, v
     if total == 0:
         raise InputError(f"the corpus {raw.key} is empty (sources: {[s['url'] for s in raw_sources][:5]})")
 
-    staging = store.stage(CORPUS_KIND, version)
     files: dict[str, FileInfo] = {}
     shards: list[dict[str, Any]] = []
     per_source: list[dict[str, Any]] = []
@@ -1297,8 +1274,8 @@ def _shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, v
         "sources": per_source,
         "balance": shard_balance(shards),
     }
-    log.info("corpus %s: %d shards, %s", version[:12], len(shards), format_balance(meta["balance"]))
-    return store.publish(staging, files=files, parents={"raw": raw}, params=params, code_version=code, meta=meta)
+    log.info("corpus %s: %d shards, %s", staging.version[:12], len(shards), format_balance(meta["balance"]))
+    return files, meta
 
 
 def _open_shard(path: str, with_source: bool) -> pq.ParquetFile:

@@ -37,7 +37,6 @@ from pipeline_lib.tokenizer import PieceCounts
 COUNTS_KIND = "counts"
 COUNTS_FILE = "counts.parquet"
 COUNTS_SCHEMA = pa.schema([("piece", pa.binary()), ("count", pa.int64())])
-CODE_MODULES = ("pipeline_lib.counting", "pipeline_lib.corpus", "pipeline_lib.bpe_reference", "pipeline_lib.patterns")
 
 
 MEMORY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6}

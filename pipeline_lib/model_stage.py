@@ -1,4 +1,7 @@
-"""The LM stage over the artifact store: train on a tokens version, publish a model version.
+"""The LM stage's work over the artifact store: train on a tokens version, stage a model version.
+
+The stage spec (`pipeline_lib.stages.lm.LM`) runs it through the engine, which versions,
+claims and publishes like every stage:
 
 * One producer per version: training and publishing run under `store.claim(model, id)`;
   concurrent runs of the same version wait and then find it published.
@@ -42,88 +45,33 @@ from typing import Any
 from pipeline_lib.errors import CheckpointError
 from pipeline_lib.fsio import InputError
 from pipeline_lib.stages import load_tokenizer
-from pipeline_lib.store import ArtifactStore, FileInfo, VersionRef, version_id
-from pipeline_lib.version import code_version
+from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef
 
 MODEL_KIND = "model"
 WEIGHTS_FILE = "model.safetensors"
-# Every module whose code decides a published file (weights, checkpoint, plot, metrics, samples).
-LM_MODULES = (
-    "pipeline_lib.lm.model",
-    "pipeline_lib.lm.train",
-    "pipeline_lib.lm.data",
-    "pipeline_lib.lm.config",
-    "pipeline_lib.lm.checkpoint",
-    "pipeline_lib.lm.report",
-    "pipeline_lib.lm.sample",
-    "pipeline_lib.model_stage",
-)
 _log = logging.getLogger("tokenmill.lm")
 
 
-def model_version(tokens: VersionRef, tokenizer: VersionRef, train_config) -> str:
-    """The model version id: tokens and tokenizer ids, the config fields that decide the
-    weights (`TrainConfig.versioned_dict`) and the LM code version."""
-    params = train_config.versioned_dict()
-    return version_id(MODEL_KIND, {"tokens": tokens.key, "tokenizer": tokenizer.key}, params, code_version(*LM_MODULES))
-
-
-def train_language_model(
+def train_and_stage(
     store: ArtifactStore,
+    staging: Staging,
     tokens: VersionRef,
     tokenizer: VersionRef,
     train_config,
-    *,
-    log: Callable[[str], None] | None = None,
-    on_eval: Callable[[dict[str, Any]], None] | None = None,
-    on_step: Callable[[dict[str, Any]], None] | None = None,
-    n_samples: int = 2,
-    sample_tokens: int = 160,
-) -> VersionRef:
-    """Train (or resume) a GPT on `tokens` and publish it as a `model` version.
-
-    Returns the published version's ref; a version already published (and sound: see
-    `ArtifactStore.usable`) is returned as is, and a concurrent run of the same version
-    waits for the first one and returns its ref.
-
-    Raises:
-        InputError: tokens and tokenizer disagree on the vocabulary size.
-        StoreError: an input file does not match its manifest.
-    """
-    version = model_version(tokens, tokenizer, train_config)
-    if store.usable(MODEL_KIND, version):
-        return store.ref(MODEL_KIND, version)
-    with store.claim(MODEL_KIND, version):
-        if store.usable(MODEL_KIND, version):  # published by the run we waited for
-            _log.info("%s/%s was published by a concurrent run", MODEL_KIND, version)
-            return store.ref(MODEL_KIND, version)
-        return _train_and_publish(
-            store,
-            tokens,
-            tokenizer,
-            train_config,
-            version,
-            log=log,
-            on_eval=on_eval,
-            on_step=on_step,
-            n_samples=n_samples,
-            sample_tokens=sample_tokens,
-        )
-
-
-def _train_and_publish(
-    store: ArtifactStore,
-    tokens: VersionRef,
-    tokenizer: VersionRef,
-    train_config,
-    version: str,
     *,
     log: Callable[[str], None] | None,
     on_eval: Callable[[dict[str, Any]], None] | None,
     on_step: Callable[[dict[str, Any]], None] | None,
     n_samples: int,
     sample_tokens: int,
-) -> VersionRef:
+) -> tuple[dict[str, FileInfo], dict[str, Any]]:
+    """Train (or resume) a GPT on `tokens` and stage the model version's files into
+    `staging`: (files, meta). The engine publishes them (`pipeline_lib.stages.lm`).
+
+    Raises:
+        InputError: tokens and tokenizer disagree on the vocabulary size.
+        StoreError: an input file does not match its manifest.
+    """
     from pipeline_lib.lm import load_model, sample, train, write_loss_plot
     from pipeline_lib.lm.checkpoint import MARKER, open_checkpoint
     from pipeline_lib.lm.report import run_metrics, versioned_metrics
@@ -140,7 +88,7 @@ def _train_and_publish(
     if tmeta["vocab_size"] != tok.vocab_size:
         raise InputError(f"{tokens.key} was encoded with {tmeta['vocab_size']} ids but {tokenizer.key} has {tok.vocab_size}")
     data_dir = store.local_dir(tokens.kind, tokens.version)  # every shard checked against the manifest
-    workdir = store.work_dir(MODEL_KIND, version)
+    workdir = store.work_dir(MODEL_KIND, staging.version)
     result = train(
         train_config,
         data_dir,
@@ -154,7 +102,6 @@ def _train_and_publish(
     if result.checkpoint_dir is None:
         raise RuntimeError(f"training wrote no checkpoint into {workdir}")
 
-    staging = store.stage(MODEL_KIND, version)
     outdir = tempfile.mkdtemp(prefix="model-", dir=store.scratch_dir(MODEL_KIND))
     try:
         t0 = time.monotonic()
@@ -202,25 +149,23 @@ def _train_and_publish(
     run = run_metrics(result)
     run.pop("checkpoint_dir", None)  # a work path that is gone once published
     meta = {"metrics": summary, "samples": samples, "n_params": result.n_params, "run": run}
-    ref = store.publish(
-        staging,
-        files=files,
-        parents={"tokens": tokens, "tokenizer": tokenizer},
-        params=train_config.versioned_dict(),
-        code_version=code_version(*LM_MODULES),
-        meta=meta,
-    )
-    store.drop_work_dir(MODEL_KIND, version)
+    return files, meta
+
+
+def after_publish(store: ArtifactStore, ref: VersionRef, log: Callable[[str], None] | None = None) -> None:
+    """Drop the published version's work dir (its checkpoints) and log what was published."""
+    store.drop_work_dir(ref.kind, ref.version)
+    meta = store.manifest(ref.kind, ref.version)["meta"]
+    run = meta["run"]
     tps, mfu = run.get("tokens_per_s"), run.get("mfu")
     line = (
-        f"published {MODEL_KIND}/{version}: {result.steps} steps on {run['device']}"
+        f"published {ref.kind}/{ref.version}: {meta['metrics'].get('steps')} steps on {run.get('device')}"
         + (f", {tps:,.0f} tokens/s" if tps else "")
         + (f", MFU {mfu:.1%}" if mfu else "")
     )
     _log.info(line)
     if log is not None:
         log(line)
-    return ref
 
 
 def load_published_model(store: ArtifactStore, model: VersionRef | str, device: str = "cpu"):

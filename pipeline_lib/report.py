@@ -153,6 +153,10 @@ REPORT_KIND = "report"
 MULTILINGUAL = os.path.join(os.path.dirname(__file__), "data", "multilingual.txt")
 
 
+# Bump when the report files change for the same corpus and params.
+REPORT_OUTPUT_VERSION = 1
+
+
 def tokenizer_report(store, corpus, pattern: str = "cl100k", vocab_sizes: Sequence[int] = (256, 300, 512, 1024, 2048, 4096, 8192, 16384, 32768)):
     """Train on all corpus shards but the last, measure on the last; publish a `report` version.
 
@@ -161,11 +165,11 @@ def tokenizer_report(store, corpus, pattern: str = "cl100k", vocab_sizes: Sequen
     first / last / longest tokens. Every figure is measured in the run.
     """
     from pipeline_lib.store import version_id
-    from pipeline_lib.version import code_version
+    from pipeline_lib.version import output_code
 
     vocab_sizes = sorted(set(int(v) for v in vocab_sizes))
     params = {"pattern": pattern, "vocab_sizes": vocab_sizes}
-    code = code_version("pipeline_lib.report", "pipeline_lib.tokenizer", "pipeline_lib.bpe_reference")
+    code = output_code(REPORT_OUTPUT_VERSION)
     version = version_id(REPORT_KIND, {"corpus": corpus.key}, params, code)
     return store.produce(REPORT_KIND, version, lambda: _tokenizer_report(store, corpus, pattern, vocab_sizes, version, params, code))
 

@@ -46,7 +46,8 @@ from pipeline_lib.stages.spec import Context, Output, Stage
 from pipeline_lib.store import ArtifactStore, VersionRef
 
 SWEEP_KIND = "sweep"
-SWEEP_MODULES = ("pipeline_lib.sweep",)
+# Bump when the comparison files (sweep.json / .md / .png) change for the same models and config.
+SWEEP_OUTPUT_VERSION = 1
 
 
 def available_units() -> tuple[str, ...]:
@@ -402,7 +403,7 @@ def _compare(ctx: Context) -> Output:
 def sweep_stage(arm_names: Sequence[str]) -> Stage:
     """The comparison stage of a sweep over these arms: one model version per arm as input
     (named by the arm), a ``sweep`` version as output."""
-    return Stage(name="compare_arms", kind=SWEEP_KIND, inputs=tuple(arm_names), config=SweepConfig, code=SWEEP_MODULES, run=_compare)
+    return Stage(name="compare_arms", kind=SWEEP_KIND, inputs=tuple(arm_names), config=SweepConfig, output_version=SWEEP_OUTPUT_VERSION, run=_compare)
 
 
 def compare(store: ArtifactStore, models: Mapping[str, VersionRef], config: SweepConfig) -> VersionRef:

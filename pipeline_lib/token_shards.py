@@ -53,7 +53,6 @@ from pipeline_lib.store import MANIFEST, MANIFEST_FORMAT, MAX_MANIFEST_BYTES
 
 TOKENS_KIND = "tokens"
 TOKENS_FORMAT = "tokenmill.tokens/1"
-CODE_MODULES = ("pipeline_lib.token_shards", "pipeline_lib.tokenizer", "pipeline_lib.bpe_reference", "pipeline_lib.corpus")
 MAX_SHARD_TOKENS = (1 << 31) - 1  # int32-indexable loaders (and the DESIGN's limit)
 _HEADER_LEN = 128  # fixed .npy header size, so the shape can be filled in after streaming
 _MAX_HEADER_LEN = 1 << 16

@@ -20,8 +20,9 @@ import pytest
 import zstandard
 from chain import publish_tokens_version
 
-from pipeline_lib.corpus import CorpusConfig, download_corpus, iter_shard_batches, shard_corpus
+from pipeline_lib.corpus import CorpusConfig, iter_shard_batches
 from pipeline_lib.fsio import InputError
+from pipeline_lib.stages import download_corpus, shard_corpus
 from pipeline_lib.store import MANIFEST, ArtifactStore, StoreError
 from pipeline_lib.token_shards import check_shards, open_tokens
 from pipeline_lib.tokenizer import Tokenizer

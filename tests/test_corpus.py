@@ -22,13 +22,12 @@ from pipeline_lib import counting, stages
 from pipeline_lib.corpus import (
     CorpusConfig,
     DecodeStats,
-    download_corpus,
     iter_documents,
     iter_shard_batches,
-    shard_corpus,
     source_fingerprint,
 )
 from pipeline_lib.fsio import InputError
+from pipeline_lib.stages import download_corpus, shard_corpus
 from pipeline_lib.store import ArtifactStore
 
 DOCS = ["First document, plain ASCII.", "Zweites Dokument: äöü ß", "第三个文档", "emoji 🚀 and tabs\tinside", "last one"]

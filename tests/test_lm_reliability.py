@@ -22,13 +22,9 @@ from pipeline_lib.errors import ShardError, StoreError
 from pipeline_lib.lm import list_checkpoints, load_model, preset, train
 from pipeline_lib.lm.checkpoint import safetensors_bytes, weights_bytes
 from pipeline_lib.lm.testing import write_token_dir
-from pipeline_lib.model_stage import (
-    MODEL_KIND,
-    load_published_model,
-    model_version,
-    train_language_model,
-)
+from pipeline_lib.model_stage import MODEL_KIND, load_published_model
 from pipeline_lib.stages import tokenizer_files
+from pipeline_lib.stages.lm import model_version, train_language_model
 from pipeline_lib.store import ArtifactStore
 from pipeline_lib.tokenizer import Tokenizer
 

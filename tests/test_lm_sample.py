@@ -98,8 +98,9 @@ def test_sample_text_splits_documents_at_the_separator(tmp_path):
     from pipeline_lib.config import SampleConfig
     from pipeline_lib.lm import preset
     from pipeline_lib.lm.testing import write_token_dir
-    from pipeline_lib.model_stage import sample_text, train_language_model
+    from pipeline_lib.model_stage import sample_text
     from pipeline_lib.stages import tokenizer_files
+    from pipeline_lib.stages.lm import train_language_model
     from pipeline_lib.store import ArtifactStore
     from pipeline_lib.tokenizer import Tokenizer
 

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from pipeline_lib import ArtifactStore, Tokenizer
-from pipeline_lib.corpus import CorpusConfig, download_corpus, shard_corpus
+from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.report import char_level_curve, compression_curve, fertility, stop_reason, tokenizer_report, truncate, udhr_sections
+from pipeline_lib.stages import download_corpus, shard_corpus
 from pipeline_lib.tokenizer import count_documents
 
 

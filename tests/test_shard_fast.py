@@ -20,19 +20,16 @@ from test_growth import RATIO, growth
 
 from pipeline_lib import corpus
 from pipeline_lib.corpus import (
-    SHARD_CODE,
     CorpusConfig,
     DecodeStats,
     SourceBatch,
     _ShardPlan,
-    download_corpus,
     iter_documents,
     iter_shard_batches,
-    shard_corpus,
 )
 from pipeline_lib.fsio import InputError
+from pipeline_lib.stages import download_corpus, shard_corpus
 from pipeline_lib.store import ArtifactStore
-from pipeline_lib.version import code_version
 
 native = pytest.mark.skipif(corpus._SCAN is None, reason="the compiled core is not built")
 
@@ -329,9 +326,8 @@ def test_sharder_time_grows_linearly(tmp_path, what, make):
     runs = itertools.count()
 
     def shard(store, raw, config):
-        params, code = config.shard_params(), code_version(*SHARD_CODE)
-        # the sharder itself, into a new version each time (shard_corpus would find the first one)
-        return lambda: corpus._shard_corpus(store, raw, config, f"run{next(runs)}", params, code)
+        # the sharder itself, into a new staging area each time (shard_corpus would find the first one)
+        return lambda: corpus.write_shards(store, store.stage("corpus", f"run{next(runs)}"), raw, config)
 
     assert growth(shard(*stores[0]), shard(*stores[1]), f"shard_corpus, {what}", 5) <= RATIO
 
@@ -339,7 +335,8 @@ def test_sharder_time_grows_linearly(tmp_path, what, make):
 # --------------------------------------------------------------------------- memory
 PEAK_SCRIPT = """
 import resource, sys
-from pipeline_lib.corpus import CorpusConfig, download_corpus, shard_corpus
+from pipeline_lib.corpus import CorpusConfig
+from pipeline_lib.stages import download_corpus, shard_corpus
 from pipeline_lib.store import ArtifactStore
 config = CorpusConfig(sources=(sys.argv[1],), documents=sys.argv[3])
 store = ArtifactStore(sys.argv[2])

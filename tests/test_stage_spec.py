@@ -4,21 +4,19 @@ one Prefect cache policy of the tasks made from it (against a real Prefect API).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import shutil
 import sys
 
 import pytest
 
-from pipeline_lib import counting, model_stage, stages, token_shards
-from pipeline_lib.corpus import SHARD_CODE
-from pipeline_lib.errors import StoreError
+from pipeline_lib import stages
 from pipeline_lib.lm.config import LMConfig
 from pipeline_lib.stages import spec as engine
+from pipeline_lib.stages.lm import LM, model_version
 from pipeline_lib.store import ArtifactStore, VersionRef, version_id
 from pipeline_lib.tokenizer import backend_info
-from pipeline_lib.version import __version__, code_version
+from pipeline_lib.version import FORMAT_VERSION, output_code
 
 sys.path.insert(0, os.path.dirname(__file__))
 from prefect_server import task_states  # noqa: E402
@@ -47,49 +45,78 @@ def _chain(store: ArtifactStore, source: str) -> dict[str, VersionRef]:
     return {"raw": raw, "corpus": corpus, "counts": counts, "tokenizer": tok, "tokens": tokens}
 
 
+def _expected(stage: engine.Stage, parents: dict[str, VersionRef], params: dict) -> str:
+    """A version id as the spec defines it: kind, parents' keys, params, output version; nothing else."""
+    return version_id(stage.kind, {k: v.key for k, v in parents.items()}, params, output_code(stage.output_version))
+
+
 def test_engine_publishes_the_ids_the_stage_helpers_compute(tmp_path, corpus_file):
     store = ArtifactStore(str(tmp_path / "store"))
     refs = _chain(store, corpus_file)
     cfg = stages.CorpusConfig(sources=(corpus_file,), n_shards=3)
     cc, tc, ec = stages.CountConfig(), stages.TokenizerConfig(vocab_size=300), stages.EncodeConfig()
-    corpus, counts, tok = refs["corpus"], refs["counts"], refs["tokenizer"]
-    # Each id as the per-stage code wrote it out before the spec (kind, parents, params, code
-    # modules), the helpers, the spec, and what was published: all the same.
+    raw, corpus, counts, tok = refs["raw"], refs["corpus"], refs["counts"], refs["tokenizer"]
+    content = [{"name": s["name"], "sha256": s["sha256"]} for s in store.manifest("raw", raw.version)["meta"]["sources"]]
     expected = {
-        "corpus": version_id("corpus", {"raw": refs["raw"].key}, cfg.shard_params(), code_version(*SHARD_CODE)),
-        "counts": version_id("counts", {"corpus": corpus.key}, cc.params(), code_version(*counting.CODE_MODULES)),
-        "tokenizer": version_id("tokenizer", {"counts": counts.key}, tc.params(), code_version(*stages.TOKENIZER_MODULES)),
-        "tokens": version_id("tokens", {"corpus": corpus.key, "tokenizer": tok.key}, ec.params(), code_version(*token_shards.CODE_MODULES)),
+        "raw": _expected(stages.DOWNLOAD, {}, {"content": content}),
+        "corpus": _expected(stages.SHARD, {"raw": raw}, cfg.shard_params()),
+        "counts": _expected(stages.COUNTS, {"corpus": corpus}, cc.params()),
+        "tokenizer": _expected(stages.TOKENIZER, {"counts": counts}, tc.params()),
+        "tokens": _expected(stages.TOKENS, {"corpus": corpus, "tokenizer": tok}, ec.params()),
     }
     helpers = {
-        "corpus": expected["corpus"],  # pipeline_lib.corpus computes it inline in shard_corpus
+        "raw": expected["raw"],  # content-addressed: known once fetched
+        "corpus": expected["corpus"],
         "counts": stages.counts_version(corpus, cc),
         "tokenizer": stages.tokenizer_version(counts, tc),
         "tokens": stages.tokens_version(corpus, tok, ec),
     }
     specs = {
-        "corpus": stages.SHARD.version({"raw": refs["raw"]}, cfg),
+        "raw": expected["raw"],
+        "corpus": stages.SHARD.version({"raw": raw}, cfg),
         "counts": stages.COUNTS.version({"corpus": corpus}, cc),
         "tokenizer": stages.TOKENIZER.version({"counts": counts}, tc),
         "tokens": stages.TOKENS.version({"corpus": corpus, "tokenizer": tok}, ec),
     }
     published = {k: refs[k].version for k in expected}
     assert expected == helpers == specs == published
+    for ref in refs.values():  # the manifest records the code part of the id: the output version
+        stage = {s.kind: s for s in (stages.DOWNLOAD, stages.SHARD, stages.COUNTS, stages.TOKENIZER, stages.TOKENS)}[ref.kind]
+        assert store.manifest(ref.kind, ref.version)["code_version"] == output_code(stage.output_version)
     # The library's own entry points land on the same versions (and reuse them).
     assert stages.reduce_counts(store, corpus, cc) == counts
     assert stages.learn_tokenizer(store, counts, tc) == tok
     assert stages.publish_tokens(store, corpus, tok, ec) == refs["tokens"]
-    assert stages.shard_corpus(store, refs["raw"], cfg) == corpus
-    assert stages.download_corpus(store, cfg) == refs["raw"]
-    # The LM's declared id is model_stage's.
+    assert stages.shard_corpus(store, raw, cfg) == corpus
+    assert stages.download_corpus(store, cfg) == raw
+    # The LM's declared id.
     train = LMConfig().train_config()
     tokens = refs["tokens"]
-    from pipeline_lib.stages.lm import LM
+    assert LM.version({"tokens": tokens, "tokenizer": tok}, train) == model_version(tokens, tok, train)
+    assert model_version(tokens, tok, train) == _expected(LM, {"tokens": tokens, "tokenizer": tok}, train.versioned_dict())
 
-    assert LM.version({"tokens": tokens, "tokenizer": tok}, train) == model_stage.model_version(tokens, tok, train)
-    assert LM.version({"tokens": tokens, "tokenizer": tok}, train) == version_id(
-        "model", {"tokens": tokens.key, "tokenizer": tok.key}, train.versioned_dict(), code_version(*model_stage.LM_MODULES)
-    )
+
+def test_versions_of_an_older_id_scheme_stay_readable(tmp_path, corpus_file, monkeypatch):
+    """A store written when ids hashed the source (code "<release>+<hash>") stays readable:
+    reading a version never recomputes its id. Its versions verify, are reused by their ids,
+    and feed later stages, which publish under today's ids with the old keys as parents."""
+    store = ArtifactStore(str(tmp_path / "store"))
+    with monkeypatch.context() as patch:
+        patch.setattr(engine, "output_code", lambda _n: "0.1.0+0123456789ab")
+        old = _chain(store, corpus_file)
+    assert store.manifest("counts", old["counts"].version)["code_version"] == "0.1.0+0123456789ab"
+    for ref in old.values():
+        assert store.usable(ref.kind, ref.version) and store.check_ref(ref)
+        store.verify(ref.kind, ref.version, strict=True)
+    tc = stages.TokenizerConfig(vocab_size=300)
+    assert stages.tokenizer_version(old["counts"], tc) != old["tokenizer"].version  # today's id for the same work
+    tok = stages.learn_tokenizer(store, old["counts"], tc)
+    assert store.manifest("tokenizer", tok.version)["parents"] == {"counts": old["counts"].key}
+    assert store.read_bytes("tokenizer", tok.version, "vocab.tiktoken") == store.read_bytes("tokenizer", old["tokenizer"].version, "vocab.tiktoken")
+    # A bumped output version is a new id for new runs; the published one stays.
+    bumped = dataclasses.replace(stages.TOKENIZER, output_version=stages.TOKENIZER.output_version + 1)
+    assert bumped.version({"counts": old["counts"]}, tc) not in (tok.version, old["tokenizer"].version)
+    assert store.usable("tokenizer", tok.version)
 
 
 def test_every_manifest_records_the_backend(tmp_path, corpus_file):
@@ -106,15 +133,20 @@ def _parents(kind: str) -> tuple[str, ...]:
     return {s.kind: s.inputs for s in (stages.DOWNLOAD, stages.SHARD, stages.COUNTS, stages.TOKENIZER, stages.TOKENS)}[kind]
 
 
-def test_a_spec_that_disagrees_with_its_stage_is_refused(tmp_path, corpus_file):
+def test_a_stage_without_params_or_identify_is_refused(tmp_path, corpus_file):
     store = ArtifactStore(str(tmp_path / "store"))
     cfg = stages.CorpusConfig(sources=(corpus_file,), n_shards=2)
     raw = engine.produce(stages.DOWNLOAD, store, {}, cfg)
-    wrong = dataclasses.replace(stages.SHARD, params=lambda config: {**config.shard_params(), "extra": 1})
-    with pytest.raises(StoreError, match="spec declares corpus/"):
-        engine.produce(wrong, store, {"raw": raw}, cfg)
+    with pytest.raises(ValueError, match="neither params nor identify"):
+        engine.produce(dataclasses.replace(stages.DOWNLOAD, identify=None), store, {}, cfg)
     with pytest.raises(ValueError, match="takes the inputs"):
         engine.produce(stages.SHARD, store, {"corpus": raw}, cfg)
+
+
+def test_an_output_version_is_a_positive_integer():
+    with pytest.raises(ValueError, match="output version"):
+        output_code(0)
+    assert output_code(3) == f"format{FORMAT_VERSION}.output3"
 
 
 def test_units_must_all_be_done_before_the_publish(tmp_path, corpus_file):
@@ -130,29 +162,6 @@ def test_units_must_all_be_done_before_the_publish(tmp_path, corpus_file):
 def test_unreachable_source_has_no_cache_identity(tmp_path):
     cfg = stages.CorpusConfig(sources=(str(tmp_path / "missing.txt"),))
     assert engine.cache_identity(stages.DOWNLOAD, {}, cfg) is None
-
-
-def test_code_version_of_a_module_and_of_a_package(tmp_path, monkeypatch):
-    pkg = tmp_path / "codepkg"
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("A = 1\n")
-    (pkg / "sub" / "__init__.py").write_text("")
-    (pkg / "sub" / "b.py").write_text("B = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    code_version.cache_clear()
-    try:
-        # a module: its file's bytes, as before packages counted
-        assert code_version("codepkg.a") == f"{__version__}+{hashlib.sha256(b'A = 1' + bytes([10])).hexdigest()[:12]}"
-        before = code_version("codepkg")
-        (pkg / "sub" / "b.py").write_text("B = 2\n")  # a file deep in the package
-        code_version.cache_clear()
-        assert code_version("codepkg") != before
-        assert code_version("codepkg.a") == f"{__version__}+{hashlib.sha256(b'A = 1' + bytes([10])).hexdigest()[:12]}"
-    finally:
-        code_version.cache_clear()
-        for name in [m for m in sys.modules if m == "codepkg" or m.startswith("codepkg.")]:
-            del sys.modules[name]
 
 
 # --------------------------------------------------------------------------- the cache policy

@@ -158,7 +158,7 @@ def test_a_corrupt_version_is_quarantined_and_recomputed(tmp_path, damage, caplo
 
 
 def test_a_rerun_heals_a_flipped_corpus_shard(tmp_path):
-    from pipeline_lib import corpus as corpus_lib
+    from pipeline_lib import stages as corpus_lib
 
     src = tmp_path / "c.txt"
     src.write_text("".join(f"line {i} of the corpus\n" for i in range(2000)))
@@ -237,8 +237,8 @@ def test_gc_min_age_spares_a_fresh_remote_work_dir(tmp_path, monkeypatch):
 def test_concurrent_runs_of_a_stage_do_each_unit_once(tmp_path, monkeypatch, backend):
     """Two runs of the same mapped stage and the same publishing stage on one store: each
     shard is counted once and the merges are learned once (claims: flock / lease object)."""
-    from pipeline_lib import corpus as corpus_lib
     from pipeline_lib import counting, stages
+    from pipeline_lib import stages as corpus_lib
     from pipeline_lib.tokenizer import Tokenizer
 
     src = tmp_path / "c.txt"

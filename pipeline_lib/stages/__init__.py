@@ -9,7 +9,7 @@ so a killed run resumes with the shards it had not finished.
     download_corpus -> shard_corpus -> count_words* -> reduce_counts -> learn_merges
         -> encode_shard* -> write_token_manifest -> train_lm
 
-    corpus.py     DOWNLOAD, SHARD      (pipeline_lib.corpus does the work and publishes)
+    corpus.py     DOWNLOAD, SHARD      download_corpus, shard_corpus (pipeline_lib.corpus does the work)
     counts.py     COUNTS               count_shard per shard, reduce_counts
     tokenizer.py  TOKENIZER            learn_tokenizer
     tokens.py     TOKENS               encode_shard per shard, publish_tokens
@@ -19,15 +19,14 @@ The functions below (count_shard, reduce_counts, learn_tokenizer, ...) are the l
 API for these stages; each is one call into the engine with its stage's spec.
 """
 
-from pipeline_lib.corpus import CorpusConfig, download_corpus, shard_corpus
+from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.counting import CountConfig
-from pipeline_lib.stages.corpus import DOWNLOAD, REPORT_CORPUS, SHARD, corpus_shards
+from pipeline_lib.stages.corpus import DOWNLOAD, REPORT_CORPUS, SHARD, corpus_shards, download_corpus, shard_corpus
 from pipeline_lib.stages.counts import COUNTS, count_shard, counts_version, reduce_counts
-from pipeline_lib.stages.spec import Context, Output, Stage, Units, produce, run_unit
+from pipeline_lib.stages.spec import Context, Identified, Output, Stage, Units, produce, run_unit
 from pipeline_lib.stages.tokenizer import (
     TOKENIZER,
     TOKENIZER_KIND,
-    TOKENIZER_MODULES,
     TokenizerConfig,
     learn_tokenizer,
     load_tokenizer,
@@ -44,12 +43,12 @@ __all__ = [
     "SHARD",
     "TOKENIZER",
     "TOKENIZER_KIND",
-    "TOKENIZER_MODULES",
     "TOKENS",
     "Context",
     "CorpusConfig",
     "CountConfig",
     "EncodeConfig",
+    "Identified",
     "Output",
     "Stage",
     "TokenizerConfig",

@@ -72,7 +72,7 @@ COUNTS = Stage(
     kind=COUNTS_KIND,
     inputs=("corpus",),
     config=CountConfig,
-    code=counting.CODE_MODULES,
+    output_version=1,
     run=_reduce,
     units=Units(name="count_words", run=_count_shard),
 )

@@ -3,9 +3,13 @@
 A stage declares what it makes and from what; the engine does the rest, the same way for
 every stage:
 
-    version id = version_id(kind, {input: ref.key}, params(config), code_version(*code))
+    version id = version_id(kind, {input: ref.key}, params(config), output_code(output_version))
     reuse it if the store holds it and it is sound (`store.produce` -> `usable`)
     else claim it, stage the files (`run`), publish the manifest (parents, params, code)
+
+`output_version` is the stage's declared output version: bumped exactly when its output
+bytes change, which the golden-output tests (`tests/test_golden.py`) hold it to. No source
+is hashed, so moving or editing code keeps every id.
 
 A mapped stage also declares `units`: one unit of work per corpus shard, each written into
 the output's staging area under a claim of its own with a completion record (`mark_done`)
@@ -14,17 +18,19 @@ records and returns what to publish. Units are run in groups of consecutive shar
 (`unit_groups`, by a byte budget per group), so that a corpus of thousands of small shards
 is a few dozen tasks for an orchestrator, each still resumable shard by shard.
 
-Two stages predate the spec and publish by themselves (corpus sharding, LM training): their
-code lives in modules that are part of their own code version, so moving it would change
-their ids. They are declared with ``publishes=True``; the engine calls them (they claim and
-reuse through `store.produce` themselves) and checks that they published the version the
-spec declares.
+A content-addressed stage (download) has no `params`: its id hashes what it found. It
+declares `identify`, a context manager that finds (and, for a copy, fetches into scratch)
+its input and yields `Identified(params, found)`; the engine computes the id from those
+params and runs `run` with ``ctx.found`` under the claim, like any other stage. A stage
+that keeps work outside the staging area for resuming (the LM's checkpoints) drops it in
+`published`, called once the output is published.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import json
@@ -35,9 +41,9 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline_lib.corpus import MIN_TASKS, shard_name
-from pipeline_lib.errors import InputError, StoreError
+from pipeline_lib.errors import InputError
 from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef, version_id
-from pipeline_lib.version import code_version
+from pipeline_lib.version import output_code
 
 
 @dataclass(frozen=True)
@@ -55,14 +61,24 @@ class Context:
     store: ArtifactStore
     inputs: Mapping[str, VersionRef]
     config: Any
-    version: str | None  # None: a content-addressed stage, whose id its run computes
+    version: str | None  # None: a content-addressed stage before `identify`
     code_version: str
-    staging: Staging | None = None  # the output's staging area (None for publishes=True stages)
+    staging: Staging | None = None  # the output's staging area (None for `identify`)
     unit: str | None = None  # a unit's name ("shard_000003") and index, for a unit of work
     index: int | None = None
     records: tuple[dict[str, Any], ...] = ()  # a mapped stage's unit records, in unit order
     progress: Callable[[int, int], None] | None = None  # (done, total), for long runs
     log: Callable[[str], None] | None = None
+    found: Any = None  # what a content-addressed stage's `identify` found
+
+
+@dataclass(frozen=True)
+class Identified:
+    """What a content-addressed stage's `identify` found: the params its id hashes (the
+    content's hashes, or a referenced source's stamps), and what its `run` stages."""
+
+    params: Mapping[str, Any]
+    found: Any = None
 
 
 def config_params(config: Any) -> Mapping[str, Any]:
@@ -99,31 +115,35 @@ class Units:
 
 @dataclass(frozen=True)
 class Stage:
-    """A stage: its output kind, its inputs (parent names), its config type and the code
-    modules its output depends on (hashed into the code version), and its `run`.
+    """A stage: its output kind, its inputs (parent names), its config type, its output
+    version, and its `run`, which stages the output's files and returns them as an `Output`.
 
     name: the stage's name in the flow (the Prefect task's name).
+    output_version: bump it when, and only when, the stage's output bytes change for the same
+        inputs and params (the golden-output tests check both ways); it is the code part of
+        the version id.
     params: the config's part of the version id (default: ``config.params()``); None for a
-        content-addressed stage (download), whose id hashes what its run fetched.
+        content-addressed stage (download), whose id hashes what `identify` found.
+    identify: a content-addressed stage's context manager: `Identified` (see module doc).
     fingerprint: for a content-addressed stage, what identifies its output before it runs
         (for caching); it may raise InputError when that cannot be known (the run reports).
-    publishes: `run(ctx)` stages and publishes by itself and returns the ref (see module doc);
-        otherwise it returns an `Output` and the engine publishes it.
+    published: called with the context and the ref once the output is published.
     """
 
     name: str
     kind: str
     inputs: tuple[str, ...]
     config: type
-    code: tuple[str, ...]
-    run: Callable[[Context], Output | VersionRef]
+    output_version: int
+    run: Callable[[Context], Output]
     units: Units | None = None
     params: Callable[[Any], Mapping[str, Any]] | None = config_params
+    identify: Callable[[Context], contextlib.AbstractContextManager[Identified]] | None = None
     fingerprint: Callable[[Any], Any] | None = None
-    publishes: bool = False
+    published: Callable[[Context, VersionRef], None] | None = None
 
     def code_version(self) -> str:
-        return code_version(*self.code)
+        return output_code(self.output_version)
 
     def version(self, inputs: Mapping[str, VersionRef], config: Any) -> str | None:
         """The output's version id for these inputs and config (None: content-addressed)."""
@@ -243,34 +263,49 @@ def produce(
     inputs = check_inputs(stage, inputs)
     version = stage.version(inputs, config)
     code = stage.code_version()
-    if stage.publishes:
-        try:
-            ref = stage.run(Context(store, inputs, config, version, code, progress=progress, log=log))
-        finally:
-            release_memory()
-        if not isinstance(ref, VersionRef) or ref.kind != stage.kind or (version is not None and ref.version != version):
-            got = ref.key if isinstance(ref, VersionRef) else type(ref).__name__
-            raise StoreError(
-                f"stage {stage.name} published {got}, its spec declares {stage.kind}/{version}: the spec's inputs, params or code modules disagree with the stage's code"
-            )
-        return ref
-    if version is None:
-        raise InputError(f"stage {stage.name} is content-addressed: it must publish by itself (publishes=True)")
-    params = stage.params
-    assert params is not None  # Stage.version is None exactly when params is
+    parents = {name: ref.key for name, ref in inputs.items()}
+    if version is not None:
+        assert stage.params is not None  # Stage.version is None exactly when params is
+        return _make(stage, store, inputs, config, version, dict(stage.params(config)), progress=progress, log=log)
+    if stage.identify is None:
+        raise InputError(f"stage {stage.name} has neither params nor identify: its version id cannot be known")
+    with stage.identify(Context(store, inputs, config, None, code, progress=progress, log=log)) as identified:
+        params = dict(identified.params)
+        version = version_id(stage.kind, parents, params, code)
+        return _make(stage, store, inputs, config, version, params, found=identified.found, progress=progress, log=log)
+
+
+def _make(
+    stage: Stage,
+    store: ArtifactStore,
+    inputs: Mapping[str, VersionRef],
+    config: Any,
+    version: str,
+    params: dict[str, Any],
+    *,
+    found: Any = None,
+    progress: Callable[[int, int], None] | None,
+    log: Callable[[str], None] | None,
+) -> VersionRef:
+    """Reuse `stage.kind/version`, or claim it, run the stage into its staging area and publish."""
+    code = stage.code_version()
+    context = Context(store, inputs, config, version, code, progress=progress, log=log, found=found)
 
     def make() -> VersionRef:
         staging = store.stage(stage.kind, version)
         records = _unit_records(stage, store, inputs, staging) if stage.units is not None else ()
         try:
-            out = stage.run(Context(store, inputs, config, version, code, staging, records=records, progress=progress, log=log))
+            out = stage.run(dataclasses.replace(context, staging=staging, records=records))
         finally:
             release_memory()
         if not isinstance(out, Output):
             raise TypeError(f"stage {stage.name}: run returned {type(out).__name__}, not an Output")
         # The unit parts a mapped stage left in staging and did not list are dropped by
         # publish (deleting them here would pull them from under a concurrent run).
-        return store.publish(staging, files=out.files, parents=inputs, params=dict(params(config)), code_version=code, meta=out.meta)
+        ref = store.publish(staging, files=out.files, parents=inputs, params=params, code_version=code, meta=out.meta)
+        if stage.published is not None:
+            stage.published(context, ref)
+        return ref
 
     return store.produce(stage.kind, version, make)
 

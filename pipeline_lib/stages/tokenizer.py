@@ -19,9 +19,6 @@ from pipeline_lib.tokenizer.core import UNIT_DESCRIPTIONS
 from pipeline_lib.tokenizer.load import files as tokenizer_file_bytes
 
 TOKENIZER_KIND = "tokenizer"
-# This module (the stage's code), the tokenizer and its reference implementation; with the
-# compiled core, code_version adds the core's source hash (pipeline_lib.version).
-TOKENIZER_MODULES = ("pipeline_lib.tokenizer", "pipeline_lib.bpe_reference", "pipeline_lib.stages.tokenizer")
 
 
 @dataclass(frozen=True)
@@ -110,7 +107,7 @@ TOKENIZER = Stage(
     kind=TOKENIZER_KIND,
     inputs=("counts",),
     config=TokenizerConfig,
-    code=TOKENIZER_MODULES,
+    output_version=1,
     run=_learn,
 )
 

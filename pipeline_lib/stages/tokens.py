@@ -54,7 +54,7 @@ TOKENS = Stage(
     kind=TOKENS_KIND,
     inputs=("corpus", "tokenizer"),
     config=EncodeConfig,
-    code=token_shards.CODE_MODULES,
+    output_version=1,
     run=_publish,
     units=Units(name="encode_shard", run=_encode_shard),
 )

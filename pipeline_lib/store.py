@@ -83,6 +83,7 @@ from pipeline_lib.fsio import (
     write_bytes_atomic,
     write_bytes_create_only,
 )
+from pipeline_lib.store_backend import StorageBackend
 from pipeline_lib.version import __version__
 
 try:  # POSIX advisory locks; without them (Windows) local publishes are not serialised
@@ -321,7 +322,7 @@ class ArtifactStore:
         # Everything that differs between local disk and object stores is the backend's,
         # chosen here once; the rest of this class is the protocol both follow.
         backend = LocalBackend if is_local(self.fs) else ObjectBackend
-        self._backend: LocalBackend | ObjectBackend = backend(self, root.rstrip("/") or "/")
+        self._backend: StorageBackend = backend(self, root.rstrip("/") or "/")
         self.local = self._backend.local  # for diagnostics and tests: code asks the backend
         self.root = self._backend.root
         self._owned = False  # the marker was found or written through this handle
@@ -875,7 +876,7 @@ def _remove_local(path: str) -> None:
         os.unlink(path)
 
 
-class LocalBackend:
+class LocalBackend(StorageBackend):
     """Local disk (``file://`` or a plain path).
 
     Staging in ``<kind>/.staging/<version>/``, temp files in ``<kind>/.staging/.tmp/`` (the
@@ -1121,7 +1122,7 @@ class LocalBackend:
         fsync_dir(os.path.dirname(src))
 
 
-class ObjectBackend:
+class ObjectBackend(StorageBackend):
     """Object stores (``s3://``, ``gs://``, ``memory://`` ...): no rename, no locks.
 
     Each put is one PUT into ``<kind>/.staging/<version>/`` (multipart uploads complete

@@ -358,7 +358,7 @@ def test_concurrent_runs_train_once(corpus, tmp_path, sys_tmp, monkeypatch, capl
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    with caplog.at_level(logging.INFO, logger="tokenmill.lm"):
+    with caplog.at_level(logging.INFO, logger="tokenmill"):  # the engine's logger, tokenmill.stages
         threads = [threading.Thread(target=run) for _ in range(2)]
         for t in threads:
             t.start()

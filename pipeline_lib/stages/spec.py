@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,8 @@ from pipeline_lib.corpus import MIN_TASKS, shard_name
 from pipeline_lib.errors import InputError
 from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef, version_id
 from pipeline_lib.version import output_code
+
+_log = logging.getLogger("tokenmill.stages")
 
 
 @dataclass(frozen=True)
@@ -303,11 +306,18 @@ def _make(
         # The unit parts a mapped stage left in staging and did not list are dropped by
         # publish (deleting them here would pull them from under a concurrent run).
         ref = store.publish(staging, files=out.files, parents=inputs, params=params, code_version=code, meta=out.meta)
+        made.append(ref)
         if stage.published is not None:
             stage.published(context, ref)
         return ref
 
-    return store.produce(stage.kind, version, make)
+    if store.usable(stage.kind, version):
+        return store.ref(stage.kind, version)
+    made: list[VersionRef] = []
+    ref = store.produce(stage.kind, version, make)
+    if not made:  # it was not there a moment ago: a concurrent run made it while we waited for the claim
+        _log.info("%s/%s was published by a concurrent run", stage.kind, version)
+    return ref
 
 
 def _unit_records(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], staging: Staging) -> tuple[dict[str, Any], ...]:

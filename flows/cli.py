@@ -578,8 +578,8 @@ FLAG_ALIASES: dict[tuple[str, str], str] = {
 
 
 def _config_classes() -> dict[str, Any]:
-    from pipeline_lib.config import stage_configs
     from pipeline_lib.lab import CompareConfig
+    from pipeline_lib.stage_configs import stage_configs
     from pipeline_lib.sweep import SweepConfig
 
     return {**stage_configs(), "sweep": SweepConfig, "compare": CompareConfig}

@@ -13,7 +13,8 @@ choices, so Prefect's UI renders each config as a form), and the validation of d
 parameters (`validate`: an unknown field or choice is refused with the field's name).
 
 This module only describes; the stage modules keep their own `__post_init__` checks and
-their version-id params (`params()` / `shard_params()`).
+their version-id params (`params()` / `shard_params()`). It imports no stage module (they
+import it): `pipeline_lib.stage_configs` names every config.
 """
 
 from __future__ import annotations
@@ -159,26 +160,3 @@ class SampleConfig:
             raise InputError(f"temperature={self.temperature}: must be >= 0")
         if self.top_k < 0:
             raise InputError(f"top_k={self.top_k}: must be at least 0 (0: no top-k filter)")
-
-
-def stage_configs() -> dict[str, type]:
-    """Every config by the name flows, deployments and the CLI give it (``{"corpus": CorpusConfig, ...}``).
-
-    Imported on call: the configs live beside their stages (numpy, pyarrow), and the CLI
-    asks only for the command it runs.
-    """
-    from pipeline_lib.corpus import CorpusConfig
-    from pipeline_lib.counting import CountConfig
-    from pipeline_lib.lm.config import LMConfig
-    from pipeline_lib.stages import TokenizerConfig
-    from pipeline_lib.token_shards import EncodeConfig
-
-    return {
-        "corpus": CorpusConfig,
-        "count": CountConfig,
-        "tokenizer": TokenizerConfig,
-        "encode": EncodeConfig,
-        "lm": LMConfig,
-        "report": ReportConfig,
-        "sample": SampleConfig,
-    }

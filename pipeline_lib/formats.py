@@ -9,13 +9,28 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.fsio import InputError
 
-if TYPE_CHECKING:
-    from pipeline_lib.tokenizer import Tokenizer
+
+class Tokenizer(Protocol):
+    """What the writers read of a tokenizer (`pipeline_lib.tokenizer.Tokenizer` has it): this
+    module knows formats, not the tokenizer package, which imports it."""
+
+    @property
+    def mergeable_ranks(self) -> dict[bytes, int]: ...
+
+    @property
+    def special_tokens(self) -> Mapping[str, int]: ...
+
+    @property
+    def merges(self) -> Sequence[tuple[int, int, int]] | None: ...
+
+    @property
+    def pattern_str(self) -> str: ...
 
 
 @functools.cache

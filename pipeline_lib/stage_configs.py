@@ -1,0 +1,32 @@
+"""Every stage config by the name flows, deployments and the CLI give it.
+
+Above the stage modules (they import `pipeline_lib.config` for the field descriptions; this
+module imports them), so `config` and the stages form no import circle.
+"""
+
+from __future__ import annotations
+
+from pipeline_lib.config import ReportConfig, SampleConfig
+
+
+def stage_configs() -> dict[str, type]:
+    """``{"corpus": CorpusConfig, "count": CountConfig, ...}``.
+
+    Imported on call: the configs live beside their stages (numpy, pyarrow), and the CLI
+    asks only for the command it runs.
+    """
+    from pipeline_lib.corpus import CorpusConfig
+    from pipeline_lib.counting import CountConfig
+    from pipeline_lib.lm.config import LMConfig
+    from pipeline_lib.stages import TokenizerConfig
+    from pipeline_lib.token_shards import EncodeConfig
+
+    return {
+        "corpus": CorpusConfig,
+        "count": CountConfig,
+        "tokenizer": TokenizerConfig,
+        "encode": EncodeConfig,
+        "lm": LMConfig,
+        "report": ReportConfig,
+        "sample": SampleConfig,
+    }

@@ -9,7 +9,7 @@ unit's completion record). Retries, where a stage asks for them, are for transie
 only (`retry_if_transient`).
 
 Caching (`StoreCachePolicy`): the key is the output's identity (its version id, which
-already hashes the inputs' ids, the config and the code; plus the unit for a unit task) and
+already hashes the inputs' ids, the config and the stage's output version; plus the unit for a unit task) and
 the store. A cached result counts only while the store still holds what it describes: the
 policy reads the record Prefect has under the key and checks it against the store. When the
 store lost it (wiped, `gc`, quarantined), the key moves to the next generation

@@ -42,7 +42,7 @@ def child(args: argparse.Namespace) -> None:
     sys.path.insert(0, ROOT)
     import pyarrow.compute  # noqa: F401  (imported on the first cast otherwise: ~0.1 s of setup, not of sharding)
 
-    from pipeline_lib import corpus
+    from pipeline_lib import corpus, stages
     from pipeline_lib.store import ArtifactStore
 
     if args.path == "python":
@@ -58,10 +58,10 @@ def child(args: argparse.Namespace) -> None:
         seconds, cpu = time.perf_counter() - t, _cpu_s() - cpu
         print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_mb": _rss_mb() - base}))
         return
-    raw = corpus.download_corpus(store, cfg)
+    raw = stages.download_corpus(store, cfg)
     base, cpu = _rss_mb(), _cpu_s()
     t = time.perf_counter()
-    ref = corpus.shard_corpus(store, raw, cfg)
+    ref = stages.shard_corpus(store, raw, cfg)
     seconds, cpu = time.perf_counter() - t, _cpu_s() - cpu
     meta = store.manifest(ref.kind, ref.version)["meta"]
     print(

@@ -5,14 +5,16 @@ plain paths) of ``.txt``, ``.jsonl`` or ``.parquet`` files; text and JSONL files
 ``.gz``, ``.bz2``, ``.xz`` or ``.zst`` compressed (by extension). Everything streams:
 memory is bounded by the largest document (a few times its size), not by the corpus.
 
-`download_corpus` copies the sources byte for byte into a ``raw`` version whose id is the
+The download stage (`fetch_sources` + `stage_sources`, run by `pipeline_lib.stages.download_corpus`)
+copies the sources byte for byte into a ``raw`` version whose id is the
 hash of their contents (each source's size and sha256 are in the manifest), so a retried
 or repeated download lands on the same version. With ``source_mode="reference"`` (corpora
 already on durable storage: s3, gs, https with an ETag) nothing is copied: the ``raw``
 version records each source's URL, size and ETag (or modification time), `shard_corpus`
 reads the sources in place, computing their sha256 as it streams them (recorded in the
 corpus manifest), and refuses a source whose size or ETag is no longer what was recorded
-(checked before and after each read, with the count of bytes read). `shard_corpus` reads the raw version and
+(checked before and after each read, with the count of bytes read). `write_shards` (the
+shard stage, `pipeline_lib.stages.shard_corpus`) reads the raw version and
 writes ``n_shards`` Parquet text shards of about equal bytes (or of about ``shard_bytes``),
 split at document boundaries, as a ``corpus`` version.
 

@@ -236,11 +236,13 @@ class Tokenizer:
         if self.merge_counts is not None and (self.merges is None or len(self.merge_counts) != len(self.merges)):
             raise InputError(f"merge_counts has {len(self.merge_counts)} entries for {len(self.merges or [])} merges")
         self._validate()
-        self._raw_bytes: dict[int, bytes] = {i: b for b, i in self.mergeable_ranks.items()}
+        # One id -> bytes table for the byte and char units (a few million entries at the file
+        # cap); the word unit also keeps its raw bytes, whose end-of-word symbol decodes as a space.
+        self._token_bytes: dict[int, bytes] = dict(zip(self.mergeable_ranks.values(), self.mergeable_ranks.keys()))
+        self._raw_bytes: dict[int, bytes] | None = None
         if self.unit == "word":  # the tutorials' decoders: </w> -> a space
+            self._raw_bytes = self._token_bytes
             self._token_bytes = {i: b.replace(ref.END_OF_WORD, b" ") for i, b in self._raw_bytes.items()}
-        else:
-            self._token_bytes = dict(self._raw_bytes)
         for tok, i in self.special_tokens.items():
             self._token_bytes.setdefault(i, tok.encode("utf-8"))  # a shared id decodes to its first name
         self.max_token_value = max(self._token_bytes)
@@ -750,7 +752,7 @@ class Tokenizer:
     def token_str(self, i: int) -> str:
         """Id `i` as a person reads it: its text (invalid UTF-8 as U+FFFD), ``</w>`` shown as such
         in word-level vocabularies, special tokens by name."""
-        raw = self._raw_bytes.get(i)
+        raw = self._raw_bytes.get(i) if self._raw_bytes is not None else (None if i in self._special_ids else self._token_bytes.get(i))
         if raw is None:
             return self.decode_single_token_bytes(i).decode("utf-8", "replace")  # a special token, or UnknownTokenError
         if self.unit == "word":

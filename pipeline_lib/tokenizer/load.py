@@ -22,6 +22,7 @@ import binascii
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -206,11 +207,48 @@ def from_gpt2(cls: type[Tokenizer], encoder_json: str, vocab_bpe: str, pattern: 
     return cls(ranks, pattern, specials, name="gpt2" if pattern == "gpt2" else os.path.basename(os.path.dirname(encoder_json)) or "tokenmill")
 
 
+# A block of well-formed ranks lines: what the fast path of `parse_tiktoken_ranks` takes whole.
+_RANKS_BLOCK = re.compile(rb"(?:[ \t]*[A-Za-z0-9+/]+={0,2}[ \t]+[0-9]+[ \t]*(?:\r\n|\n|\r)|[ \t]*(?:\r\n|\n|\r))*")
+# Lines are parsed a block at a time so the temporary lists stay small beside the result.
+_RANKS_BLOCK_BYTES = 1 << 20
+
+
 def parse_tiktoken_ranks(data: bytes, source: str) -> dict[bytes, int]:
     """Parse ``base64(token) rank`` lines, naming the file and line of any error.
 
     Ranks are decimal digits below MAX_VOCAB_SIZE; tokens at most MAX_TOKEN_BYTES long.
+    Linear in the file: well-formed blocks of lines are checked by one regex and converted
+    with C-level maps; a block that is not is parsed line by line (`_parse_ranks_lines`),
+    which names the bad line.
     """
+    ranks: dict[bytes, int] = {}
+    if not data.endswith((b"\n", b"\r")):
+        data += b"\n"
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start + _RANKS_BLOCK_BYTES)
+        end = len(data) if end < 0 else end + 1
+        block = data[start:end]
+        start = end
+        if not _RANKS_BLOCK.fullmatch(block):
+            return _parse_ranks_lines(data, source)
+        fields = block.split()
+        try:
+            tokens = [binascii.a2b_base64(t, strict_mode=True) for t in fields[0::2]]
+        except binascii.Error:
+            return _parse_ranks_lines(data, source)
+        ids = list(map(int, fields[1::2]))
+        n_before = len(ranks)
+        ranks.update(zip(tokens, ids))
+        if len(ranks) != n_before + len(tokens) or (ids and max(ids) >= MAX_VOCAB_SIZE) or max(map(len, tokens), default=0) > MAX_TOKEN_BYTES:
+            return _parse_ranks_lines(data, source)
+    if not ranks:
+        raise InputError(f"{source}: no tokens in the file")
+    return ranks
+
+
+def _parse_ranks_lines(data: bytes, source: str) -> dict[bytes, int]:
+    """`parse_tiktoken_ranks` one line at a time: slower, and names the first bad line."""
     ranks: dict[bytes, int] = {}
     for lineno, line in enumerate(data.splitlines(), start=1):
         if not line.strip():

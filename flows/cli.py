@@ -223,9 +223,16 @@ def cmd_tokenizer_encode(args) -> int:
     from pipeline_lib import lab
 
     tok = _load_tokenizer(args)
+    allow = args.allow_special or []
+    if args.input is not None and not args.special_as_text:
+        _refuse_special_in_file(tok, args.input, lab.check_special_tokens(tok, "", allow, f"--input {args.input}"))
     text = args.text if args.text is not None else _read_text(args.input, "--input")
-    allowed = lab.check_special_tokens(tok, text, args.allow_special or [], "--text" if args.text is not None else f"--input {args.input}")
-    ids = tok.encode_to_numpy(text, allowed_special=allowed)
+    if args.special_as_text:  # tiktoken's encode(text, allowed_special=..., disallowed_special=())
+        allowed = lab.check_special_tokens(tok, "", allow, "--text")
+        ids = tok.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
+    else:
+        allowed = lab.check_special_tokens(tok, text, allow, "--text" if args.text is not None else f"--input {args.input}")
+        ids = tok.encode_to_numpy(text, allowed_special=allowed)
     if args.show:
         import shutil
 
@@ -239,6 +246,26 @@ def cmd_tokenizer_encode(args) -> int:
     elif not args.show:
         print(" ".join(map(str, ids.tolist())))
     return 0
+
+
+def _refuse_special_in_file(tok, path: str, allowed) -> None:
+    """Refuse a --input file holding a special token that is not allowed, reading it a block
+    at a time: before the whole file is read and encoded."""
+    from pipeline_lib.tokenizer.load import find_special_in_file
+
+    refused = [] if allowed == "all" else [t for t in tok.special_tokens if t not in allowed]
+    try:
+        found = find_special_in_file(path, refused)
+    except FileNotFoundError:
+        raise InputError(f"--input {path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"--input {path}: is a directory, not a text file") from None
+    if found:
+        token, offset = found
+        raise InputError(
+            f"--input {path} holds the special token {token!r} (at byte {offset:,}), which text may only hold when allowed: "
+            f"pass --allow-special '{token}' to encode it as its id {tok.special_tokens[token]}, or --special-as-text to encode it as ordinary text"
+        )
 
 
 def _read_text(path: str, flag: str) -> str:
@@ -752,6 +779,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     src.add_argument("--input", help="text file to encode")
     p.add_argument("--output", help="write ids as .npy instead of printing")
     p.add_argument("--allow-special", action="append", metavar="TOKEN", help="special token allowed in the text (repeatable; 'all': every one)")
+    p.add_argument(
+        "--special-as-text",
+        action="store_true",
+        help="encode special-token text the --allow-special flags do not name as ordinary text (the library's encode_ordinary), instead of refusing it",
+    )
     p.add_argument("--show", action="store_true", help="draw each token's text above its id (whitespace visible, coloured in a terminal) and the compression")
     p.set_defaults(func=cmd_tokenizer_encode)
     p = tp.add_parser("inspect", help="shortest, longest, first and last tokens, tokens per length, tokens never used in training")

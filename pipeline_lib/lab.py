@@ -150,7 +150,7 @@ def check_special_tokens(tok: Tokenizer, text: str, allowed: Iterable[str], sour
             token = found.group()
             raise InputError(
                 f"{source} holds the special token {token!r} (at character {found.start():,}), which text may only hold when allowed: "
-                f"pass --allow-special '{token}' to encode it as its id {tok.special_tokens[token]}"
+                f"pass --allow-special '{token}' to encode it as its id {tok.special_tokens[token]}, or --special-as-text to encode it as ordinary text"
             )
     return set(allowed)
 

@@ -5,7 +5,10 @@ linear in the input (growth of thread CPU time between two sizes, never seconds)
 from __future__ import annotations
 
 import base64
+import contextlib
+import os
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -14,7 +17,7 @@ import pytest
 from flows.cli import main
 from pipeline_lib import Tokenizer
 from pipeline_lib.patterns import PatternTimeoutError
-from pipeline_lib.tokenizer.load import _parse_ranks_lines, parse_tiktoken_ranks
+from pipeline_lib.tokenizer.load import _parse_ranks_lines, find_special_in_file, parse_tiktoken_ranks
 
 BYTE_RANKS = {bytes([i]): i for i in range(256)}
 
@@ -104,3 +107,60 @@ def test_ids_from_a_loaded_ranks_file_decode():
     assert tok.token_str(1000) == "<|endoftext|>" and tok.token_str(65) == "A"
     ids = np.array(tok.encode("hello", allowed_special="all"))
     assert tok.decode(ids) == "hello"
+
+
+@pytest.fixture
+def eot_tokenizer(tmp_path) -> str:
+    saved = str(tmp_path / "eot_tok")
+    Tokenizer(BYTE_RANKS, "cl100k", {"<|endoftext|>": 256, "<|pad|>": 257}).save(saved)
+    return saved
+
+
+def test_encode_refuses_a_special_token_before_reading_the_whole_file(tmp_path, eot_tokenizer, capsys):
+    """The file is a pipe fed by a thread: a command that read it all would take every byte
+    the writer offers; a refusal after the first block leaves the writer on a broken pipe."""
+    fifo = str(tmp_path / "big.txt")
+    os.mkfifo(fifo)
+    offered, written = 256 << 20, [0]
+
+    def feed() -> None:
+        with contextlib.suppress(BrokenPipeError), open(fifo, "wb") as f:
+            f.write(b"code with <|endoftext|> in a string\n")
+            chunk = b"x = 1\n" * (1 << 16)
+            while written[0] < offered:
+                f.write(chunk)
+                written[0] += len(chunk)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    assert main(["tokenizer", "encode", "--tokenizer", eot_tokenizer, "--input", fifo, "--output", str(tmp_path / "ids.npy")]) == 2
+    writer.join(timeout=60)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'<|endoftext|>' (at byte 10)" in err[0] and "--special-as-text" in err[0] and "--allow-special" in err[0], err
+    assert written[0] < 64 << 20  # the scan's block and the pipe's buffer, not the 256 MB offered
+
+
+def test_special_as_text_encodes_special_token_text_as_ordinary_text(tmp_path, eot_tokenizer, capsys):
+    tok = Tokenizer.load(eot_tokenizer)
+    text = "a <|endoftext|> b <|pad|> c"
+    path = tmp_path / "in.txt"
+    path.write_text(text)
+    out = tmp_path / "ids.npy"
+    assert main(["tokenizer", "encode", "--tokenizer", eot_tokenizer, "--input", str(path), "--special-as-text", "--output", str(out)]) == 0
+    assert np.load(out).tolist() == tok.encode_ordinary(text)
+    capsys.readouterr()
+    args = ["tokenizer", "encode", "--tokenizer", eot_tokenizer, "--text", text, "--special-as-text", "--allow-special", "<|pad|>"]
+    assert main(args) == 0
+    printed = [int(i) for i in capsys.readouterr().out.split()]
+    assert printed == tok.encode(text, allowed_special={"<|pad|>"}, disallowed_special=())
+    assert 257 in printed and 256 not in printed
+    assert main(["tokenizer", "encode", "--tokenizer", eot_tokenizer, "--text", text]) == 2
+    assert "--special-as-text" in capsys.readouterr().err
+
+
+def test_the_special_token_scan_finds_a_token_across_a_block_boundary(tmp_path):
+    path = tmp_path / "t.txt"
+    for at in range(90, 101):
+        path.write_bytes(b"y" * at + b"<|endoftext|>" + b"z" * 50)
+        assert find_special_in_file(str(path), ["<|endoftext|>", "<|e"], block_bytes=100) == ("<|endoftext|>", at)
+    assert find_special_in_file(str(path), ["<|pad|>"], block_bytes=7) is None

@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pipeline_lib.formats import gpt2_vocab
@@ -273,3 +273,35 @@ def _parse_ranks_lines(data: bytes, source: str) -> dict[bytes, int]:
     if not ranks:
         raise InputError(f"{source}: no tokens in the file")
     return ranks
+
+
+# Blocks in which `find_special_in_file` scans a file; consecutive blocks overlap by the
+# longest token less one byte, so a token across a block boundary is found.
+SCAN_BLOCK_BYTES = 8 << 20
+
+
+def find_special_in_file(path: str, tokens: Collection[str], block_bytes: int = SCAN_BLOCK_BYTES) -> tuple[str, int] | None:
+    """The first of `tokens` in the file at `path` and its byte offset, or None: read a block
+    at a time (memory bounded by the block), so a command that will refuse a file refuses
+    it before reading all of it."""
+    if not tokens:
+        return None
+    needles = sorted((t.encode("utf-8") for t in tokens), key=len, reverse=True)
+    pattern = re.compile(b"|".join(map(re.escape, needles)))
+    overlap = max(map(len, needles)) - 1
+    with open(path, "rb") as f:
+        offset, tail = 0, b""  # offset: where `tail` starts in the file
+        block = f.read(block_bytes)
+        while block:
+            following = f.read(block_bytes)
+            window = tail + block
+            # A match in the last `overlap` bytes may be a shorter token's, the longer one
+            # cut by the block's end: it is decided with the next block.
+            decided = len(window) - overlap if following else len(window)
+            if (found := pattern.search(window)) and found.start() < decided:
+                return found.group().decode("utf-8"), offset + found.start()
+            keep = min(overlap, len(window))
+            offset += len(window) - keep
+            tail = window[len(window) - keep :] if keep else b""
+            block = following
+    return None

@@ -11,6 +11,7 @@ Training, files and exports live beside this module (`train`, `load`, `export`);
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -544,6 +545,79 @@ class Tokenizer:
                 out += self.encode_ordinary(part)
         return out
 
+    def encode_with_unstable(
+        self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all"
+    ) -> tuple[list[int], list[list[int]]]:
+        """tiktoken's ``encode_with_unstable``: the stable tokens of `text` and every token
+        sequence that may follow them when more text is appended (for completion).
+
+        The last regex piece (widened over tokens made only of spaces, tabs and newlines,
+        which a later split may regroup) is unstable; the completions are the tokens that
+        start with its bytes, the re-encodings of its bytes joined to each token that starts
+        with one of its suffixes (cut once they cover the unstable bytes), and, when it ends
+        in whitespace, its bytes encoded with that last character apart. Completions are
+        lists in no set order, as tiktoken's. Byte-level vocabularies only.
+
+        Raises:
+            ValueError: the text contains a disallowed special token (as `encode`).
+        """
+        if self.unit != "byte":
+            raise InputError(f"encode_with_unstable is for byte-level vocabularies, not unit={self.unit!r}")
+        allowed = self._allowed(text, allowed_special, disallowed_special)
+        tokens = self.encode(text, allowed_special=allowed, disallowed_special=())
+        last_text = self._parts(text, allowed)[-1] if allowed else text  # _parts ends with a str
+        pieces = self._split(ref.utf8(str(last_text))) if last_text else []
+        if not pieces:  # empty, or ending in a special token: nothing unstable
+            return tokens, []
+        n_last, size = 0, 0
+        while size < len(pieces[-1]):
+            n_last += 1
+            size += len(self._token_bytes[tokens[-n_last]])
+
+        def all_space(i: int) -> bool:
+            return i not in self._special_ids and all(c in b" \n\t" for c in self._token_bytes[i])
+
+        if all_space(tokens[-n_last]):
+            while n_last < len(tokens) and all_space(tokens[-n_last - 1]):
+                n_last += 1
+        unstable = b"".join(self._token_bytes[i] for i in tokens[len(tokens) - n_last :])
+        del tokens[len(tokens) - n_last :]
+        completions: set[tuple[int, ...]] = {(self.mergeable_ranks[t],) for t in self._tokens_starting_with(unstable)}
+        for cut in range(1, len(unstable)):
+            prefix = unstable[:cut]
+            for token in self._tokens_starting_with(unstable[cut:]):
+                joined = prefix + token
+                try:
+                    encoded = self.encode_ordinary(joined.decode("utf-8"))
+                except UnicodeDecodeError:
+                    encoded = self._bpe_piece(joined)
+                seq, covered = [], 0
+                for i in encoded:
+                    seq.append(i)
+                    covered += len(self._token_bytes[i])
+                    if covered >= len(unstable):
+                        break
+                completions.add(tuple(seq))
+        if len(unstable) > 1:
+            last_char = _last_utf8_char(unstable)
+            if last_char and len(unstable) > len(last_char) and regex.fullmatch(r"\p{White_Space}", last_char.decode("utf-8")):
+                completions.add(tuple(self._bpe_piece(unstable[: -len(last_char)]) + self._bpe_piece(last_char)))
+        return tokens, [list(c) for c in completions]
+
+    @functools.cached_property
+    def _sorted_token_bytes(self) -> list[bytes]:
+        return sorted(self.mergeable_ranks)
+
+    def _tokens_starting_with(self, prefix: bytes) -> list[bytes]:
+        """The ordinary tokens that start with `prefix`, in byte order."""
+        tokens = self._sorted_token_bytes
+        out = []
+        for k in range(bisect.bisect_left(tokens, prefix), len(tokens)):
+            if not tokens[k].startswith(prefix):
+                break
+            out.append(tokens[k])
+        return out
+
     def encode_to_numpy(self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all") -> np.ndarray:
         """`encode`, as a uint32 array (no list of Python ints is made)."""
         allowed = self._allowed(text, allowed_special, disallowed_special)
@@ -771,6 +845,17 @@ class Tokenizer:
         special = names if len(names) <= 8 else [*names[:4], f"... {len(names)} in all"]
         unit = f", unit={self.unit!r}" if self.unit != "byte" else ""
         return f"Tokenizer(name={self.name!r}{unit}, pattern={self.pattern!r}, vocab_size={self.vocab_size}, special={special})"
+
+
+def _last_utf8_char(data: bytes) -> bytes | None:
+    """The bytes of the character `data` ends with, or None if it ends in invalid UTF-8."""
+    for n in range(1, min(4, len(data)) + 1):
+        try:
+            data[-n:].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return data[-n:]
+    return None
 
 
 def _pattern_name(pat_str: str) -> str:

@@ -2,7 +2,7 @@
 
     tokenmill run                       # the whole chain on the bundled corpus, store ./artifacts
     tokenmill run --corpus 's3://bucket/data/*.jsonl.zst' --store s3://bucket/tm --vocab-size 32768
-    tokenmill tokenizer train|encode|inspect|export
+    tokenmill tokenizer train|encode|decode|inspect|export
     tokenmill encode --tokenizer REF    # encode a corpus with an existing tokenizer
     tokenmill compare | report          # tokenizers side by side; compression vs vocabulary size
     tokenmill lm train|sample
@@ -246,6 +246,67 @@ def cmd_tokenizer_encode(args) -> int:
     elif not args.show:
         print(" ".join(map(str, ids.tolist())))
     return 0
+
+
+def cmd_tokenizer_decode(args) -> int:
+    tok = _load_tokenizer(args)
+    source = "--ids" if args.ids is not None else f"--input {args.input}"
+    ids = _read_ids(args.ids, "--ids") if args.ids is not None else _read_ids_file(args.input)
+    try:
+        data = tok.decode_bytes(ids)
+    except (InputError, TypeError) as e:
+        raise InputError(f"{source}: {e}") from None
+    if args.output:
+        with open(args.output, "wb") as f:
+            f.write(data)
+        print(f"{len(ids)} tokens -> {len(data)} bytes -> {args.output}")
+    else:
+        sys.stdout.write(data.decode("utf-8", "replace"))
+        sys.stdout.write("\n")
+    return 0
+
+
+def _read_ids_file(path: str) -> list[int]:
+    """Ids from a .npy array (no pickle), a .json list, or text (``-``: stdin): integers
+    separated by whitespace or commas, as `tokenizer encode` prints them."""
+    import numpy as np
+
+    flag = f"--input {path}"
+    try:
+        if path.endswith(".npy"):
+            try:
+                array = np.load(path, allow_pickle=False)
+            except ValueError as e:
+                raise InputError(f"{flag}: not a .npy array of ids ({e})") from None
+            if array.ndim != 1 or array.dtype.kind not in "iu":
+                raise InputError(f"{flag}: expected a one-dimensional integer array, got shape {array.shape} of {array.dtype}")
+            return array.tolist()
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+    except FileNotFoundError:
+        raise InputError(f"{flag}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{flag}: is a directory, not a file of ids") from None
+    if path.endswith(".json"):
+        try:
+            ids = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{flag}: not valid JSON ({e})") from None
+        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            raise InputError(f"{flag}: expected a JSON list of integer ids")
+        return ids
+    return _read_ids(text, flag)
+
+
+def _read_ids(text: str, flag: str) -> list[int]:
+    words = text.replace(",", " ").split()
+    bad = next((w for w in words if not w.isdigit()), None)
+    if bad is not None:
+        raise InputError(f"{flag}: {bad[:40]!r} is not a token id (give non-negative integers separated by spaces or commas)")
+    return [int(w) for w in words]
 
 
 def _refuse_special_in_file(tok, path: str, allowed) -> None:
@@ -640,12 +701,26 @@ def _parse_value(f, text: str) -> Any:
         raise argparse.ArgumentTypeError(f"invalid {f.item_type.__name__} value: {text!r}") from None
 
 
+# The --help group of each config's options, in words.
+CONFIG_TITLES = {
+    "CorpusConfig": "corpus options (where the text comes from, how it is read and sharded)",
+    "CountConfig": "counting options (how text is split into pieces and counted)",
+    "TokenizerConfig": "tokenizer options (the vocabulary to learn)",
+    "EncodeConfig": "encoding options (how documents become token shards)",
+    "LMConfig": "language model options (the GPT to train and its budget)",
+    "ReportConfig": "report options (compression against vocabulary size)",
+    "SampleConfig": "sampling options (text from a trained model)",
+    "SweepConfig": "sweep options (which tokenizers, and how their models get equal compute)",
+    "CompareConfig": "compare options (tokenizers side by side on the same held-out text)",
+}
+
+
 def add_config_options(p: argparse.ArgumentParser, cls: type, defaults: Any = None) -> None:
     """One option per described field of config `cls` (defaults from `defaults`, an instance,
     else from the class)."""
     from pipeline_lib.config import fields_of
 
-    group = p.add_argument_group(f"{cls.__name__} ({cls.__module__})")
+    group = p.add_argument_group(CONFIG_TITLES.get(cls.__name__, cls.__name__))
     for f in fields_of(cls):
         default = getattr(defaults, f.name) if defaults is not None else f.default
         shown = ", ".join(map(str, default)) if f.repeated and default else default
@@ -786,6 +861,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--show", action="store_true", help="draw each token's text above its id (whitespace visible, coloured in a terminal) and the compression")
     p.set_defaults(func=cmd_tokenizer_encode)
+    p = tp.add_parser("decode", help="decode token ids (a .npy or .json file, text, or stdin) back to text")
+    _add_store(p)
+    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store or a saved tokenizer directory")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--ids", help="ids separated by spaces or commas, as 'tokenizer encode' prints them")
+    src.add_argument("--input", help="a .npy array of ids ('tokenizer encode --output'), a .json list, or a text file of ids ('-': stdin)")
+    p.add_argument("--output", help="write the decoded bytes to this file instead of printing the text")
+    p.set_defaults(func=cmd_tokenizer_decode)
     p = tp.add_parser("inspect", help="shortest, longest, first and last tokens, tokens per length, tokens never used in training")
     _add_store(p)
     p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store (its training counts are known) or a saved tokenizer directory")

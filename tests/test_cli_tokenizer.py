@@ -102,3 +102,15 @@ def test_decode_is_listed_in_the_tokenizer_help(capsys):
     with pytest.raises(SystemExit):
         main(["tokenizer", "--help"])
     assert "decode" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["sweep", "report", "compare"])
+def test_out_of_range_vocab_sizes_are_refused_before_any_stage(tmp_path, capsys, command):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text\n" * 100)
+    store = tmp_path / "store"
+    args = [command, "--vocab-sizes", "512,9000000", "--corpus", str(corpus)] + (["--store", str(store)] if command != "compare" else [])
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--vocab-sizes" in err[0] and "MAX_VOCAB_SIZE" in err[0], err
+    assert not store.exists()

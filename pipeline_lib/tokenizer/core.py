@@ -275,8 +275,10 @@ class Tokenizer:
             raise InputError(f"mergeable_ranks: tokens must be bytes, got {bad!r} ({type(bad).__name__})")
         if ranks and set(map(type, ranks.values())) != {int}:
             self.mergeable_ranks = ranks = {t: check_id(i, f"mergeable_ranks[{t!r}]") for t, i in ranks.items()}
-        ids = list(ranks.values())
-        if ids and not (0 <= min(ids) and max(ids) < MAX_VOCAB_SIZE):
+        # One int64 array for the range and duplicate checks (a set of a few million ids
+        # cost ~130 MB at the ranks file cap).
+        ids = np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks))
+        if ids.size and not (0 <= ids.min() and ids.max() < MAX_VOCAB_SIZE):
             t, i = next((t, i) for t, i in ranks.items() if not 0 <= i < MAX_VOCAB_SIZE)
             check_id(i, f"mergeable_ranks[{t!r}]")
         longest = max(map(len, ranks), default=0)
@@ -292,13 +294,13 @@ class Tokenizer:
         if missing:
             what = "not byte-level, cannot be lossless" if self.unit == "byte" else "byte fallback needs every byte"
             raise InputError(f"vocabulary lacks single-byte tokens for bytes {missing[:8]}...: {what}")
-        id_set = set(ids)
-        if len(id_set) != len(ids):
+        uses = np.bincount(ids) if ids.size else np.zeros(0, dtype=np.int64)
+        if ids.size and uses.max() > 1:
             raise InputError("vocabulary has two tokens with the same id")
         specials = {}
         for tok, i in self.special_tokens.items():
             i = specials[tok] = check_special(tok, i)
-            if i in id_set:
+            if i < len(uses) and uses[i]:
                 raise InputError(f"special token {tok!r} has id {i}, which an ordinary token already uses")
         self.special_tokens = specials
 

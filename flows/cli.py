@@ -100,6 +100,8 @@ def _ref_dict(store, kind: str, version: str) -> dict[str, str]:
 def _load_tokenizer(args):
     from pipeline_lib.tokenizer import Tokenizer
 
+    if args.tokenizer.endswith(".json") and os.path.isfile(args.tokenizer):  # a HF tokenizer.json
+        return Tokenizer.from_hf_json(args.tokenizer)
     if _is_tokenizer_dir(args.tokenizer):
         return Tokenizer.load(args.tokenizer)
     store = _store(args)
@@ -848,7 +850,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenizer_train)
     p = tp.add_parser("encode", help="encode text with a tokenizer")
     _add_store(p)
-    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store or a saved tokenizer directory")
+    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store, a saved tokenizer directory or a HF tokenizer.json of byte-level BPE")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text")
     src.add_argument("--input", help="text file to encode")
@@ -863,7 +865,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenizer_encode)
     p = tp.add_parser("decode", help="decode token ids (a .npy or .json file, text, or stdin) back to text")
     _add_store(p)
-    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store or a saved tokenizer directory")
+    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store, a saved tokenizer directory or a HF tokenizer.json of byte-level BPE")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--ids", help="ids separated by spaces or commas, as 'tokenizer encode' prints them")
     src.add_argument("--input", help="a .npy array of ids ('tokenizer encode --output'), a .json list, or a text file of ids ('-': stdin)")
@@ -877,7 +879,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenizer_inspect)
     p = tp.add_parser("export", help="export to HF tokenizer.json, a transformers directory, GPT-2's vocab.json + merges.txt or a .tiktoken ranks file")
     _add_store(p)
-    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store or a saved tokenizer directory")
+    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store, a saved tokenizer directory or a HF tokenizer.json of byte-level BPE")
     p.add_argument("--format", choices=("hf", "tiktoken", "transformers", "gpt2"), required=True, help="transformers and gpt2 write into the directory --out")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_tokenizer_export)

@@ -415,6 +415,14 @@ class Tokenizer:
 
         return from_gpt2(cls, encoder_json, vocab_bpe, pattern, **storage_options)
 
+    @classmethod
+    def from_hf_json(cls, url: str, **storage_options: Any) -> Tokenizer:
+        """Load a HF ``tokenizer.json`` of byte-level BPE (GPT-2, Llama 3, Qwen 2 style), ids
+        equal to HF's; anything else is refused (see `pipeline_lib.tokenizer.load.from_hf_json`)."""
+        from pipeline_lib.tokenizer.load import from_hf_json
+
+        return from_hf_json(cls, url, **storage_options)
+
     def to_hf_json(self, path: str) -> None:
         """Write a HF ``tokenizer.json`` that `tokenizers.Tokenizer.from_file` loads, with our ids."""
         from pipeline_lib.tokenizer.export import to_hf_json

@@ -518,3 +518,11 @@ def test_encode_with_unstable_equals_tiktoken(ours, theirs, name):
         assert mine[0] == real[0] and sorted(mine[1]) == sorted(real[1]), (name, text)
     with pytest.raises(ValueError, match="special token"):
         a.encode_with_unstable("x<|endoftext|>")
+
+
+def test_encode_with_unstable_on_surrogate_pairs():
+    """tiktoken's test_unstable.py, with its pattern as a custom regex."""
+    enc = Tokenizer({bytes([i]): i for i in range(256)}, r"(?s:.)", {}, name="test")
+    for text in ["py\ud83d\udc4d", "py\ud83d"]:
+        stable_tokens, _ = enc.encode_with_unstable(text)
+        assert stable_tokens == enc.encode(text)[: len(stable_tokens)]

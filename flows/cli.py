@@ -173,8 +173,22 @@ class _ProgressBars:
         self.bars.stop()
 
 
+def _check_separator(configs: dict[str, Any]) -> None:
+    """The encoding's separator must be one of the special tokens the tokenizer will have:
+    checked before any stage runs (the encoding stage would refuse it after training)."""
+    from pipeline_lib.errors import ConfigError
+
+    separator, specials = configs["encode"].separator, configs["tokenizer"].special_tokens
+    if separator is not None and separator not in specials:
+        raise ConfigError(
+            f"--separator {separator}: not one of the tokenizer's special tokens ({', '.join(specials) or 'none: --no-special-token'});"
+            f" add it with --special-token '{separator}', or give --separator none"
+        )
+
+
 def cmd_run(args) -> int:
     configs = configs_from_args(args, RUN_CONFIGS)  # every parameter checked before any work
+    _check_separator(configs)
     with _flow_api():
         from flows.pipeline import tokenmill_pipeline
 

@@ -114,3 +114,14 @@ def test_out_of_range_vocab_sizes_are_refused_before_any_stage(tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--vocab-sizes" in err[0] and "MAX_VOCAB_SIZE" in err[0], err
     assert not store.exists()
+
+
+@pytest.mark.parametrize("flags", [["--no-special-token"], ["--separator", "<|sep|>"]])
+def test_a_separator_the_tokenizer_will_not_have_is_refused_before_any_stage(tmp_path, capsys, flags):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text\n" * 100)
+    store = tmp_path / "store"
+    assert main(["run", "--no-lm", "--corpus", str(corpus), "--store", str(store), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--separator" in err[0] and "--special-token" in err[0], err
+    assert not store.exists()

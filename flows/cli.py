@@ -362,7 +362,9 @@ def cmd_tokenizer_inspect(args) -> int:
     if args.top < 1:
         raise InputError(f"--top {args.top}: must be at least 1")
     counts = None
-    if _is_tokenizer_dir(args.tokenizer):
+    if args.tokenizer.endswith(".json") and os.path.isfile(args.tokenizer):  # a HF tokenizer.json
+        tok = Tokenizer.from_hf_json(args.tokenizer)
+    elif _is_tokenizer_dir(args.tokenizer):
         tok = Tokenizer.load(args.tokenizer)
     else:  # a store version: its counts parent holds the training pieces
         from pipeline_lib.counting import COUNTS_FILE, read_counts

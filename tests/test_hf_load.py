@@ -90,6 +90,10 @@ def test_the_cli_encodes_with_a_tokenizer_json(tmp_path, capsys):
     get_encoding("gpt2").to_hf_json(str(path))
     assert main(["tokenizer", "encode", "--tokenizer", str(path), "--text", "hello world"]) == 0
     assert capsys.readouterr().out.split() == ["31373", "995"]
+    assert main(["tokenizer", "decode", "--tokenizer", str(path), "--ids", "31373 995"]) == 0
+    assert capsys.readouterr().out == "hello world\n"
+    assert main(["tokenizer", "inspect", "--tokenizer", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)
 
 
 def _edited(tmp_path, edit) -> str:

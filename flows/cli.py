@@ -2,7 +2,7 @@
 
     tokenmill run                       # the whole chain on the bundled corpus, store ./artifacts
     tokenmill run --corpus 's3://bucket/data/*.jsonl.zst' --store s3://bucket/tm --vocab-size 32768
-    tokenmill tokenizer train|encode|inspect|export
+    tokenmill tokenizer train|encode|decode|inspect|export
     tokenmill encode --tokenizer REF    # encode a corpus with an existing tokenizer
     tokenmill compare | report          # tokenizers side by side; compression vs vocabulary size
     tokenmill lm train|sample
@@ -100,6 +100,8 @@ def _ref_dict(store, kind: str, version: str) -> dict[str, str]:
 def _load_tokenizer(args):
     from pipeline_lib.tokenizer import Tokenizer
 
+    if args.tokenizer.endswith(".json") and os.path.isfile(args.tokenizer):  # a HF tokenizer.json
+        return Tokenizer.from_hf_json(args.tokenizer)
     if _is_tokenizer_dir(args.tokenizer):
         return Tokenizer.load(args.tokenizer)
     store = _store(args)
@@ -171,8 +173,22 @@ class _ProgressBars:
         self.bars.stop()
 
 
+def _check_separator(configs: dict[str, Any]) -> None:
+    """The encoding's separator must be one of the special tokens the tokenizer will have:
+    checked before any stage runs (the encoding stage would refuse it after training)."""
+    from pipeline_lib.errors import ConfigError
+
+    separator, specials = configs["encode"].separator, configs["tokenizer"].special_tokens
+    if separator is not None and separator not in specials:
+        raise ConfigError(
+            f"--separator {separator}: not one of the tokenizer's special tokens ({', '.join(specials) or 'none: --no-special-token'});"
+            f" add it with --special-token '{separator}', or give --separator none"
+        )
+
+
 def cmd_run(args) -> int:
     configs = configs_from_args(args, RUN_CONFIGS)  # every parameter checked before any work
+    _check_separator(configs)
     with _flow_api():
         from flows.pipeline import tokenmill_pipeline
 
@@ -223,9 +239,16 @@ def cmd_tokenizer_encode(args) -> int:
     from pipeline_lib import lab
 
     tok = _load_tokenizer(args)
+    allow = args.allow_special or []
+    if args.input is not None and not args.special_as_text:
+        _refuse_special_in_file(tok, args.input, lab.check_special_tokens(tok, "", allow, f"--input {args.input}"))
     text = args.text if args.text is not None else _read_text(args.input, "--input")
-    allowed = lab.check_special_tokens(tok, text, args.allow_special or [], "--text" if args.text is not None else f"--input {args.input}")
-    ids = tok.encode_to_numpy(text, allowed_special=allowed)
+    if args.special_as_text:  # tiktoken's encode(text, allowed_special=..., disallowed_special=())
+        allowed = lab.check_special_tokens(tok, "", allow, "--text")
+        ids = tok.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
+    else:
+        allowed = lab.check_special_tokens(tok, text, allow, "--text" if args.text is not None else f"--input {args.input}")
+        ids = tok.encode_to_numpy(text, allowed_special=allowed)
     if args.show:
         import shutil
 
@@ -239,6 +262,87 @@ def cmd_tokenizer_encode(args) -> int:
     elif not args.show:
         print(" ".join(map(str, ids.tolist())))
     return 0
+
+
+def cmd_tokenizer_decode(args) -> int:
+    tok = _load_tokenizer(args)
+    source = "--ids" if args.ids is not None else f"--input {args.input}"
+    ids = _read_ids(args.ids, "--ids") if args.ids is not None else _read_ids_file(args.input)
+    try:
+        data = tok.decode_bytes(ids)
+    except (InputError, TypeError) as e:
+        raise InputError(f"{source}: {e}") from None
+    if args.output:
+        with open(args.output, "wb") as f:
+            f.write(data)
+        print(f"{len(ids)} tokens -> {len(data)} bytes -> {args.output}")
+    else:
+        sys.stdout.write(data.decode("utf-8", "replace"))
+        sys.stdout.write("\n")
+    return 0
+
+
+def _read_ids_file(path: str) -> list[int]:
+    """Ids from a .npy array (no pickle), a .json list, or text (``-``: stdin): integers
+    separated by whitespace or commas, as `tokenizer encode` prints them."""
+    import numpy as np
+
+    flag = f"--input {path}"
+    try:
+        if path.endswith(".npy"):
+            try:
+                array = np.load(path, allow_pickle=False)
+            except ValueError as e:
+                raise InputError(f"{flag}: not a .npy array of ids ({e})") from None
+            if array.ndim != 1 or array.dtype.kind not in "iu":
+                raise InputError(f"{flag}: expected a one-dimensional integer array, got shape {array.shape} of {array.dtype}")
+            return array.tolist()
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+    except FileNotFoundError:
+        raise InputError(f"{flag}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{flag}: is a directory, not a file of ids") from None
+    if path.endswith(".json"):
+        try:
+            ids = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{flag}: not valid JSON ({e})") from None
+        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            raise InputError(f"{flag}: expected a JSON list of integer ids")
+        return ids
+    return _read_ids(text, flag)
+
+
+def _read_ids(text: str, flag: str) -> list[int]:
+    words = text.replace(",", " ").split()
+    bad = next((w for w in words if not w.isdigit()), None)
+    if bad is not None:
+        raise InputError(f"{flag}: {bad[:40]!r} is not a token id (give non-negative integers separated by spaces or commas)")
+    return [int(w) for w in words]
+
+
+def _refuse_special_in_file(tok, path: str, allowed) -> None:
+    """Refuse a --input file holding a special token that is not allowed, reading it a block
+    at a time: before the whole file is read and encoded."""
+    from pipeline_lib.tokenizer.load import find_special_in_file
+
+    refused = [] if allowed == "all" else [t for t in tok.special_tokens if t not in allowed]
+    try:
+        found = find_special_in_file(path, refused)
+    except FileNotFoundError:
+        raise InputError(f"--input {path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"--input {path}: is a directory, not a text file") from None
+    if found:
+        token, offset = found
+        raise InputError(
+            f"--input {path} holds the special token {token!r} (at byte {offset:,}), which text may only hold when allowed: "
+            f"pass --allow-special '{token}' to encode it as its id {tok.special_tokens[token]}, or --special-as-text to encode it as ordinary text"
+        )
 
 
 def _read_text(path: str, flag: str) -> str:
@@ -258,7 +362,9 @@ def cmd_tokenizer_inspect(args) -> int:
     if args.top < 1:
         raise InputError(f"--top {args.top}: must be at least 1")
     counts = None
-    if _is_tokenizer_dir(args.tokenizer):
+    if args.tokenizer.endswith(".json") and os.path.isfile(args.tokenizer):  # a HF tokenizer.json
+        tok = Tokenizer.from_hf_json(args.tokenizer)
+    elif _is_tokenizer_dir(args.tokenizer):
         tok = Tokenizer.load(args.tokenizer)
     else:  # a store version: its counts parent holds the training pieces
         from pipeline_lib.counting import COUNTS_FILE, read_counts
@@ -613,12 +719,26 @@ def _parse_value(f, text: str) -> Any:
         raise argparse.ArgumentTypeError(f"invalid {f.item_type.__name__} value: {text!r}") from None
 
 
+# The --help group of each config's options, in words.
+CONFIG_TITLES = {
+    "CorpusConfig": "corpus options (where the text comes from, how it is read and sharded)",
+    "CountConfig": "counting options (how text is split into pieces and counted)",
+    "TokenizerConfig": "tokenizer options (the vocabulary to learn)",
+    "EncodeConfig": "encoding options (how documents become token shards)",
+    "LMConfig": "language model options (the GPT to train and its budget)",
+    "ReportConfig": "report options (compression against vocabulary size)",
+    "SampleConfig": "sampling options (text from a trained model)",
+    "SweepConfig": "sweep options (which tokenizers, and how their models get equal compute)",
+    "CompareConfig": "compare options (tokenizers side by side on the same held-out text)",
+}
+
+
 def add_config_options(p: argparse.ArgumentParser, cls: type, defaults: Any = None) -> None:
     """One option per described field of config `cls` (defaults from `defaults`, an instance,
     else from the class)."""
     from pipeline_lib.config import fields_of
 
-    group = p.add_argument_group(f"{cls.__name__} ({cls.__module__})")
+    group = p.add_argument_group(CONFIG_TITLES.get(cls.__name__, cls.__name__))
     for f in fields_of(cls):
         default = getattr(defaults, f.name) if defaults is not None else f.default
         shown = ", ".join(map(str, default)) if f.repeated and default else default
@@ -746,14 +866,27 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenizer_train)
     p = tp.add_parser("encode", help="encode text with a tokenizer")
     _add_store(p)
-    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store or a saved tokenizer directory")
+    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store, a saved tokenizer directory or a HF tokenizer.json of byte-level BPE")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text")
     src.add_argument("--input", help="text file to encode")
     p.add_argument("--output", help="write ids as .npy instead of printing")
     p.add_argument("--allow-special", action="append", metavar="TOKEN", help="special token allowed in the text (repeatable; 'all': every one)")
+    p.add_argument(
+        "--special-as-text",
+        action="store_true",
+        help="encode special-token text the --allow-special flags do not name as ordinary text (the library's encode_ordinary), instead of refusing it",
+    )
     p.add_argument("--show", action="store_true", help="draw each token's text above its id (whitespace visible, coloured in a terminal) and the compression")
     p.set_defaults(func=cmd_tokenizer_encode)
+    p = tp.add_parser("decode", help="decode token ids (a .npy or .json file, text, or stdin) back to text")
+    _add_store(p)
+    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store, a saved tokenizer directory or a HF tokenizer.json of byte-level BPE")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--ids", help="ids separated by spaces or commas, as 'tokenizer encode' prints them")
+    src.add_argument("--input", help="a .npy array of ids ('tokenizer encode --output'), a .json list, or a text file of ids ('-': stdin)")
+    p.add_argument("--output", help="write the decoded bytes to this file instead of printing the text")
+    p.set_defaults(func=cmd_tokenizer_decode)
     p = tp.add_parser("inspect", help="shortest, longest, first and last tokens, tokens per length, tokens never used in training")
     _add_store(p)
     p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store (its training counts are known) or a saved tokenizer directory")
@@ -762,7 +895,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenizer_inspect)
     p = tp.add_parser("export", help="export to HF tokenizer.json, a transformers directory, GPT-2's vocab.json + merges.txt or a .tiktoken ranks file")
     _add_store(p)
-    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store or a saved tokenizer directory")
+    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store, a saved tokenizer directory or a HF tokenizer.json of byte-level BPE")
     p.add_argument("--format", choices=("hf", "tiktoken", "transformers", "gpt2"), required=True, help="transformers and gpt2 write into the directory --out")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_tokenizer_export)

@@ -44,7 +44,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
-from pipeline_lib.patterns import NO_SPLIT, PATTERNS, compiled, is_custom
+from pipeline_lib.patterns import NO_SPLIT, PATTERNS, compiled, custom_finditer, custom_fullmatch, is_custom
 
 ProgressFn = Callable[[int, int], None]
 Unit = Literal["byte", "char", "word"]
@@ -62,7 +62,7 @@ def split_text(text: str, pattern: str) -> list[str]:
     if pattern in PATTERNS:
         return compiled(pattern).findall(text)
     pieces, at = [], 0
-    for m in compiled(pattern).finditer(text):
+    for m in custom_finditer(pattern, text):
         if m.start() > at:
             pieces.append(text[at : m.start()])
         if m.end() > m.start():
@@ -91,8 +91,7 @@ def word_sources(pieces: Iterable[str], pattern: str) -> list[str]:
     (``\w+`` keeps words, not punctuation)."""
     if not is_custom(pattern):
         return list(pieces)
-    whole = compiled(pattern).fullmatch
-    return [p for p in pieces if whole(p)]
+    return [p for p in pieces if custom_fullmatch(pattern, p)]
 
 
 def split_words(text: str, pattern: str, lowercase: bool = False) -> list[str]:

@@ -126,6 +126,15 @@ def _message(err: ErrorDetails) -> str:
     return err["msg"]
 
 
+def check_vocab_sizes_limit(sizes: tuple[int, ...]) -> None:
+    """Refuse vocabulary sizes above MAX_VOCAB_SIZE in a config, before any stage runs (the
+    tokenizer would refuse them only after counting)."""
+    from pipeline_lib.tokenizer.core import MAX_VOCAB_SIZE
+
+    if sizes and max(sizes) > MAX_VOCAB_SIZE:
+        raise InputError(f"vocab_sizes={list(sizes)}: {max(sizes)} is above the largest vocabulary, {MAX_VOCAB_SIZE:,} ids (MAX_VOCAB_SIZE)")
+
+
 @dataclass(frozen=True)
 class ReportConfig:
     """The tokenizer report: compression vs vocabulary size, fertility per language."""
@@ -139,6 +148,7 @@ class ReportConfig:
         object.__setattr__(self, "vocab_sizes", tuple(int(v) for v in self.vocab_sizes))
         if not self.vocab_sizes or min(self.vocab_sizes) < 256:
             raise InputError(f"vocab_sizes={list(self.vocab_sizes)}: give sizes of at least 256")
+        check_vocab_sizes_limit(self.vocab_sizes)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pipeline_lib.bpe_reference import END_OF_WORD
-from pipeline_lib.config import STRICT, doc
+from pipeline_lib.config import STRICT, check_vocab_sizes_limit, doc
 from pipeline_lib.errors import InputError
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def check_special_tokens(tok: Tokenizer, text: str, allowed: Iterable[str], sour
             token = found.group()
             raise InputError(
                 f"{source} holds the special token {token!r} (at character {found.start():,}), which text may only hold when allowed: "
-                f"pass --allow-special '{token}' to encode it as its id {tok.special_tokens[token]}"
+                f"pass --allow-special '{token}' to encode it as its id {tok.special_tokens[token]}, or --special-as-text to encode it as ordinary text"
             )
     return set(allowed)
 
@@ -281,6 +281,7 @@ class CompareConfig:
         object.__setattr__(self, "production", tuple(p for p in self.production if p.lower() != "none"))
         if not self.vocab_sizes or min(self.vocab_sizes) < 1:
             raise InputError(f"vocab_sizes={list(self.vocab_sizes)}: give positive sizes")
+        check_vocab_sizes_limit(self.vocab_sizes)
         if not 0 < self.heldout_fraction < 1:
             raise InputError(f"heldout_fraction={self.heldout_fraction}: must be between 0 and 1")
         if self.d_model < 1:

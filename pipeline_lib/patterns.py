@@ -41,6 +41,12 @@ O200K = "|".join(
 )
 
 PATTERNS: dict[str, str] = {"gpt2": GPT2, "cl100k": CL100K, "o200k": O200K}
+# A custom regex is user input and the `regex` module backtracks: ``(a|aa)+$`` takes time
+# exponential in the text. Each call gets this budget (seconds, wall clock: the module's own
+# timeout), far above what a regex linear in its text needs (~0.4 us per character here),
+# so only a runaway regex meets it, and then it ends in `PatternTimeoutError`.
+CUSTOM_BUDGET_S = 1.0
+CUSTOM_BUDGET_S_PER_CHAR = 10e-6
 NO_SPLIT = "none"
 # Longest custom regex accepted: a pattern travels in configs, version ids and file headers.
 MAX_PATTERN_CHARS = 4096
@@ -95,3 +101,40 @@ def pattern_string(pattern: str) -> str:
 def compiled(pattern: str) -> regex.Pattern:
     """The compiled regex of a name or of a custom regex."""
     return regex.compile(PATTERNS.get(pattern, pattern))
+
+
+class PatternTimeoutError(InputError):
+    """A custom regex ran past its time budget: catastrophic backtracking, most likely."""
+
+
+def budget_s(text: str) -> float:
+    """The time a custom regex may take over `text` in one call (see CUSTOM_BUDGET_S)."""
+    return CUSTOM_BUDGET_S + CUSTOM_BUDGET_S_PER_CHAR * len(text)
+
+
+def _timed_out(pattern: str, text: str) -> PatternTimeoutError:
+    return PatternTimeoutError(
+        f"--pattern {pattern[:80]!r}: the regex ran past its budget of {budget_s(text):.1f} s on {len(text)} characters"
+        " (catastrophic backtracking: nested or overlapping repeats such as (a|aa)+ or (a+)+);"
+        " rewrite it with possessive quantifiers (a++) or atomic groups ((?>...)), or use a named pattern (gpt2, cl100k, o200k)"
+    )
+
+
+def custom_finditer(pattern: str, text: str) -> list[regex.Match]:
+    """All matches of a custom regex in `text`, within the time budget.
+
+    Raises:
+        PatternTimeoutError (an InputError): the regex ran past `budget_s` (it names ``--pattern``).
+    """
+    try:
+        return list(compiled(pattern).finditer(text, timeout=budget_s(text)))
+    except TimeoutError:
+        raise _timed_out(pattern, text) from None
+
+
+def custom_fullmatch(pattern: str, text: str) -> bool:
+    """Whether a custom regex matches all of `text`, within the time budget (raises as `custom_finditer`)."""
+    try:
+        return compiled(pattern).fullmatch(text, timeout=budget_s(text)) is not None
+    except TimeoutError:
+        raise _timed_out(pattern, text) from None

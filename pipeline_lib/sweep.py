@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pipeline_lib.config import STRICT, doc
+from pipeline_lib.config import STRICT, check_vocab_sizes_limit, doc
 from pipeline_lib.errors import ConfigError, InputError
 from pipeline_lib.stages.spec import Context, Output, Stage
 from pipeline_lib.store import ArtifactStore, VersionRef
@@ -91,6 +91,7 @@ class SweepConfig:
             raise InputError("vocab_sizes is empty: give at least one vocabulary size")
         if len(set(self.vocab_sizes)) != len(self.vocab_sizes):
             raise InputError(f"vocab_sizes={list(self.vocab_sizes)}: each size once")
+        check_vocab_sizes_limit(self.vocab_sizes)
         offered = available_units()
         unknown = [u for u in self.units if u not in offered]
         if not self.units or unknown:

@@ -154,8 +154,13 @@ def test_gpt2_export_reproduces_gpt2s_own_files(tmp_path):
     assert back.special_tokens == {EOT: 50256}
 
 
-def test_gpt2_round_trip_of_a_trained_tokenizer(tmp_path, trained_gapped, multilingual_text):
-    tok = trained_gapped
+@pytest.fixture(scope="module")
+def trained_gpt2_pattern(shakespeare_text) -> Tokenizer:
+    return Tokenizer.train([shakespeare_text[:300_000]], vocab_size=600, pattern="gpt2", special_tokens=GAPPED_SPECIALS)
+
+
+def test_gpt2_round_trip_of_a_trained_tokenizer(tmp_path, trained_gpt2_pattern, multilingual_text):
+    tok = trained_gpt2_pattern
     tok.to_gpt2(str(tmp_path))
     back = Tokenizer.from_gpt2(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"), pattern=tok.pattern)
     assert back.mergeable_ranks == tok.mergeable_ranks and back.special_tokens == tok.special_tokens
@@ -175,6 +180,35 @@ def test_gpt2_round_trip_of_a_trained_tokenizer(tmp_path, trained_gapped, multil
     hf.decoder = decoders.ByteLevel()
     plain = multilingual_text[:4000]
     assert hf.encode(plain).ids == tok.encode_ordinary(plain)
+
+
+@pytest.mark.parametrize("pattern", ["cl100k", "o200k", "none", r"\w+|\s+|[^\w\s]+"])
+def test_gpt2_files_refuse_a_split_they_cannot_carry(tmp_path, shakespeare_text, pattern, capsys):
+    """GPT-2 loaders split with GPT-2's pattern whatever the files: a cl100k tokenizer written
+    there would load with other ids (82 lines of 2,000 differed), so it is refused."""
+    from flows.cli import main
+
+    tok = Tokenizer.train([shakespeare_text[:50_000]], vocab_size=300, pattern=pattern)
+    with pytest.raises(InputError, match="--format hf or --format transformers"):
+        tok.to_gpt2(str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+    tok.save(str(tmp_path / "tok"))
+    assert main(["tokenizer", "export", "--tokenizer", str(tmp_path / "tok"), "--format", "gpt2", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--format hf" in err[0] and "Traceback" not in err[0]
+
+
+def test_gpt2_files_load_with_the_same_ids_in_gpt2_tokenizer_fast(tmp_path, trained_gpt2_pattern, multilingual_text, shakespeare_text):
+    from transformers import GPT2TokenizerFast
+
+    tok = trained_gpt2_pattern
+    tok.to_gpt2(str(tmp_path))
+    fast = GPT2TokenizerFast.from_pretrained(str(tmp_path))  # reads vocab.json + merges.txt
+    assert len(fast) == len(tok.mergeable_ranks) + len(tok.special_tokens)
+    lines = [line for line in (shakespeare_text[-100_000:] + multilingual_text).splitlines() if line][:2000]
+    assert [fast.encode(line) for line in lines] == [tok.encode_ordinary(line) for line in lines]
+    text = "To be, or not to be<|endoftext|>that is"
+    assert fast.encode(text) == tok.encode(text, allowed_special={EOT})
 
 
 def test_gpt2_files_that_do_not_match(tmp_path):
@@ -240,10 +274,24 @@ def test_cli_tokenizer_export_formats(tokens_store, tmp_path, fmt):
 
     url, _, _, tok = tokens_store
     out = tmp_path / fmt
-    assert main(["tokenizer", "export", "--store", url, "--format", fmt, "--out", str(out)]) == 0
+    if fmt == "gpt2" and tok.pattern != "gpt2":  # GPT-2's files carry GPT-2's split only
+        assert main(["tokenizer", "export", "--store", url, "--format", fmt, "--out", str(out)]) == 2
+        tok = Tokenizer(tok.mergeable_ranks, "gpt2", tok.special_tokens)
+        tok.save(str(tmp_path / "gpt2_pattern"))
+        url = str(tmp_path / "gpt2_pattern")
+    args = ["--tokenizer", url] if url.endswith("gpt2_pattern") else ["--store", url]
+    assert main(["tokenizer", "export", *args, "--format", fmt, "--out", str(out)]) == 0
     text = "To be, or not to be<|endoftext|>"
     if fmt == "gpt2":
         back = Tokenizer.from_gpt2(str(out / "vocab.json"), str(out / "merges.txt"), pattern=tok.pattern)
         assert back.encode(text, allowed_special="all") == tok.encode(text, allowed_special="all")
     else:
         assert_transformers_ids(tok, out, text)
+
+
+def test_special_tokens_added_in_tokenmill_keep_their_ids_in_transformers(tmp_path, trained_gpt2_pattern):
+    """docs/exports.md's recipe: add special tokens in tokenmill, then export."""
+    tok = trained_gpt2_pattern
+    chat = Tokenizer(tok.mergeable_ranks, tok.pattern, {**tok.special_tokens, "<|im_start|>": tok.vocab_size, "<|im_end|>": tok.vocab_size + 1})
+    chat.to_transformers(str(tmp_path))
+    assert_transformers_ids(chat, tmp_path, "<|im_start|>user\nhi there<|im_end|><|endoftext|>")

@@ -438,3 +438,91 @@ def test_pure_python_backend_gives_the_same_ids(ours):
     assert encoded == batch == [tok.encode(t, allowed_special="all") for t in texts]
     assert from_bytes == [tok.encode_bytes(d) for d in invalid]
     assert flat == tok.encode_ordinary_batch_to_numpy(texts, 1)[0].tolist()
+
+
+# ---------------------------------------------------------------- a program written for tiktoken
+CHAT = [
+    {"role": "system", "content": "You are a helpful, pattern-following assistant."},
+    {"role": "system", "name": "example_user", "content": "New synergies will help drive top-line growth."},
+    {"role": "user", "content": "This late pivot means we don't have time to boil the ocean for the client deliverable."},
+]
+
+
+def tiktoken_program(tiktoken, text: str) -> dict:
+    """Counting, chat-token counting, chunking, extending an encoding and completions,
+    written against tiktoken's module API as its README and cookbook show."""
+    out: dict = {"names": tiktoken.list_encoding_names(), "model": tiktoken.encoding_name_for_model("gpt-4o")}
+    enc = tiktoken.get_encoding("cl100k_base")
+    out["counts"] = [len(enc.encode(line)) for line in text.splitlines()]
+    assert enc.decode(enc.encode("hello world")) == "hello world"
+
+    enc = tiktoken.encoding_for_model("gpt-4")  # the cookbook's num_tokens_from_messages
+    n = 0
+    for message in CHAT:
+        n += 3
+        for key, value in message.items():
+            n += len(enc.encode(value)) + (key == "name")
+    out["chat_tokens"] = n + 3
+
+    ids = enc.encode(text)
+    out["chunks"] = [enc.decode(ids[k : k + 100]) for k in range(0, len(ids), 100)]
+
+    cl100k_base = tiktoken.get_encoding("cl100k_base")  # tiktoken's README: extending an encoding
+    enc = tiktoken.Encoding(
+        name="cl100k_im",
+        pat_str=cl100k_base._pat_str,
+        mergeable_ranks=cl100k_base._mergeable_ranks,
+        special_tokens={**cl100k_base._special_tokens, "<|im_start|>": 100264, "<|im_end|>": 100265},
+    )
+    out["im"] = enc.encode("<|im_start|>user\nhi<|im_end|>", allowed_special="all")
+    out["unstable"] = []
+    for prefix in ["hello fanta", "x<|im_end|>", "def f(a,", "naïve caf", ""]:
+        stable, completions = enc.encode_with_unstable(prefix, allowed_special="all")
+        out["unstable"].append((stable, sorted(map(tuple, completions))))
+    out["batch"] = tiktoken.encoding_for_model("gpt-4o").encode_batch(text.splitlines()[:50])
+    return out
+
+
+def test_a_program_written_for_tiktoken_runs_on_pipeline_lib(theirs, multilingual_text):
+    import tiktoken.load
+
+    import pipeline_lib as stand_in
+
+    assert {"Encoding", "encoding_name_for_model", "list_encoding_names", "get_encoding", "encoding_for_model"} <= set(stand_in.__all__)
+    text = multilingual_text[:20_000]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tiktoken.load, "read_file_cached", lambda url, expected_hash=None: _checked(url, expected_hash))
+        expected = tiktoken_program(tiktoken, text)
+    assert tiktoken_program(stand_in, text) == expected
+
+
+@pytest.mark.parametrize("name", ["gpt2", "cl100k_base", "o200k_base"])
+def test_encode_with_unstable_equals_tiktoken(ours, theirs, name):
+    a, b = ours[name], theirs[name]
+    for text in [
+        "hello fanta",
+        "",
+        "hi\n\n",
+        "a  ",
+        "x<|endoftext|>",
+        "x<|endoftext|>y",
+        "café",
+        "1234567",
+        "def f():\n  ",
+        "wide\u3000",
+        "你好",
+        "don't",
+        "x\xa0",
+    ]:
+        mine, real = a.encode_with_unstable(text, allowed_special="all"), b.encode_with_unstable(text, allowed_special="all")
+        assert mine[0] == real[0] and sorted(mine[1]) == sorted(real[1]), (name, text)
+    with pytest.raises(ValueError, match="special token"):
+        a.encode_with_unstable("x<|endoftext|>")
+
+
+def test_encode_with_unstable_on_surrogate_pairs():
+    """tiktoken's test_unstable.py, with its pattern as a custom regex."""
+    enc = Tokenizer({bytes([i]): i for i in range(256)}, r"(?s:.)", {}, name="test")
+    for text in ["py\ud83d\udc4d", "py\ud83d"]:
+        stable_tokens, _ = enc.encode_with_unstable(text)
+        assert stable_tokens == enc.encode(text)[: len(stable_tokens)]

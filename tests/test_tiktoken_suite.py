@@ -94,8 +94,9 @@ test_duplicate_ranks.py::test_duplicate_mergeable_ranks_raise...  test_duplicate
                                                                   (``.``, not one the core implements); so the duplicate is
                                                                   also checked with a supported pattern and a byte-complete
                                                                   vocabulary, and in a saved ``vocab.tiktoken``
-test_unstable.py::test_encode_with_unstable_surrogate_pairs       not applicable: ``encode_with_unstable`` is not provided,
-                                                                  and its pattern ``(?s:.)`` is not one the core implements
+test_unstable.py::test_encode_with_unstable_surrogate_pairs       test_tiktoken_api.py::test_encode_with_unstable_on_surrogate_
+                                                                  pairs: ``(?s:.)`` given as a custom pattern (tiktoken's
+                                                                  pat_str= takes the core's patterns only)
 ================================================================  ==========================================================
 
 Known differences from tiktoken found by these tests: none (see the rows above for what

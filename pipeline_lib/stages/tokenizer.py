@@ -15,7 +15,7 @@ from pipeline_lib.stages import spec
 from pipeline_lib.stages.spec import Context, Output, Stage
 from pipeline_lib.store import ArtifactStore, VersionRef
 from pipeline_lib.tokenizer import ENDOFTEXT, PieceTable, Tokenizer
-from pipeline_lib.tokenizer.core import UNIT_DESCRIPTIONS
+from pipeline_lib.tokenizer.core import MAX_VOCAB_SIZE, UNIT_DESCRIPTIONS
 from pipeline_lib.tokenizer.load import files as tokenizer_file_bytes
 
 TOKENIZER_KIND = "tokenizer"
@@ -43,8 +43,8 @@ class TokenizerConfig:
             raise InputError(f"vocab_size={self.vocab_size} is too small: need at least 256 + {len(self.special_tokens)} special token(s)")
         if self.vocab_size < len(self.special_tokens) + 2:
             raise InputError(f"vocab_size={self.vocab_size} is too small: need at least 2 + {len(self.special_tokens)} special token(s)")
-        if self.vocab_size > 1 << 31:
-            raise InputError(f"vocab_size={self.vocab_size} is too large")
+        if self.vocab_size > MAX_VOCAB_SIZE:  # refused here, before any stage runs, not after counting
+            raise InputError(f"vocab_size={self.vocab_size} is too large: the largest vocabulary is {MAX_VOCAB_SIZE:,} ids (MAX_VOCAB_SIZE)")
         if len(set(self.special_tokens)) != len(self.special_tokens):
             raise InputError(f"duplicate special tokens in {self.special_tokens}")
         if self.min_frequency < 1:

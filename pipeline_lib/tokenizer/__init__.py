@@ -50,6 +50,9 @@ from pipeline_lib.tokenizer.registry import (
 )
 from pipeline_lib.tokenizer.train import PieceCounts, PieceTable, count_documents
 
+# tiktoken's name for the class
+Encoding = Tokenizer
+
 __all__ = [
     "ENDOFTEXT",
     "FORMAT",
@@ -63,6 +66,7 @@ __all__ = [
     "UNITS",
     "UNIT_DESCRIPTIONS",
     "UNK",
+    "Encoding",
     "PieceCounts",
     "PieceTable",
     "Tokenizer",

@@ -11,6 +11,7 @@ Training, files and exports live beside this module (`train`, `load`, `export`);
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -236,11 +237,13 @@ class Tokenizer:
         if self.merge_counts is not None and (self.merges is None or len(self.merge_counts) != len(self.merges)):
             raise InputError(f"merge_counts has {len(self.merge_counts)} entries for {len(self.merges or [])} merges")
         self._validate()
-        self._raw_bytes: dict[int, bytes] = {i: b for b, i in self.mergeable_ranks.items()}
+        # One id -> bytes table for the byte and char units (a few million entries at the file
+        # cap); the word unit also keeps its raw bytes, whose end-of-word symbol decodes as a space.
+        self._token_bytes: dict[int, bytes] = dict(zip(self.mergeable_ranks.values(), self.mergeable_ranks.keys()))
+        self._raw_bytes: dict[int, bytes] | None = None
         if self.unit == "word":  # the tutorials' decoders: </w> -> a space
+            self._raw_bytes = self._token_bytes
             self._token_bytes = {i: b.replace(ref.END_OF_WORD, b" ") for i, b in self._raw_bytes.items()}
-        else:
-            self._token_bytes = dict(self._raw_bytes)
         for tok, i in self.special_tokens.items():
             self._token_bytes.setdefault(i, tok.encode("utf-8"))  # a shared id decodes to its first name
         self.max_token_value = max(self._token_bytes)
@@ -272,8 +275,10 @@ class Tokenizer:
             raise InputError(f"mergeable_ranks: tokens must be bytes, got {bad!r} ({type(bad).__name__})")
         if ranks and set(map(type, ranks.values())) != {int}:
             self.mergeable_ranks = ranks = {t: check_id(i, f"mergeable_ranks[{t!r}]") for t, i in ranks.items()}
-        ids = list(ranks.values())
-        if ids and not (0 <= min(ids) and max(ids) < MAX_VOCAB_SIZE):
+        # One int64 array for the range and duplicate checks (a set of a few million ids
+        # cost ~130 MB at the ranks file cap).
+        ids = np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks))
+        if ids.size and not (0 <= ids.min() and ids.max() < MAX_VOCAB_SIZE):
             t, i = next((t, i) for t, i in ranks.items() if not 0 <= i < MAX_VOCAB_SIZE)
             check_id(i, f"mergeable_ranks[{t!r}]")
         longest = max(map(len, ranks), default=0)
@@ -289,13 +294,13 @@ class Tokenizer:
         if missing:
             what = "not byte-level, cannot be lossless" if self.unit == "byte" else "byte fallback needs every byte"
             raise InputError(f"vocabulary lacks single-byte tokens for bytes {missing[:8]}...: {what}")
-        id_set = set(ids)
-        if len(id_set) != len(ids):
+        uses = np.bincount(ids) if ids.size else np.zeros(0, dtype=np.int64)
+        if ids.size and uses.max() > 1:
             raise InputError("vocabulary has two tokens with the same id")
         specials = {}
         for tok, i in self.special_tokens.items():
             i = specials[tok] = check_special(tok, i)
-            if i in id_set:
+            if i < len(uses) and uses[i]:
                 raise InputError(f"special token {tok!r} has id {i}, which an ordinary token already uses")
         self.special_tokens = specials
 
@@ -409,6 +414,14 @@ class Tokenizer:
         from pipeline_lib.tokenizer.load import from_gpt2
 
         return from_gpt2(cls, encoder_json, vocab_bpe, pattern, **storage_options)
+
+    @classmethod
+    def from_hf_json(cls, url: str, **storage_options: Any) -> Tokenizer:
+        """Load a HF ``tokenizer.json`` of byte-level BPE (GPT-2, Llama 3, Qwen 2 style), ids
+        equal to HF's; anything else is refused (see `pipeline_lib.tokenizer.load.from_hf_json`)."""
+        from pipeline_lib.tokenizer.load import from_hf_json
+
+        return from_hf_json(cls, url, **storage_options)
 
     def to_hf_json(self, path: str) -> None:
         """Write a HF ``tokenizer.json`` that `tokenizers.Tokenizer.from_file` loads, with our ids."""
@@ -540,6 +553,79 @@ class Tokenizer:
                 out.append(part)
             elif part:
                 out += self.encode_ordinary(part)
+        return out
+
+    def encode_with_unstable(
+        self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all"
+    ) -> tuple[list[int], list[list[int]]]:
+        """tiktoken's ``encode_with_unstable``: the stable tokens of `text` and every token
+        sequence that may follow them when more text is appended (for completion).
+
+        The last regex piece (widened over tokens made only of spaces, tabs and newlines,
+        which a later split may regroup) is unstable; the completions are the tokens that
+        start with its bytes, the re-encodings of its bytes joined to each token that starts
+        with one of its suffixes (cut once they cover the unstable bytes), and, when it ends
+        in whitespace, its bytes encoded with that last character apart. Completions are
+        lists in no set order, as tiktoken's. Byte-level vocabularies only.
+
+        Raises:
+            ValueError: the text contains a disallowed special token (as `encode`).
+        """
+        if self.unit != "byte":
+            raise InputError(f"encode_with_unstable is for byte-level vocabularies, not unit={self.unit!r}")
+        allowed = self._allowed(text, allowed_special, disallowed_special)
+        tokens = self.encode(text, allowed_special=allowed, disallowed_special=())
+        last_text = self._parts(text, allowed)[-1] if allowed else text  # _parts ends with a str
+        pieces = self._split(ref.utf8(str(last_text))) if last_text else []
+        if not pieces:  # empty, or ending in a special token: nothing unstable
+            return tokens, []
+        n_last, size = 0, 0
+        while size < len(pieces[-1]):
+            n_last += 1
+            size += len(self._token_bytes[tokens[-n_last]])
+
+        def all_space(i: int) -> bool:
+            return i not in self._special_ids and all(c in b" \n\t" for c in self._token_bytes[i])
+
+        if all_space(tokens[-n_last]):
+            while n_last < len(tokens) and all_space(tokens[-n_last - 1]):
+                n_last += 1
+        unstable = b"".join(self._token_bytes[i] for i in tokens[len(tokens) - n_last :])
+        del tokens[len(tokens) - n_last :]
+        completions: set[tuple[int, ...]] = {(self.mergeable_ranks[t],) for t in self._tokens_starting_with(unstable)}
+        for cut in range(1, len(unstable)):
+            prefix = unstable[:cut]
+            for token in self._tokens_starting_with(unstable[cut:]):
+                joined = prefix + token
+                try:
+                    encoded = self.encode_ordinary(joined.decode("utf-8"))
+                except UnicodeDecodeError:
+                    encoded = self._bpe_piece(joined)
+                seq, covered = [], 0
+                for i in encoded:
+                    seq.append(i)
+                    covered += len(self._token_bytes[i])
+                    if covered >= len(unstable):
+                        break
+                completions.add(tuple(seq))
+        if len(unstable) > 1:
+            last_char = _last_utf8_char(unstable)
+            if last_char and len(unstable) > len(last_char) and regex.fullmatch(r"\p{White_Space}", last_char.decode("utf-8")):
+                completions.add(tuple(self._bpe_piece(unstable[: -len(last_char)]) + self._bpe_piece(last_char)))
+        return tokens, [list(c) for c in completions]
+
+    @functools.cached_property
+    def _sorted_token_bytes(self) -> list[bytes]:
+        return sorted(self.mergeable_ranks)
+
+    def _tokens_starting_with(self, prefix: bytes) -> list[bytes]:
+        """The ordinary tokens that start with `prefix`, in byte order."""
+        tokens = self._sorted_token_bytes
+        out = []
+        for k in range(bisect.bisect_left(tokens, prefix), len(tokens)):
+            if not tokens[k].startswith(prefix):
+                break
+            out.append(tokens[k])
         return out
 
     def encode_to_numpy(self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all") -> np.ndarray:
@@ -750,7 +836,7 @@ class Tokenizer:
     def token_str(self, i: int) -> str:
         """Id `i` as a person reads it: its text (invalid UTF-8 as U+FFFD), ``</w>`` shown as such
         in word-level vocabularies, special tokens by name."""
-        raw = self._raw_bytes.get(i)
+        raw = self._raw_bytes.get(i) if self._raw_bytes is not None else (None if i in self._special_ids else self._token_bytes.get(i))
         if raw is None:
             return self.decode_single_token_bytes(i).decode("utf-8", "replace")  # a special token, or UnknownTokenError
         if self.unit == "word":
@@ -769,6 +855,17 @@ class Tokenizer:
         special = names if len(names) <= 8 else [*names[:4], f"... {len(names)} in all"]
         unit = f", unit={self.unit!r}" if self.unit != "byte" else ""
         return f"Tokenizer(name={self.name!r}{unit}, pattern={self.pattern!r}, vocab_size={self.vocab_size}, special={special})"
+
+
+def _last_utf8_char(data: bytes) -> bytes | None:
+    """The bytes of the character `data` ends with, or None if it ends in invalid UTF-8."""
+    for n in range(1, min(4, len(data)) + 1):
+        try:
+            data[-n:].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return data[-n:]
+    return None
 
 
 def _pattern_name(pat_str: str) -> str:

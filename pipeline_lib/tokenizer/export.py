@@ -1,8 +1,9 @@
 """Tokenizers out to other libraries, same ids everywhere: HF ``tokenizer.json``, a
 transformers-ready directory, GPT-2's ``vocab.json`` + ``merges.txt``, `tiktoken.Encoding`.
 
-Byte-level BPE with a named split pattern goes to all of them; with no split or a custom
-regex, to HF and transformers. Character- and word-level BPE go to HF ``tokenizer.json`` and
+Byte-level BPE with a named split pattern goes to all of them but GPT-2's files, which take
+GPT-2's pattern only (they hold no pattern: every GPT-2 loader splits with GPT-2's); with no
+split or a custom regex, to HF and transformers. Character- and word-level BPE go to HF ``tokenizer.json`` and
 transformers only (`unit_tokenizer_json`): GPT-2's files and tiktoken's ranks hold byte-level
 vocabularies, and exporting other units to them is refused.
 """
@@ -252,9 +253,21 @@ def to_transformers(
 def to_gpt2(tok: Tokenizer, directory: str, **storage_options: Any) -> None:
     """Write GPT-2's format into `directory`: ``vocab.json`` (its ``encoder.json``) and
     ``merges.txt`` (its ``vocab.bpe``: one merge per line, byte-encoder strings), which
-    ``Tokenizer.from_gpt2(vocab.json, merges.txt, pattern=tok.pattern)`` loads back to the
-    same ids (the split pattern is not part of the format)."""
-    _require_byte_level(tok, "GPT-2's vocab.json + merges.txt")
+    ``Tokenizer.from_gpt2`` and every GPT-2 loader (OpenAI's ``encoder.py``,
+    ``GPT2Tokenizer``, ``GPT2TokenizerFast``) load with the same ids.
+
+    Raises:
+        InputError: a tokenizer with another split than GPT-2's: the files hold no pattern
+            and every GPT-2 loader splits with GPT-2's, so they would load with other ids.
+    """
+    what = "GPT-2's vocab.json + merges.txt"
+    if tok.unit == "byte" and tok.pattern != "gpt2":
+        raise InputError(
+            f"{what} cannot carry the {tok.pattern!r} split pattern: the files hold no pattern and GPT-2 loaders split"
+            " with GPT-2's, so they would load with other ids; export this tokenizer with --format hf or --format transformers"
+            " (to_hf_json / to_transformers), which carry the pattern"
+        )
+    _require_byte_level(tok, what)
     _write_dir(directory, gpt2_files(tok), storage_options)
 
 

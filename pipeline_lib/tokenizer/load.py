@@ -22,7 +22,8 @@ import binascii
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pipeline_lib.formats import gpt2_vocab
@@ -206,11 +207,48 @@ def from_gpt2(cls: type[Tokenizer], encoder_json: str, vocab_bpe: str, pattern: 
     return cls(ranks, pattern, specials, name="gpt2" if pattern == "gpt2" else os.path.basename(os.path.dirname(encoder_json)) or "tokenmill")
 
 
+# A block of well-formed ranks lines: what the fast path of `parse_tiktoken_ranks` takes whole.
+_RANKS_BLOCK = re.compile(rb"(?:[ \t]*[A-Za-z0-9+/]+={0,2}[ \t]+[0-9]+[ \t]*(?:\r\n|\n|\r)|[ \t]*(?:\r\n|\n|\r))*")
+# Lines are parsed a block at a time so the temporary lists stay small beside the result.
+_RANKS_BLOCK_BYTES = 1 << 20
+
+
 def parse_tiktoken_ranks(data: bytes, source: str) -> dict[bytes, int]:
     """Parse ``base64(token) rank`` lines, naming the file and line of any error.
 
     Ranks are decimal digits below MAX_VOCAB_SIZE; tokens at most MAX_TOKEN_BYTES long.
+    Linear in the file: well-formed blocks of lines are checked by one regex and converted
+    with C-level maps; a block that is not is parsed line by line (`_parse_ranks_lines`),
+    which names the bad line.
     """
+    ranks: dict[bytes, int] = {}
+    if not data.endswith((b"\n", b"\r")):
+        data += b"\n"
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start + _RANKS_BLOCK_BYTES)
+        end = len(data) if end < 0 else end + 1
+        block = data[start:end]
+        start = end
+        if not _RANKS_BLOCK.fullmatch(block):
+            return _parse_ranks_lines(data, source)
+        fields = block.split()
+        try:
+            tokens = [binascii.a2b_base64(t, strict_mode=True) for t in fields[0::2]]
+        except binascii.Error:
+            return _parse_ranks_lines(data, source)
+        ids = list(map(int, fields[1::2]))
+        n_before = len(ranks)
+        ranks.update(zip(tokens, ids))
+        if len(ranks) != n_before + len(tokens) or (ids and max(ids) >= MAX_VOCAB_SIZE) or max(map(len, tokens), default=0) > MAX_TOKEN_BYTES:
+            return _parse_ranks_lines(data, source)
+    if not ranks:
+        raise InputError(f"{source}: no tokens in the file")
+    return ranks
+
+
+def _parse_ranks_lines(data: bytes, source: str) -> dict[bytes, int]:
+    """`parse_tiktoken_ranks` one line at a time: slower, and names the first bad line."""
     ranks: dict[bytes, int] = {}
     for lineno, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
@@ -235,3 +273,144 @@ def parse_tiktoken_ranks(data: bytes, source: str) -> dict[bytes, int]:
     if not ranks:
         raise InputError(f"{source}: no tokens in the file")
     return ranks
+
+
+# Blocks in which `find_special_in_file` scans a file; consecutive blocks overlap by the
+# longest token less one byte, so a token across a block boundary is found.
+SCAN_BLOCK_BYTES = 8 << 20
+
+
+def find_special_in_file(path: str, tokens: Collection[str], block_bytes: int = SCAN_BLOCK_BYTES) -> tuple[str, int] | None:
+    """The first of `tokens` in the file at `path` and its byte offset, or None: read a block
+    at a time (memory bounded by the block), so a command that will refuse a file refuses
+    it before reading all of it."""
+    if not tokens:
+        return None
+    needles = sorted((t.encode("utf-8") for t in tokens), key=len, reverse=True)
+    pattern = re.compile(b"|".join(map(re.escape, needles)))
+    overlap = max(map(len, needles)) - 1
+    with open(path, "rb") as f:
+        offset, tail = 0, b""  # offset: where `tail` starts in the file
+        block = f.read(block_bytes)
+        while block:
+            following = f.read(block_bytes)
+            window = tail + block
+            # A match in the last `overlap` bytes may be a shorter token's, the longer one
+            # cut by the block's end: it is decided with the next block.
+            decided = len(window) - overlap if following else len(window)
+            if (found := pattern.search(window)) and found.start() < decided:
+                return found.group().decode("utf-8"), offset + found.start()
+            keep = min(overlap, len(window))
+            offset += len(window) - keep
+            tail = window[len(window) - keep :] if keep else b""
+            block = following
+    return None
+
+
+# HF `tokenizers`' ByteLevel pre-tokenizer with use_regex=True splits with GPT-2's regex.
+_HF_BYTE_LEVEL_REGEX = "gpt2"
+
+
+def from_hf_json(cls: type[Tokenizer], url: str, **storage_options: Any) -> Tokenizer:
+    """Load a HF ``tokenizer.json`` holding byte-level BPE (GPT-2, Llama 3, Qwen 2 style):
+    ranks from the vocabulary and merges (`formats.gpt2_vocab`: merges in id order, so
+    tiktoken's rule gives HF's ids), the split regex of its pre-tokenizer, its added tokens
+    as special tokens (encoded as ids only when allowed, as everywhere here).
+
+    Ids equal HF's ``encode(text, add_special_tokens=False)``: a post-processor's BOS/EOS
+    template is not applied.
+
+    Raises:
+        InputError: anything that is not byte-level BPE tokenizers' way (a Unigram, WordPiece
+            or WordLevel model, a normalizer, a pre-tokenizer other than ByteLevel alone or
+            Split(regex, Isolated) + ByteLevel, dropout, subword prefixes or suffixes, byte
+            fallback), named with the field.
+    """
+    raw = read_bytes(url, MAX_VOCAB_FILE_BYTES, **storage_options)
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{url}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
+        raise InputError(f"{url}: not a HF tokenizer.json (no 'model' object)")
+
+    def refuse(field: str, what: Any, why: str) -> InputError:
+        return InputError(f"{url}: {field} {json.dumps(what)[:120]} is not supported: {why}; tokenmill loads byte-level BPE tokenizer.json files only")
+
+    model = doc["model"]
+    if model.get("type", "BPE") != "BPE":
+        raise refuse("model.type", model.get("type"), "only BPE models load (not Unigram, WordPiece or WordLevel)")
+    for field, unsupported in (
+        ("dropout", (None, 0, 0.0)),
+        ("continuing_subword_prefix", (None, "")),
+        ("end_of_word_suffix", (None, "")),
+        ("byte_fallback", (None, False)),
+    ):
+        if model.get(field) not in unsupported:
+            raise refuse(f"model.{field}", model.get(field), "tiktoken-style BPE has no such option")
+    if doc.get("normalizer") is not None:
+        raise refuse("normalizer", doc["normalizer"], "tokenmill applies no normalizer, so ids would differ")
+    pattern = _hf_pattern(doc.get("pre_tokenizer"), refuse)
+    vocab, merges = model.get("vocab"), model.get("merges")
+    if not isinstance(vocab, dict) or not isinstance(merges, list):
+        raise InputError(f"{url}: model.vocab must be an object and model.merges a list")
+    lines = []
+    for k, m in enumerate(merges):
+        pair = m.split(" ") if isinstance(m, str) else m
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) and p and " " not in p for p in pair)):
+            raise InputError(f"{url}: model.merges[{k}] is not a pair of symbols: {json.dumps(m)[:80]}")
+        lines.append(" ".join(pair))
+    encoder_json = json.dumps(vocab).encode()
+    vocab_bpe = ("#version: 0.2\n" + "\n".join(lines) + "\n").encode()
+    ranks, specials = gpt2_vocab(encoder_json, vocab_bpe, f"{url} (model.vocab)", f"{url} (model.merges)")
+    ordinary_ids = set(ranks.values())
+    # HF's ids for added tokens, not the file's "id" fields: a token in model.vocab takes its
+    # id there; any other the next id after the vocabulary's size and the added ids so far.
+    last_added = len(vocab) - 1
+    for k, added in enumerate(doc.get("added_tokens") or []):
+        if not isinstance(added, dict) or not isinstance(added.get("content"), str):
+            raise InputError(f"{url}: added_tokens[{k}] needs a string 'content'")
+        content = added["content"]
+        i = vocab[content] if content in vocab else last_added + 1
+        last_added = max(last_added, i)
+        if i not in ordinary_ids:  # else an ordinary token, which encodes to that id anyway
+            specials[content] = i
+    for tok, i in specials.items():
+        check_special(tok, i, f"{url}: ")
+    name = os.path.basename(os.path.dirname(url.rstrip("/"))) or "tokenizer"
+    return cls(ranks, pattern, specials, name=name)
+
+
+def _hf_pattern(pre: Any, refuse: Any) -> str:
+    """The split pattern of a byte-level pre-tokenizer: a name where the regex is one of
+    ours (the compiled core splits it), else the regex itself (Oniguruma's syntax is the
+    `regex` module's for these patterns)."""
+    from pipeline_lib.formats import onig_pattern
+    from pipeline_lib.patterns import PATTERNS
+
+    steps = pre.get("pretokenizers") if isinstance(pre, dict) and pre.get("type") == "Sequence" else [pre]
+    if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
+        raise refuse("pre_tokenizer", pre, "byte-level BPE needs a ByteLevel pre-tokenizer")
+    byte_level = steps[-1]
+    if byte_level.get("type") != "ByteLevel":
+        raise refuse("pre_tokenizer", pre, "byte-level BPE ends its pre-tokenizer with ByteLevel")
+    if byte_level.get("add_prefix_space"):
+        raise refuse("pre_tokenizer ByteLevel.add_prefix_space", True, "tokenmill adds no space before the text")
+    splits = steps[:-1]
+    if byte_level.get("use_regex", True):
+        if splits:
+            raise refuse("pre_tokenizer", pre, "a Split before a ByteLevel that splits again")
+        return _HF_BYTE_LEVEL_REGEX
+    if len(splits) != 1:
+        raise refuse("pre_tokenizer", pre, "one Split(regex) before ByteLevel(use_regex=false) is the split tokenmill runs")
+    split = splits[0]
+    regex_source = split.get("pattern", {}).get("Regex") if isinstance(split.get("pattern"), dict) else None
+    if split.get("type") != "Split" or not isinstance(regex_source, str) or split.get("behavior") != "Isolated" or split.get("invert"):
+        raise refuse("pre_tokenizer", split, "only Split with a Regex pattern, behavior Isolated and invert false")
+    for name, source in PATTERNS.items():
+        if regex_source in (source, onig_pattern(source)):
+            return name
+    try:
+        return check_pattern(regex_source)
+    except InputError as e:
+        raise refuse("pre_tokenizer Split.pattern", regex_source, str(e)) from None

@@ -1,0 +1,166 @@
+"""Hostile input to the tokenizer: runaway custom regexes, huge ranks files, special tokens
+deep in big files. Each ends in one clear error naming the flag to change, or costs time
+linear in the input (growth of thread CPU time between two sizes, never seconds)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import statistics
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from flows.cli import main
+from pipeline_lib import Tokenizer
+from pipeline_lib.patterns import PatternTimeoutError
+from pipeline_lib.tokenizer.load import _parse_ranks_lines, find_special_in_file, parse_tiktoken_ranks
+
+BYTE_RANKS = {bytes([i]): i for i in range(256)}
+
+# Each backtracks exponentially in the `regex` module on the text beside it.
+CATASTROPHIC = [
+    (r"(a|aa)+$", "a" * 60 + "b"),
+    (r"(a|a)+$", "a" * 60 + "b"),
+    (r"(?:a|aa|aaa)+$", "a" * 60 + "b"),
+    (r"(\w|\w\w)+$", "a" * 60 + "!"),
+]
+
+
+def _growth(small_fn, big_fn, repeats: int = 5) -> float:
+    """Median thread CPU time of big_fn over small_fn's, the two run alternately."""
+    small_fn(), big_fn()
+    small, big = [], []
+    for _ in range(repeats):
+        for fn, times in ((small_fn, small), (big_fn, big)):
+            t0 = time.thread_time()
+            fn()
+            times.append(time.thread_time() - t0)
+    return statistics.median(big) / statistics.median(small)
+
+
+@pytest.mark.parametrize(("pattern", "text"), CATASTROPHIC)
+def test_a_runaway_custom_regex_ends_in_an_error_naming_the_pattern_flag(pattern, text):
+    tok = Tokenizer(BYTE_RANKS, pattern, {})
+    with pytest.raises(PatternTimeoutError, match=r"^--pattern .*catastrophic backtracking"):
+        tok.encode(text)
+
+
+def test_a_runaway_custom_regex_in_training_and_the_word_unit_ends_in_the_error():
+    with pytest.raises(PatternTimeoutError, match="--pattern"):
+        Tokenizer.train(["a" * 60 + "b"], 260, pattern=r"(a|aa)+$", special_tokens=())
+    with pytest.raises(PatternTimeoutError, match="--pattern"):
+        Tokenizer.train(["a" * 60 + "b"], 260, pattern=r"(a|aa)+$", special_tokens=(), unit="word")
+
+
+def test_a_runaway_custom_regex_through_the_cli_is_one_line_and_status_2(tmp_path, capsys):
+    saved = str(tmp_path / "tok")
+    Tokenizer(BYTE_RANKS, r"(a|aa)+$", {}).save(saved)
+    assert main(["tokenizer", "encode", "--tokenizer", saved, "--text", "a" * 60 + "b"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pattern" in err[0] and "Traceback" not in err[0], err
+
+
+def test_a_sound_custom_regex_stays_linear_and_within_its_budget(multilingual_text):
+    tok = Tokenizer(BYTE_RANKS, r"\w+|[^\w\s]+|\s+", {})
+    text = multilingual_text * 2
+    assert tok.decode(tok.encode(text)) == text
+    assert _growth(lambda: tok.encode(text), lambda: tok.encode(text * 2)) <= 3.0
+
+
+def _ranks_file(n: int) -> bytes:
+    """A well-formed ranks file of n tokens: the 256 bytes, then 4-byte tokens."""
+    tokens = [bytes([i]) for i in range(256)] + [b"t" + i.to_bytes(3, "big") for i in range(n - 256)]
+    return b"".join(base64.b64encode(t) + b" %d\n" % r for r, t in enumerate(tokens))
+
+
+def test_loading_a_ranks_file_is_linear():
+    small, big = _ranks_file(150_000), _ranks_file(300_000)
+
+    def load(data: bytes) -> Tokenizer:
+        return Tokenizer(parse_tiktoken_ranks(data, "ranks"), "cl100k", {})
+
+    assert load(small).vocab_size == 150_000
+    assert _growth(lambda: load(small), lambda: load(big), repeats=3) <= 3.0
+
+
+def test_the_fast_ranks_parser_agrees_with_the_line_parser_and_names_bad_lines():
+    data = _ranks_file(5000).replace(b"\n", b"\r\n", 7) + b"\n  \n"
+    assert parse_tiktoken_ranks(data, "r") == _parse_ranks_lines(data, "r")
+    lines = _ranks_file(3000).splitlines(keepends=True)
+    for bad, message in [
+        (b"AAAA 12 13\n", "r:2001: expected 'base64-token rank'"),
+        (b"A=== 12\n", "r:2001: cannot parse"),
+        (b"QUJD +12\n", "r:2001: cannot parse"),
+        (b"QUJD 99999999\n", "r:2001: rank 99999999 is outside"),
+        (lines[10], "r:2001: token .* appears twice"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_tiktoken_ranks(b"".join(lines[:2000] + [bad] + lines[2000:]), "r")
+
+
+def test_ids_from_a_loaded_ranks_file_decode():
+    tok = Tokenizer(parse_tiktoken_ranks(_ranks_file(1000), "r"), "cl100k", {"<|endoftext|>": 1000})
+    assert tok.token_str(1000) == "<|endoftext|>" and tok.token_str(65) == "A"
+    ids = np.array(tok.encode("hello", allowed_special="all"))
+    assert tok.decode(ids) == "hello"
+
+
+@pytest.fixture
+def eot_tokenizer(tmp_path) -> str:
+    saved = str(tmp_path / "eot_tok")
+    Tokenizer(BYTE_RANKS, "cl100k", {"<|endoftext|>": 256, "<|pad|>": 257}).save(saved)
+    return saved
+
+
+def test_encode_refuses_a_special_token_before_reading_the_whole_file(tmp_path, eot_tokenizer, capsys):
+    """The file is a pipe fed by a thread: a command that read it all would take every byte
+    the writer offers; a refusal after the first block leaves the writer on a broken pipe."""
+    fifo = str(tmp_path / "big.txt")
+    os.mkfifo(fifo)
+    offered, written = 256 << 20, [0]
+
+    def feed() -> None:
+        with contextlib.suppress(BrokenPipeError), open(fifo, "wb") as f:
+            f.write(b"code with <|endoftext|> in a string\n")
+            chunk = b"x = 1\n" * (1 << 16)
+            while written[0] < offered:
+                f.write(chunk)
+                written[0] += len(chunk)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    assert main(["tokenizer", "encode", "--tokenizer", eot_tokenizer, "--input", fifo, "--output", str(tmp_path / "ids.npy")]) == 2
+    writer.join(timeout=60)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'<|endoftext|>' (at byte 10)" in err[0] and "--special-as-text" in err[0] and "--allow-special" in err[0], err
+    assert written[0] < 64 << 20  # the scan's block and the pipe's buffer, not the 256 MB offered
+
+
+def test_special_as_text_encodes_special_token_text_as_ordinary_text(tmp_path, eot_tokenizer, capsys):
+    tok = Tokenizer.load(eot_tokenizer)
+    text = "a <|endoftext|> b <|pad|> c"
+    path = tmp_path / "in.txt"
+    path.write_text(text)
+    out = tmp_path / "ids.npy"
+    assert main(["tokenizer", "encode", "--tokenizer", eot_tokenizer, "--input", str(path), "--special-as-text", "--output", str(out)]) == 0
+    assert np.load(out).tolist() == tok.encode_ordinary(text)
+    capsys.readouterr()
+    args = ["tokenizer", "encode", "--tokenizer", eot_tokenizer, "--text", text, "--special-as-text", "--allow-special", "<|pad|>"]
+    assert main(args) == 0
+    printed = [int(i) for i in capsys.readouterr().out.split()]
+    assert printed == tok.encode(text, allowed_special={"<|pad|>"}, disallowed_special=())
+    assert 257 in printed and 256 not in printed
+    assert main(["tokenizer", "encode", "--tokenizer", eot_tokenizer, "--text", text]) == 2
+    assert "--special-as-text" in capsys.readouterr().err
+
+
+def test_the_special_token_scan_finds_a_token_across_a_block_boundary(tmp_path):
+    path = tmp_path / "t.txt"
+    for at in range(90, 101):
+        path.write_bytes(b"y" * at + b"<|endoftext|>" + b"z" * 50)
+        assert find_special_in_file(str(path), ["<|endoftext|>", "<|e"], block_bytes=100) == ("<|endoftext|>", at)
+    assert find_special_in_file(str(path), ["<|pad|>"], block_bytes=7) is None

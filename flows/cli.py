@@ -387,10 +387,14 @@ def cmd_verify(args) -> int:
 
 def cmd_gc(args) -> int:
     if not args.prefect_home:
-        removed = _store(args).gc(dry_run=args.dry_run, min_age_s=args.min_age)
+        store = _store(args)
+        removed = store.gc(dry_run=args.dry_run, min_age_s=args.min_age)
         for path in removed:
             print(("would remove " if args.dry_run else "removed ") + path)
-        print(f"{len(removed)} unpublished item(s)")
+        foreign = store.foreign_entries()
+        for path in foreign:
+            print(f"kept (not written by the store): {path}")
+        print(f"{len(removed)} unpublished item(s)" + (f"; {len(foreign)} foreign item(s) kept" if foreign else ""))
     else:
         from pathlib import Path
 
@@ -432,12 +436,19 @@ def cmd_server(args) -> int:
     return 0
 
 
+def _check_out_outside_store(store, out: str) -> None:
+    """Exports never go where gc and verify look: refuse an --out inside the store."""
+    if store.contains_local_path(out):
+        raise InputError(f"--out {out} is inside the store {store.url}: the store keeps only what it writes; choose an --out outside it")
+
+
 def cmd_export_nanogpt(args) -> int:
     from pipeline_lib.stages import load_tokenizer
     from pipeline_lib.store import VersionRef
     from pipeline_lib.token_shards import export_nanogpt
 
     store = _store(args)
+    _check_out_outside_store(store, args.out)
     k, v = _resolve(store, args.tokens, "tokens")
     meta = store.manifest(k, v)["meta"]
     tk, tv = str(meta["tokenizer"]["version"]).split("/", 1)  # the tokens' tokenizer, "tokenizer/<id>"
@@ -457,6 +468,7 @@ def cmd_export_llmc(args) -> int:
     from pipeline_lib.token_shards import export_llmc
 
     store = _store(args)
+    _check_out_outside_store(store, args.out)
     k, v = _resolve(store, args.tokens, "tokens")
     written = export_llmc(
         store.local_dir(k, v), store.manifest(k, v)["meta"], args.out, args.val_fraction, args.prefix, separator_placement=args.separator_placement

@@ -373,15 +373,57 @@ def cmd_show(args) -> int:
     return 0
 
 
-def cmd_verify(args) -> int:
-    store = _store(args)
-    k, v = _resolve(store, args.ref)
+def _verify_one(store, k: str, v: str) -> dict[str, Any]:
     m = store.verify(k, v)
     if k == "tokens":  # (a remote version is checked in its hash-checked local cache)
         from pipeline_lib.token_shards import check_shards
 
         check_shards(store.local_dir(k, v), m["meta"])
-    print(f"{k}/{v}: {len(m['files'])} files OK")
+    return m
+
+
+def cmd_verify(args) -> int:
+    store = _store(args)
+    if args.all == bool(args.ref):
+        raise InputError("verify: give a version (kind/version, a version prefix or latest:KIND) or --all")
+    if not args.all:
+        k, v = _resolve(store, args.ref)
+        m = _verify_one(store, k, v)
+        print(f"{k}/{v}: {len(m['files'])} files OK")
+        return 0
+    if not store.is_store():
+        raise InputError(f"{store.url} is not a tokenmill store: check --store")
+    from pipeline_lib.errors import StoreError
+
+    faults = 0
+    results = store.verify_all()
+    for key, fault in results:
+        if fault is None:
+            try:
+                k, v = key.split("/", 1)
+                m = _verify_one(store, k, v)
+                print(f"{key}: {len(m['files'])} files OK")
+                continue
+            except (StoreError, InputError, OSError) as e:
+                fault = str(e)
+        faults += 1
+        print(f"{key}: FAULT: {fault}")
+    foreign = store.foreign_entries()
+    for path in foreign:
+        print(f"foreign (not written by the store, kept): {path}")
+    print(f"{len(results)} version(s), {faults} fault(s), {len(foreign)} foreign item(s) in {store.url}")
+    if faults:
+        print(f"tokenmill: error: {faults} version(s) in {store.url} failed verification (listed above)", file=sys.stderr)
+        return EXIT_FAILURE
+    return 0
+
+
+def cmd_rm(args) -> int:
+    store = _store(args)
+    k, v = _resolve(store, args.ref)
+    removed = store.remove_version(k, v, with_dependents=args.with_dependents, dry_run=args.dry_run)
+    for key in removed:
+        print(("would remove " if args.dry_run else "removed ") + key)
     return 0
 
 
@@ -806,8 +848,16 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     for name, func, helptext in (("show", cmd_show, "print a version's manifest"), ("verify", cmd_verify, "re-hash a version's files against its manifest")):
         p = sub.add_parser(name, help=helptext)
         _add_store(p)
-        p.add_argument("ref", help="kind/version, a version prefix, or latest:KIND")
+        p.add_argument("ref", nargs="?" if name == "verify" else None, help="kind/version, a version prefix, or latest:KIND")
+        if name == "verify":
+            p.add_argument("--all", action="store_true", help="verify every published version and list what the store did not write; exit 1 on any fault")
         p.set_defaults(func=func)
+    p = sub.add_parser("rm", help="delete a published version (refused while others derive from it, unless --with-dependents)")
+    _add_store(p)
+    p.add_argument("ref", help="kind/version, a version prefix, or latest:KIND")
+    p.add_argument("--with-dependents", action="store_true", help="also remove every version derived from it (listed first)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+    p.set_defaults(func=cmd_rm)
     p = sub.add_parser("gc", help="remove unpublished leftovers (staging areas, versions without a manifest)")
     _add_store(p)
     p.add_argument("--dry-run", action="store_true")

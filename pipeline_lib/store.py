@@ -678,6 +678,66 @@ class ArtifactStore:
                     raise StoreError(f"{kind}/{version}/{rel}: a file the manifest does not list")
         return manifest
 
+    def verify_all(self) -> builtins.list[tuple[str, str | None]]:
+        """Verify every published version (each directory under a kind holding a manifest):
+        (``kind/version``, None when sound or the one-line fault). Foreign entries are
+        `foreign_entries`' business, quarantined versions are not checked."""
+        results: builtins.list[tuple[str, str | None]] = []
+        for kind in self.kinds():
+            for version in self._version_dirs(kind):
+                if not self.exists(kind, version):
+                    continue
+                try:
+                    self.verify(kind, version)
+                    results.append((f"{kind}/{version}", None))
+                except (StoreError, InputError, OSError) as e:
+                    results.append((f"{kind}/{version}", str(e)))
+        return results
+
+    def dependents(self, kind: str, version: str) -> builtins.list[str]:
+        """Every published version that descends from `kind/version` (its children, theirs
+        ...), as ``kind/version`` keys, the farthest descendants first."""
+        key = f"{check_name(kind, 'kind')}/{check_name(version, 'version')}"
+        children: dict[str, builtins.list[str]] = {}
+        for m in self.list():
+            for parent in m["parents"].values():
+                children.setdefault(str(parent), []).append(f"{m['kind']}/{m['version']}")
+        order: builtins.list[str] = []
+        seen = {key}
+
+        def visit(k: str) -> None:
+            for child in sorted(children.get(k, [])):
+                if child not in seen:
+                    seen.add(child)
+                    visit(child)
+                    order.append(child)
+
+        visit(key)
+        return order
+
+    def remove_version(self, kind: str, version: str, with_dependents: bool = False, dry_run: bool = False) -> builtins.list[str]:
+        """Delete a published version (and with `with_dependents` every version derived
+        from it, those first); returns the removed ``kind/version`` keys in order.
+
+        Refused when other versions depend on it and `with_dependents` is False. Each
+        version disappears whole: locally its directory is renamed into the staging area's
+        temp dir, then deleted; on an object store its manifest goes first.
+        """
+        if not self.exists(kind, version):
+            raise InputError(f"{kind}/{version} is not a published version in {self.url}")
+        dependents = self.dependents(kind, version)
+        if dependents and not with_dependents:
+            shown = ", ".join(dependents[:5]) + (f" and {len(dependents) - 5} more" if len(dependents) > 5 else "")
+            raise InputError(f"{kind}/{version}: {len(dependents)} version(s) depend on it ({shown}): add --with-dependents to remove them too")
+        order = [*dependents, f"{kind}/{version}"]
+        if dry_run:
+            return order
+        self.ensure_store()
+        for key in order:
+            k, v = key.split("/", 1)
+            self._backend.remove_version(k, v)
+        return order
+
     def _relative_files(self, base: str) -> list[tuple[str, str]]:
         """(path relative to `base`, full path) of every file under `base`."""
         self._invalidate(base)
@@ -1282,6 +1342,17 @@ class LocalBackend:
         """Whether a staging entry is a claim a live process holds (gc keeps those)."""
         return path.rstrip("/").endswith(CLAIM_SUFFIX) and _held(path)
 
+    def remove_version(self, kind: str, version: str) -> None:
+        """Take a published version away whole (one rename out of sight), then delete it."""
+        final = self.store.version_path(kind, version)
+        trash_dir = self.scratch_path(kind)
+        self.make_dir(trash_dir)
+        trash = f"{trash_dir}/trash-{uuid.uuid4().hex}"
+        with self.lock(kind, exclusive=True):
+            os.rename(final, trash)
+            fsync_dir(os.path.dirname(final))
+        shutil.rmtree(trash, ignore_errors=True)
+
     def entries(self, path: str) -> list[tuple[str, str, bool]]:
         """(name, path, is a directory) of each entry of a local directory, links not
         followed: a symlink or anything that resolves outside the store is reported as a
@@ -1635,6 +1706,15 @@ class ObjectBackend:
             return float(lease["expires"]) >= time.time()
         except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
             return False
+
+    def remove_version(self, kind: str, version: str) -> None:
+        """The manifest first (the version is gone for every reader), then its files."""
+        final = self.store.version_path(kind, version)
+        self.fs.rm_file(f"{final}/{MANIFEST}")
+        self.invalidate(final)
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(final, recursive=True)
+        self.invalidate(final)
 
     def entries(self, path: str) -> list[tuple[str, str, bool]]:
         """(name, path, is a directory) of each entry under a prefix."""

@@ -1,0 +1,97 @@
+"""`tokenmill verify --all` (the whole-store check after a crash or a copy) and
+`tokenmill rm` (deleting an unwanted version, and what derives from it only on request)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from s3_server import s3_options, s3_url  # noqa: F401  (session fixture: a local S3 server)
+
+from pipeline_lib.store import ArtifactStore, InputError, version_id
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def _publish(store: ArtifactStore, kind: str, data: bytes, parents: dict[str, str] | None = None) -> str:
+    version = version_id(kind, parents or {}, {"data": data.decode()}, "test")
+    staging = store.stage(kind, version)
+    store.publish(staging, files={"a.txt": staging.put_bytes("a.txt", data)}, parents=parents or {})
+    return f"{kind}/{version}"
+
+
+def _chain(store: ArtifactStore) -> tuple[str, str, str, str]:
+    """raw <- corpus <- model, and an unrelated raw."""
+    raw = _publish(store, "raw", b"raw text")
+    corpus = _publish(store, "corpus", b"corpus", {"raw": raw})
+    tokens = _publish(store, "model", b"model", {"corpus": corpus})  # (no shards: a "tokens" kind would fail its shard checks)
+    other = _publish(store, "raw", b"other raw")
+    return raw, corpus, tokens, other
+
+
+def test_verify_all_reports_every_fault_and_foreign_entry(tmp_path):
+    root = tmp_path / "S"
+    store = ArtifactStore(str(root))
+    raw, corpus, tokens, other = _chain(store)
+    p = _cli("verify", "--all", "--store", str(root))
+    assert p.returncode == 0, p.stderr
+    assert all(f"{key}: 1 files OK" in p.stdout for key in (raw, corpus, tokens, other))
+    # a same-size flip in one version, a missing file in another, a folder of the user's
+    flipped = root / corpus / "a.txt"
+    os.chmod(flipped, 0o644)
+    flipped.write_bytes(b"CORPUS")
+    os.chmod(root / other, 0o755)
+    os.unlink(root / other / "a.txt")
+    (root / "notes").mkdir()
+    (root / "notes" / "mine.txt").write_bytes(b"x")
+    p = _cli("verify", "--all", "--store", str(root))
+    assert p.returncode == 1
+    assert f"{corpus}: FAULT:" in p.stdout and "sha256 mismatch" in p.stdout
+    assert f"{other}: FAULT:" in p.stdout and "missing" in p.stdout
+    assert f"{raw}: 1 files OK" in p.stdout and f"{tokens}: 1 files OK" in p.stdout
+    assert f"foreign (not written by the store, kept): {root}/notes" in p.stdout
+    assert "Traceback" not in p.stderr and p.stderr.strip().splitlines()[-1].startswith("tokenmill: error:")
+
+
+def test_verify_needs_a_version_or_all(tmp_path):
+    p = _cli("verify", "--store", str(tmp_path / "S"))
+    assert p.returncode == 2 and "--all" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_rm_refuses_while_others_depend_then_removes_with_dependents(tmp_path):
+    root = tmp_path / "S"
+    store = ArtifactStore(str(root))
+    raw, corpus, tokens, other = _chain(store)
+    p = _cli("rm", raw, "--store", str(root))
+    assert p.returncode == 2 and "--with-dependents" in p.stderr and corpus in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert len(store.list()) == 4
+    p = _cli("rm", raw, "--with-dependents", "--dry-run", "--store", str(root))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["would", "remove", tokens, "would", "remove", corpus, "would", "remove", raw]
+    assert len(store.list()) == 4
+    p = _cli("rm", raw, "--with-dependents", "--store", str(root))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == [f"removed {tokens}", f"removed {corpus}", f"removed {raw}"]
+    assert [f"{m['kind']}/{m['version']}" for m in store.list()] == [other]
+    for key in (raw, corpus, tokens):
+        assert not (root / key).exists()
+    store.verify(*other.split("/"))
+    assert store.foreign_entries() == []
+    p = _cli("rm", other, "--store", str(root))  # nothing depends on it
+    assert p.returncode == 0 and p.stdout.strip() == f"removed {other}"
+    assert store.list() == []
+
+
+def test_rm_on_an_object_store(request):
+    store = ArtifactStore(s3_url(), **request.getfixturevalue("s3_options"))
+    raw, corpus, tokens, other = _chain(store)
+    with pytest.raises(InputError, match="--with-dependents"):
+        store.remove_version(*raw.split("/"))
+    assert store.remove_version(*corpus.split("/"), with_dependents=True) == [tokens, corpus]
+    assert sorted(f"{m['kind']}/{m['version']}" for m in store.list()) == sorted([raw, other])
+    assert store.fs.find(store.version_path(*corpus.split("/"))) == []

@@ -61,7 +61,7 @@ import pyarrow.parquet as pq
 
 from pipeline_lib import cancel
 from pipeline_lib.config import STRICT, doc
-from pipeline_lib.fsio import InputError, filesystem, hash_stream, protocol_of
+from pipeline_lib.fsio import InputError, filesystem, hash_stream, is_local, protocol_of
 from pipeline_lib.store import ArtifactStore, FileInfo, VersionRef, version_id
 from pipeline_lib.version import code_version
 
@@ -340,11 +340,19 @@ def reference_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
             raise InputError(
                 f"corpus source {_redact(url)!r} has no ETag or modification time (or no size): it cannot be read in place safely; use --source-mode copy"
             )
-        records.append({"url": _redact(url), "name": _source_name(url, i), "size": int(info["size"]), "stamp": _stamp(info)})
+        record = {"url": _redact(url), "name": _source_name(url, i), "size": int(info["size"]), "stamp": _stamp(info)}
+        fs, path = filesystem(url, **config.storage_options)
+        if is_local(fs):
+            # A local file's size and mtime are easy to keep while its bytes change (and
+            # mtime is easy to set): its content is recorded too, and sharding refuses
+            # bytes that hash otherwise. Object stores' ETags change with the content.
+            with fs.open(path, "rb") as f:
+                record["sha256"] = hash_stream(f)[1]
+        records.append(record)
     n_bytes = sum(int(r["size"]) for r in records)
     if n_bytes == 0:
         raise InputError(f"the corpus is empty: {', '.join(repr(r['url']) for r in records[:5])} hold 0 bytes")
-    params = {"reference": [{k: r[k] for k in ("url", "size", "stamp")} for r in records]}
+    params = {"reference": [{k: r[k] for k in ("url", "size", "stamp", "sha256") if k in r} for r in records]}
     code = code_version("pipeline_lib.corpus")
     version = version_id(RAW_KIND, {}, params, code)
 
@@ -433,7 +441,13 @@ class _InPlace:
                     pass
         assert self.hasher is not None  # set by open()
         self.check_unchanged(read=self.hasher.n)
-        return self.hasher.sha256.hexdigest()
+        digest = self.hasher.sha256.hexdigest()
+        if self.record.get("sha256") is not None and digest != self.record["sha256"]:
+            raise InputError(
+                f"corpus source {self.record['url']!r} changed since it was recorded in place (same size and modification time, "
+                "other bytes: sha256 differs): run the corpus stage again to record the new content, or use --source-mode copy"
+            )
+        return digest
 
 
 # --------------------------------------------------------------------------- reading sources

@@ -338,8 +338,17 @@ def cmd_lm_sample(args) -> int:
     return 0
 
 
+# The kinds tokenmill's stages publish (pipeline_lib's *_KIND constants, spelled here so
+# that `versions` needs none of their modules).
+PIPELINE_KINDS = ("raw", "corpus", "counts", "tokenizer", "tokens", "model", "report", "sweep")
+
+
 def cmd_versions(args) -> int:
     store = _store(args)
+    if args.kind is not None and args.kind not in PIPELINE_KINDS:
+        in_store = sorted({m["kind"] for m in store.list()} - set(PIPELINE_KINDS))
+        if args.kind not in in_store:
+            raise InputError(f"--kind {args.kind}: not a kind of version; choose one of {', '.join([*PIPELINE_KINDS, *in_store])}")
     rows = store.list(args.kind)
     if not rows:
         print(f"no versions in {store.url}")
@@ -843,7 +852,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("versions", help="list the versions in a store")
     _add_store(p)
-    p.add_argument("--kind", help="only this kind (raw, corpus, counts, tokenizer, tokens, model)")
+    p.add_argument("--kind", help="only this kind (raw, corpus, counts, tokenizer, tokens, model, report, sweep)")
     p.set_defaults(func=cmd_versions)
     for name, func, helptext in (("show", cmd_show, "print a version's manifest"), ("verify", cmd_verify, "re-hash a version's files against its manifest")):
         p = sub.add_parser(name, help=helptext)
@@ -1277,6 +1286,10 @@ def main(argv: list[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False)) or os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
     with _debug_env(debug):
         try:
+            if isinstance(getattr(args, "store", None), str):  # before any work: a store URL that cannot hold results
+                from pipeline_lib.store import check_store_url
+
+                check_store_url(args.store, durable=True)
             with _sigterm_raises():
                 return args.func(args)
         except (SystemExit, GeneratorExit):

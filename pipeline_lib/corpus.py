@@ -161,7 +161,7 @@ class CorpusConfig:
         if self.errors not in ("replace", "skip-document", "fail"):
             raise InputError(f"errors={self.errors!r}: choose replace, skip-document or fail")
         if not isinstance(self.text_field, str) or not self.text_field:
-            raise InputError(f"text_field={self.text_field!r}: give the JSONL field / Parquet column with the text")
+            raise InputError(f"text_field={self.text_field!r}: give the JSONL field / Parquet column with the text (--text-field)")
         if not isinstance(self.n_shards, int) or not 1 <= self.n_shards <= MAX_SHARDS:
             raise InputError(f"n_shards={self.n_shards}: must be between 1 and {MAX_SHARDS}")
         if not isinstance(self.max_source_bytes, int) or self.max_source_bytes <= 0:
@@ -939,7 +939,7 @@ def _apply_policy(batch: SourceBatch, invalid: np.ndarray, linenos: np.ndarray, 
 def _text_column(pf: pq.ParquetFile, name: str, field: str) -> None:
     names = pf.schema_arrow.names
     if field not in names:
-        raise InputError(f"{name}: no column {field!r} (columns: {names[:20]}); set text_field")
+        raise InputError(f"{name}: no column {field!r} (columns: {names[:20]}); name the column holding the text with --text-field")
     typ = pf.schema_arrow.field(field).type
     if pa.types.is_dictionary(typ):
         typ = typ.value_type

@@ -136,6 +136,34 @@ def check_name(name: str, what: str = "artifact name") -> str:
     return name
 
 
+_BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
+
+
+def check_store_url(url: str, durable: bool = False) -> str:
+    """Refuse a store URL that cannot be one, with a line saying what is wrong with it:
+    a chained URL (``simplecache::s3://...``, ``dir::/tmp``: their layering would put the
+    store somewhere else than it says), an object-store URL without a bucket, an unknown
+    protocol; with `durable` (a command whose results must outlive it) also ``memory://``."""
+    if not isinstance(url, str) or not url.strip():
+        raise InputError(f"--store {url!r}: give a directory or a URL such as s3://bucket/prefix")
+    if "::" in url:
+        raise InputError(
+            f"--store {url}: chained URLs ({url.split('::', 1)[0]}::...) are not supported for a store: give a directory or a plain URL such as s3://bucket/prefix"
+        )
+    if "://" in url:
+        protocol, rest = url.split("://", 1)
+        protocol = protocol.lower()
+        import fsspec
+
+        if protocol not in fsspec.available_protocols():
+            raise InputError(f"--store {url}: unknown protocol {protocol!r}: give a directory or a URL such as s3://bucket/prefix")
+        if protocol in _BUCKET_PROTOCOLS and not rest.split("/", 1)[0].strip():
+            raise InputError(f"--store {url}: no bucket: give {protocol}://BUCKET or {protocol}://BUCKET/PREFIX")
+        if durable and protocol == "memory":
+            raise InputError(f"--store {url}: an in-memory store vanishes with everything in it when the command ends: give a directory or a durable URL")
+    return url
+
+
 def check_relpath(relpath: str) -> str:
     """A file path inside a version: '/'-separated safe names, at most a few levels deep."""
     if not isinstance(relpath, str) or not relpath:
@@ -336,7 +364,7 @@ class ArtifactStore:
     """
 
     def __init__(self, url: str, **storage_options: Any):
-        self.url = url
+        self.url = check_store_url(url)
         self.storage_options = storage_options
         self.fs, root = filesystem(url, **storage_options)
         # Everything that differs between local disk and object stores is the backend's,

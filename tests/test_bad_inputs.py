@@ -439,3 +439,14 @@ def test_one_100mb_line(tmp_path):
     print(f"100 MB line: ingest+shard peak +{shard_x:.1f}x the line, whole chain +{total_x:.1f}x")
     assert shard_x < 5, f"ingest+shard used {shard_x:.1f}x the line"
     assert total_x < 8, f"the chain used {total_x:.1f}x the line"
+
+
+def test_text_field_errors_name_the_flag(store, tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(b'{"body": "no text here"}\n')
+    with pytest.raises(InputError, match=r"a\.jsonl:1: record has no 'text' field.*--text-field"):
+        ingest(store, tmp_path / "a.jsonl")
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "a.parquet")
+    with pytest.raises(InputError, match=r"a\.parquet: no column 'text'.*--text-field"):
+        ingest(store, tmp_path / "a.parquet")
+    with pytest.raises(InputError, match=r"--text-field"):
+        CorpusConfig(text_field="")

@@ -95,3 +95,39 @@ def test_rm_on_an_object_store(request):
     assert store.remove_version(*corpus.split("/"), with_dependents=True) == [tokens, corpus]
     assert sorted(f"{m['kind']}/{m['version']}" for m in store.list()) == sorted([raw, other])
     assert store.fs.find(store.version_path(*corpus.split("/"))) == []
+
+
+@pytest.mark.parametrize(
+    "url,expected",
+    [
+        ("s3://", "no bucket"),
+        ("s3:///prefix", "no bucket"),
+        ("gs://", "no bucket"),
+        ("simplecache::s3://bucket/tm", "chained URLs"),
+        ("dir::/tmp", "chained URLs"),
+        ("nosuchfs://x/y", "unknown protocol"),
+        ("memory://tm", "vanishes"),
+    ],
+)
+def test_store_urls_are_checked_before_any_work(tmp_path, url, expected):
+    p = subprocess.run([sys.executable, "-m", "flows.cli", "versions", "--store", url], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tokenmill: error: --store") and expected in lines[0], p.stderr
+    assert os.listdir(tmp_path) == []  # nothing written anywhere (dir::/tmp once wrote a marker into ./tmp)
+    if url != "memory://tm":
+        with pytest.raises(InputError, match=expected):
+            ArtifactStore(url)
+    else:
+        assert ArtifactStore(url).url == url  # in-process (tests, notebooks) it is fine
+
+
+def test_versions_of_a_bogus_kind_lists_the_valid_ones(tmp_path):
+    store = ArtifactStore(str(tmp_path / "S"))
+    _chain(store)
+    p = _cli("versions", "--kind", "bogus", "--store", str(tmp_path / "S"))
+    assert p.returncode == 2
+    line = p.stderr.strip().splitlines()[-1]
+    assert line.startswith("tokenmill: error: --kind bogus") and "raw" in line and "corpus" in line and "tokens" in line and "model" in line, p.stderr
+    p = _cli("versions", "--kind", "raw", "--store", str(tmp_path / "S"))
+    assert p.returncode == 0 and p.stdout.count("raw ") == 2

@@ -37,6 +37,7 @@ from __future__ import annotations
 import bz2
 import codecs
 import contextlib
+import errno
 import gzip
 import hashlib
 import importlib
@@ -282,7 +283,14 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
     if config.source_mode == "reference":
         return reference_corpus(store, config)
     urls = expand_sources(sources, **config.storage_options)
-    tmpdir = tempfile.mkdtemp(prefix="download-", dir=store.scratch_dir(RAW_KIND))
+    try:
+        tmpdir = tempfile.mkdtemp(prefix="download-", dir=store.scratch_dir(RAW_KIND))
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        # A read-only store (a published copy on a read-only mount): the sources are hashed
+        # beside it, and reusing their raw version needs no write; publishing a new one fails.
+        tmpdir = tempfile.mkdtemp(prefix="tokenmill-download-")
     try:
         fetched: list[dict[str, Any]] = []
         for i, url in enumerate(urls):

@@ -195,3 +195,42 @@ def test_gc_never_removes_a_live_claim_whatever_the_age(tmp_path, backend, reque
         thread.join(60)
     store.stage("tokens", version).put_bytes("b.txt", b"left behind")  # an abandoned staging area
     assert any(version in p for p in store.gc(min_age_s=0))  # released: now it is a leftover
+
+
+@pytest.mark.parametrize("backend", ["memory", "s3"])
+def test_object_store_gc_takes_only_its_own(backend, request, monkeypatch):
+    """On an object store: the user's objects at the root, under a kind and named like a
+    version stay; a publish killed between its copies and its manifest (a prefix carrying
+    the publishing marker) and a staging area go."""
+    import uuid
+
+    from pipeline_lib import store as store_module
+
+    if backend == "memory":
+        store = ArtifactStore(f"memory://gc-foreign-{uuid.uuid4().hex}")
+    else:
+        store = ArtifactStore(s3_url(), **request.getfixturevalue("s3_options"))
+    kept = _publish(store, "tokens")
+    user = [f"{store.root}/notes/2019/letter.txt", f"{store.root}/tokens/my-export/train.bin", f"{store.root}/tokens/{'0' * 20}/y.bin"]
+    for path in user:
+        store.fs.pipe_file(path, b"precious user data")
+    killed = version_id("tokens", {}, {"killed": 1}, "test")
+    staging = store.stage("tokens", killed)
+    info = staging.put_bytes("a.txt", b"copied, no manifest yet")
+
+    def killed_before_the_manifest(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store_module, "write_bytes_create_only", killed_before_the_manifest)
+    with pytest.raises(KeyboardInterrupt):
+        store.publish(staging, files={"a.txt": info})
+    monkeypatch.undo()
+    assert not store.exists("tokens", killed) and store.fs.exists(f"{store.version_path('tokens', killed)}/a.txt")
+    removed = store.gc(min_age_s=0)
+    assert sorted(p.rsplit("/", 1)[-1] for p in removed) == [killed, killed]  # the version prefix and its staging area
+    for path in user:
+        store._invalidate(path)
+        assert store.fs.cat_file(path) == b"precious user data"
+    foreign = store.foreign_entries()
+    assert f"{store.root}/notes" in foreign and f"{store.root}/tokens/my-export" in foreign and f"{store.root}/tokens/{'0' * 20}" in foreign
+    store.verify("tokens", kept)

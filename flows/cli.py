@@ -204,6 +204,8 @@ def cmd_tokenizer_train(args) -> int:
     configs = configs_from_args(args, TOKENIZER_CONFIGS)
     if args.log_merges < 0:
         raise InputError(f"--log-merges {args.log_merges}: give a step of at least 1 (0: no merge log)")
+    if args.out:
+        _check_out_outside_store(_store(args), args.out)
     so = _storage_options(args.storage_option) or None
     with _flow_api():
         from flows.pipeline import tokenizer_train_flow
@@ -276,6 +278,7 @@ def cmd_tokenizer_inspect(args) -> int:
 
 
 def cmd_tokenizer_export(args) -> int:
+    _check_out_outside_store(_store(args), args.out)
     tok = _load_tokenizer(args)
     if args.format == "hf":
         tok.to_hf_json(args.out)

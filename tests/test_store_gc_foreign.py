@@ -145,10 +145,10 @@ def test_cli_gc_lists_foreign_entries_and_keeps_them(store_with_user_files):
 def test_export_into_the_store_is_refused(tmp_path):
     store = ArtifactStore(str(tmp_path / "S"))
     _publish(store, "tokens")
-    for command in ("export-nanogpt", "export-llmc"):
-        out = tmp_path / "S" / "exports" / command
+    for command in (["export-nanogpt"], ["export-llmc"], ["tokenizer", "export", "--format", "hf"], ["tokenizer", "train"]):
+        out = tmp_path / "S" / "exports" / command[-1]
         p = subprocess.run(
-            [sys.executable, "-m", "flows.cli", command, "--store", str(tmp_path / "S"), "--out", str(out)], capture_output=True, text=True, timeout=300
+            [sys.executable, "-m", "flows.cli", *command, "--store", str(tmp_path / "S"), "--out", str(out)], capture_output=True, text=True, timeout=300
         )
         assert p.returncode == 2, p.stderr
         lines = p.stderr.strip().splitlines()

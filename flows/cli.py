@@ -870,7 +870,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--with-dependents", action="store_true", help="also remove every version derived from it (listed first)")
     p.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     p.set_defaults(func=cmd_rm)
-    p = sub.add_parser("gc", help="remove unpublished leftovers (staging areas, versions without a manifest)")
+    p = sub.add_parser("gc", help="remove the unpublished leftovers the store wrote (staging areas, work dirs, stale claims); list and keep everything else")
     _add_store(p)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument(

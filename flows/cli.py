@@ -433,7 +433,7 @@ def cmd_verify(args) -> int:
 def cmd_rm(args) -> int:
     store = _store(args)
     k, v = _resolve(store, args.ref)
-    removed = store.remove_version(k, v, with_dependents=args.with_dependents, dry_run=args.dry_run)
+    removed = store.remove_version(k, v, with_dependents=args.with_dependents, dry_run=args.dry_run, with_unused_parents=args.with_unused_parents)
     for key in removed:
         print(("would remove " if args.dry_run else "removed ") + key)
     return 0
@@ -868,6 +868,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _add_store(p)
     p.add_argument("ref", help="kind/version, a version prefix, or latest:KIND")
     p.add_argument("--with-dependents", action="store_true", help="also remove every version derived from it (listed first)")
+    p.add_argument(
+        "--with-unused-parents",
+        action="store_true",
+        help="also remove the versions it derives from that no remaining version uses (e.g. the raw copy of a corpus)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     p.set_defaults(func=cmd_rm)
     p = sub.add_parser("gc", help="remove the unpublished leftovers the store wrote (staging areas, work dirs, stale claims); list and keep everything else")

@@ -743,9 +743,29 @@ class ArtifactStore:
         visit(key)
         return order
 
-    def remove_version(self, kind: str, version: str, with_dependents: bool = False, dry_run: bool = False) -> builtins.list[str]:
+    def _unused_ancestors(self, removed: builtins.list[str]) -> builtins.list[str]:
+        """The ancestors of the `removed` versions that no other version derives from once
+        those are gone (children before their parents)."""
+        parents = {f"{m['kind']}/{m['version']}": [str(p) for p in m["parents"].values()] for m in self.list()}
+        gone, out = set(removed), []
+        frontier = [p for key in removed for p in parents.get(key, [])]
+        while frontier:
+            key = frontier.pop(0)
+            if key in gone or key not in parents:
+                continue
+            if any(key in ps for child, ps in parents.items() if child not in gone):
+                continue  # still a parent of a version that stays
+            gone.add(key)
+            out.append(key)
+            frontier.extend(parents[key])
+        return out
+
+    def remove_version(
+        self, kind: str, version: str, with_dependents: bool = False, dry_run: bool = False, with_unused_parents: bool = False
+    ) -> builtins.list[str]:
         """Delete a published version (and with `with_dependents` every version derived
-        from it, those first); returns the removed ``kind/version`` keys in order.
+        from it, those first; with `with_unused_parents` then every ancestor no remaining
+        version derives from); returns the removed ``kind/version`` keys in order.
 
         Refused when other versions depend on it and `with_dependents` is False. Each
         version disappears whole: locally its directory is renamed into the staging area's
@@ -758,6 +778,8 @@ class ArtifactStore:
             shown = ", ".join(dependents[:5]) + (f" and {len(dependents) - 5} more" if len(dependents) > 5 else "")
             raise InputError(f"{kind}/{version}: {len(dependents)} version(s) depend on it ({shown}): add --with-dependents to remove them too")
         order = [*dependents, f"{kind}/{version}"]
+        if with_unused_parents:
+            order += self._unused_ancestors(order)
         if dry_run:
             return order
         self.ensure_store()

@@ -87,6 +87,19 @@ def test_rm_refuses_while_others_depend_then_removes_with_dependents(tmp_path):
     assert store.list() == []
 
 
+def test_rm_with_unused_parents_keeps_what_others_still_use(tmp_path):
+    root = tmp_path / "S"
+    store = ArtifactStore(str(root))
+    raw, corpus, model, other = _chain(store)
+    second = _publish(store, "model", b"second model", {"corpus": corpus})  # corpus stays in use by it
+    p = _cli("rm", model, "--with-unused-parents", "--store", str(root))
+    assert p.returncode == 0 and p.stdout.splitlines() == [f"removed {model}"], p.stdout + p.stderr
+    p = _cli("rm", second, "--with-unused-parents", "--dry-run", "--store", str(root))
+    assert p.stdout.splitlines() == [f"would remove {second}", f"would remove {corpus}", f"would remove {raw}"]
+    assert store.remove_version(*second.split("/"), with_unused_parents=True) == [second, corpus, raw]
+    assert [f"{m['kind']}/{m['version']}" for m in store.list()] == [other]
+
+
 def test_rm_on_an_object_store(request):
     store = ArtifactStore(s3_url(), **request.getfixturevalue("s3_options"))
     raw, corpus, tokens, other = _chain(store)

@@ -220,6 +220,8 @@ def cmd_tokenizer_train(args) -> int:
     configs = configs_from_args(args, TOKENIZER_CONFIGS)
     if args.log_merges < 0:
         raise InputError(f"--log-merges {args.log_merges}: give a step of at least 1 (0: no merge log)")
+    if args.out:
+        _check_out_outside_store(_store(args), args.out)
     so = _storage_options(args.storage_option) or None
     with _flow_api():
         from flows.pipeline import tokenizer_train_flow
@@ -382,6 +384,7 @@ def cmd_tokenizer_inspect(args) -> int:
 
 
 def cmd_tokenizer_export(args) -> int:
+    _check_out_outside_store(_store(args), args.out)
     tok = _load_tokenizer(args)
     if args.format == "hf":
         tok.to_hf_json(args.out)
@@ -444,8 +447,17 @@ def cmd_lm_sample(args) -> int:
     return 0
 
 
+# The kinds tokenmill's stages publish (pipeline_lib's *_KIND constants, spelled here so
+# that `versions` needs none of their modules).
+PIPELINE_KINDS = ("raw", "corpus", "counts", "tokenizer", "tokens", "model", "report", "sweep")
+
+
 def cmd_versions(args) -> int:
     store = _store(args)
+    if args.kind is not None and args.kind not in PIPELINE_KINDS:
+        in_store = sorted({m["kind"] for m in store.list()} - set(PIPELINE_KINDS))
+        if args.kind not in in_store:
+            raise InputError(f"--kind {args.kind}: not a kind of version; choose one of {', '.join([*PIPELINE_KINDS, *in_store])}")
     rows = store.list(args.kind)
     if not rows:
         print(f"no versions in {store.url}")
@@ -479,24 +491,70 @@ def cmd_show(args) -> int:
     return 0
 
 
-def cmd_verify(args) -> int:
-    store = _store(args)
-    k, v = _resolve(store, args.ref)
+def _verify_one(store, k: str, v: str) -> dict[str, Any]:
     m = store.verify(k, v)
     if k == "tokens":  # (a remote version is checked in its hash-checked local cache)
         from pipeline_lib.token_shards import check_shards
 
         check_shards(store.local_dir(k, v), m["meta"])
-    print(f"{k}/{v}: {len(m['files'])} files OK")
+    return m
+
+
+def cmd_verify(args) -> int:
+    store = _store(args)
+    if args.all == bool(args.ref):
+        raise InputError("verify: give a version (kind/version, a version prefix or latest:KIND) or --all")
+    if not args.all:
+        k, v = _resolve(store, args.ref)
+        m = _verify_one(store, k, v)
+        print(f"{k}/{v}: {len(m['files'])} files OK")
+        return 0
+    if not store.is_store():
+        raise InputError(f"{store.url} is not a tokenmill store: check --store")
+    from pipeline_lib.errors import StoreError
+
+    faults = 0
+    results = store.verify_all()
+    for key, fault in results:
+        if fault is None:
+            try:
+                k, v = key.split("/", 1)
+                m = _verify_one(store, k, v)
+                print(f"{key}: {len(m['files'])} files OK")
+                continue
+            except (StoreError, InputError, OSError) as e:
+                fault = str(e)
+        faults += 1
+        print(f"{key}: FAULT: {fault}")
+    foreign = store.foreign_entries()
+    for path in foreign:
+        print(f"foreign (not written by the store, kept): {path}")
+    print(f"{len(results)} version(s), {faults} fault(s), {len(foreign)} foreign item(s) in {store.url}")
+    if faults:
+        print(f"tokenmill: error: {faults} version(s) in {store.url} failed verification (listed above)", file=sys.stderr)
+        return EXIT_FAILURE
+    return 0
+
+
+def cmd_rm(args) -> int:
+    store = _store(args)
+    k, v = _resolve(store, args.ref)
+    removed = store.remove_version(k, v, with_dependents=args.with_dependents, dry_run=args.dry_run, with_unused_parents=args.with_unused_parents)
+    for key in removed:
+        print(("would remove " if args.dry_run else "removed ") + key)
     return 0
 
 
 def cmd_gc(args) -> int:
     if not args.prefect_home:
-        removed = _store(args).gc(dry_run=args.dry_run, min_age_s=args.min_age)
+        store = _store(args)
+        removed = store.gc(dry_run=args.dry_run, min_age_s=args.min_age)
         for path in removed:
             print(("would remove " if args.dry_run else "removed ") + path)
-        print(f"{len(removed)} unpublished item(s)")
+        foreign = store.foreign_entries()
+        for path in foreign:
+            print(f"kept (not written by the store): {path}")
+        print(f"{len(removed)} unpublished item(s)" + (f"; {len(foreign)} foreign item(s) kept" if foreign else ""))
     else:
         from pathlib import Path
 
@@ -538,12 +596,19 @@ def cmd_server(args) -> int:
     return 0
 
 
+def _check_out_outside_store(store, out: str) -> None:
+    """Exports never go where gc and verify look: refuse an --out inside the store."""
+    if store.contains_local_path(out):
+        raise InputError(f"--out {out} is inside the store {store.url}: the store keeps only what it writes; choose an --out outside it")
+
+
 def cmd_export_nanogpt(args) -> int:
     from pipeline_lib.stages import load_tokenizer
     from pipeline_lib.store import VersionRef
     from pipeline_lib.token_shards import export_nanogpt
 
     store = _store(args)
+    _check_out_outside_store(store, args.out)
     k, v = _resolve(store, args.tokens, "tokens")
     meta = store.manifest(k, v)["meta"]
     tk, tv = str(meta["tokenizer"]["version"]).split("/", 1)  # the tokens' tokenizer, "tokenizer/<id>"
@@ -563,6 +628,7 @@ def cmd_export_llmc(args) -> int:
     from pipeline_lib.token_shards import export_llmc
 
     store = _store(args)
+    _check_out_outside_store(store, args.out)
     k, v = _resolve(store, args.tokens, "tokens")
     written = export_llmc(
         store.local_dir(k, v), store.manifest(k, v)["meta"], args.out, args.val_fraction, args.prefix, separator_placement=args.separator_placement
@@ -922,14 +988,27 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("versions", help="list the versions in a store")
     _add_store(p)
-    p.add_argument("--kind", help="only this kind (raw, corpus, counts, tokenizer, tokens, model)")
+    p.add_argument("--kind", help="only this kind (raw, corpus, counts, tokenizer, tokens, model, report, sweep)")
     p.set_defaults(func=cmd_versions)
     for name, func, helptext in (("show", cmd_show, "print a version's manifest"), ("verify", cmd_verify, "re-hash a version's files against its manifest")):
         p = sub.add_parser(name, help=helptext)
         _add_store(p)
-        p.add_argument("ref", help="kind/version, a version prefix, or latest:KIND")
+        p.add_argument("ref", nargs="?" if name == "verify" else None, help="kind/version, a version prefix, or latest:KIND")
+        if name == "verify":
+            p.add_argument("--all", action="store_true", help="verify every published version and list what the store did not write; exit 1 on any fault")
         p.set_defaults(func=func)
-    p = sub.add_parser("gc", help="remove unpublished leftovers (staging areas, versions without a manifest)")
+    p = sub.add_parser("rm", help="delete a published version (refused while others derive from it, unless --with-dependents)")
+    _add_store(p)
+    p.add_argument("ref", help="kind/version, a version prefix, or latest:KIND")
+    p.add_argument("--with-dependents", action="store_true", help="also remove every version derived from it (listed first)")
+    p.add_argument(
+        "--with-unused-parents",
+        action="store_true",
+        help="also remove the versions it derives from that no remaining version uses (e.g. the raw copy of a corpus)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+    p.set_defaults(func=cmd_rm)
+    p = sub.add_parser("gc", help="remove the unpublished leftovers the store wrote (staging areas, work dirs, stale claims); list and keep everything else")
     _add_store(p)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument(
@@ -1348,6 +1427,10 @@ def main(argv: list[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False)) or os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
     with _debug_env(debug):
         try:
+            if isinstance(getattr(args, "store", None), str):  # before any work: a store URL that cannot hold results
+                from pipeline_lib.store import check_store_url
+
+                check_store_url(args.store, durable=True)
             with _sigterm_raises():
                 return args.func(args)
         except (SystemExit, GeneratorExit):

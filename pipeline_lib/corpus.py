@@ -39,6 +39,7 @@ from __future__ import annotations
 import bz2
 import codecs
 import contextlib
+import errno
 import gzip
 import hashlib
 import importlib
@@ -63,7 +64,7 @@ import pyarrow.parquet as pq
 
 from pipeline_lib import cancel
 from pipeline_lib.config import STRICT, doc
-from pipeline_lib.fsio import InputError, filesystem, hash_stream, protocol_of
+from pipeline_lib.fsio import InputError, filesystem, hash_stream, is_local, protocol_of
 from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ _SNIFF_BYTES = 1 << 16
 _BATCH_BYTES = 8 << 20  # Parquet row group / write batch
 _BATCH_DOCS = 1 << 16
 MAX_SHARDS = 100_000
+MAX_DOCUMENT_BYTES = 256 << 20  # default cap on one document (--max-document-bytes)
 # ~1-2 s of counting or encoding per task on one core: an orchestrator's ~30 ms per task run is a few percent.
 DEFAULT_TASK_BYTES = 64 << 20
 # Grouping never leaves fewer tasks than this (one per shard when there are fewer shards), so
@@ -122,6 +124,9 @@ class CorpusConfig:
     n_shards: Annotated[int, doc("corpus shards of about equal bytes, split at document boundaries, processed in parallel")] = 2
     shard_bytes: Annotated[int, doc("target bytes per shard instead of a count (0: n_shards shards); the count becomes ceil(corpus bytes / shard_bytes)")] = 0
     max_source_bytes: Annotated[int, doc("cap on one source's decompressed size in bytes (bomb guard)")] = 64 << 30
+    max_document_bytes: Annotated[
+        int, doc("cap on one document's bytes (a line, a paragraph, a whole file, a JSONL line, a Parquet value): memory stays a few times this")
+    ] = MAX_DOCUMENT_BYTES
     source_mode: Annotated[
         Literal["copy", "reference"],
         doc(
@@ -156,11 +161,13 @@ class CorpusConfig:
         if self.errors not in ("replace", "skip-document", "fail"):
             raise InputError(f"errors={self.errors!r}: choose replace, skip-document or fail")
         if not isinstance(self.text_field, str) or not self.text_field:
-            raise InputError(f"text_field={self.text_field!r}: give the JSONL field / Parquet column with the text")
+            raise InputError(f"text_field={self.text_field!r}: give the JSONL field / Parquet column with the text (--text-field)")
         if not isinstance(self.n_shards, int) or not 1 <= self.n_shards <= MAX_SHARDS:
             raise InputError(f"n_shards={self.n_shards}: must be between 1 and {MAX_SHARDS}")
         if not isinstance(self.max_source_bytes, int) or self.max_source_bytes <= 0:
             raise InputError("max_source_bytes must be a positive number of bytes")
+        if not isinstance(self.max_document_bytes, int) or self.max_document_bytes <= 0:
+            raise InputError("max_document_bytes must be a positive number of bytes (--max-document-bytes)")
         if not isinstance(self.shard_bytes, int) or self.shard_bytes < 0:
             raise InputError(f"shard_bytes={self.shard_bytes}: give a positive number of bytes, or 0 to use n_shards")
         if not isinstance(self.task_bytes, int) or self.task_bytes < 0:
@@ -175,12 +182,12 @@ class CorpusConfig:
     def shard_params(self) -> dict[str, Any]:
         """The parameters that decide the shards' content (part of their version id).
 
-        `max_source_bytes` is not one of them: a run either stays under it and writes the
-        same shards, or fails; nor is `task_bytes`, which only groups shards into tasks, nor
+        `max_source_bytes` and `max_document_bytes` are not among them: a run either stays
+        under them and writes the same shards, or fails; nor is `task_bytes`, which only groups shards into tasks, nor
         `source_mode` (the raw version, a parent, says how the sources were read).
         """
         p = asdict(self)
-        del p["sources"], p["storage_options"], p["max_source_bytes"], p["task_bytes"], p["source_mode"]
+        del p["sources"], p["storage_options"], p["max_source_bytes"], p["max_document_bytes"], p["task_bytes"], p["source_mode"]
         return p
 
 
@@ -276,7 +283,14 @@ def fetch_sources(store: ArtifactStore, config: CorpusConfig) -> Iterator[tuple[
     sources = config.sources
     assert sources is not None  # __post_init__ fills in the default
     urls = expand_sources(sources, **config.storage_options)
-    tmpdir = tempfile.mkdtemp(prefix="download-", dir=store.scratch_dir(RAW_KIND))
+    try:
+        tmpdir = tempfile.mkdtemp(prefix="download-", dir=store.scratch_dir(RAW_KIND))
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        # A read-only store (a published copy on a read-only mount): the sources are hashed
+        # beside it, and reusing their raw version needs no write; publishing a new one fails.
+        tmpdir = tempfile.mkdtemp(prefix="tokenmill-download-")
     try:
         fetched: list[dict[str, Any]] = []
         for i, url in enumerate(urls):
@@ -295,6 +309,8 @@ def fetch_sources(store: ArtifactStore, config: CorpusConfig) -> Iterator[tuple[
         if sum(f["size"] for f in fetched) == 0:
             shown = ", ".join(repr(_redact(u)) for u in urls[:5]) + (" ..." if len(urls) > 5 else "")
             raise InputError(f"the corpus is empty: {shown} hold 0 bytes")
+        for f in fetched:  # refuse what is not text before it becomes a raw version nobody wants
+            _check_looks_like_text(f["local"], _user_label(f, f["name"]), config)
         yield {"content": [{"name": f["name"], "sha256": f["sha256"]} for f in fetched]}, fetched
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -333,11 +349,19 @@ def reference_sources(config: CorpusConfig) -> tuple[dict[str, Any], dict[str, A
             raise InputError(
                 f"corpus source {_redact(url)!r} has no ETag or modification time (or no size): it cannot be read in place safely; use --source-mode copy"
             )
-        records.append({"url": _redact(url), "name": _source_name(url, i), "size": int(info["size"]), "stamp": _stamp(info)})
+        record = {"url": _redact(url), "name": _source_name(url, i), "size": int(info["size"]), "stamp": _stamp(info)}
+        fs, path = filesystem(url, **config.storage_options)
+        if is_local(fs):
+            # A local file's size and mtime are easy to keep while its bytes change (and
+            # mtime is easy to set): its content is recorded too, and sharding refuses
+            # bytes that hash otherwise. Object stores' ETags change with the content.
+            with fs.open(path, "rb") as f:
+                record["sha256"] = hash_stream(f)[1]
+        records.append(record)
     n_bytes = sum(int(r["size"]) for r in records)
     if n_bytes == 0:
         raise InputError(f"the corpus is empty: {', '.join(repr(r['url']) for r in records[:5])} hold 0 bytes")
-    params = {"reference": [{k: r[k] for k in ("url", "size", "stamp")} for r in records]}
+    params = {"reference": [{k: r[k] for k in ("url", "size", "stamp", "sha256") if k in r} for r in records]}
     return params, {"mode": "reference", "sources": records, "n_bytes": n_bytes}
 
 
@@ -419,7 +443,13 @@ class _InPlace:
                     pass
         assert self.hasher is not None  # set by open()
         self.check_unchanged(read=self.hasher.n)
-        return self.hasher.sha256.hexdigest()
+        digest = self.hasher.sha256.hexdigest()
+        if self.record.get("sha256") is not None and digest != self.record["sha256"]:
+            raise InputError(
+                f"corpus source {self.record['url']!r} changed since it was recorded in place (same size and modification time, "
+                "other bytes: sha256 differs): run the corpus stage again to record the new content, or use --source-mode copy"
+            )
+        return digest
 
 
 # --------------------------------------------------------------------------- reading sources
@@ -446,7 +476,9 @@ class _CappedReader(io.RawIOBase):
             raise InputError(f"{self.name}: corrupt or truncated archive ({e})") from e
         self.n += n
         if self.n > self.cap:
-            raise InputError(f"{self.name}: decompresses to more than {self.cap:,} bytes (max_source_bytes); refusing a possible decompression bomb")
+            raise InputError(
+                f"{self.name}: decompresses to more than {self.cap:,} bytes; refusing a possible decompression bomb (raise --max-source-bytes to allow it)"
+            )
         return n
 
 
@@ -640,6 +672,22 @@ def _sniff_binary(head: bytes, name: str) -> None:
         raise InputError(f"{name}: looks like a binary file, not text ({nul} NUL and {invalid} non-UTF-8 bytes in the first {len(head):,} bytes){hint}")
 
 
+def _check_looks_like_text(path: str, label: str, config: CorpusConfig) -> None:
+    """The sniff `_iter_docs` does, on a fetched source's first bytes (decompressed)."""
+    fmt, comp = _split_name(label)
+    if fmt == ".parquet":
+        return  # binary by nature; its text column is checked when it is read
+    with open_source(path, label, config.max_source_bytes) as f:
+        _sniff_binary(f.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], label)
+
+
+def _document_too_big(name: str, where: str, cap: int) -> InputError:
+    return InputError(
+        f"{name}{where}: a document of more than {cap:,} bytes; raise --max-document-bytes to allow it (memory grows to a few times it), "
+        "or cut the text into smaller documents (--documents line / paragraph)"
+    )
+
+
 def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[tuple[bytes, int]]:
     """(document UTF-8 bytes, source bytes consumed so far) for one local source file (or a referenced one)."""
     fmt, comp = _split_name(name)
@@ -652,9 +700,14 @@ def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: Dec
     pos = 0
     with open_source(path, name, config.max_source_bytes) as f:
         _sniff_binary(f.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], name)
+        cap = config.max_document_bytes
         if fmt in (".jsonl", ".ndjson", ".json"):
             field = config.text_field
-            for lineno, line in enumerate(f, start=1):
+            lineno = 0
+            while line := f.readline(cap + 1):
+                lineno += 1
+                if len(line) > cap:
+                    raise _document_too_big(name, f":{lineno}", cap)
                 pos += len(line)
                 if lineno == 1 and line.startswith(codecs.BOM_UTF8):
                     line = line[len(codecs.BOM_UTF8) :]
@@ -671,7 +724,7 @@ def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: Dec
                     raise InputError(f"{name}:{lineno}: expected a JSON object per line, found {type(record).__name__}")
                 if field not in record:
                     raise InputError(
-                        f"{name}:{lineno}: record has no {field!r} field (fields: {sorted(record)[:10]}); set text_field to the field holding the text"
+                        f"{name}:{lineno}: record has no {field!r} field (fields: {sorted(record)[:10]}); name the field holding the text with --text-field"
                     )
                 value = record[field]
                 if value is None:
@@ -683,14 +736,18 @@ def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: Dec
                 if data is not None:
                     yield data, pos
         elif config.documents == "file":
-            raw = f.read()
+            raw = f.read(cap + 1)
+            if len(raw) > cap:
+                raise _document_too_big(name, "", cap)
             data = _check_utf8(raw, errors, name, stats)
             if data is not None:
                 yield data, len(raw)
         elif config.documents == "line":
             lineno = 0
-            while line := f.readline():
+            while line := f.readline(cap + 1):
                 lineno += 1
+                if len(line) > cap:
+                    raise _document_too_big(name, f":{lineno}", cap)
                 pos += len(line)
                 stripped = line.rstrip(b"\r\n")
                 del line  # drop the unstripped copy before checking (a huge line counts twice otherwise)
@@ -701,17 +758,23 @@ def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: Dec
                 data = None
         else:  # paragraph: blank-line separated
             para: list[bytes] = []
+            para_bytes = 0
             start = 1
-            for lineno, line in enumerate(f, start=1):
+            lineno = 0
+            while line := f.readline(cap + 1):
+                lineno += 1
                 if line.strip():
                     if not para:
                         start = lineno
                     para.append(line)
+                    para_bytes += len(line)
+                    if para_bytes > cap:
+                        raise _document_too_big(name, f":{start}", cap)
                     pos += len(line)
                     continue
                 if para:
                     data = _check_utf8(b"".join(para).rstrip(b"\r\n"), errors, f"{name}:{start}", stats)
-                    para = []
+                    para, para_bytes = [], 0
                     if data is not None:
                         yield data, pos
                 pos += len(line)
@@ -821,6 +884,10 @@ def _scan_text(scan: Any, path: str | _InPlace, name: str, config: CorpusConfig,
                 # the documents are packed at the start of the block, the rest left as it is
                 _, offsets, ends, consumed, n_lines, chars, empty, invalid, invalid_lines = scan(view[:filled], mode, final, True)
             carry = block[consumed:filled]  # a view: copied into the next block
+            cap = config.max_document_bytes
+            if len(carry) > cap or (len(offsets) > 1 and int(np.diff(offsets).max()) > cap):
+                where = f":{lines + n_lines + 1}" if len(carry) > cap else ""
+                raise _document_too_big(name, where, cap)
             ends += base
             stats.empty_documents += empty
             stats.documents += len(ends) - len(invalid)
@@ -866,7 +933,7 @@ def _apply_policy(batch: SourceBatch, invalid: np.ndarray, linenos: np.ndarray, 
 def _text_column(pf: pq.ParquetFile, name: str, field: str) -> None:
     names = pf.schema_arrow.names
     if field not in names:
-        raise InputError(f"{name}: no column {field!r} (columns: {names[:20]}); set text_field")
+        raise InputError(f"{name}: no column {field!r} (columns: {names[:20]}); name the column holding the text with --text-field")
     typ = pf.schema_arrow.field(field).type
     if pa.types.is_dictionary(typ):
         typ = typ.value_type
@@ -914,9 +981,11 @@ def _iter_parquet(path: str | _InPlace, name: str, config: CorpusConfig, stats: 
                     stats.empty_documents += 1
                     continue
                 n = int(off[i + 1] - off[i])
+                if n > config.max_document_bytes:
+                    raise _document_too_big(name, f": row {row}", config.max_document_bytes)
                 pos += n
                 if pos > config.max_source_bytes:
-                    raise InputError(f"{name}: holds more than {config.max_source_bytes:,} bytes of text (max_source_bytes)")
+                    raise InputError(f"{name}: holds more than {config.max_source_bytes:,} bytes of text ; raise --max-source-bytes to allow it")
                 data = _check_utf8(bytes(buf[off[i] : off[i + 1]]), config.errors, f"{name}: row {row}", stats)
                 if data is not None:
                     yield data, pos
@@ -946,12 +1015,12 @@ def _source_extent(path: str | _InPlace, name: str, config: CorpusConfig) -> int
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
             raise InputError(f"{name}: not a readable Parquet file ({e})") from e
         if total > config.max_source_bytes:
-            raise InputError(f"{name}: holds more than {config.max_source_bytes:,} bytes of text (max_source_bytes)")
+            raise InputError(f"{name}: holds more than {config.max_source_bytes:,} bytes of text ; raise --max-source-bytes to allow it")
         return total
     if not comp:
         size = path.record["size"] if isinstance(path, _InPlace) else os.path.getsize(path)
         if size > config.max_source_bytes:
-            raise InputError(f"{name}: {size:,} bytes, more than max_source_bytes ({config.max_source_bytes:,})")
+            raise InputError(f"{name}: {size:,} bytes, more than the {config.max_source_bytes:,}-byte cap; raise --max-source-bytes to allow it")
         return size
     total = 0
     with open_source(path, name, config.max_source_bytes) as f:
@@ -1154,6 +1223,15 @@ class _ShardWriter:
             self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
 
 
+def _user_label(smeta: Mapping[str, Any], name: str) -> str:
+    """What to call a source in messages: the (redacted) path or URL the user gave, when it
+    has the same format and compression extensions as the stored name, else that name."""
+    url = smeta.get("url")
+    if isinstance(url, str) and url and _split_name(url) == _split_name(name):
+        return url
+    return name
+
+
 def _in_place_sources(raw: VersionRef, records: list[dict[str, Any]], config: CorpusConfig) -> list[_InPlace]:
     """The referenced sources of a raw version, matched with the config's sources (which
     carry what the records leave out: credentials, query strings)."""
@@ -1187,7 +1265,10 @@ def write_shards(store: ArtifactStore, staging: Staging, raw: VersionRef, config
         raw_dir = store.local_dir(raw.kind, raw.version)
         sources = [(os.path.join(raw_dir, "sources", s["name"]), s["name"]) for s in raw_sources]
 
-    extents = [_source_extent(path, name, config) for path, name in sources]
+    # Messages name the file the user gave, not the store's copy (`00000_x.txt`), where the
+    # two agree on the format; the shards' source column keeps the copy's name.
+    labels = [_user_label(smeta, name) for (_, name), smeta in zip(sources, raw_sources)]
+    extents = [_source_extent(path, label, config) for (path, _), label in zip(sources, labels)]
     total = sum(extents)
     if total == 0:
         raise InputError(f"the corpus {raw.key} is empty (sources: {[s['url'] for s in raw_sources][:5]})")
@@ -1217,10 +1298,10 @@ def write_shards(store: ArtifactStore, staging: Staging, raw: VersionRef, config
             writer.add(batch, start, stop, source)
 
     try:
-        for (path, name), smeta, extent in zip(sources, raw_sources, extents):
+        for (path, name), smeta, extent, label in zip(sources, raw_sources, extents, labels):
             sstats = DecodeStats()
             last = 0  # source bytes walked through in this source
-            for batch in _iter_batches(path, name, config, sstats):
+            for batch in _iter_batches(path, label, config, sstats):
                 sizes = np.diff(batch.ends, prepend=last)
                 last = int(batch.ends[-1])
                 start = 0  # first document of the batch not written yet

@@ -63,6 +63,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -73,6 +74,7 @@ from typing import Any, BinaryIO
 from pipeline_lib.errors import StoreError  # re-exported
 from pipeline_lib.fsio import (
     InputError,
+    _umask,
     check_local_file,
     filesystem,
     fsync_dir,
@@ -102,11 +104,21 @@ WORK_SUFFIX = ".work"
 CLAIM_SUFFIX = ".claim"
 STORE_MARKER = "tokenmill-store.json"
 STORE_FORMAT = "tokenmill.store/1"
+# Proof of authorship for gc: every directory the store makes in a staging area (the
+# staging root itself, each version's staging area, work and temp dirs) gets this file
+# before it gets its final name, and an object store writes PUBLISHING_MARKER under a
+# version prefix before copying files there. gc removes only what carries one.
+STAGING_MARKER = ".tokenmill-staging"
+PUBLISHING_MARKER = ".tokenmill-publishing"
+MARKER_FORMAT = "tokenmill.staging/1"
+NEW_DIR_PREFIX = ".new-"
 MAX_MANIFEST_BYTES = 32 << 20
 MAX_NAME_LEN = 200
 MAX_PATH_DEPTH = 8
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_VERSION_ID_RE = re.compile(r"[0-9a-f]{20}")  # what `version_id` makes
+_MARKER_BYTES = json.dumps({"format": MARKER_FORMAT}, sort_keys=True).encode()
 _CHUNK = 8 << 20
 _log = logging.getLogger("tokenmill.store")
 
@@ -123,6 +135,34 @@ def check_name(name: str, what: str = "artifact name") -> str:
         shown = name if not isinstance(name, str) or len(name) <= 80 else name[:80] + "..."
         raise InputError(f"invalid {what} {shown!r}: use 1-{MAX_NAME_LEN} letters, digits, '.', '_' and '-', not starting with '.' and without '..'")
     return name
+
+
+_BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
+
+
+def check_store_url(url: str, durable: bool = False) -> str:
+    """Refuse a store URL that cannot be one, with a line saying what is wrong with it:
+    a chained URL (``simplecache::s3://...``, ``dir::/tmp``: their layering would put the
+    store somewhere else than it says), an object-store URL without a bucket, an unknown
+    protocol; with `durable` (a command whose results must outlive it) also ``memory://``."""
+    if not isinstance(url, str) or not url.strip():
+        raise InputError(f"--store {url!r}: give a directory or a URL such as s3://bucket/prefix")
+    if "::" in url:
+        raise InputError(
+            f"--store {url}: chained URLs ({url.split('::', 1)[0]}::...) are not supported for a store: give a directory or a plain URL such as s3://bucket/prefix"
+        )
+    if "://" in url:
+        protocol, rest = url.split("://", 1)
+        protocol = protocol.lower()
+        import fsspec
+
+        if protocol not in fsspec.available_protocols():
+            raise InputError(f"--store {url}: unknown protocol {protocol!r}: give a directory or a URL such as s3://bucket/prefix")
+        if protocol in _BUCKET_PROTOCOLS and not rest.split("/", 1)[0].strip():
+            raise InputError(f"--store {url}: no bucket: give {protocol}://BUCKET or {protocol}://BUCKET/PREFIX")
+        if durable and protocol == "memory":
+            raise InputError(f"--store {url}: an in-memory store vanishes with everything in it when the command ends: give a directory or a durable URL")
+    return url
 
 
 def check_relpath(relpath: str) -> str:
@@ -158,6 +198,15 @@ def version_id(kind: str, parents: Mapping[str, str], params: Mapping[str, Any],
 class FileInfo:
     size: int
     sha256: str
+
+
+@dataclass
+class StoreSurvey:
+    """What `ArtifactStore.survey` found under a store's root (paths)."""
+
+    collectable: list[str]  # the store's own leftovers: gc removes them (age permitting)
+    foreign: list[str]  # not provably written by the store: listed, never deleted
+    held: list[str]  # live claims and the staging areas / work dirs they cover
 
 
 @dataclass(frozen=True)
@@ -316,7 +365,7 @@ class ArtifactStore:
     """
 
     def __init__(self, url: str, **storage_options: Any):
-        self.url = url
+        self.url = check_store_url(url)
         self.storage_options = storage_options
         self.fs, root = filesystem(url, **storage_options)
         # Everything that differs between local disk and object stores is the backend's,
@@ -406,7 +455,7 @@ class ArtifactStore:
         """`exists`, after any publish of this kind in progress has finished (local stores
         publish under an exclusive lock; this waits for it). For a writer whose reads failed
         because a concurrent writer was moving the staging area into place."""
-        with self._backend.lock(kind, exclusive=False):
+        with self._backend.lock(kind, exclusive=False, create=False):
             return self.exists(kind, version)
 
     # ---------------------------------------------------------------- writing
@@ -658,6 +707,88 @@ class ArtifactStore:
                     raise StoreError(f"{kind}/{version}/{rel}: a file the manifest does not list")
         return manifest
 
+    def verify_all(self) -> builtins.list[tuple[str, str | None]]:
+        """Verify every published version (each directory under a kind holding a manifest):
+        (``kind/version``, None when sound or the one-line fault). Foreign entries are
+        `foreign_entries`' business, quarantined versions are not checked."""
+        results: builtins.list[tuple[str, str | None]] = []
+        for kind in self.kinds():
+            for version in self._version_dirs(kind):
+                if not self.exists(kind, version):
+                    continue
+                try:
+                    self.verify(kind, version)
+                    results.append((f"{kind}/{version}", None))
+                except (StoreError, InputError, OSError) as e:
+                    results.append((f"{kind}/{version}", str(e)))
+        return results
+
+    def dependents(self, kind: str, version: str) -> builtins.list[str]:
+        """Every published version that descends from `kind/version` (its children, theirs
+        ...), as ``kind/version`` keys, the farthest descendants first."""
+        key = f"{check_name(kind, 'kind')}/{check_name(version, 'version')}"
+        children: dict[str, builtins.list[str]] = {}
+        for m in self.list():
+            for parent in m["parents"].values():
+                children.setdefault(str(parent), []).append(f"{m['kind']}/{m['version']}")
+        order: builtins.list[str] = []
+        seen = {key}
+
+        def visit(k: str) -> None:
+            for child in sorted(children.get(k, [])):
+                if child not in seen:
+                    seen.add(child)
+                    visit(child)
+                    order.append(child)
+
+        visit(key)
+        return order
+
+    def _unused_ancestors(self, removed: builtins.list[str]) -> builtins.list[str]:
+        """The ancestors of the `removed` versions that no other version derives from once
+        those are gone (children before their parents)."""
+        parents = {f"{m['kind']}/{m['version']}": [str(p) for p in m["parents"].values()] for m in self.list()}
+        gone, out = set(removed), []
+        frontier = [p for key in removed for p in parents.get(key, [])]
+        while frontier:
+            key = frontier.pop(0)
+            if key in gone or key not in parents:
+                continue
+            if any(key in ps for child, ps in parents.items() if child not in gone):
+                continue  # still a parent of a version that stays
+            gone.add(key)
+            out.append(key)
+            frontier.extend(parents[key])
+        return out
+
+    def remove_version(
+        self, kind: str, version: str, with_dependents: bool = False, dry_run: bool = False, with_unused_parents: bool = False
+    ) -> builtins.list[str]:
+        """Delete a published version (and with `with_dependents` every version derived
+        from it, those first; with `with_unused_parents` then every ancestor no remaining
+        version derives from); returns the removed ``kind/version`` keys in order.
+
+        Refused when other versions depend on it and `with_dependents` is False. Each
+        version disappears whole: locally its directory is renamed into the staging area's
+        temp dir, then deleted; on an object store its manifest goes first.
+        """
+        if not self.exists(kind, version):
+            raise InputError(f"{kind}/{version} is not a published version in {self.url}")
+        dependents = self.dependents(kind, version)
+        if dependents and not with_dependents:
+            shown = ", ".join(dependents[:5]) + (f" and {len(dependents) - 5} more" if len(dependents) > 5 else "")
+            raise InputError(f"{kind}/{version}: {len(dependents)} version(s) depend on it ({shown}): add --with-dependents to remove them too")
+        order = [*dependents, f"{kind}/{version}"]
+        if with_unused_parents:
+            order += self._unused_ancestors(order)
+        if dry_run:
+            return order
+        self.ensure_store()
+        for key in order:
+            k, v = key.split("/", 1)
+            self._backend.remove_version(k, v)
+        return order
+
     def _relative_files(self, base: str) -> list[tuple[str, str]]:
         """(path relative to `base`, full path) of every file under `base`."""
         self._invalidate(base)
@@ -724,36 +855,132 @@ class ArtifactStore:
             raise InputError(f"{version_prefix!r} matches {len(hits)} versions in {self.url}; give kind/version")
         return hits[0]
 
+    def survey(self, deep: bool = False) -> StoreSurvey:
+        """Sort every entry under the root into the store's own leftovers (`collectable`),
+        live claims and what they cover (`held`), and what the store cannot prove it
+        wrote (`foreign`). The store's own: the marker, kinds (a directory with a marked
+        ``.staging`` or a published version), published versions, ``.quarantine``, and in
+        a marked ``.staging`` the claims and the marked directories; a version directory
+        without a manifest only when its name is a version id and it carries the
+        publishing marker. Links and paths resolving outside the root are foreign, never
+        followed. With `deep`, files inside published versions that their manifests do not
+        list are foreign too.
+        """
+        if not self.is_store():
+            raise StoreError(f"{self.url} is not a tokenmill store (no {STORE_MARKER}): gc deletes nothing there")
+        b = self._backend
+        found = StoreSurvey([], [], [])
+        for name, path, is_dir in b.entries(self.root):
+            if name == STORE_MARKER or (name.startswith(".tmp-") and not is_dir):
+                continue  # the marker and a concurrent creator's temp copy of it
+            if not is_dir or not _NAME_RE.fullmatch(name) or name.startswith(".") or not self._is_kind(name):
+                found.foreign.append(path)
+                continue
+            self._survey_kind(name, path, found, deep)
+        held = {
+            (os.path.basename(os.path.dirname(os.path.dirname(p))), os.path.basename(p)[: -len(CLAIM_SUFFIX)]) for p in found.held if p.endswith(CLAIM_SUFFIX)
+        }
+        for path in b.local_work_entries():  # a live claim keeps its work dir in the local area too
+            kind, name = os.path.basename(os.path.dirname(path)), os.path.basename(path)
+            if name.endswith(WORK_SUFFIX) and (kind, name[: -len(WORK_SUFFIX)]) in held:
+                found.held.append(path)
+            else:
+                found.collectable.append(path)
+        return found
+
+    def _is_kind(self, kind: str) -> bool:
+        base = f"{self.root}/{kind}"
+        if self._backend.has_marker(f"{base}/{STAGING_DIR}"):
+            return True
+        return any(is_dir and self._backend.exists(f"{p}/{MANIFEST}") for n, p, is_dir in self._backend.entries(base) if not n.startswith("."))
+
+    def _survey_kind(self, kind: str, base: str, found: StoreSurvey, deep: bool) -> None:
+        b = self._backend
+        for name, path, is_dir in b.entries(base):
+            if name == QUARANTINE_DIR and is_dir:
+                continue  # kept for inspection
+            if name == STAGING_DIR and is_dir and b.has_marker(path):
+                self._survey_staging(path, found)
+            elif name.startswith(NEW_DIR_PREFIX) and is_dir and b.has_marker(path):
+                found.collectable.append(path)  # a marked directory killed before its rename
+            elif not is_dir or name.startswith(".") or not _NAME_RE.fullmatch(name) or ".." in name:
+                found.foreign.append(path)
+            elif b.exists(f"{path}/{MANIFEST}"):
+                if deep:
+                    self._survey_version(kind, name, path, found)
+            elif _VERSION_ID_RE.fullmatch(name) and b.has_marker(path, PUBLISHING_MARKER):
+                found.collectable.append(path)  # a publish killed before its manifest
+            else:
+                found.foreign.append(path)
+
+    def _survey_staging(self, staging_root: str, found: StoreSurvey) -> None:
+        b = self._backend
+        own, held = [], set()
+        for name, path, is_dir in b.entries(staging_root):
+            if name in (LOCK_FILE, STAGING_MARKER) and not is_dir:
+                continue
+            if not is_dir and name.endswith(CLAIM_SUFFIX) and b.inside(path) and not b.is_link(path):
+                if b.claim_held(path):
+                    held.add(name[: -len(CLAIM_SUFFIX)])
+                    found.held.append(path)
+                else:
+                    own.append((name, path))
+            elif is_dir and b.has_marker(path):
+                own.append((name, path))
+            else:
+                found.foreign.append(path)
+        for name, path in own:  # a live claim keeps its version's staging area and work dir
+            if name in held or (name.endswith(WORK_SUFFIX) and name[: -len(WORK_SUFFIX)] in held):
+                found.held.append(path)
+            else:
+                found.collectable.append(path)
+
+    def _survey_version(self, kind: str, version: str, base: str, found: StoreSurvey) -> None:
+        try:
+            listed = set(self.manifest(kind, version)["files"])
+        except StoreError:
+            return  # verify reports it
+        for rel, path in self._relative_files(base):
+            if rel not in listed and rel not in (MANIFEST, PUBLISHING_MARKER):
+                found.foreign.append(path)
+
+    def contains_local_path(self, path: str) -> bool:
+        """Whether the local `path` (existing or not, links resolved) lies inside this
+        store's root: where `gc` and `verify` look, so no export may go there."""
+        if not self.local:
+            return False
+        real = os.path.realpath(os.path.abspath(path))
+        root = os.path.realpath(self.root)
+        return real == root or real.startswith(root.rstrip("/") + "/")
+
+    def foreign_entries(self) -> builtins.list[str]:
+        """What lies under the root that the store did not write (never deleted by `gc`)."""
+        return self.survey(deep=True).foreign
+
     def gc(self, dry_run: bool = False, min_age_s: float = 0.0) -> builtins.list[str]:
-        """Remove what no reader can see: staging areas, work and temp dirs, and version
-        dirs without a manifest. Only in a tokenmill store (refused elsewhere), and only
-        entries the store's own layout names: ``<kind>/.staging/*`` (not its lock) and
-        ``<kind>/<version>`` dirs with no manifest; for a remote store also its local
-        work area. Quarantined versions (``<kind>/.quarantine``) are kept for inspection.
+        """Remove what no reader can see and the store can prove it wrote: marked staging
+        areas, work and temp dirs, claims no live process holds, and manifest-less version
+        dirs carrying the publishing marker (see `survey`); for a remote store also its
+        local work area. Only in a tokenmill store (refused elsewhere). Foreign entries,
+        quarantined versions and live claims (with their staging areas and work dirs),
+        whatever their age, are kept. Each path's resolved location is checked again just
+        before it is removed: gc never follows a link out of the store.
 
         `min_age_s` spares anything changed more recently (a writer may still be at work:
         removing its staging area makes its publish fail with a clear error, never
         publishes a partial version).
         """
-        if not self.is_store():
-            raise StoreError(f"{self.url} is not a tokenmill store (no {STORE_MARKER}): gc deletes nothing there")
-        candidates = []
-        for k in self.kinds():
-            staging_root = f"{self.root}/{k}/{STAGING_DIR}"
-            if self.fs.exists(staging_root):
-                for e in self.fs.ls(staging_root, detail=False):
-                    name = e.rstrip("/").rsplit("/", 1)[-1]
-                    if name != LOCK_FILE and not self._backend.claim_held(e):
-                        candidates.append(e.rstrip("/"))
-            for v in self._version_dirs(k):
-                if not self.exists(k, v):
-                    candidates.append(self.version_path(k, v))
-        candidates.extend(self._backend.local_work_entries())
+        candidates = self.survey().collectable
         removed = [p for p in candidates if min_age_s <= 0 or self._backend.age(p) >= min_age_s]
         if not dry_run:
+            kept = []
             for path in removed:
+                if not self._backend.inside(path):
+                    continue  # became a link meanwhile
                 with contextlib.suppress(FileNotFoundError):
                     self._backend.remove(path)
+                kept.append(path)
+            removed = kept
         return removed
 
     # ---------------------------------------------------------------- work areas
@@ -766,7 +993,7 @@ class ArtifactStore:
         check_name(kind, "kind")
         self.ensure_store()
         path = self._backend.scratch_path(kind)
-        os.makedirs(path, exist_ok=True)
+        self._backend.make_dir(path)
         return path
 
     def work_dir(self, kind: str, version: str) -> str:
@@ -780,7 +1007,7 @@ class ArtifactStore:
         check_name(version, "version")
         self.ensure_store()
         path = self._backend.work_path(kind, version)
-        os.makedirs(path, exist_ok=True)
+        self._backend.make_dir(path)
         return path
 
     def drop_work_dir(self, kind: str, version: str) -> None:
@@ -871,9 +1098,48 @@ def _local_age(path: str) -> float:
 
 def _remove_local(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
+        shutil.rmtree(path)  # (rmtree unlinks symlinks inside, never follows them)
     else:
         os.unlink(path)
+
+
+def _has_local_marker(directory: str, name: str = STAGING_MARKER) -> bool:
+    """Whether a local directory (not a link) holds one of the store's markers (a regular file)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):
+            return False
+        st = os.lstat(os.path.join(directory, name))
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size > 4096:
+        return False
+    try:
+        with open(os.path.join(directory, name), "rb") as f:
+            return json.loads(f.read(4096)).get("format") == MARKER_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _make_marked_dir(path: str) -> None:
+    """Create the local directory `path` with the staging marker already in it: it is made
+    under a temporary name (``.new-*``, itself marked), then renamed, so no directory of
+    this name exists without the proof that the store wrote it."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=NEW_DIR_PREFIX)
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide published versions from the user's group
+        with open(os.path.join(tmp, STAGING_MARKER), "wb") as f:
+            f.write(_MARKER_BYTES)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not os.path.isdir(path):  # not a concurrent creator's directory: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class LocalBackend(StorageBackend):
@@ -912,10 +1178,19 @@ class LocalBackend(StorageBackend):
         return self.safe(f"{staging_root}/{version}"), self.safe(f"{staging_root}/{TMP_DIR}")
 
     def make_staging_dirs(self, staging: Staging) -> None:
-        """Create the staging and temp directories on first write (reads never create them)."""
-        os.makedirs(staging.path, exist_ok=True)
+        """Create the staging and temp directories on first write (reads never create them),
+        each marked as the store's before it gets its name."""
+        if os.path.isdir(staging.path) and (staging.tmp_dir is None or os.path.isdir(staging.tmp_dir)):
+            return
+        _make_marked_dir(os.path.dirname(staging.path))
+        _make_marked_dir(staging.path)
         if staging.tmp_dir is not None:  # always set here: staging_paths above names one
-            os.makedirs(staging.tmp_dir, exist_ok=True)
+            _make_marked_dir(staging.tmp_dir)
+
+    def make_dir(self, path: str) -> None:
+        """A work or scratch directory in a staging area: the area and it marked as the store's."""
+        _make_marked_dir(os.path.dirname(path))
+        _make_marked_dir(path)
 
     def scratch_path(self, kind: str) -> str:
         return self.safe(f"{self.root}/{kind}/{STAGING_DIR}/{TMP_DIR}")
@@ -939,14 +1214,24 @@ class LocalBackend(StorageBackend):
 
     # ---------------------------------------------------------------- writing
     @contextlib.contextmanager
-    def lock(self, kind: str, exclusive: bool) -> Iterator[None]:
-        """Puts share it, `publish` holds it alone: no put lands in a published version."""
+    def lock(self, kind: str, exclusive: bool, create: bool = True) -> Iterator[None]:
+        """Puts share it, `publish` holds it alone: no put lands in a published version.
+        With `create` False (readers) nothing is created and a missing lock is no wait."""
         if fcntl is None:
             yield
             return
         directory = self.safe(f"{self.root}/{check_name(kind, 'kind')}/{STAGING_DIR}")
-        os.makedirs(directory, exist_ok=True)
-        fd = os.open(f"{directory}/{LOCK_FILE}", os.O_RDWR | os.O_CREAT, 0o644)
+        if not create:
+            # A reader waiting for a publish in progress: a missing or unopenable lock
+            # (a read-only store) means nobody can be publishing here.
+            try:
+                fd = os.open(f"{directory}/{LOCK_FILE}", os.O_RDONLY)
+            except OSError:
+                yield
+                return
+        else:
+            _make_marked_dir(directory)
+            fd = os.open(f"{directory}/{LOCK_FILE}", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             yield
@@ -1038,6 +1323,8 @@ class LocalBackend(StorageBackend):
             os.chmod(f"{staging.path}/{MANIFEST}", 0o444)
             final = self.store.version_path(kind, version)
             if os.path.lexists(final):  # a directory without a manifest: an orphan, not a version
+                if not _has_local_marker(final):
+                    raise StoreError(f"cannot publish {kind}/{version}: {final} is in the way and was not written by the store: move it elsewhere")
                 trash = f"{self.root}/{kind}/{STAGING_DIR}/{TMP_DIR}/trash-{uuid.uuid4().hex}"
                 os.rename(final, trash)
                 shutil.rmtree(trash, ignore_errors=True)
@@ -1081,7 +1368,7 @@ class LocalBackend(StorageBackend):
         """An `flock`ed ``<kind>/.staging/<version>.claim``: the kernel releases it when
         its holder dies, so it needs no lease (`poll_s` and `ttl_s` are unused)."""
         directory = self.safe(f"{self.root}/{kind}/{STAGING_DIR}")
-        os.makedirs(directory, exist_ok=True)
+        _make_marked_dir(directory)
         path = f"{directory}/{version}{CLAIM_SUFFIX}"
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -1105,6 +1392,46 @@ class LocalBackend(StorageBackend):
     def claim_held(self, path: str) -> bool:
         """Whether a staging entry is a claim a live process holds (gc keeps those)."""
         return path.rstrip("/").endswith(CLAIM_SUFFIX) and _held(path)
+
+    def remove_version(self, kind: str, version: str) -> None:
+        """Take a published version away whole (one rename out of sight), then delete it."""
+        final = self.store.version_path(kind, version)
+        trash_dir = self.scratch_path(kind)
+        self.make_dir(trash_dir)
+        trash = f"{trash_dir}/trash-{uuid.uuid4().hex}"
+        with self.lock(kind, exclusive=True):
+            os.rename(final, trash)
+            fsync_dir(os.path.dirname(final))
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def entries(self, path: str) -> list[tuple[str, str, bool]]:
+        """(name, path, is a directory) of each entry of a local directory, links not
+        followed: a symlink or anything that resolves outside the store is reported as a
+        file, which `survey` never takes for the store's own directory."""
+        try:
+            listing = list(os.scandir(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        for e in listing:
+            is_dir = e.is_dir(follow_symlinks=False)
+            if e.is_symlink() or not self.inside(e.path):
+                is_dir = False
+            out.append((e.name, f"{path}/{e.name}", is_dir))
+        return sorted(out)
+
+    def inside(self, path: str) -> bool:
+        """Whether `path` is no link and resolves under the store root."""
+        if os.path.islink(path):
+            return False
+        real = os.path.realpath(path)
+        return real.startswith(self._real_root.rstrip("/") + "/")
+
+    def is_link(self, path: str) -> bool:
+        return os.path.islink(path)
+
+    def has_marker(self, directory: str, name: str = STAGING_MARKER) -> bool:
+        return self.inside(directory) and _has_local_marker(directory, name)
 
     def local_work_entries(self) -> list[str]:
         """Work areas outside the store: none, they are all in its staging areas."""
@@ -1138,6 +1465,7 @@ class ObjectBackend(StorageBackend):
 
     def __init__(self, store: ArtifactStore, root: str):
         self.store, self.fs, self.root = store, store.fs, root
+        self._marked: set[str] = set()  # prefixes whose staging marker this process has PUT
 
     # ---------------------------------------------------------------- paths
     def safe(self, path: str) -> str:
@@ -1155,7 +1483,31 @@ class ObjectBackend(StorageBackend):
         return f"{self.root}/{kind}/{STAGING_DIR}/{version}", None  # temp files: the system's temp dir
 
     def make_staging_dirs(self, staging: Staging) -> None:
-        """Nothing to make: object stores have no directories."""
+        """No directories to make: the staging root's and the staging area's markers are
+        PUT before their first file (once per process)."""
+        self._mark(f"{self.root}/{staging.kind}/{STAGING_DIR}")
+        self._mark(staging.path)
+
+    def _mark(self, prefix: str) -> None:
+        if prefix not in self._marked:
+            self.fs.pipe_file(f"{prefix}/{STAGING_MARKER}", _MARKER_BYTES)
+            self._marked.add(prefix)
+
+    def has_marker(self, prefix: str, name: str = STAGING_MARKER) -> bool:
+        path = f"{prefix}/{name}"
+        self.invalidate(path)
+        try:
+            raw = self.fs.cat_file(path)
+        except (FileNotFoundError, IsADirectoryError, OSError):
+            return False
+        try:
+            return len(raw) <= 4096 and json.loads(raw).get("format") == MARKER_FORMAT
+        except (ValueError, AttributeError):
+            return False
+
+    def make_dir(self, path: str) -> None:
+        """A work or scratch directory in this store's local area."""
+        os.makedirs(path, exist_ok=True)
 
     def area(self) -> str:
         """Local disk space of this store (work dirs, temp files), one per store URL."""
@@ -1183,18 +1535,20 @@ class ObjectBackend(StorageBackend):
 
     # ---------------------------------------------------------------- writing
     @contextlib.contextmanager
-    def lock(self, kind: str, exclusive: bool) -> Iterator[None]:
+    def lock(self, kind: str, exclusive: bool, create: bool = True) -> Iterator[None]:
         """No lock: the create-only manifest PUT alone decides who publishes."""
         yield
 
     def put_bytes(self, staging: Staging, dest: str, data: bytes) -> None:
         if not staging.published():
+            self.make_staging_dirs(staging)
             self.fs.pipe_file(dest, data)
 
     def put_file(self, staging: Staging, dest: str, local_path: str, move: bool) -> FileInfo:
         with open(local_path, "rb") as f:
             info = _hash_stream(f)
         if not staging.published():
+            self.make_staging_dirs(staging)
             self.fs.put_file(local_path, dest)
         if move:
             with contextlib.suppress(FileNotFoundError):
@@ -1228,6 +1582,8 @@ class ObjectBackend(StorageBackend):
                 return
             raise
         final = self.store.version_path(kind, version)
+        if not self.store.exists(kind, version):
+            self.fs.pipe_file(f"{final}/{PUBLISHING_MARKER}", _MARKER_BYTES)  # gc's proof that the store wrote this prefix
         for name in file_map:
             if self.store.exists(kind, version):  # a concurrent writer published: adopt its version
                 break
@@ -1242,6 +1598,8 @@ class ObjectBackend(StorageBackend):
             self.invalidate(final)
         elif not self.store.exists(kind, version):
             raise StoreError(f"{kind}/{version}: the manifest was written but cannot be read back")
+        with contextlib.suppress(FileNotFoundError, OSError):
+            self.fs.rm_file(f"{final}/{PUBLISHING_MARKER}")
         self.discard(staging)
 
     def discard(self, staging: Staging) -> None:
@@ -1351,6 +1709,7 @@ class ObjectBackend(StorageBackend):
         taken over."""
         import threading
 
+        self._mark(f"{self.root}/{kind}/{STAGING_DIR}")
         path = f"{self.root}/{kind}/{STAGING_DIR}/{version}{CLAIM_SUFFIX}"
         holder = uuid.uuid4().hex
         while True:
@@ -1388,7 +1747,47 @@ class ObjectBackend(StorageBackend):
                 self.fs.rm_file(path)
 
     def claim_held(self, path: str) -> bool:
-        """A lease cannot be probed; its renewals keep it young, so `gc --min-age` spares it."""
+        """Whether a lease object is live: unexpired (its holder renews it every `ttl_s / 3`
+        s). An unreadable lease counts as abandoned, as `claim` treats it."""
+        if not path.rstrip("/").endswith(CLAIM_SUFFIX):
+            return False
+        self.invalidate(path)
+        try:
+            lease = json.loads(self.fs.cat_file(path))
+            return float(lease["expires"]) >= time.time()
+        except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
+            return False
+
+    def remove_version(self, kind: str, version: str) -> None:
+        """The manifest first (the version is gone for every reader), then its files."""
+        final = self.store.version_path(kind, version)
+        self.fs.rm_file(f"{final}/{MANIFEST}")
+        self.invalidate(final)
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(final, recursive=True)
+        self.invalidate(final)
+
+    def entries(self, path: str) -> list[tuple[str, str, bool]]:
+        """(name, path, is a directory) of each entry under a prefix."""
+        self.invalidate(path)
+        try:
+            listing = self.fs.ls(path, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        for e in listing:
+            full = e["name"].rstrip("/")
+            name = full.rsplit("/", 1)[-1]
+            if full == path.rstrip("/").lstrip("/") or full == path.rstrip("/"):
+                continue
+            out.append((name, f"{path}/{name}", e.get("type") == "directory"))
+        return sorted(out)
+
+    def inside(self, path: str) -> bool:
+        """Object keys cannot be links."""
+        return True
+
+    def is_link(self, path: str) -> bool:
         return False
 
     def local_work_entries(self) -> list[str]:

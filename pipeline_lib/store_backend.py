@@ -98,3 +98,23 @@ class StorageBackend(Protocol):
     def remove(self, path: str) -> None: ...
 
     def move_aside(self, src: str, dest: str) -> None: ...
+
+    def remove_version(self, kind: str, version: str) -> None:
+        """Take a published version away whole, then delete it (`tokenmill rm`)."""
+
+    def make_dir(self, path: str) -> None:
+        """A work or scratch directory in a staging area, it and the area marked as the store's."""
+
+    def entries(self, path: str) -> list[tuple[str, str, bool]]:
+        """(name, path, is a directory) of each entry under `path`, links not followed."""
+        ...
+
+    def inside(self, path: str) -> bool:
+        """Whether `path` is no link and resolves under the store root."""
+        ...
+
+    def is_link(self, path: str) -> bool: ...
+
+    def has_marker(self, directory: str, name: str = ...) -> bool:
+        """Whether `directory` carries the store's marker `name` (the staging marker by default)."""
+        ...

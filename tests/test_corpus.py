@@ -338,6 +338,23 @@ def test_reference_mode_refuses_a_source_that_changed(store, shakespeare_text):
     assert corpus_docs(store, shard_corpus(store, again, cfg)) == [b"one", b"two", b"three"]
 
 
+def test_reference_mode_refuses_a_local_file_changed_under_the_same_size_and_mtime(store, tmp_path):
+    src = tmp_path / "c.txt"
+    src.write_bytes(b"one\ntwo\n")
+    cfg = CorpusConfig(sources=(str(src),), source_mode="reference", n_shards=1)
+    raw = download_corpus(store, cfg)
+    st = os.stat(src)
+    src.write_bytes(b"ONE\nTWO\n")  # same size ...
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... same mtime, other bytes
+    with pytest.raises(InputError) as e:
+        shard_corpus(store, raw, cfg)
+    assert str(src) in str(e.value) and "sha256 differs" in str(e.value) and "--source-mode copy" in str(e.value)
+    assert store.list("corpus") == []  # nothing derived from it was published
+    again = download_corpus(store, cfg)  # recording it again hashes the new bytes: a new raw version
+    assert again.version != raw.version
+    assert corpus_docs(store, shard_corpus(store, again, cfg)) == [b"ONE", b"TWO"]
+
+
 def test_reference_and_copy_are_different_raw_versions(store, tmp_path):
     src = tmp_path / "c.txt"
     src.write_text("one\ntwo\n")

@@ -34,7 +34,13 @@ def test_endpoint_url_reaches_the_local_server(s3_options):
         "s3", endpoint_url=s3_options["client_kwargs"]["endpoint_url"], aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
     )
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"])
-    assert keys == [f"{prefix}/notes/v1/a.txt", f"{prefix}/notes/v1/manifest.json", f"{prefix}/tokenmill-store.json"]
+    # (the staging root's marker stays: gc's proof that `notes` is the store's kind)
+    assert keys == [
+        f"{prefix}/notes/.staging/.tokenmill-staging",
+        f"{prefix}/notes/v1/a.txt",
+        f"{prefix}/notes/v1/manifest.json",
+        f"{prefix}/tokenmill-store.json",
+    ]
 
 
 def test_create_only_put(s3_options):

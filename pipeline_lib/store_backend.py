@@ -53,8 +53,9 @@ class StorageBackend(Protocol):
     def write_marker(self, path: str, marker: bytes) -> None: ...
 
     # writing
-    def lock(self, kind: str, exclusive: bool) -> contextlib.AbstractContextManager[None]:
-        """Puts share it, publish holds it alone (a no-op where the storage has no locks)."""
+    def lock(self, kind: str, exclusive: bool, create: bool = True) -> contextlib.AbstractContextManager[None]:
+        """Puts share it, publish holds it alone (a no-op where the storage has no locks); with
+        `create` False (readers) nothing is created and a missing lock is no wait."""
         ...
 
     def put_bytes(self, staging: Staging, dest: str, data: bytes) -> None: ...

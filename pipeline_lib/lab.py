@@ -184,6 +184,143 @@ def merge_line(row: dict[str, Any]) -> str:
     return f"merge {row['merge']}: '{row['left']}' + '{row['right']}' -> '{row['token']}' (id {row['id']}){count}"
 
 
+# --------------------------------------------------------------------------- traces
+def _start_parts(tok: Tokenizer, piece: bytes) -> list[bytes | None]:
+    """A piece's parts before any merge, as the tokenizer's unit starts it: bytes, or
+    characters (None: a character that is ``<unk>``; its bytes with byte fallback)."""
+    from pipeline_lib import bpe_reference as ref
+
+    if tok.unit == "byte":
+        return [piece[i : i + 1] for i in range(len(piece))]
+    ranks = tok.mergeable_ranks
+    parts: list[bytes | None] = []
+    for c in ref.characters(piece):
+        if c in ranks:
+            parts.append(c)
+        elif tok.unknown == "unk":
+            parts.append(None)
+        else:
+            parts.extend(c[i : i + 1] for i in range(len(c)))
+    return parts
+
+
+def piece_texts(tok: Tokenizer, parts: Sequence[bytes | None]) -> list[str]:
+    return [UNK_TEXT if p is None else shown_bytes(tok, p) for p in parts]
+
+
+UNK_TEXT = "<unk>"
+
+
+def encode_pieces(tok: Tokenizer, text: str) -> list[bytes]:
+    """The pieces the tokenizer encodes one by one (split by its pattern; a word unit's
+    words with their ``</w>``)."""
+    return tok._pieces(text.encode("utf-8", "surrogatepass"))
+
+
+def encode_trace(tok: Tokenizer, text: str) -> list[dict[str, Any]]:
+    """How `text` is encoded, piece by piece: the parts it starts as, then each merge applied
+    (the adjacent pair whose merged token has the lowest rank first, leftmost on equal
+    ranks), with that rank, until no adjacent pair is a token; then the ids.
+
+    The ids equal ``tok.encode_ordinary(text)``.
+    """
+    ranks = tok.mergeable_ranks
+    unknown = tok.special_tokens.get("<unk>") if tok.unknown == "unk" else None
+    out = []
+    for piece in encode_pieces(tok, text):
+        parts = _start_parts(tok, piece)
+        start = piece_texts(tok, parts)
+        steps = []
+        while len(parts) > 1:
+            best, at = None, -1
+            for i in range(len(parts) - 1):
+                left, right = parts[i], parts[i + 1]
+                rank = None if left is None or right is None else ranks.get(left + right)
+                if rank is not None and (best is None or rank < best):
+                    best, at = rank, i
+            if best is None:
+                break
+            left, right = parts[at], parts[at + 1]
+            assert left is not None and right is not None
+            parts[at : at + 2] = [left + right]
+            steps.append(
+                {
+                    "rank": best,
+                    "left": shown_bytes(tok, left),
+                    "right": shown_bytes(tok, right),
+                    "token": shown_bytes(tok, left + right),
+                    "parts": piece_texts(tok, parts),
+                }
+            )
+        ids = [unknown if p is None else ranks[p] for p in parts]
+        out.append({"piece": shown_bytes(tok, piece), "start": start, "steps": steps, "ids": ids})
+    return out
+
+
+def encode_trace_text(trace: Sequence[Mapping[str, Any]]) -> str:
+    """The trace as a learner reads it: each piece, its parts, then one line per merge."""
+    lines = []
+    for entry in trace:
+        lines.append(f"piece '{entry['piece']}': {' '.join(entry['start'])}")
+        for step in entry["steps"]:
+            lines.append(f"  rank {step['rank']}: '{step['left']}' + '{step['right']}' -> '{step['token']}'   {' '.join(step['parts'])}")
+        lines.append(f"  ids {' '.join(map(str, entry['ids']))}")
+    return "\n".join(lines)
+
+
+def train_trace(tok: Tokenizer, pieces: Sequence[bytes], counts: Counts, max_pieces: int = 20, max_merges: int | None = None) -> dict[str, Any]:
+    """The training pieces after each merge, as the tutorials print the corpus: the
+    `max_pieces` most frequent pieces (ties: in the order given), each as its parts with its
+    count, before any merge and after each of the first `max_merges` merges (all: None).
+
+    The merges are replayed from the tokenizer's merge list (each merge rewrites every
+    occurrence of its pair, left to right), so the last state is how training left the pieces.
+    """
+    from pipeline_lib import bpe_reference as ref
+
+    merges = tok.merges or []
+    if max_merges is not None:
+        merges = merges[:max_merges]
+    weights = [int(c) for c in counts]
+    order = sorted(range(len(pieces)), key=lambda k: -weights[k])[:max_pieces]
+    chosen = [pieces[k] for k in order]
+    if tok.unit == "word":  # the pieces are words (`bpe_reference.word_counts`)
+        start = [[*ref.characters(w), ref.END_OF_WORD] for w in chosen]
+    else:
+        start = [[p[i : i + 1] for i in range(len(p))] if tok.unit == "byte" else ref.characters(p) for p in chosen]
+    by_id = {i: b for b, i in tok.mergeable_ranks.items()}
+    id_of = tok.mergeable_ranks
+    state = [[id_of[s] for s in symbols] for symbols in start]
+    show = lambda: [" ".join(shown_bytes(tok, by_id[i]) for i in word) for word in state]  # noqa: E731
+    steps: list[dict[str, Any]] = [{"merge": None, "pieces": show()}]
+    for k, (left, right, new) in enumerate(merges):
+        state = [ref._merge_word(word, (left, right), new) for word in state]
+        steps.append(
+            {
+                "merge": k,
+                "left": shown_bytes(tok, by_id[left]),
+                "right": shown_bytes(tok, by_id[right]),
+                "token": shown_bytes(tok, by_id[new]),
+                "pieces": show(),
+            }
+        )
+    return {"counts": [weights[k] for k in order], "pieces_total": len(pieces), "steps": steps}
+
+
+def train_trace_text(trace: Mapping[str, Any], width: int = 160) -> str:
+    """One line per merge: the merge, then the traced pieces (``×count`` when above 1)."""
+    counts = trace["counts"]
+    lines = []
+    for step in trace["steps"]:
+        shown = "  |  ".join(p + (f" ×{c}" if c > 1 else "") for p, c in zip(step["pieces"], counts))
+        head = "start" if step["merge"] is None else f"merge {step['merge']}: '{step['left']}' + '{step['right']}' -> '{step['token']}'"
+        line = f"{head}   {shown}"
+        lines.append(line if len(line) <= width else line[: width - 1] + "…")
+    if trace["pieces_total"] > len(counts):
+        lines.append(f"(the {len(counts)} most frequent of {trace['pieces_total']:,} pieces)")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- inspecting a tokenizer
 def token_length(data: bytes) -> int:
     """A token's length in characters; bytes that are not whole characters count one each."""
@@ -199,6 +336,33 @@ def token_occurrences(tok: Tokenizer, pieces: Sequence[bytes], counts: Counts) -
     occurrences = np.zeros(tok.vocab_size, dtype=np.int64)
     np.add.at(occurrences, np.asarray(ids, dtype=np.int64), np.repeat(np.asarray(counts, dtype=np.int64), per_piece))  # exact in int64
     return occurrences.tolist()
+
+
+def training_compression(tok: Tokenizer, pieces: Sequence[bytes], counts: Counts) -> dict[str, Any]:
+    """Tokens, bytes and characters of the training text (its pieces, weighted by their
+    counts) under the tokenizer, with bytes/token and chars/token: the figure the tutorials
+    print when training ends."""
+    import numpy as np
+
+    weights = np.asarray(counts, dtype=np.int64)
+    _, ends = tok.encode_ordinary_batch_to_numpy(list(pieces))
+    n_tokens = int(np.dot(np.diff(np.asarray(ends, dtype=np.int64)), weights)) if len(weights) else 0
+    n_bytes = int(np.dot(np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)), weights)) if len(weights) else 0
+    n_chars = int(np.dot(np.fromiter((token_length(p) for p in pieces), dtype=np.int64, count=len(pieces)), weights)) if len(weights) else 0
+    return {
+        "tokens": n_tokens,
+        "chars": n_chars,
+        "bytes": n_bytes,
+        "bytes_per_token": n_bytes / max(1, n_tokens),
+        "chars_per_token": n_chars / max(1, n_tokens),
+    }
+
+
+def compression_line(c: Mapping[str, Any], what: str = "the training text") -> str:
+    return (
+        f"compression on {what}: {c['chars']:,} characters ({c['bytes']:,} bytes) -> {c['tokens']:,} tokens, "
+        f"{c['chars_per_token']:.2f} chars/token, {c['bytes_per_token']:.2f} bytes/token"
+    )
 
 
 def inspect_tokenizer(tok: Tokenizer, k: int = 10, counts: tuple[Sequence[bytes], Counts] | None = None) -> dict[str, Any]:

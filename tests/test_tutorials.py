@@ -10,8 +10,10 @@
 * lowercase ``\\w+`` word BPE on the cat/rat corpus, to 50 tokens.
 
 Tie rule: on equal counts tokenmill merges the pair whose (left, right) bytes sort first;
-the tutorials' Python takes the first pair met in the text. Where a tutorial's figures
-depend on that order they are asserted only as far as the ties allow (said so below).
+the tutorials' Python takes the first pair met in the text. With ``ties="first-seen"``
+(``--ties first-seen``) tokenmill takes the tutorials' rule, and the walkthroughs whose
+corpora are all ties (seed 002's "the cat in the hat", seed 004's cat/rat list) replay
+merge for merge; under the default rule they are asserted only as far as the ties allow.
 """
 
 from __future__ import annotations
@@ -151,3 +153,55 @@ def test_cat_rat_corpus_to_50_tokens():
     assert tokens_of(tok, "the cat catches rats") == ["the</w>", "cat</w>", "c", "atch", "e", "s</w>", "rats</w>"]
     assert tok.encode("The CAT") == tok.encode("the cat")  # lowercased
     assert tok.decode(tok.encode("the cat catches rats")) == "the cat catches rats "
+
+
+# --------------------------------------------------------------------------- first-seen ties: seeds 002 and 004 merge for merge
+def test_the_cat_in_the_hat_walkthrough_first_seen():
+    # Byte level, the whole text one piece: th (256), the (257), "the " (258), as the walkthrough says.
+    text = "the cat in the hat"
+    tok = Tokenizer.train([text], 0, pattern="none", special_tokens=(), ties="first-seen", n_merges=3)
+    assert tok.merges == [(ord("t"), ord("h"), 256), (256, ord("e"), 257), (257, ord(" "), 258)]
+    assert [r["count"] for r in lab.merge_log(tok, 1)] == [2, 2, 2]
+    assert tok.encode(text) == [258, *b"cat in ", 258, *b"hat"]  # "<the , 258>cat in <the , 258>hat"
+    # Byte order picks "at" (the smallest of the pairs met twice) first instead.
+    assert Tokenizer.train([text], 0, pattern="none", special_tokens=(), n_merges=1).merges == [(ord("a"), ord("t"), 256)]
+
+
+# Seed 004's "Merging:" lines, in order: 33 merges from 17 symbols to 50.
+CAT_MERGES = (
+    "a t|e </w>|at </w>|t h|th e</w>|s </w>|a n|at s</w>|c at</w>|n </w>|r at</w>|c ats</w>|an d|and </w>|r ats</w>|an i|ani m|anim a|"
+    "anima l|animal s</w>|s at</w>|o n</w>|m at</w>|s a|sa w|saw </w>|r an|ran </w>|f r|fr o|fro m|from </w>|a r"
+)
+
+
+def test_cat_rat_merges_first_seen_replay_the_tutorial():
+    plans = []
+    tok = Tokenizer.train(CAT_CORPUS, 0, unit="word", pattern=r"\w+", lowercase=True, special_tokens=(), ties="first-seen", n_merges=33, on_plan=plans.append)
+    assert [(r["left"], r["right"]) for r in lab.merge_log(tok, 1)] == [tuple(m.split(" ")) for m in CAT_MERGES.split("|")]
+    # "Initial vocabulary size: 17": 16 letters and </w>; ours adds <unk> beside the 50.
+    assert plans[0].line() == "initial alphabet 17, special 1, merges to learn 33, target 51"
+    assert len(tok.mergeable_ranks) == 50
+
+
+def test_first_seen_through_the_pipeline_stage(tmp_path):
+    # The stage trains from the sorted counts file; first-seen takes the corpus's order back.
+    from pipeline_lib import ArtifactStore, stages
+    from pipeline_lib.corpus import CorpusConfig
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    source = tmp_path / "cats.txt"
+    source.write_text("\n".join(CAT_CORPUS) + "\n", encoding="utf-8")
+    cfg = CorpusConfig(sources=(str(source),), n_shards=1)
+    corpus = stages.shard_corpus(store, stages.download_corpus(store, cfg), cfg)
+    count = stages.CountConfig(pattern=r"\w+")
+    stages.count_shard(store, corpus, 0, count)
+    counts = stages.reduce_counts(store, corpus, count)
+    config = stages.TokenizerConfig(unit="word", lowercase=True, special_tokens=(), min_frequency=1, ties="first-seen", merges=33)
+    ref = stages.learn_tokenizer(store, counts, config)
+    tok = stages.load_tokenizer(store, ref)
+    assert [(r["left"], r["right"]) for r in lab.merge_log(tok, 1)] == [tuple(m.split(" ")) for m in CAT_MERGES.split("|")]
+    meta = store.manifest(ref.kind, ref.version)["meta"]
+    assert meta["plan"] == "initial alphabet 17, special 1, merges to learn 33, target 51" and meta["ties"] == "first-seen"
+    # The default rule is another version, with other merges.
+    default = stages.learn_tokenizer(store, counts, stages.TokenizerConfig(unit="word", lowercase=True, special_tokens=(), min_frequency=1, merges=33))
+    assert default.version != ref.version and stages.load_tokenizer(store, default).merges != tok.merges

@@ -15,6 +15,13 @@
 // * a pair whose merged bytes already are a token reuses that token's id;
 // * a pair whose merged bytes would be longer than max_token_bytes is never a candidate.
 //
+// * first-seen ties (optional): the up-to-date entries that share the top count are popped,
+//   each pair's first occurrence is found by scanning its word list (word id, then the byte
+//   offset from the block's original start: block ids follow the pieces' order and a chain's
+//   order, so that key orders occurrences as the text does), the earliest wins and the rest
+//   go back on the heap. Costlier than the byte rule when many pairs tie; meant for the
+//   small corpora of a lesson.
+//
 // "Occurrences" are tracked next to the weighted count so that a pair that only occurs in
 // pieces of count 0 still exists for the reference (stats[pair] == 0 is a candidate).
 //
@@ -43,6 +50,7 @@ struct PairInfo {
     int64_t occ = 0;    // number of occurrences
     int32_t left = 0, right = 0;
     uint32_t touched = 0xFFFFFFFFu;  // merge step that last increased it
+    uint32_t tied = 0;               // first-seen: the selection round that collected it
     std::vector<uint32_t> words;     // words that contain / contained it
 };
 
@@ -56,8 +64,8 @@ constexpr uint32_t kNoWord = 0xFFFFFFFFu;
 
 class Trainer {
 public:
-    Trainer(const TrainInput& in, int64_t min_frequency, size_t max_token_bytes)
-        : min_frequency_(min_frequency), max_token_bytes_(max_token_bytes ? max_token_bytes : SIZE_MAX) {
+    Trainer(const TrainInput& in, int64_t min_frequency, size_t max_token_bytes, bool first_seen)
+        : min_frequency_(min_frequency), max_token_bytes_(max_token_bytes ? max_token_bytes : SIZE_MAX), first_seen_(first_seen) {
         if (in.alphabet.empty()) {
             tokens_.reserve(256 + 1024);
             for (int b = 0; b < 256; ++b) add_symbol(std::string(1, static_cast<char>(b)));
@@ -70,6 +78,7 @@ public:
                 if (v < 0 || v >= n) throw std::invalid_argument("symbol " + std::to_string(v) + " is not in the alphabet");
             build_words(in, in.symbols.data());
         }
+        if (first_seen_) shift_.assign(words_.size(), 0);
         count_pairs();
     }
 
@@ -81,7 +90,7 @@ public:
         size_t done = 0, reported = 0;
         while (done < n_merges) {
             poll_.tick();
-            const int64_t best = select();
+            const int64_t best = first_seen_ ? select_first_seen() : select();
             if (best < 0) break;
             if (pairs_[best].count < min_frequency_) break;
             const uint32_t pi = static_cast<uint32_t>(best);
@@ -273,6 +282,67 @@ private:
         return -1;
     }
 
+    // Bytes from block w's original start to its first occurrence of (l, r) (the pair across
+    // its end included), or -1 if it holds none.
+    int64_t first_offset(uint32_t w, int32_t l, int32_t r) const {
+        const Word& W = words_[w];
+        const int32_t* s = sym_.data() + W.start;
+        uint64_t off = shift_[w];
+        for (uint32_t i = 0; i < W.len; ++i) {
+            if (s[i] == l) {
+                const bool pairs = i + 1 < W.len ? s[i + 1] == r : (W.next != kNoWord && first_symbol(W.next) == r);
+                if (pairs) return static_cast<int64_t>(off);
+            }
+            off += tokens_[s[i]].size();
+        }
+        return -1;
+    }
+
+    // (word id, offset) of the pair's first occurrence, as one comparable number.
+    uint64_t first_seen_key(uint32_t p) const {
+        const PairInfo& P = pairs_[p];
+        uint64_t best = UINT64_MAX;
+        for (const uint32_t w : P.words) {
+            if ((static_cast<uint64_t>(w) << 32) >= best) continue;
+            const int64_t off = first_offset(w, P.left, P.right);
+            if (off >= 0) best = std::min(best, (static_cast<uint64_t>(w) << 32) | static_cast<uint64_t>(off));
+        }
+        return best;
+    }
+
+    // select() with first-seen ties: of the live pairs with the top count, the earliest met.
+    int64_t select_first_seen() {
+        const int64_t top = select();
+        if (top < 0) return top;
+        const int64_t count = pairs_[top].count;
+        tied_.clear();
+        ++tie_round_;
+        // select() left the top up to date, so no entry holds a count above `count`.
+        while (!heap_.empty() && heap_.front().count == count) {
+            poll_.tick();
+            const HeapEntry e = heap_.front();
+            pop();
+            PairInfo& P = pairs_[e.pair];
+            if (P.occ == 0) continue;
+            if (P.count != e.count) {
+                push({P.count, e.pair});  // lower: it goes below this round
+                continue;
+            }
+            if (P.tied != tie_round_) {
+                P.tied = tie_round_;
+                tied_.push_back(e.pair);
+            }
+        }
+        uint32_t best = tied_.front();
+        uint64_t best_key = first_seen_key(best);
+        for (size_t k = 1; k < tied_.size(); ++k) {
+            const uint64_t key = first_seen_key(tied_[k]);
+            if (key < best_key) best = tied_[k], best_key = key;
+        }
+        for (const uint32_t p : tied_) push({count, p});  // the winner's entry is dropped once merged
+        return best;
+    }
+
     // ---- merging ---------------------------------------------------------------------
     int32_t token_for(int32_t a, int32_t b) {
         std::string merged = tokens_[a] + tokens_[b];
@@ -342,7 +412,7 @@ private:
             if (i + 1 < n) {
                 i += 2;
             } else {
-                take_first(W.next, w);
+                take_first(W.next, w, b);
                 i += 1;
             }
             // right neighbour: the symbol after b, here or at the next block's start
@@ -358,8 +428,9 @@ private:
     }
 
     // Drop the first symbol of block v (w's successor); unlink v if it is left empty.
-    void take_first(uint32_t v, uint32_t w) {
+    void take_first(uint32_t v, uint32_t w, int32_t b) {
         Word& V = words_[v];
+        if (first_seen_) shift_[v] += static_cast<uint32_t>(tokens_[b].size());
         ++V.start;
         if (--V.len > 0) return;
         words_[w].next = V.next;
@@ -370,6 +441,10 @@ private:
     int64_t min_frequency_;
     size_t max_token_bytes_;
     cancel::Poll& poll_ = cancel::current();
+    bool first_seen_;                  // ties: first occurrence, not smallest bytes
+    std::vector<uint32_t> shift_;      // first-seen: bytes taken off each block's front
+    std::vector<uint32_t> tied_;       // first-seen: the pairs sharing the top count
+    uint32_t tie_round_ = 0;
     bool chained_ = false;             // some piece is longer than one block
     std::vector<std::string> tokens_;  // id -> bytes
     BytesMap<int32_t> id_of_;          // bytes -> id
@@ -392,9 +467,9 @@ private:
 }  // namespace
 
 Merges learn_merges(const TrainInput& input, size_t n_merges, int64_t min_frequency, const ProgressFn& progress,
-                    size_t max_token_bytes, size_t progress_every) {
+                    size_t max_token_bytes, size_t progress_every, bool first_seen) {
     if (n_merges == 0) return {};
-    Trainer t(input, min_frequency, max_token_bytes);
+    Trainer t(input, min_frequency, max_token_bytes, first_seen);
     return t.run(n_merges, progress, progress_every);
 }
 

@@ -98,10 +98,13 @@ def _ref_dict(store, kind: str, version: str) -> dict[str, str]:
 
 
 def _load_tokenizer(args):
-    from pipeline_lib.tokenizer import Tokenizer
+    from pipeline_lib.tokenizer import Tokenizer, get_encoding
+    from pipeline_lib.tokenizer.registry import ENCODINGS
 
     if _is_tokenizer_dir(args.tokenizer):
         return Tokenizer.load(args.tokenizer)
+    if args.tokenizer in ENCODINGS:  # a production encoding by name (gpt2, cl100k_base, ...)
+        return get_encoding(args.tokenizer)
     store = _store(args)
     k, v = _resolve(store, args.tokenizer, "tokenizer")
     return Tokenizer.load(store.local_dir(k, v))
@@ -208,7 +211,9 @@ def cmd_tokenizer_train(args) -> int:
     with _flow_api():
         from flows.pipeline import tokenizer_train_flow
 
-        tok = tokenizer_train_flow.with_options(task_runner=_runner(args))(**configs, store=args.store, storage_options=so, log_merges=args.log_merges)
+        tok = tokenizer_train_flow.with_options(task_runner=_runner(args))(
+            **configs, store=args.store, storage_options=so, log_merges=args.log_merges, trace=args.trace
+        )
     print(f"tokenizer {tok['kind']}/{tok['version']} -> {tok['uri']}")
     if args.out:
         from pipeline_lib.tokenizer import Tokenizer
@@ -226,6 +231,8 @@ def cmd_tokenizer_encode(args) -> int:
     text = args.text if args.text is not None else _read_text(args.input, "--input")
     allowed = lab.check_special_tokens(tok, text, args.allow_special or [], "--text" if args.text is not None else f"--input {args.input}")
     ids = tok.encode_to_numpy(text, allowed_special=allowed)
+    if args.trace:
+        print(lab.encode_trace_text(lab.encode_trace(tok, text)))
     if args.show:
         import shutil
 
@@ -235,8 +242,18 @@ def cmd_tokenizer_encode(args) -> int:
         import numpy as np
 
         np.save(args.output, ids, allow_pickle=False)
-        print(f"{len(ids)} tokens -> {args.output}")
-    elif not args.show:
+        ratio = ""
+        if args.input is not None:
+            c = lab.compression(text, len(ids))
+            ratio = f" ({c['chars']:,} characters, {c['bytes']:,} bytes: {c['chars_per_token']:.2f} chars/token, {c['bytes_per_token']:.2f} bytes/token)"
+        print(f"{len(ids)} tokens -> {args.output}{ratio}")
+    elif args.input is not None and not args.show:
+        print(" ".join(map(str, ids.tolist())))
+        c = lab.compression(text, len(ids))
+        print(
+            f"{c['tokens']:,} tokens for {c['chars']:,} characters ({c['bytes']:,} bytes): {c['chars_per_token']:.2f} chars/token, {c['bytes_per_token']:.2f} bytes/token"
+        )
+    elif not args.show and not args.trace:
         print(" ".join(map(str, ids.tolist())))
     return 0
 
@@ -743,16 +760,22 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--log-merges", type=int, default=0, metavar="N", help="log every N-th merge: the pair, the new token, its count when merged (default: none)"
     )
+    p.add_argument("--trace", action="store_true", help="print the training pieces (the 20 most frequent) after each merge; kept as a run artifact too")
     p.set_defaults(func=cmd_tokenizer_train)
     p = tp.add_parser("encode", help="encode text with a tokenizer")
     _add_store(p)
-    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store or a saved tokenizer directory")
+    p.add_argument(
+        "--tokenizer",
+        default="latest:tokenizer",
+        help="REF in the store, a saved tokenizer directory, or a production encoding: gpt2, r50k_base, p50k_base, cl100k_base, o200k_base",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text")
     src.add_argument("--input", help="text file to encode")
     p.add_argument("--output", help="write ids as .npy instead of printing")
     p.add_argument("--allow-special", action="append", metavar="TOKEN", help="special token allowed in the text (repeatable; 'all': every one)")
     p.add_argument("--show", action="store_true", help="draw each token's text above its id (whitespace visible, coloured in a terminal) and the compression")
+    p.add_argument("--trace", action="store_true", help="per piece: its starting parts, then each merge applied (lowest rank first) with its rank")
     p.set_defaults(func=cmd_tokenizer_encode)
     p = tp.add_parser("inspect", help="shortest, longest, first and last tokens, tokens per length, tokens never used in training")
     _add_store(p)

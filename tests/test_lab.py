@@ -251,3 +251,95 @@ def test_tokenizer_flow_logs_every_nth_merge_with_its_count(prefect_harness, tmp
     assert logged == [lab.merge_line(r) for r in expected]
     table = next(a for key, a in _artifacts(state.state_details.flow_run_id).items() if key.startswith("tokenizer-merge-log-"))
     assert json.loads(table.data) == expected
+
+
+# --------------------------------------------------------------------------- traces
+@settings(max_examples=40, deadline=None)
+@given(st.text(alphabet=st.sampled_from("ab c\nthe—é好"), min_size=0, max_size=40))
+def test_encode_trace_ends_in_the_ids_encode_gives(tok, text):
+    trace = lab.encode_trace(tok, text)
+    assert [i for entry in trace for i in entry["ids"]] == tok.encode_ordinary(text)
+    for entry in trace:
+        assert all(len(s["parts"]) == len(entry["start"]) - k - 1 for k, s in enumerate(entry["steps"]))  # one merge per step
+
+
+def test_encode_trace_of_char_and_word_units(shakespeare_text):
+    char = Tokenizer.train([shakespeare_text[:20_000]], 120, unit="char", pattern="none", special_tokens=())
+    word = Tokenizer.train([shakespeare_text[:20_000]], 120, unit="word", special_tokens=())
+    for t in (char, word):
+        text = "the king's men — zebra"
+        trace = lab.encode_trace(t, text)
+        assert [i for e in trace for i in e["ids"]] == t.encode_ordinary(text)
+    assert "<unk>" in lab.encode_trace_text(lab.encode_trace(char, "好"))  # unseen at training
+    assert lab.encode_trace(word, "the")[0]["start"] == ["t", "h", "e", "</w>"]
+
+
+def test_encode_cli_takes_a_production_encoding_by_name_and_traces(capsys):
+    assert main(["tokenizer", "encode", "--tokenizer", "gpt2", "--text", "This is some text"]) == 0
+    assert capsys.readouterr().out == "1212 318 617 2420\n"
+    assert main(["tokenizer", "encode", "--tokenizer", "cl100k_base", "--text", "This is some text", "--trace"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "piece 'This': T h i s" and out[-1].startswith("  ids ")
+    assert any(re.fullmatch(r"  rank \d+: '␣' \+ 'is' -> '␣is'   ␣is", line) for line in out)
+
+
+def test_encode_input_shows_the_ratio(saved, tmp_path, capsys, tok):
+    source = tmp_path / "in.txt"
+    source.write_text("To be, or not to be, that is the question.", encoding="utf-8")
+    assert main(["tokenizer", "encode", "--tokenizer", saved, "--input", str(source), "--output", str(tmp_path / "ids.npy")]) == 0
+    n = len(tok.encode("To be, or not to be, that is the question."))
+    assert capsys.readouterr().out == f"{n} tokens -> {tmp_path / 'ids.npy'} (42 characters, 42 bytes: {42 / n:.2f} chars/token, {42 / n:.2f} bytes/token)\n"
+
+
+def test_train_trace_replays_the_cat_in_the_hat():
+    text = "the cat in the hat"
+    t = Tokenizer.train([text], 0, pattern="none", special_tokens=(), ties="first-seen", n_merges=3)
+    trace = lab.train_trace(t, [text.encode()], [1])
+    assert [s["pieces"][0] for s in trace["steps"]] == [
+        "t h e ␣ c a t ␣ i n ␣ t h e ␣ h a t",
+        "th e ␣ c a t ␣ i n ␣ th e ␣ h a t",
+        "the ␣ c a t ␣ i n ␣ the ␣ h a t",
+        "the␣ c a t ␣ i n ␣ the␣ h a t",
+    ]
+    lines = lab.train_trace_text(trace).splitlines()
+    assert lines[1] == "merge 0: 't' + 'h' -> 'th'   th e ␣ c a t ␣ i n ␣ th e ␣ h a t"
+
+
+def test_tokenizer_flow_traces_training_plainly(prefect_harness, tmp_path):
+    import logging
+
+    from flows.console import ConsoleHandler
+    from flows.pipeline import tokenizer_train_flow
+    from pipeline_lib.corpus import CorpusConfig
+    from pipeline_lib.counting import CountConfig
+    from pipeline_lib.stages import TokenizerConfig
+
+    source = tmp_path / "hat.txt"
+    source.write_text("the cat in the hat", encoding="utf-8")
+    corpus = CorpusConfig(sources=(str(source),), documents="file", n_shards=1)
+    config = TokenizerConfig(special_tokens=(), min_frequency=1, ties="first-seen", merges=3)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    run_logger = logging.getLogger("prefect.flow_runs")
+    level = run_logger.level
+    run_logger.addHandler(handler)
+    run_logger.setLevel(logging.INFO)
+    try:
+        state = tokenizer_train_flow(corpus, CountConfig(pattern="none"), config, store=str(tmp_path / "store"), log_merges=1, trace=True, return_state=True)
+    finally:
+        run_logger.removeHandler(handler)
+        run_logger.setLevel(level)
+    plain = [r.getMessage() for r in records if getattr(r, "plain", False)]
+    assert plain[0] == "initial alphabet 256, special 0, merges to learn 3, target 259"
+    assert plain[1].startswith("compression on the training text: 18 characters (18 bytes) -> 12 tokens, 1.50 chars/token")
+    assert "merge 2: 'the' + '␣' -> 'the␣' (id 258) (count 2)" in plain
+    assert "merge 0: 't' + 'h' -> 'th'   th e ␣ c a t ␣ i n ␣ th e ␣ h a t" in plain
+    artifact = next(a for key, a in _artifacts(state.state_details.flow_run_id).items() if key.startswith("tokenizer-train-trace-"))
+    assert "the␣ c a t ␣ i n ␣ the␣ h a t" in artifact.data
+    # The console prints a plain record as its message alone.
+    console = ConsoleHandler()
+    lines: list[str] = []
+    console.console.print = lambda message, **kw: lines.append(message)  # type: ignore[method-assign]
+    console.emit(next(r for r in records if getattr(r, "plain", False)))
+    assert lines == ["initial alphabet 256, special 0, merges to learn 3, target 259"]

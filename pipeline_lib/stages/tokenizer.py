@@ -119,8 +119,6 @@ def _learn(ctx: Context) -> Output:
 
     def announce(p: Any) -> None:
         plan.append(p.line())
-        if ctx.log:
-            ctx.log(p.line())
 
     tok = Tokenizer.train(
         table,
@@ -139,8 +137,6 @@ def _learn(ctx: Context) -> Output:
     from pipeline_lib import lab
 
     compression = lab.training_compression(tok, pieces, cnt)
-    if ctx.log:
-        ctx.log(lab.compression_line(compression))
     assert ctx.staging is not None  # the engine publishes this stage
     files = {name: ctx.staging.put_bytes(name, data) for name, data in tokenizer_files(tok).items()}
     notable = notable_tokens(tok, 10)

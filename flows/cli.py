@@ -501,6 +501,18 @@ def cmd_compare(args) -> int:
     from pipeline_lib.report import MULTILINGUAL
 
     config = configs_from_args(args, COMPARE_CONFIGS)["compare"]
+    yours = {ref: _load_tokenizer(argparse.Namespace(**{**vars(args), "tokenizer": ref})) for ref in args.tokenizer or []}
+    if args.show or args.text is not None:
+        if args.text is None or not args.show:
+            raise InputError("compare --show draws one text: give both --show and --text '...'")
+        from pipeline_lib.tokenizer import get_encoding
+
+        named = [*yours.items(), *((name, get_encoding(name)) for name in ("gpt2", "cl100k_base", "o200k_base"))]
+        colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        import shutil
+
+        print(lab.show_text_rows(args.text, lab.text_rows(args.text, named), width=shutil.get_terminal_size().columns, colour=colour))
+        return 0
     files: dict[str, str] = {}
     for pair in args.encoding_file or []:
         name, sep, path = pair.partition("=")
@@ -510,6 +522,8 @@ def cmd_compare(args) -> int:
     options = _storage_options(args.storage_option)
     source = args.corpus or DEFAULT_CORPUS
     if args.flow:  # the same measuring, as a Prefect flow run with its artifacts
+        if yours:
+            raise InputError("--tokenizer is measured by the command itself: leave out --flow to compare your tokenizers")
         with _flow_api():
             from flows.lab import compare_flow
 
@@ -524,7 +538,7 @@ def cmd_compare(args) -> int:
 
         text = read(source, "--corpus")
         multilingual = read(args.multilingual or MULTILINGUAL, "--multilingual") if (args.multilingual or "").lower() != "none" else None
-        result = lab.compare(text, config, source, multilingual, files, progress=lambda message: print(message, file=sys.stderr, flush=True))
+        result = lab.compare(text, config, source, multilingual, files, progress=lambda message: print(message, file=sys.stderr, flush=True), tokenizers=yours)
     print(lab.compare_text(result))
     paths = lab.write_comparison(result, args.out)
     print(f"table: {paths['md']}, figures: {paths['json']}, plot: {paths['png']}")
@@ -875,6 +889,15 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--out", default="./compare", help="directory for compare.md, compare.json and compare.png (default: %(default)s)")
     p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option for the corpus URL (repeatable)")
     p.add_argument("--flow", action="store_true", help="run as a Prefect flow: the table and the plot also become the run's artifacts")
+    p.add_argument(
+        "--tokenizer",
+        action="append",
+        metavar="REF",
+        help="a tokenizer you trained (REF in --store, or a saved directory) measured beside the others; repeatable",
+    )
+    p.add_argument("--store", default=DEFAULT_STORE, help="artifact store holding the --tokenizer REFs (default: %(default)s)")
+    p.add_argument("--text", help="with --show: this text as tokens under character level, word level, your tokenizers and gpt2 / cl100k / o200k")
+    p.add_argument("--show", action="store_true", help="draw --text under each tokenizer (coloured in a terminal) instead of measuring a corpus")
     _add_configs(p, ("compare",), COMPARE_CONFIGS)
     _add_debug(p, default=argparse.SUPPRESS)
     p.set_defaults(func=cmd_compare)

@@ -129,6 +129,30 @@ def show_tokens(tok: Tokenizer, text: str, ids: Sequence[int], width: int = 80, 
     return "\n".join(lines)
 
 
+def text_rows(text: str, tokenizers: Sequence[tuple[str, Tokenizer]]) -> list[dict[str, Any]]:
+    """The same `text` as tokens under character level, word level and each tokenizer:
+    per row its name and (id, visible text) cells. Character ids are code points; word
+    level's ids number the text's own words and punctuation runs in the order met."""
+    rows = [{"name": "character level", "cells": [(ord(c), visible(c)) for c in text]}]
+    words: dict[str, int] = {}
+    rows.append({"name": "word level", "cells": [(words.setdefault(w, len(words)), visible(w)) for w in WORD_PIECES.findall(text)]})
+    for name, tok in tokenizers:
+        ids = tok.encode_ordinary(text)
+        rows.append({"name": name, "cells": list(zip(ids, token_texts(tok, ids)))})
+    return rows
+
+
+def show_text_rows(text: str, rows: Sequence[Mapping[str, Any]], width: int = 80, colour: bool = False) -> str:
+    """`text_rows` drawn one under the other, each with its token count and chars/token."""
+    out = []
+    for row in rows:
+        c = compression(text, len(row["cells"]))
+        out.append(f"{row['name']}: {c['tokens']:,} tokens, {c['chars_per_token']:.2f} chars/token")
+        out += draw_tokens(row["cells"], width, colour)
+        out.append("")
+    return "\n".join(out).rstrip("\n")
+
+
 def check_special_tokens(tok: Tokenizer, text: str, allowed: Iterable[str], source: str) -> set[str] | Literal["all"]:
     """The special tokens `text` may hold, as `encode` takes them; raises the command-line error.
 
@@ -434,7 +458,7 @@ class CompareConfig:
     units: Annotated[
         tuple[Literal["byte", "char", "word"], ...], doc("the units our BPE is trained over (char: no split; word: whitespace words), a row per unit and size")
     ] = ("byte", "char")
-    pattern: Annotated[Literal["gpt2", "cl100k", "o200k"], doc("split pattern of our byte-level BPE")] = "gpt2"
+    pattern: Annotated[Literal["gpt2", "cl100k", "o200k"], doc("split pattern of our byte-level BPE")] = "cl100k"
     heldout_fraction: Annotated[float, doc("the end of the corpus held out for measuring (the rest trains)")] = 0.1
     d_model: Annotated[int, doc("model width for the embedding parameters column (vocabulary x width)")] = 768
     production: Annotated[tuple[str, ...], doc("production encodings to measure (get_encoding names; none: leave them out)")] = PRODUCTION_ENCODINGS
@@ -607,8 +631,10 @@ def compare(
     multilingual: str | None = None,
     encoding_files: Mapping[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
+    tokenizers: Mapping[str, Tokenizer] | None = None,
 ) -> dict[str, Any]:
-    """Train and measure every tokenizer of `config` on `text` (held out: its end).
+    """Train and measure every tokenizer of `config` on `text` (held out: its end), and the
+    already trained `tokenizers` (name -> tokenizer: the learner's own) beside them.
 
     Returns the rows (one per tokenizer), fertility per language (tokens/word on each
     section of the `multilingual` UDHR sample, when given) and notes on what was left out.
@@ -628,6 +654,8 @@ def compare(
         found, note = hf_bpe(train, config.vocab_sizes)
         candidates += found
         notes += [note] if note else []
+    for name, tok in (tokenizers or {}).items():
+        candidates.append(Candidate(name, f"yours ({tok.unit}-level BPE, {tok.pattern} split)", tok.vocab_size, _counter(tok), size_axis=tok.vocab_size))
     found, left_out = production(config.production, encoding_files or {})
     candidates += found
     notes += left_out

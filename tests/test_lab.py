@@ -133,7 +133,7 @@ def test_compare_measures_every_row(shakespeare_text):
     heldout = shakespeare_text[:60_000][-result["heldout_chars"] :]
     assert rows["character level"]["tokens"] == len(heldout) and rows["character level"]["chars_per_token"] == 1.0
     assert rows["word level"]["tokens"] == len(lab.WORD_PIECES.findall(heldout))
-    ours300, ours600 = rows["ours byte gpt2 300"], rows["ours byte gpt2 600"]
+    ours300, ours600 = rows["ours byte cl100k 300"], rows["ours byte cl100k 600"]
     assert 1 < ours300["chars_per_token"] < ours600["chars_per_token"] < rows["gpt2"]["chars_per_token"]
     assert rows["gpt2"]["vocab_size"] == 50257 and rows["gpt2"]["embedding_params"] == 50257 * 768
     assert abs(rows["HF byte-level BPE 600"]["chars_per_token"] - ours600["chars_per_token"]) < 0.1  # the same algorithm, other ties
@@ -142,7 +142,7 @@ def test_compare_measures_every_row(shakespeare_text):
     english = "All human beings are born free."
     assert result["fertility"][0]["gpt2"] == len(get_encoding("gpt2").encode(english)) / 6
     md = lab.compare_text(result, markdown=True)
-    assert md.count("\n| ours byte gpt2") == 2 and "### Fertility per language" in md
+    assert md.count("\n| ours byte cl100k") == 2 and "### Fertility per language" in md
 
 
 def test_lab_options_come_from_the_config_and_bad_values_are_one_line(capsys):
@@ -178,9 +178,9 @@ def test_compare_cli(tmp_path, shakespeare_text, capsys):
         main(["compare", "--corpus", str(corpus), "--vocab-sizes", "300", "--production", "none", "--no-hf", "--multilingual", "none", "--out", str(out)]) == 0
     )
     printed = capsys.readouterr().out
-    assert "ours byte gpt2 300" in printed and "character level" in printed
+    assert "ours byte cl100k 300" in printed and "character level" in printed
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
-    assert json.loads((out / "compare.json").read_text())["rows"][2]["name"] == "ours byte gpt2 300"
+    assert json.loads((out / "compare.json").read_text())["rows"][2]["name"] == "ours byte cl100k 300"
     assert main(["compare", "--corpus", str(corpus), "--units", "bogus"]) == 2
     assert main(["compare", "--corpus", str(tmp_path / "missing.txt")]) == 2
     assert main(["compare", "--encoding-file", "cl100k_base"]) == 2
@@ -206,7 +206,7 @@ def test_compare_flow_publishes_the_table_and_the_plot(prefect_harness, tmp_path
     config = lab.CompareConfig(vocab_sizes=(300,), units=("byte", "char"), production=(), hf=False)
     state = compare_flow(str(corpus), config, "none", out=str(tmp_path / "out"), return_state=True)
     result = state.result()
-    assert [r["name"] for r in result["rows"]] == ["character level", "word level", "ours byte gpt2 300", "ours char 300"]
+    assert [r["name"] for r in result["rows"]] == ["character level", "word level", "ours byte cl100k 300", "ours char 300"]
     artifacts = _artifacts(state.state_details.flow_run_id)
     table = json.loads(artifacts["tokenizer-comparison"].data)
     assert [row["name"] for row in table] == [r["name"] for r in result["rows"]]
@@ -343,3 +343,26 @@ def test_tokenizer_flow_traces_training_plainly(prefect_harness, tmp_path):
     console.console.print = lambda message, **kw: lines.append(message)  # type: ignore[method-assign]
     console.emit(next(r for r in records if getattr(r, "plain", False)))
     assert lines == ["initial alphabet 256, special 0, merges to learn 3, target 259"]
+
+
+# --------------------------------------------------------------------------- one text, many tokenizers
+def test_compare_show_draws_one_text_under_every_tokenizer(saved, tok, capsys):
+    text = "The cat sat."
+    assert main(["compare", "--text", text, "--show", "--tokenizer", saved]) == 0
+    out = capsys.readouterr().out
+    heads = [line.split(":")[0] for line in out.splitlines() if re.match(r"^[\w /.-]+: \d+ tokens, ", line)]
+    assert heads == ["character level", "word level", saved, "gpt2", "cl100k_base", "o200k_base"]
+    assert f"{saved}: {len(tok.encode(text))} tokens" in out
+    assert "|T |h  |e  |␣ |" in out and "|84|104|101|32|" in out  # characters and their code points
+    assert "gpt2: 4 tokens, 3.00 chars/token" in out  # The, ␣cat, ␣sat, .
+    assert main(["compare", "--show"]) == 2
+    assert capsys.readouterr().err.startswith("tokenmill: error: compare --show draws one text")
+
+
+def test_compare_measures_your_tokenizer_beside_the_others(tok, shakespeare_text):
+    config = lab.CompareConfig(vocab_sizes=(300,), units=("byte",), production=(), hf=False)
+    result = lab.compare(shakespeare_text[:30_000], config, tokenizers={"mine": tok})
+    rows = {r["name"]: r for r in result["rows"]}
+    assert rows["mine"]["vocab_size"] == tok.vocab_size and rows["mine"]["family"].startswith("yours (byte-level BPE, gpt2 split)")
+    heldout = lab.split_heldout(shakespeare_text[:30_000], config.heldout_fraction)[1]
+    assert rows["mine"]["tokens"] == len(tok.encode_ordinary(heldout))

@@ -494,6 +494,30 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_lab_page(args) -> int:
+    from pipeline_lib import lab_page
+    from pipeline_lib.tokenizer import Tokenizer, get_encoding
+
+    text = args.text if args.text is not None else _read_text(args.input, "--input")
+    if args.tokenizer:
+        tok, name = _load_tokenizer(args), args.tokenizer
+    else:
+        from pipeline_lib.corpus import DEFAULT_CORPUS
+
+        if args.merges < 1:
+            raise InputError(f"--merges {args.merges}: give at least 1 merge to learn")
+        corpus = _read_text(args.corpus, "--corpus") if args.corpus else open(DEFAULT_CORPUS, encoding="utf-8").read()[:200_000]
+        tok = Tokenizer.train([p for p in corpus.split("\n\n") if p], 0, special_tokens=(), n_merges=args.merges, ties=args.ties, min_frequency=2)
+        name = f"byte-level BPE, {len(tok.merges or [])} merges on {args.corpus or 'tiny Shakespeare'}"
+    production = {n: get_encoding(n) for n in ("gpt2", "cl100k_base", "o200k_base")}
+    page = lab_page.build_page(text, tok, name, production)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(page)
+    print(f"lab page -> {args.out} ({len(page.encode()):,} bytes; open it in a browser, no server needed)")
+    return 0
+
+
 def cmd_compare(args) -> int:
     from pipeline_lib import lab
     from pipeline_lib.corpus import DEFAULT_CORPUS
@@ -875,6 +899,18 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "--separator-placement", choices=("append", "prepend"), help="separator after or before each document (default: as encoded; llm.c's scripts prepend)"
     )
     p.set_defaults(func=cmd_export_llmc)
+    lab_parsers = sub.add_parser("lab", help="the tokenizer lab: learn BPE in a browser").add_subparsers(dest="sub", required=True)
+    p = lab_parsers.add_parser("page", help="one self-contained HTML page: coloured tokens, a merge slider, compression vs vocabulary, compare table")
+    _add_store(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="the text the page shows")
+    src.add_argument("--input", help="text file the page shows")
+    p.add_argument("--tokenizer", help="REF in the store, a saved directory or a production encoding name (default: train one on --corpus)")
+    p.add_argument("--corpus", help="with no --tokenizer: text file to train byte-level BPE on (default: the bundled tiny Shakespeare)")
+    p.add_argument("--merges", type=int, default=500, help="with no --tokenizer: merges to learn (default: %(default)s)")
+    p.add_argument("--ties", choices=("bytes", "first-seen"), default="bytes", help="with no --tokenizer: the tie rule (default: %(default)s)")
+    p.add_argument("--out", default="lab.html", help="the HTML file to write (default: %(default)s)")
+    p.set_defaults(func=cmd_lab_page)
     p = sub.add_parser("report", help="compression vs vocabulary size, fertility per language, notable tokens")
     _add_store(p)
     _add_configs(p, ("report",), REPORT_CONFIGS, corpus=_report_corpus)

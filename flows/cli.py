@@ -258,6 +258,42 @@ def cmd_tokenizer_encode(args) -> int:
     return 0
 
 
+def cmd_tokenizer_merges(args) -> int:
+    from pipeline_lib import lab
+
+    print(lab.merges_text(_load_tokenizer(args), args.tokenizer))
+    return 0
+
+
+def cmd_tokenizer_vocab(args) -> int:
+    from pipeline_lib import lab
+
+    tok = _load_tokenizer(args)
+    rows = lab.vocab_rows(tok, args.search)
+    if args.id is not None:
+        rows = [(i, t) for i, t in rows if i == args.id]
+        if not rows:
+            raise InputError(f"--id {args.id}: not an id of this tokenizer (0 to {tok.vocab_size - 1})")
+    for i, text in rows:
+        print(f"{i}\t{text}")
+    if args.search and not rows:
+        print(f"no token contains {args.search!r}", file=sys.stderr)
+    return 0
+
+
+def cmd_tokenizer_decode(args) -> int:
+    tok = _load_tokenizer(args)
+    try:
+        ids = [int(x) for x in args.ids.replace(",", " ").split()]
+    except ValueError:
+        raise InputError(f"--ids {args.ids!r}: give token ids as integers, e.g. --ids '1212 318 617'") from None
+    bad = [i for i in ids if not 0 <= i < tok.vocab_size]
+    if bad:
+        raise InputError(f"--ids: {bad[0]} is not an id of this tokenizer (0 to {tok.vocab_size - 1})")
+    print(tok.decode(ids))
+    return 0
+
+
 def _read_text(path: str, flag: str) -> str:
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
@@ -815,6 +851,22 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--show", action="store_true", help="draw each token's text above its id (whitespace visible, coloured in a terminal) and the compression")
     p.add_argument("--trace", action="store_true", help="per piece: its starting parts, then each merge applied (lowest rank first) with its rank")
     p.set_defaults(func=cmd_tokenizer_encode)
+    tokenizer_help = "REF in the store, a saved tokenizer directory, or a production encoding (gpt2, cl100k_base, ...)"
+    p = tp.add_parser("merges", help="every merge as text under a header: pair, new token, id, count when merged")
+    _add_store(p)
+    p.add_argument("--tokenizer", default="latest:tokenizer", help=tokenizer_help)
+    p.set_defaults(func=cmd_tokenizer_merges)
+    p = tp.add_parser("vocab", help="id <-> token: every token by id, or those containing --search, or one --id")
+    _add_store(p)
+    p.add_argument("--tokenizer", default="latest:tokenizer", help=tokenizer_help)
+    p.add_argument("--search", help="only the tokens whose text contains this (a space matches ␣)")
+    p.add_argument("--id", type=int, help="only this id")
+    p.set_defaults(func=cmd_tokenizer_vocab)
+    p = tp.add_parser("decode", help="token ids back to text")
+    _add_store(p)
+    p.add_argument("--tokenizer", default="latest:tokenizer", help=tokenizer_help)
+    p.add_argument("--ids", required=True, help="the ids, space- or comma-separated")
+    p.set_defaults(func=cmd_tokenizer_decode)
     p = tp.add_parser("inspect", help="shortest, longest, first and last tokens, tokens per length, tokens never used in training")
     _add_store(p)
     p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store (its training counts are known) or a saved tokenizer directory")

@@ -96,9 +96,10 @@ def _cell_width(text: str) -> int:
 def draw_tokens(cells: Sequence[tuple[int, str]], width: int = 80, colour: bool = False) -> list[str]:
     """Lines drawing (id, text) cells: each token's text above its id, wrapped at `width`.
 
-    Plain: boundaries are ``|``. In colour, each token has its own background instead.
+    Plain: boundaries are ``|``. In colour, each token has its own background and the
+    cells are a space apart, so neighbouring ids do not read as one number.
     """
-    bar = "" if colour else "|"
+    bar = " " if colour else "|"
     rows: list[tuple[list[str], list[str]]] = [([], [])]
     used = len(bar)
     for k, (token_id, text) in enumerate(cells):
@@ -113,15 +114,58 @@ def draw_tokens(cells: Sequence[tuple[int, str]], width: int = 80, colour: bool 
         rows[-1][0].append(shown)
         rows[-1][1].append(number)
         used += w + len(bar)
+    if colour:
+        return [bar.join(row).rstrip() for top, bottom in rows if top for row in (top, bottom)]
     return [bar + bar.join(row) + bar for top, bottom in rows if top for row in (top, bottom)]
 
 
+def _whole(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def mark_split_characters(raw: Sequence[bytes], texts: Sequence[str]) -> list[str]:
+    """`texts` of tokens (their bytes `raw`), where a character whose bytes are split over
+    several tokens is shown in each of them with its part: ``猫`` as three byte tokens reads
+    ``猫[1/3]`` ``猫[2/3]`` ``猫[3/3]``, and ``␣\\xe5`` ``\\xa5`` ``\\xbd`` reads ``␣好[1/3]``
+    ``好[2/3]`` ``好[3/3]``. Tokens without such a character keep their text."""
+    owner: list[int] = []  # byte -> token
+    for k, data in enumerate(raw):
+        owner += [k] * len(data)
+    joined = b"".join(raw)
+    shown: list[list[str]] = [[] for _ in raw]
+    split_in = set()
+    at = 0
+    for c in joined.decode("utf-8", "surrogateescape"):
+        size = len(c.encode("utf-8", "surrogateescape"))
+        first, last = owner[at], owner[at + size - 1]
+        if first == last or "\udc80" <= c <= "\udcff":
+            shown[first].append(visible(c) if not "\udc80" <= c <= "\udcff" else f"\\x{ord(c) - 0xDC00:02x}")
+        else:
+            for k in range(first, last + 1):
+                shown[k].append(f"{visible(c)}[{k - first + 1}/{last - first + 1}]")
+                split_in.add(k)
+        at += size
+    return ["".join(shown[k]) if k in split_in else texts[k] for k in range(len(raw))]
+
+
 def show_tokens(tok: Tokenizer, text: str, ids: Sequence[int], width: int = 80, colour: bool = False) -> str:
-    """`text` drawn as its tokens `ids`, then its compression (the `encode --show` output)."""
-    cells = list(zip(ids, token_texts(tok, ids)))
+    """`text` drawn as its tokens `ids`, then its compression (the `encode --show` output).
+    A character split over several byte tokens is marked in each (`mark_split_characters`)."""
+    texts = token_texts(tok, ids)
+    if tok.unit == "byte":
+        specials = set(tok.special_tokens.values())
+        texts = mark_split_characters([b"" if i in specials else tok.decode_single_token_bytes(i) for i in ids], texts)
+    cells = list(zip(ids, texts))
     c = compression(text, len(ids))
     lines = draw_tokens(cells, width, colour)
-    legend = ", ".join(f"{v} {k!r}" for k, v in VISIBLE.items() if any(v in t for _, t in cells))
+    legend = ", ".join(
+        [f"{v} {k!r}" for k, v in VISIBLE.items() if any(v in t for _, t in cells)]
+        + (["X[i/n]: part i of a character split over n tokens"] if any(re.search(r"\[\d+/\d+\]$", t) for _, t in cells) else [])
+    )
     lines.append(
         f"{c['tokens']:,} token{'s' if c['tokens'] != 1 else ''} for {c['chars']:,} characters ({c['bytes']:,} bytes): "
         f"{c['bytes_per_token']:.2f} bytes/token, {c['chars_per_token']:.2f} chars/token" + (f"  [{legend}]" if legend else "")
@@ -343,6 +387,30 @@ def train_trace_text(trace: Mapping[str, Any], width: int = 160) -> str:
     if trace["pieces_total"] > len(counts):
         lines.append(f"(the {len(counts)} most frequent of {trace['pieces_total']:,} pieces)")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- merges and vocabulary as text
+def merges_text(tok: Tokenizer, name: str) -> str:
+    """Every merge as a learner reads it, under a header: rank, pair, new token, its id and
+    the pair's count when merged (`tokenmill tokenizer merges`)."""
+    if tok.merges is None:
+        raise InputError(f"--tokenizer {name}: keeps no merge list (loaded from ranks); its tokens are listed by `tokenmill tokenizer vocab`")
+    header = (
+        f"# {name}: {len(tok.merges):,} merges, {tok.unit}-level BPE, pattern {tok.pattern}, {tok.vocab_size:,} ids\n"
+        "# merge: left + right -> token (id) (the pair's count when merged); ␣ space, ↵ newline, → tab"
+    )
+    return "\n".join([header, *(merge_line(r) for r in merge_log(tok, 1))])
+
+
+def vocab_rows(tok: Tokenizer, search: str | None = None) -> list[tuple[int, str]]:
+    """(id, visible text) of every token, special tokens included, by id; with `search`,
+    only the tokens whose text (spaces as ``␣`` or as spaces) contains it."""
+    by_id = sorted((i, b) for b, i in tok.mergeable_ranks.items())
+    rows = [*((i, t) for (i, _), t in zip(by_id, token_texts(tok, [i for i, _ in by_id]))), *sorted((i, n) for n, i in tok.special_tokens.items())]
+    if search:
+        wanted = {search, visible(search)}
+        rows = [(i, t) for i, t in rows if any(w in t for w in wanted)]
+    return rows
 
 
 # --------------------------------------------------------------------------- inspecting a tokenizer

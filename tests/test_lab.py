@@ -45,7 +45,8 @@ def test_drawing_shows_every_token_and_its_id(tok, text, width):
     lines = lab.show_tokens(tok, text, ids, width=width).splitlines()
     cells = _cells(lines[:-1])
     assert [int(i) for _, i in cells] == ids
-    assert [t.rstrip(" ") for t, _ in cells] == [t.rstrip(" ") for t in lab.token_texts(tok, ids)]
+    shown = lab.mark_split_characters([tok.decode_single_token_bytes(i) for i in ids], lab.token_texts(tok, ids))  # split characters marked
+    assert [t.rstrip(" ") for t, _ in cells] == [t.rstrip(" ") for t in shown]
     assert all(len(line) <= max(width, max(len(c) for c, _ in cells) + 2) for line in lines[:-1])
     # Whitespace is visible: no raw space, tab or newline inside a token's text.
     assert not any(re.search(r"[\t\n]", t) or t.strip(" ") != t.rstrip(" ").lstrip(" ") for t, _ in cells)
@@ -366,3 +367,38 @@ def test_compare_measures_your_tokenizer_beside_the_others(tok, shakespeare_text
     assert rows["mine"]["vocab_size"] == tok.vocab_size and rows["mine"]["family"].startswith("yours (byte-level BPE, gpt2 split)")
     heldout = lab.split_heldout(shakespeare_text[:30_000], config.heldout_fraction)[1]
     assert rows["mine"]["tokens"] == len(tok.encode_ordinary(heldout))
+
+
+# --------------------------------------------------------------------------- readability
+def test_colour_cells_are_a_space_apart(tok):
+    text = "To be, or not"
+    ids = tok.encode(text)
+    coloured = lab.show_tokens(tok, text, ids, width=200, colour=True).splitlines()
+    assert ANSI.sub("", coloured[1]).split() == [str(i) for i in ids]  # ids never run together
+
+
+def test_a_character_split_over_byte_tokens_is_marked():
+    gpt2 = get_encoding("gpt2")
+    text = "猫 好 é"
+    drawn = lab.show_tokens(gpt2, text, gpt2.encode(text))
+    assert drawn.splitlines()[0].replace(" ", "") == "|猫[1/3]|猫[2/3]|猫[3/3]|␣好[1/3]|好[2/3]|好[3/3]|␣é|"
+    assert "X[i/n]: part i of a character split over n tokens" in drawn
+    assert lab.mark_split_characters([b"a", b"\xe5"], ["a", "\\xe5"]) == ["a", "\\xe5"]  # an incomplete end stays as bytes
+
+
+def test_merges_vocab_and_decode_commands(saved, tok, capsys):
+    assert main(["tokenizer", "merges", "--tokenizer", saved]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"# {saved}: {len(tok.merges or [])} merges, byte-level BPE, pattern gpt2")
+    assert lines[2:] == [lab.merge_line(r) for r in lab.merge_log(tok, 1)]
+    assert main(["tokenizer", "vocab", "--tokenizer", saved, "--search", " the"]) == 0
+    found = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert found and all("␣the" in t for _, t in found) and ["%d" % tok.encode(" the")[0], "␣the"] in found
+    assert main(["tokenizer", "vocab", "--tokenizer", saved, "--id", "65"]) == 0
+    assert capsys.readouterr().out == "65\tA\n"  # byte 65
+    assert main(["tokenizer", "decode", "--tokenizer", "gpt2", "--ids", "1212, 318 617 2420"]) == 0
+    assert capsys.readouterr().out == "This is some text\n"
+    assert main(["tokenizer", "decode", "--tokenizer", "gpt2", "--ids", "1 x"]) == 2
+    assert main(["tokenizer", "merges", "--tokenizer", "gpt2"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("tokenmill: error: --ids '1 x'") and err[1].startswith("tokenmill: error: --tokenizer gpt2: keeps no merge list")

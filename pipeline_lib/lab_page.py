@@ -101,11 +101,12 @@ def curve_svg(curve: Mapping[str, Any], name: str, width: int = 640, height: int
         out.append(
             f'<circle cx="{x}" cy="{y}" r="3" fill="#1f77b4"><title>{html.escape(name)} at {p["vocab_size"]:,}: {p["chars_per_token"]:.2f}</title></circle>'
         )
-    for p in curve["production"]:
+    for k, p in enumerate(curve["production"]):
         x, y = at(p["vocab_size"], p["chars_per_token"])
         label = html.escape(p["name"])
         out.append(f'<circle class="production" cx="{x}" cy="{y}" r="4" fill="#d62728"><title>{label}: {p["chars_per_token"]:.2f}</title></circle>')
-        out.append(f'<text x="{x}" y="{y - 8}" font-size="11" text-anchor="middle">{label}</text>')
+        # neighbours' labels alternate above and below their points, so they do not overlap
+        out.append(f'<text x="{x}" y="{y - 8 if k % 2 == 0 else y + 18}" font-size="11" text-anchor="middle">{label}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -122,10 +123,11 @@ STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1100px; }
 h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; }
 .tokens { font-family: ui-monospace, monospace; font-size: 15px; line-height: 2.1; }
-.tok { padding: 2px 1px; margin-right: 2px; border-radius: 3px; white-space: pre; }
+.tok { display: inline-block; padding: 0 1px; margin: 2px 2px 2px 0; border-radius: 3px; white-space: pre; line-height: 1.5; }
 .c0 { background: #bcdcf5; } .c1 { background: #f5e1bc; } .c2 { background: #c8efc8; }
 .c3 { background: #f5c6cb; } .c4 { background: #dcd0f5; } .c5 { background: #f5f0b0; }
-table { border-collapse: collapse; } td, th { padding: 4px 10px; border-bottom: 1px solid #ddd; text-align: left; vertical-align: top; }
+table { border-collapse: collapse; width: 100%; table-layout: fixed; }
+th:nth-child(1) { width: 180px; } th:nth-child(2), th:nth-child(3) { width: 100px; } td, th { padding: 4px 10px; border-bottom: 1px solid #ddd; text-align: left; vertical-align: top; }
 #slider { width: 520px; } .muted { color: #666; font-size: 13px; }
 """
 

@@ -530,6 +530,20 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_lab_corpora(args) -> int:
+    import shutil
+
+    from pipeline_lib import lab
+
+    for name, (file, what) in lab.LAB_CORPORA.items():
+        path = lab.lab_corpus(name)
+        if args.copy:
+            os.makedirs(args.copy, exist_ok=True)
+            path = shutil.copy(path, os.path.join(args.copy, file))
+        print(f"{file:<18} {os.path.getsize(path):>7,} bytes  {what}  -> {path}")
+    return 0
+
+
 def cmd_lab_page(args) -> int:
     from pipeline_lib import lab_page
     from pipeline_lib.tokenizer import Tokenizer, get_encoding
@@ -963,6 +977,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--ties", choices=("bytes", "first-seen"), default="bytes", help="with no --tokenizer: the tie rule (default: %(default)s)")
     p.add_argument("--out", default="lab.html", help="the HTML file to write (default: %(default)s)")
     p.set_defaults(func=cmd_lab_page)
+    p = lab_parsers.add_parser("corpora", help="the small corpora shipped for the tutorials: list them, or copy them into a directory")
+    p.add_argument("--copy", metavar="DIR", help="copy every one into DIR (as NAME.txt)")
+    p.set_defaults(func=cmd_lab_corpora)
     p = sub.add_parser("report", help="compression vs vocabulary size, fertility per language, notable tokens")
     _add_store(p)
     _add_configs(p, ("report",), REPORT_CONFIGS, corpus=_report_corpus)

@@ -36,6 +36,25 @@ if TYPE_CHECKING:
 
     Counts = Sequence[int] | np.ndarray
 
+# --------------------------------------------------------------------------- the shipped small corpora
+LAB_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "lab")
+# name -> (file in LAB_DATA, what it is): the tutorials' small corpora, shipped (data/lab/README.md).
+LAB_CORPORA = {
+    "hat": ("hat.txt", 'the byte-level walkthrough\'s sentence, "the cat in the hat"'),
+    "low": ("low.txt", "low/lower/newest/widest, the word-frequency walkthrough"),
+    "cats": ("cats.txt", "the cat/rat sentences of the lowercase \\w+ word walkthrough"),
+    "names": ("names.txt", "5,000 generated given names (CC0), one a line"),
+    "peter_rabbit": ("peter_rabbit.txt", "the opening of The Tale of Peter Rabbit (1902, public domain)"),
+}
+
+
+def lab_corpus(name: str) -> str:
+    """The path of a shipped lab corpus."""
+    if name not in LAB_CORPORA:
+        raise InputError(f"unknown lab corpus {name!r}; shipped: {', '.join(LAB_CORPORA)}")
+    return os.path.join(LAB_DATA, LAB_CORPORA[name][0])
+
+
 # --------------------------------------------------------------------------- drawing tokens
 # Whitespace and control characters as a person can see them in a token.
 VISIBLE = {" ": "␣", "\n": "↵", "\t": "→", "\r": "␍", "\v": "␋", "\f": "␌"}

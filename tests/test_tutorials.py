@@ -18,7 +18,10 @@ merge for merge; under the default rule they are asserted only as far as the tie
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -205,3 +208,84 @@ def test_first_seen_through_the_pipeline_stage(tmp_path):
     # The default rule is another version, with other merges.
     default = stages.learn_tokenizer(store, counts, stages.TokenizerConfig(unit="word", lowercase=True, special_tokens=(), min_frequency=1, merges=33))
     assert default.version != ref.version and stages.load_tokenizer(store, default).merges != tok.merges
+
+
+# --------------------------------------------------------------------------- docs/tutorial.md, as printed
+DOC = Path(__file__).resolve().parent.parent / "docs" / "tutorial.md"
+
+
+def doc_commands() -> list[tuple[str, list[str]]]:
+    """Every ``$ command`` of the console blocks of docs/tutorial.md with the lines it prints."""
+    out: list[tuple[str, list[str]]] = []
+    for block in re.findall(r"```console\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S):
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                out.append((line[2:], []))
+            elif out and line.strip():
+                out[-1][1].append(line)
+    return out
+
+
+def matches(printed: list[str], expected: list[str]) -> bool:
+    """`printed` equals `expected`, where a ``...`` line of `expected` stands for any lines."""
+    if "..." not in expected:
+        return printed == expected
+    gap = expected.index("...")
+    head, tail = expected[:gap], expected[gap + 1 :]
+    return printed[: len(head)] == head and (not tail or printed[-len(tail) :] == tail) and len(printed) >= len(head) + len(tail)
+
+
+OFFLINE = ("--tokenizer gpt2", "--tokenizer cl100k_base", "compare --text", "lab corpora --copy")
+
+
+def test_the_docs_offline_commands_print_what_the_docs_show(tmp_path, capsys, monkeypatch):
+    from flows.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "100")
+    ran = 0
+    for command, expected in doc_commands():
+        if not command.startswith("tokenmill ") or not any(k in command for k in OFFLINE):
+            continue
+        assert main(shlex.split(command)[1:]) == 0, command
+        printed = capsys.readouterr().out.splitlines()
+        assert matches([p for p in printed if p.strip()], expected), (command, printed)
+        ran += 1
+    assert ran >= 7
+
+
+def test_the_docs_first_seen_walkthroughs_replay(prefect_harness, tmp_path, capsys, monkeypatch):
+    # The training commands of sections 5 and 8, run as the CLI runs them (its parser and
+    # configs, the same flow); their plain lines are what the docs show.
+    import logging
+
+    from flows.cli import TOKENIZER_CONFIGS, build_parser, configs_from_args, main
+    from flows.pipeline import tokenizer_train_flow
+
+    monkeypatch.chdir(tmp_path)
+    main(["lab", "corpora", "--copy", "."])
+    capsys.readouterr()
+    commands = dict(doc_commands())
+    trained = [c for c in commands if c.startswith("tokenmill tokenizer train") and "--ties first-seen" in c]
+    assert len(trained) == 2
+    for command in trained:
+        argv = shlex.split(command)[1:]
+        args = build_parser(argv).parse_args(argv)
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler(logging.INFO)
+        handler.emit = records.append  # type: ignore[method-assign]
+        run_logger = logging.getLogger("prefect")
+        level = run_logger.level
+        run_logger.addHandler(handler)
+        run_logger.setLevel(logging.INFO)
+        try:
+            tokenizer_train_flow(**configs_from_args(args, TOKENIZER_CONFIGS), store=args.store, log_merges=args.log_merges, trace=args.trace)
+        finally:
+            run_logger.removeHandler(handler)
+            run_logger.setLevel(level)
+        plain = [r.getMessage() for r in records if getattr(r, "plain", False)]
+        assert matches(plain, commands[command]), (command, plain)
+    for command in ('tokenmill tokenizer encode --store ./cat-first --trace --text "the cat"', "tokenmill tokenizer merges --store ./hat-store"):
+        assert main(shlex.split(command)[1:]) == 0
+        assert capsys.readouterr().out.splitlines() == commands[command], command

@@ -526,8 +526,26 @@ def cmd_report(args) -> int:
         ref = report_flow(**configs, store=args.store, storage_options=_storage_options(args.storage_option) or None)
     store = _store(args)
     print(store.read_bytes(ref["kind"], ref["version"], "report.md").decode())
+    if args.tokenizer:
+        print(_yours_in_report(args, store, ref))
     print(f"plot: {store.uri(ref['kind'], ref['version'], 'compression.png')}")
     return 0
+
+
+def _yours_in_report(args, store, ref) -> str:
+    """The report's "your tokenizers" section: each --tokenizer on the report's held-out
+    shard (the corpus's last) and on the UDHR sample."""
+    from pipeline_lib import lab
+    from pipeline_lib.corpus import iter_shard_batches
+    from pipeline_lib.report import MULTILINGUAL, udhr_sections
+
+    named = [(r, _load_tokenizer(argparse.Namespace(**{**vars(args), "tokenizer": r}))) for r in args.tokenizer]
+    kind, version = store.manifest(ref["kind"], ref["version"])["parents"]["corpus"].split("/", 1)
+    last = store.manifest(kind, version)["meta"]["shards"][-1]["file"]
+    heldout = "\n\n".join(d.decode("utf-8") for docs in iter_shard_batches(store.local_file(kind, version, last)) for d in docs)
+    with open(MULTILINGUAL, encoding="utf-8") as f:
+        sections = udhr_sections(f.read())
+    return lab.yours_markdown(named, heldout, sections)
 
 
 def cmd_lab_corpora(args) -> int:
@@ -982,6 +1000,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_lab_corpora)
     p = sub.add_parser("report", help="compression vs vocabulary size, fertility per language, notable tokens")
     _add_store(p)
+    p.add_argument(
+        "--tokenizer",
+        action="append",
+        metavar="REF",
+        help="a tokenizer you trained (REF, directory or encoding name), measured on the same held-out text; repeatable",
+    )
     _add_configs(p, ("report",), REPORT_CONFIGS, corpus=_report_corpus)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser(

@@ -432,6 +432,26 @@ def vocab_rows(tok: Tokenizer, search: str | None = None) -> list[tuple[int, str
     return rows
 
 
+# --------------------------------------------------------------------------- your tokenizers beside a report
+def yours_markdown(named: Sequence[tuple[str, Tokenizer]], heldout: str, sections: Mapping[str, str]) -> str:
+    """A report section for tokenizers the learner trained: compression on the report's
+    held-out text and tokens per word on each language of the UDHR sample."""
+    lines = [
+        f"## Your tokenizers (the same held-out {len(heldout):,} characters)",
+        "",
+        "| tokenizer | ids | tokens | chars/token | bytes/token |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, tok in named:
+        c = compression(heldout, len(tok.encode_ordinary(heldout)))
+        lines.append(f"| {name} | {tok.vocab_size:,} | {c['tokens']:,} | {c['chars_per_token']:.3f} | {c['bytes_per_token']:.3f} |")
+    lines += ["", "Tokens per word:", "", "| language | " + " | ".join(n for n, _ in named) + " |", "|---|" + "---:|" * len(named)]
+    for language, text in sections.items():
+        words = max(1, len(text.split()))
+        lines.append(f"| {language} | " + " | ".join(f"{len(tok.encode_ordinary(text)) / words:.2f}" for _, tok in named) + " |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- inspecting a tokenizer
 def token_length(data: bytes) -> int:
     """A token's length in characters; bytes that are not whole characters count one each."""

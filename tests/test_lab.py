@@ -402,3 +402,26 @@ def test_merges_vocab_and_decode_commands(saved, tok, capsys):
     assert main(["tokenizer", "merges", "--tokenizer", "gpt2"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("tokenmill: error: --ids '1 x'") and err[1].startswith("tokenmill: error: --tokenizer gpt2: keeps no merge list")
+
+
+def test_report_measures_your_tokenizers_on_its_held_out_shard(tmp_path, saved, tok, shakespeare_text):
+    import argparse
+
+    from flows.cli import _yours_in_report
+    from pipeline_lib import ArtifactStore, stages
+    from pipeline_lib.corpus import CorpusConfig
+    from pipeline_lib.report import tokenizer_report
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    source = tmp_path / "corpus.txt"
+    source.write_text(shakespeare_text[:40_000], encoding="utf-8")
+    cfg = CorpusConfig(sources=(str(source),), n_shards=2, documents="paragraph")
+    corpus = stages.shard_corpus(store, stages.download_corpus(store, cfg), cfg)
+    ref = tokenizer_report(store, corpus, "gpt2", [256, 300])
+    args = argparse.Namespace(store=store.url, storage_option=None, tokenizer=[saved, "gpt2"])
+    section = _yours_in_report(args, store, {"kind": ref.kind, "version": ref.version})
+    lines = section.splitlines()
+    assert lines[0].startswith("## Your tokenizers (the same held-out ")
+    mine = next(line for line in lines if line.startswith(f"| {saved} | {tok.vocab_size} |"))
+    assert mine and any(line.startswith("| gpt2 | 50,257 |") for line in lines)
+    assert any(line.startswith("| English |") for line in lines) or "Tokens per word:" in section

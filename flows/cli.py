@@ -564,7 +564,7 @@ def cmd_lab_corpora(args) -> int:
 
 def cmd_lab_page(args) -> int:
     from pipeline_lib import lab_page
-    from pipeline_lib.tokenizer import Tokenizer, get_encoding
+    from pipeline_lib.tokenizer import get_encoding
 
     text = args.text if args.text is not None else _read_text(args.input, "--input")
     if args.tokenizer:
@@ -575,7 +575,7 @@ def cmd_lab_page(args) -> int:
         if args.merges < 1:
             raise InputError(f"--merges {args.merges}: give at least 1 merge to learn")
         corpus = _read_text(args.corpus, "--corpus") if args.corpus else open(DEFAULT_CORPUS, encoding="utf-8").read()[:200_000]
-        tok = Tokenizer.train([p for p in corpus.split("\n\n") if p], 0, special_tokens=(), n_merges=args.merges, ties=args.ties, min_frequency=2)
+        tok = lab_page.train_for_page(corpus, args.merges, args.ties)
         name = f"byte-level BPE, {len(tok.merges or [])} merges on {args.corpus or 'tiny Shakespeare'}"
     production = {n: get_encoding(n) for n in ("gpt2", "cl100k_base", "o200k_base")}
     page = lab_page.build_page(text, tok, name, production)

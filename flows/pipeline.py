@@ -186,7 +186,7 @@ def tokenizer_flow(
     log_merges: int = 0,
     trace: bool = False,
 ) -> dict[str, str]:
-    """Count pieces per shard in parallel, reduce, learn merges: a tokenizer version.
+    """Count pieces per shard in parallel, reduce, learn the merges (a tokenizer version).
     `corpus`: the config `corpus_ref` was made with, for its byte budget per counting task
     (none: the default); `log_merges` N: log every N-th merge and make a table artifact of
     them (0: none); `trace`: log the training pieces after each merge (an artifact too)."""

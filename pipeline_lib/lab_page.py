@@ -29,6 +29,14 @@ if TYPE_CHECKING:
     from pipeline_lib.tokenizer import Tokenizer
 
 
+def train_for_page(corpus: str, n_merges: int, ties: str = "bytes") -> Tokenizer:
+    """Byte-level BPE (cl100k split, no special token) learned from `corpus`'s paragraphs:
+    the page's tokenizer when the learner names none."""
+    from pipeline_lib.tokenizer import Tokenizer
+
+    return Tokenizer.train([p for p in corpus.split("\n\n") if p], 0, special_tokens=(), min_frequency=2, ties=ties, n_merges=n_merges)
+
+
 def slider_data(tok: Tokenizer, text: str) -> dict[str, Any]:
     """Per piece, the parts (text and id) before any merge and after each merge that
     changes it, with that merge's rank; and the ranks the slider steps through."""

@@ -2,9 +2,10 @@
 
     tokenmill run                       # the whole chain on the bundled corpus, store ./artifacts
     tokenmill run --corpus 's3://bucket/data/*.jsonl.zst' --store s3://bucket/tm --vocab-size 32768
-    tokenmill tokenizer train|encode|inspect|export
+    tokenmill tokenizer train|encode|merges|vocab|decode|inspect|export
     tokenmill encode --tokenizer REF    # encode a corpus with an existing tokenizer
     tokenmill compare | report          # tokenizers side by side; compression vs vocabulary size
+    tokenmill lab page | corpora        # the BPE lab as one HTML page; the tutorials' small corpora
     tokenmill lm train|sample
     tokenmill sweep --vocab-sizes 512,1024,4096   # which tokenizer makes the better model, at equal compute
     tokenmill versions | show REF | verify REF | gc

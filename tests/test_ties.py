@@ -147,3 +147,29 @@ def test_n_merges_sets_the_vocabulary_and_reports_the_plan():
     (plan,) = plans
     assert plan.line() == f"initial alphabet 11, special 1, merges to learn 5, target {11 + 1 + 5}"
     assert tok.vocab_size == 17
+
+
+def test_native_equals_reference_on_real_text(shakespeare_text):
+    counts = ref.count_pieces([shakespeare_text[:30_000]], "cl100k")  # in the order met
+    assert native_bytes(dict(counts), 300) == reference(dict(counts), 300)
+    char = {tuple(ref.characters(p)): c for p, c in counts.items()}
+    alphabet = sorted({s for piece in char for s in piece})
+    id_of = {s: i for i, s in enumerate(alphabet)}
+    symbols = {tuple(id_of[s] for s in piece): c for piece, c in char.items()}
+    assert native_symbols(alphabet, symbols, 300) == ref.learn_symbol_merges(alphabet, symbols, 300, 1, None, None, "first-seen")
+
+
+def test_many_ties_stay_fast_growth():
+    # The tail of training is thousands of pairs seen once; selecting among them must not
+    # rescan every tie at every merge: twice the pieces, about twice the work, not four times.
+    import time
+
+    def run(n: int) -> float:
+        counts = {f"{i:x}q{i * 7919 % 100003:x}".encode(): 1 for i in range(n)}
+        start = time.perf_counter()
+        native_bytes(counts, n // 2)
+        return time.perf_counter() - start
+
+    run(2000)  # warm up
+    small, big = min(run(20_000) for _ in range(3)), min(run(40_000) for _ in range(3))
+    assert big < 3.5 * small, (small, big)

@@ -15,12 +15,13 @@
 // * a pair whose merged bytes already are a token reuses that token's id;
 // * a pair whose merged bytes would be longer than max_token_bytes is never a candidate.
 //
-// * first-seen ties (optional): the up-to-date entries that share the top count are popped,
-//   each pair's first occurrence is found by scanning its word list (word id, then the byte
-//   offset from the block's original start: block ids follow the pieces' order and a chain's
-//   order, so that key orders occurrences as the text does), the earliest wins and the rest
-//   go back on the heap. Costlier than the byte rule when many pairs tie; meant for the
-//   small corpora of a lesson.
+// * first-seen ties (optional): a second heap ordered by (count, first occurrence), the
+//   first occurrence as one number: word id << 32 | byte offset from the block's original
+//   start (block ids follow the pieces' order and a chain's order, so the number orders
+//   occurrences as the text does). An entry's key is a lower bound of the pair's first
+//   occurrence (an occurrence added in word w can be no earlier than w << 32; removals only
+//   move it later); a popped entry is checked against the first occurrence found by
+//   scanning its word list, and pushed again with it when it was low.
 //
 // "Occurrences" are tracked next to the weighted count so that a pair that only occurs in
 // pieces of count 0 still exists for the reference (stats[pair] == 0 is a candidate).
@@ -50,13 +51,18 @@ struct PairInfo {
     int64_t occ = 0;    // number of occurrences
     int32_t left = 0, right = 0;
     uint32_t touched = 0xFFFFFFFFu;  // merge step that last increased it
-    uint32_t tied = 0;               // first-seen: the selection round that collected it
     std::vector<uint32_t> words;     // words that contain / contained it
 };
 
 struct HeapEntry {
     int64_t count;
     uint32_t pair;
+};
+
+struct KeyedEntry {
+    int64_t count;
+    uint32_t pair;
+    uint64_t key;  // a lower bound of the pair's first occurrence (see first_seen_key)
 };
 
 constexpr uint32_t kBlock = 256;
@@ -184,6 +190,13 @@ private:
             if (wd.next != kNoWord) add(s[wd.len - 1], first_symbol(wd.next), w, wd.freq, 0xFFFFFFFEu);
         }
         touched_.clear();
+        if (first_seen_) {
+            keyed_.reserve(pairs_.size());
+            for (uint32_t p = 0; p < pairs_.size(); ++p)
+                if (pairs_[p].occ > 0 && !too_long(pairs_[p])) keyed_.push_back({pairs_[p].count, p, key_lb_[p]});
+            std::make_heap(keyed_.begin(), keyed_.end(), KeyedLower{});
+            return;
+        }
         heap_.reserve(pairs_.size());
         for (uint32_t p = 0; p < pairs_.size(); ++p)
             if (pairs_[p].occ > 0 && !too_long(pairs_[p])) heap_.push_back({pairs_[p].count, p});
@@ -206,6 +219,7 @@ private:
             pairs_.emplace_back();
             pairs_.back().left = l;
             pairs_.back().right = r;
+            if (first_seen_) key_lb_.push_back(UINT64_MAX);
         }
         return idx;
     }
@@ -215,6 +229,7 @@ private:
         PairInfo& P = pairs_[p];
         P.count += f;
         P.occ += 1;
+        if (first_seen_) key_lb_[p] = std::min(key_lb_[p], static_cast<uint64_t>(w) << 32);
         if (P.words.empty() || P.words.back() != w) P.words.push_back(w);
         if (P.touched != step) {
             P.touched = step;
@@ -310,37 +325,47 @@ private:
         return best;
     }
 
-    // select() with first-seen ties: of the live pairs with the top count, the earliest met.
+    // Keyed heap order: higher count wins; ties: the earlier first occurrence wins.
+    struct KeyedLower {
+        bool operator()(const KeyedEntry& u, const KeyedEntry& v) const {
+            if (u.count != v.count) return u.count < v.count;
+            return u.key > v.key;
+        }
+    };
+    void kpush(const KeyedEntry& e) {
+        keyed_.push_back(e);
+        std::push_heap(keyed_.begin(), keyed_.end(), KeyedLower{});
+    }
+    void kpop() {
+        std::pop_heap(keyed_.begin(), keyed_.end(), KeyedLower{});
+        keyed_.pop_back();
+    }
+
+    // select() with first-seen ties: the live pair of the top count met first.
     int64_t select_first_seen() {
-        const int64_t top = select();
-        if (top < 0) return top;
-        const int64_t count = pairs_[top].count;
-        tied_.clear();
-        ++tie_round_;
-        // select() left the top up to date, so no entry holds a count above `count`.
-        while (!heap_.empty() && heap_.front().count == count) {
+        while (!keyed_.empty()) {
             poll_.tick();
-            const HeapEntry e = heap_.front();
-            pop();
-            PairInfo& P = pairs_[e.pair];
-            if (P.occ == 0) continue;
-            if (P.count != e.count) {
-                push({P.count, e.pair});  // lower: it goes below this round
+            const KeyedEntry top = keyed_.front();
+            const PairInfo& P = pairs_[top.pair];
+            if (P.occ == 0) {
+                kpop();
                 continue;
             }
-            if (P.tied != tie_round_) {
-                P.tied = tie_round_;
-                tied_.push_back(e.pair);
+            if (top.count != P.count) {
+                kpop();
+                if (P.count < top.count) kpush({P.count, top.pair, key_lb_[top.pair]});
+                continue;
             }
+            const uint64_t key = first_seen_key(top.pair);
+            if (key != top.key) {  // its first occurrence is later than the entry said
+                kpop();
+                key_lb_[top.pair] = key;
+                kpush({P.count, top.pair, key});
+                continue;
+            }
+            return top.pair;
         }
-        uint32_t best = tied_.front();
-        uint64_t best_key = first_seen_key(best);
-        for (size_t k = 1; k < tied_.size(); ++k) {
-            const uint64_t key = first_seen_key(tied_[k]);
-            if (key < best_key) best = tied_[k], best_key = key;
-        }
-        for (const uint32_t p : tied_) push({count, p});  // the winner's entry is dropped once merged
-        return best;
+        return -1;
     }
 
     // ---- merging ---------------------------------------------------------------------
@@ -375,7 +400,12 @@ private:
         pairs_[pi].occ = 0;
         for (uint32_t p : touched_) {
             const PairInfo& P = pairs_[p];
-            if (P.occ > 0 && !too_long(P)) push({P.count, p});
+            if (P.occ > 0 && !too_long(P)) {
+                if (first_seen_)
+                    kpush({P.count, p, key_lb_[p]});
+                else
+                    push({P.count, p});
+            }
         }
     }
 
@@ -443,8 +473,7 @@ private:
     cancel::Poll& poll_ = cancel::current();
     bool first_seen_;                  // ties: first occurrence, not smallest bytes
     std::vector<uint32_t> shift_;      // first-seen: bytes taken off each block's front
-    std::vector<uint32_t> tied_;       // first-seen: the pairs sharing the top count
-    uint32_t tie_round_ = 0;
+    std::vector<uint64_t> key_lb_;     // first-seen: a lower bound of each pair's first occurrence
     bool chained_ = false;             // some piece is longer than one block
     std::vector<std::string> tokens_;  // id -> bytes
     BytesMap<int32_t> id_of_;          // bytes -> id
@@ -461,6 +490,7 @@ private:
     U64Map<uint32_t> pair_index_;      // (left, right) -> index into pairs_
     std::vector<PairInfo> pairs_;
     std::vector<HeapEntry> heap_;
+    std::vector<KeyedEntry> keyed_;    // first-seen: the heap, keyed by first occurrence
     std::vector<uint32_t> touched_;
 };
 

@@ -75,6 +75,18 @@ def test_character_level_tokens_as_the_tutorial_shows_them(char300):
     assert char300.decode(char300.encode("the king")) == "the king"
 
 
+def test_character_level_first_seen_reorders_only_ties(char300, shakespeare_text):
+    # The tutorial's own tie rule: the same 235 tokens and 578,590 tokens of text; only
+    # equal-count neighbours learned in another order (ids shift with them).
+    first = Tokenizer.train([shakespeare_text], 301, unit="char", pattern="none", special_tokens=(), ties="first-seen")
+    assert set(first.mergeable_ranks) == set(char300.mergeable_ranks)
+    reordered = sum(a != b for a, b in zip(first.merges or [], char300.merges or []))
+    assert 0 < reordered < 20
+    assert len(first.encode_ordinary(shakespeare_text)) == len(char300.encode_ordinary(shakespeare_text))
+    logged = {r["merge"]: (r["token"], r["count"]) for r in lab.merge_log(first, 50)}
+    assert logged[0] == ("e␣", 27_643) and logged[100] == ("with", 1_258) and logged[200] == ("sha", 636)
+
+
 # --------------------------------------------------------------------------- word BPE with </w>
 def test_word_bpe_with_end_of_word(shakespeare_text):
     tok = Tokenizer.train([shakespeare_text], 500, unit="word", pattern="none", special_tokens=())

@@ -579,11 +579,19 @@ def cmd_lab_page(args) -> int:
         tok = lab_page.train_for_page(corpus, args.merges, args.ties)
         name = f"byte-level BPE, {len(tok.merges or [])} merges on {args.corpus or 'tiny Shakespeare'}"
     production = {n: get_encoding(n) for n in ("gpt2", "cl100k_base", "o200k_base")}
-    page = lab_page.build_page(text, tok, name, production)
+    rows = lab_page.compare_rows(text, [(name, tok), *production.items()])
+    page = lab_page.build_page(text, tok, name, production, rows)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(page)
     print(f"lab page -> {args.out} ({len(page.encode()):,} bytes; open it in a browser, no server needed)")
+    if args.flow:  # a Prefect run whose artifacts link the page and hold its compare table
+        with _flow_api():
+            from flows.lab import lab_page_flow
+
+            print(
+                f"attached to a Prefect run: {lab_page_flow(args.out, f'tokenmill lab: {name}', [{k: r[k] for k in ('name', 'tokens', 'chars_per_token')} for r in rows])}"
+            )
     return 0
 
 
@@ -995,6 +1003,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--merges", type=int, default=500, help="with no --tokenizer: merges to learn (default: %(default)s)")
     p.add_argument("--ties", choices=("bytes", "first-seen"), default="bytes", help="with no --tokenizer: the tie rule (default: %(default)s)")
     p.add_argument("--out", default="lab.html", help="the HTML file to write (default: %(default)s)")
+    p.add_argument("--flow", action="store_true", help="also attach the page to a Prefect run: a link artifact and the compare table")
     p.set_defaults(func=cmd_lab_page)
     p = lab_parsers.add_parser("corpora", help="the small corpora shipped for the tutorials: list them, or copy them into a directory")
     p.add_argument("--copy", metavar="DIR", help="copy every one into DIR (as NAME.txt)")

@@ -181,11 +181,12 @@ for (const row of DATA.compare) drawTokens(document.getElementById('row-' + row.
 """
 
 
-def build_page(text: str, tok: Tokenizer, name: str, production: Mapping[str, Tokenizer]) -> str:
-    """The lab page for `text` under `tok` (called `name`), beside the `production` encodings."""
+def build_page(text: str, tok: Tokenizer, name: str, production: Mapping[str, Tokenizer], rows: list[dict[str, Any]] | None = None) -> str:
+    """The lab page for `text` under `tok` (called `name`), beside the `production`
+    encodings; `rows`: `compare_rows` already made for them (else made here)."""
     ids = tok.encode_ordinary(text)
     tokens = list(zip(ids, lab.token_texts(tok, ids)))
-    rows = compare_rows(text, [(name, tok), *production.items()])
+    rows = rows if rows is not None else compare_rows(text, [(name, tok), *production.items()])
     for k, row in enumerate(rows):
         row["index"] = k
     curve = compression_curve(tok, text, production)

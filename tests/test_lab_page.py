@@ -127,3 +127,21 @@ def test_lab_page_in_chromium(tok, tmp_path):
         or (e.get("method") == "Log.entryAdded" and e["params"]["entry"].get("level") == "error")
     ]
     assert not errors, errors
+
+
+def test_lab_page_flow_links_the_page(prefect_harness, tmp_path, tok):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from flows.lab import lab_page_flow
+
+    page = tmp_path / "lab.html"
+    rows = lab_page.compare_rows(TEXT, [("mine", tok)])
+    page.write_text(lab_page.build_page(TEXT, tok, "mine", {}, rows), encoding="utf-8")
+    state = lab_page_flow(str(page), "tokenmill lab: mine", [{k: r[k] for k in ("name", "tokens", "chars_per_token")} for r in rows], return_state=True)
+    assert state.result() == page.resolve().as_uri()
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    by_key = {a.key: a for a in found}
+    assert page.resolve().as_uri() in by_key["lab-page"].data
+    assert f"| mine | {len(tok.encode_ordinary(TEXT))} | " in by_key["lab-page-compare"].data

@@ -2,9 +2,10 @@
 
     tokenmill run                       # the whole chain on the bundled corpus, store ./artifacts
     tokenmill run --corpus 's3://bucket/data/*.jsonl.zst' --store s3://bucket/tm --vocab-size 32768
-    tokenmill tokenizer train|encode|decode|inspect|export
+    tokenmill tokenizer train|encode|merges|vocab|decode|inspect|export
     tokenmill encode --tokenizer REF    # encode a corpus with an existing tokenizer
     tokenmill compare | report          # tokenizers side by side; compression vs vocabulary size
+    tokenmill lab page | corpora        # the BPE lab as one HTML page; the tutorials' small corpora
     tokenmill lm train|sample
     tokenmill sweep --vocab-sizes 512,1024,4096   # which tokenizer makes the better model, at equal compute
     tokenmill versions | show REF | verify REF | gc
@@ -98,12 +99,15 @@ def _ref_dict(store, kind: str, version: str) -> dict[str, str]:
 
 
 def _load_tokenizer(args):
-    from pipeline_lib.tokenizer import Tokenizer
+    from pipeline_lib.tokenizer import Tokenizer, get_encoding
+    from pipeline_lib.tokenizer.registry import ENCODINGS
 
     if args.tokenizer.endswith(".json") and os.path.isfile(args.tokenizer):  # a HF tokenizer.json
         return Tokenizer.from_hf_json(args.tokenizer)
     if _is_tokenizer_dir(args.tokenizer):
         return Tokenizer.load(args.tokenizer)
+    if args.tokenizer in ENCODINGS:  # a production encoding by name (gpt2, cl100k_base, ...)
+        return get_encoding(args.tokenizer)
     store = _store(args)
     k, v = _resolve(store, args.tokenizer, "tokenizer")
     return Tokenizer.load(store.local_dir(k, v))
@@ -226,7 +230,9 @@ def cmd_tokenizer_train(args) -> int:
     with _flow_api():
         from flows.pipeline import tokenizer_train_flow
 
-        tok = tokenizer_train_flow.with_options(task_runner=_runner(args))(**configs, store=args.store, storage_options=so, log_merges=args.log_merges)
+        tok = tokenizer_train_flow.with_options(task_runner=_runner(args))(
+            **configs, store=args.store, storage_options=so, log_merges=args.log_merges, trace=args.trace
+        )
     print(f"tokenizer {tok['kind']}/{tok['version']} -> {tok['uri']}")
     if args.out:
         from pipeline_lib.tokenizer import Tokenizer
@@ -251,6 +257,8 @@ def cmd_tokenizer_encode(args) -> int:
     else:
         allowed = lab.check_special_tokens(tok, text, allow, "--text" if args.text is not None else f"--input {args.input}")
         ids = tok.encode_to_numpy(text, allowed_special=allowed)
+    if args.trace:
+        print(lab.encode_trace_text(lab.encode_trace(tok, text)))
     if args.show:
         import shutil
 
@@ -260,9 +268,42 @@ def cmd_tokenizer_encode(args) -> int:
         import numpy as np
 
         np.save(args.output, ids, allow_pickle=False)
-        print(f"{len(ids)} tokens -> {args.output}")
-    elif not args.show:
+        ratio = ""
+        if args.input is not None:
+            c = lab.compression(text, len(ids))
+            ratio = f" ({c['chars']:,} characters, {c['bytes']:,} bytes: {c['chars_per_token']:.2f} chars/token, {c['bytes_per_token']:.2f} bytes/token)"
+        print(f"{len(ids)} tokens -> {args.output}{ratio}")
+    elif args.input is not None and not args.show:
         print(" ".join(map(str, ids.tolist())))
+        c = lab.compression(text, len(ids))
+        print(
+            f"{c['tokens']:,} tokens for {c['chars']:,} characters ({c['bytes']:,} bytes): {c['chars_per_token']:.2f} chars/token, {c['bytes_per_token']:.2f} bytes/token"
+        )
+    elif not args.show and not args.trace:
+        print(" ".join(map(str, ids.tolist())))
+    return 0
+
+
+def cmd_tokenizer_merges(args) -> int:
+    from pipeline_lib import lab
+
+    print(lab.merges_text(_load_tokenizer(args), args.tokenizer))
+    return 0
+
+
+def cmd_tokenizer_vocab(args) -> int:
+    from pipeline_lib import lab
+
+    tok = _load_tokenizer(args)
+    rows = lab.vocab_rows(tok, args.search)
+    if args.id is not None:
+        rows = [(i, t) for i, t in rows if i == args.id]
+        if not rows:
+            raise InputError(f"--id {args.id}: not an id of this tokenizer (0 to {tok.vocab_size - 1})")
+    for i, text in rows:
+        print(f"{i}\t{text}")
+    if args.search and not rows:
+        print(f"no token contains {args.search!r}", file=sys.stderr)
     return 0
 
 
@@ -645,7 +686,71 @@ def cmd_report(args) -> int:
         ref = report_flow(**configs, store=args.store, storage_options=_storage_options(args.storage_option) or None)
     store = _store(args)
     print(store.read_bytes(ref["kind"], ref["version"], "report.md").decode())
+    if args.tokenizer:
+        print(_yours_in_report(args, store, ref))
     print(f"plot: {store.uri(ref['kind'], ref['version'], 'compression.png')}")
+    return 0
+
+
+def _yours_in_report(args, store, ref) -> str:
+    """The report's "your tokenizers" section: each --tokenizer on the report's held-out
+    shard (the corpus's last) and on the UDHR sample."""
+    from pipeline_lib import lab
+    from pipeline_lib.corpus import iter_shard_batches
+    from pipeline_lib.report import MULTILINGUAL, udhr_sections
+
+    named = [(r, _load_tokenizer(argparse.Namespace(**{**vars(args), "tokenizer": r}))) for r in args.tokenizer]
+    kind, version = store.manifest(ref["kind"], ref["version"])["parents"]["corpus"].split("/", 1)
+    last = store.manifest(kind, version)["meta"]["shards"][-1]["file"]
+    heldout = "\n\n".join(d.decode("utf-8") for docs in iter_shard_batches(store.local_file(kind, version, last)) for d in docs)
+    with open(MULTILINGUAL, encoding="utf-8") as f:
+        sections = udhr_sections(f.read())
+    return lab.yours_markdown(named, heldout, sections)
+
+
+def cmd_lab_corpora(args) -> int:
+    import shutil
+
+    from pipeline_lib import lab
+
+    for name, (file, what) in lab.LAB_CORPORA.items():
+        path = lab.lab_corpus(name)
+        if args.copy:
+            os.makedirs(args.copy, exist_ok=True)
+            path = shutil.copy(path, os.path.join(args.copy, file))
+        print(f"{file:<18} {os.path.getsize(path):>7,} bytes  {what}  -> {path}")
+    return 0
+
+
+def cmd_lab_page(args) -> int:
+    from pipeline_lib import lab_page
+    from pipeline_lib.tokenizer import get_encoding
+
+    text = args.text if args.text is not None else _read_text(args.input, "--input")
+    if args.tokenizer:
+        tok, name = _load_tokenizer(args), args.tokenizer
+    else:
+        from pipeline_lib.corpus import DEFAULT_CORPUS
+
+        if args.merges < 1:
+            raise InputError(f"--merges {args.merges}: give at least 1 merge to learn")
+        corpus = _read_text(args.corpus, "--corpus") if args.corpus else open(DEFAULT_CORPUS, encoding="utf-8").read()[:200_000]
+        tok = lab_page.train_for_page(corpus, args.merges, args.ties)
+        name = f"byte-level BPE, {len(tok.merges or [])} merges on {args.corpus or 'tiny Shakespeare'}"
+    production = {n: get_encoding(n) for n in ("gpt2", "cl100k_base", "o200k_base")}
+    rows = lab_page.compare_rows(text, [(name, tok), *production.items()])
+    page = lab_page.build_page(text, tok, name, production, rows)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(page)
+    print(f"lab page -> {args.out} ({len(page.encode()):,} bytes; open it in a browser, no server needed)")
+    if args.flow:  # a Prefect run whose artifacts link the page and hold its compare table
+        with _flow_api():
+            from flows.lab import lab_page_flow
+
+            print(
+                f"attached to a Prefect run: {lab_page_flow(args.out, f'tokenmill lab: {name}', [{k: r[k] for k in ('name', 'tokens', 'chars_per_token')} for r in rows])}"
+            )
     return 0
 
 
@@ -656,6 +761,18 @@ def cmd_compare(args) -> int:
     from pipeline_lib.report import MULTILINGUAL
 
     config = configs_from_args(args, COMPARE_CONFIGS)["compare"]
+    yours = {ref: _load_tokenizer(argparse.Namespace(**{**vars(args), "tokenizer": ref})) for ref in args.tokenizer or []}
+    if args.show or args.text is not None:
+        if args.text is None or not args.show:
+            raise InputError("compare --show draws one text: give both --show and --text '...'")
+        from pipeline_lib.tokenizer import get_encoding
+
+        named = [*yours.items(), *((name, get_encoding(name)) for name in ("gpt2", "cl100k_base", "o200k_base"))]
+        colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        import shutil
+
+        print(lab.show_text_rows(args.text, lab.text_rows(args.text, named), width=shutil.get_terminal_size().columns, colour=colour))
+        return 0
     files: dict[str, str] = {}
     for pair in args.encoding_file or []:
         name, sep, path = pair.partition("=")
@@ -665,6 +782,8 @@ def cmd_compare(args) -> int:
     options = _storage_options(args.storage_option)
     source = args.corpus or DEFAULT_CORPUS
     if args.flow:  # the same measuring, as a Prefect flow run with its artifacts
+        if yours:
+            raise InputError("--tokenizer is measured by the command itself: leave out --flow to compare your tokenizers")
         with _flow_api():
             from flows.lab import compare_flow
 
@@ -679,7 +798,7 @@ def cmd_compare(args) -> int:
 
         text = read(source, "--corpus")
         multilingual = read(args.multilingual or MULTILINGUAL, "--multilingual") if (args.multilingual or "").lower() != "none" else None
-        result = lab.compare(text, config, source, multilingual, files, progress=lambda message: print(message, file=sys.stderr, flush=True))
+        result = lab.compare(text, config, source, multilingual, files, progress=lambda message: print(message, file=sys.stderr, flush=True), tokenizers=yours)
     print(lab.compare_text(result))
     paths = lab.write_comparison(result, args.out)
     print(f"table: {paths['md']}, figures: {paths['json']}, plot: {paths['png']}")
@@ -929,10 +1048,15 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--log-merges", type=int, default=0, metavar="N", help="log every N-th merge: the pair, the new token, its count when merged (default: none)"
     )
+    p.add_argument("--trace", action="store_true", help="print the training pieces (the 20 most frequent) after each merge; kept as a run artifact too")
     p.set_defaults(func=cmd_tokenizer_train)
     p = tp.add_parser("encode", help="encode text with a tokenizer")
     _add_store(p)
-    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store, a saved tokenizer directory or a HF tokenizer.json of byte-level BPE")
+    p.add_argument(
+        "--tokenizer",
+        default="latest:tokenizer",
+        help="REF in the store, a saved tokenizer directory, or a HF tokenizer.json of byte-level BPE, or a production encoding: gpt2, r50k_base, p50k_base, cl100k_base, o200k_base",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text")
     src.add_argument("--input", help="text file to encode")
@@ -944,7 +1068,19 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         help="encode special-token text the --allow-special flags do not name as ordinary text (the library's encode_ordinary), instead of refusing it",
     )
     p.add_argument("--show", action="store_true", help="draw each token's text above its id (whitespace visible, coloured in a terminal) and the compression")
+    p.add_argument("--trace", action="store_true", help="per piece: its starting parts, then each merge applied (lowest rank first) with its rank")
     p.set_defaults(func=cmd_tokenizer_encode)
+    tokenizer_help = "REF in the store, a saved tokenizer directory, or a production encoding (gpt2, cl100k_base, ...)"
+    p = tp.add_parser("merges", help="every merge as text under a header: pair, new token, id, count when merged")
+    _add_store(p)
+    p.add_argument("--tokenizer", default="latest:tokenizer", help=tokenizer_help)
+    p.set_defaults(func=cmd_tokenizer_merges)
+    p = tp.add_parser("vocab", help="id <-> token: every token by id, or those containing --search, or one --id")
+    _add_store(p)
+    p.add_argument("--tokenizer", default="latest:tokenizer", help=tokenizer_help)
+    p.add_argument("--search", help="only the tokens whose text contains this (a space matches ␣)")
+    p.add_argument("--id", type=int, help="only this id")
+    p.set_defaults(func=cmd_tokenizer_vocab)
     p = tp.add_parser("decode", help="decode token ids (a .npy or .json file, text, or stdin) back to text")
     _add_store(p)
     p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store, a saved tokenizer directory or a HF tokenizer.json of byte-level BPE")
@@ -1050,8 +1186,30 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "--separator-placement", choices=("append", "prepend"), help="separator after or before each document (default: as encoded; llm.c's scripts prepend)"
     )
     p.set_defaults(func=cmd_export_llmc)
+    lab_parsers = sub.add_parser("lab", help="the tokenizer lab: learn BPE in a browser").add_subparsers(dest="sub", required=True)
+    p = lab_parsers.add_parser("page", help="one self-contained HTML page: coloured tokens, a merge slider, compression vs vocabulary, compare table")
+    _add_store(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="the text the page shows")
+    src.add_argument("--input", help="text file the page shows")
+    p.add_argument("--tokenizer", help="REF in the store, a saved directory or a production encoding name (default: train one on --corpus)")
+    p.add_argument("--corpus", help="with no --tokenizer: text file to train byte-level BPE on (default: the bundled tiny Shakespeare)")
+    p.add_argument("--merges", type=int, default=500, help="with no --tokenizer: merges to learn (default: %(default)s)")
+    p.add_argument("--ties", choices=("bytes", "first-seen"), default="bytes", help="with no --tokenizer: the tie rule (default: %(default)s)")
+    p.add_argument("--out", default="lab.html", help="the HTML file to write (default: %(default)s)")
+    p.add_argument("--flow", action="store_true", help="also attach the page to a Prefect run: a link artifact and the compare table")
+    p.set_defaults(func=cmd_lab_page)
+    p = lab_parsers.add_parser("corpora", help="the small corpora shipped for the tutorials: list them, or copy them into a directory")
+    p.add_argument("--copy", metavar="DIR", help="copy every one into DIR (as NAME.txt)")
+    p.set_defaults(func=cmd_lab_corpora)
     p = sub.add_parser("report", help="compression vs vocabulary size, fertility per language, notable tokens")
     _add_store(p)
+    p.add_argument(
+        "--tokenizer",
+        action="append",
+        metavar="REF",
+        help="a tokenizer you trained (REF, directory or encoding name), measured on the same held-out text; repeatable",
+    )
     _add_configs(p, ("report",), REPORT_CONFIGS, corpus=_report_corpus)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser(
@@ -1064,6 +1222,15 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--out", default="./compare", help="directory for compare.md, compare.json and compare.png (default: %(default)s)")
     p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option for the corpus URL (repeatable)")
     p.add_argument("--flow", action="store_true", help="run as a Prefect flow: the table and the plot also become the run's artifacts")
+    p.add_argument(
+        "--tokenizer",
+        action="append",
+        metavar="REF",
+        help="a tokenizer you trained (REF in --store, or a saved directory) measured beside the others; repeatable",
+    )
+    p.add_argument("--store", default=DEFAULT_STORE, help="artifact store holding the --tokenizer REFs (default: %(default)s)")
+    p.add_argument("--text", help="with --show: this text as tokens under character level, word level, your tokenizers and gpt2 / cl100k / o200k")
+    p.add_argument("--show", action="store_true", help="draw --text under each tokenizer (coloured in a terminal) instead of measuring a corpus")
     _add_configs(p, ("compare",), COMPARE_CONFIGS)
     _add_debug(p, default=argparse.SUPPRESS)
     p.set_defaults(func=cmd_compare)

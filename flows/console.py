@@ -28,6 +28,9 @@ import os
 from prefect.logging.handlers import PrefectConsoleHandler
 
 ENV_DEBUG = "TOKENMILL_DEBUG"
+# A record logged with extra={PLAIN: True} (the lab's merge lines, traces, tables) is printed
+# as its message alone, as a learner reads it; Prefect's API logs keep it as any other.
+PLAIN = "plain"
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 
 
@@ -39,6 +42,12 @@ class ConsoleHandler(PrefectConsoleHandler):
     """`PrefectConsoleHandler` that prints run-failure records without their traceback."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, PLAIN, False):
+            try:
+                self.console.print(record.getMessage(), soft_wrap=True, markup=False, highlight=False)
+            except Exception:
+                self.handleError(record)
+            return
         if (record.exc_info or record.exc_text or record.stack_info) and record.name.startswith(RUN_LOGGERS) and not debug_enabled():
             # A copy: the record is shared with the handlers that run after this one.
             record = copy.copy(record)

@@ -1,4 +1,5 @@
-"""The tokenizer comparison as a Prefect flow: the table and the plot become run artifacts.
+"""The tokenizer comparison as a Prefect flow: the table and the plot become run artifacts;
+and the lab page attached to a run (`lab_page_flow`: a link artifact to the HTML file).
 
     compare_flow(corpus="s3://bucket/text.txt", compare=CompareConfig(units=("byte", "char", "word")))
 
@@ -12,10 +13,11 @@ plot, the table, fertility per language). `tokenmill compare --flow` runs it.
 import base64
 import os
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
 from pipeline_lib import lab
 from pipeline_lib.config import validate
@@ -78,3 +80,22 @@ def compare_flow(
     if out:
         lab.write_comparison(result, out)
     return result
+
+
+@flow(name="tokenmill-lab-page", flow_run_name="lab-page")
+def lab_page_flow(page: str, title: str, rows: list[dict[str, Any]]) -> str:
+    """Attach a written lab page to a Prefect run: a link artifact to the HTML file (it
+    needs no server: open it from the link) and a Markdown table of the compare rows
+    (tokenizer, tokens, chars/token). Returns the page's URI."""
+    uri = Path(page).resolve().as_uri()
+    create_link_artifact(
+        key="lab-page", link=uri, link_text=title, description="The tokenizer lab page: tokens, merge slider, compression curve, compare table"
+    )
+    table = "\n".join(f"| {r['name']} | {r['tokens']:,} | {r['chars_per_token']:.2f} |" for r in rows)
+    create_markdown_artifact(
+        key="lab-page-compare",
+        markdown=f"## {title}\n\n[the lab page]({uri})\n\n| tokenizer | tokens | chars/token |\n|---|---:|---:|\n{table}\n",
+        description="The page's text under each tokenizer",
+    )
+    get_run_logger().info("lab page: %s", uri)
+    return uri

@@ -36,7 +36,7 @@ from tasks.encoding import TOKENS
 from tasks.factory import artifact_key
 from tasks.lm import TRAIN
 from tasks.report import tokenizer_report
-from tasks.tokenizer import TOKENIZER, show_merge_log
+from tasks.tokenizer import TOKENIZER, show_merge_log, show_train_trace
 
 DEFAULT_STORE = "./artifacts"
 
@@ -185,15 +185,18 @@ def tokenizer_flow(
     storage_options: dict | None = None,
     corpus: CorpusConfig | None = None,
     log_merges: int = 0,
+    trace: bool = False,
 ) -> dict[str, str]:
-    """Count pieces per shard in parallel, reduce, learn merges: a tokenizer version.
+    """Count pieces per shard in parallel, reduce, learn the merges (a tokenizer version).
     `corpus`: the config `corpus_ref` was made with, for its byte budget per counting task
     (none: the default); `log_merges` N: log every N-th merge and make a table artifact of
-    them (0: none)."""
+    them (0: none); `trace`: log the training pieces after each merge (an artifact too)."""
     with tags(*_run_tags(store, corpus_ref=corpus_ref)):
         ref = _tokenizer(store, corpus_ref, count, tokenizer, storage_options, corpus)
         if log_merges:
             show_merge_log(store_of(store, storage_options), to_ref(ref), log_merges, get_run_logger())
+        if trace:
+            show_train_trace(store_of(store, storage_options), to_ref(ref), get_run_logger())
         return ref
 
 
@@ -205,12 +208,13 @@ def tokenizer_train_flow(
     store: str = DEFAULT_STORE,
     storage_options: dict | None = None,
     log_merges: int = 0,
+    trace: bool = False,
 ) -> dict[str, str]:
     """`corpus_flow` then `tokenizer_flow` in one flow run (what `tokenmill tokenizer train`
     runs): the same tasks, tags and artifacts, without a second flow run's start and end."""
     with tags(*_run_tags(store, corpus)):
         corpus_ref = _corpus(store, corpus, storage_options)
-    return tokenizer_flow.fn(corpus_ref, store, count, tokenizer, storage_options, corpus, log_merges)
+    return tokenizer_flow.fn(corpus_ref, store, count, tokenizer, storage_options, corpus, log_merges, trace)
 
 
 @flow(name="tokenmill-encode", flow_run_name=_run_name("encode"))

@@ -28,7 +28,10 @@ Conventions shared with the compiled core:
   ``(left bytes, right bytes)`` is lexicographically smallest (for every unit; ``</w>``,
   byte 0xFF, sorts after every character). This differs from the tutorials' Python
   (``max(pairs, key=pairs.get)``: the first pair met in the text wins a tie), so on ties
-  the two may learn equal-count merges in another order. If the merged bytes are already
+  the two may learn equal-count merges in another order. With ``ties="first-seen"`` the
+  tutorials' rule is followed instead: of the pairs with the top count, the one whose first
+  occurrence comes first (pieces in the order given, a dict's insertion order; then left
+  to right inside a piece). If the merged bytes are already
   a token (the same bytes reached by another split), the pair is merged into that token
   and no new id is spent. With ``max_token_bytes``, a pair whose merged bytes would be
   longer is never a candidate. Each merge records the pair's count when it was merged.
@@ -47,6 +50,8 @@ from typing import Literal
 from pipeline_lib.patterns import NO_SPLIT, PATTERNS, compiled, custom_finditer, custom_fullmatch, is_custom
 
 ProgressFn = Callable[[int, int], None]
+Ties = Literal["bytes", "first-seen"]
+TIES: tuple[str, ...] = ("bytes", "first-seen")
 Unit = Literal["byte", "char", "word"]
 UNITS: tuple[str, ...] = ("byte", "char", "word")
 END_OF_WORD = b"\xff"
@@ -181,6 +186,7 @@ def alphabet_of(counts: Mapping[bytes, int], unit: str) -> list[bytes]:
 
 
 def _pair_stats(words: list[list[int]], freqs: list[int]) -> Counter[tuple[int, int]]:
+    # Filled in text order: a pair's place in the Counter is its first occurrence.
     stats: Counter[tuple[int, int]] = Counter()
     for word, freq in zip(words, freqs):
         for pair in zip(word, word[1:]):
@@ -207,6 +213,7 @@ def learn_symbol_merges(
     min_frequency: int = 1,
     progress: ProgressFn | None = None,
     max_token_bytes: int | None = None,
+    ties: str = "bytes",
 ) -> tuple[list[tuple[int, int, int]], list[int]]:
     """Learn up to `n_merges` merges from pieces of symbols (ids into `alphabet`, the bytes
     of each symbol) -> count.
@@ -215,11 +222,16 @@ def learn_symbol_merges(
     learned, new ids after the alphabet's, and each merged pair's count when it was merged.
     Stops early when no pair is left (pairs that would make a token longer than
     `max_token_bytes` do not count) or the best pair occurs fewer than `min_frequency`
-    times. Recounts every pair at every step: quadratic, and meant to be.
+    times. Recounts every pair at every step: quadratic, and meant to be. `ties`: ``bytes``
+    (equal counts: smallest (left, right) bytes) or ``first-seen`` (the pair met first).
 
     >>> learn_symbol_merges([b"a", b"b"], {(0, 0, 1): 2, (0, 0): 1}, 2)
     ([(0, 0, 2), (2, 1, 3)], [3, 2])
+    >>> learn_symbol_merges([b"a", b"b"], {(1, 0, 0, 1): 1}, 1, ties="first-seen")
+    ([(1, 0, 2)], [1])
     """
+    if ties not in TIES:
+        raise ValueError(f"ties={ties!r}: choose 'bytes' or 'first-seen'")
     words = [list(piece) for piece in counts]
     freqs = list(counts.values())
     vocab = dict(enumerate(alphabet))
@@ -232,7 +244,10 @@ def learn_symbol_merges(
             stats = Counter({p: c for p, c in stats.items() if len(vocab[p[0]]) + len(vocab[p[1]]) <= max_token_bytes})
         if not stats:
             break
-        pair = min(stats, key=lambda p: (-stats[p], vocab[p[0]], vocab[p[1]]))
+        if ties == "first-seen":
+            pair = max(stats, key=stats.__getitem__)  # the first of the largest, in text order
+        else:
+            pair = min(stats, key=lambda p: (-stats[p], vocab[p[0]], vocab[p[1]]))
         if stats[pair] < min_frequency:
             break
         merged = vocab[pair[0]] + vocab[pair[1]]
@@ -255,13 +270,14 @@ def learn_merges(
     min_frequency: int = 1,
     progress: ProgressFn | None = None,
     max_token_bytes: int | None = None,
+    ties: str = "bytes",
 ) -> list[tuple[int, int, int]]:
     """Byte-level `learn_symbol_merges` from a piece -> count table; ids 0-255 are the bytes.
 
     >>> learn_merges({b"aaabdaaabac": 1}, 3)
     [(97, 97, 256), (97, 98, 257), (256, 257, 258)]
     """
-    return learn_symbol_merges(BYTES, {tuple(p): c for p, c in counts.items()}, n_merges, min_frequency, progress, max_token_bytes)[0]
+    return learn_symbol_merges(BYTES, {tuple(p): c for p, c in counts.items()}, n_merges, min_frequency, progress, max_token_bytes, ties)[0]
 
 
 def learn_unit_merges(
@@ -271,6 +287,7 @@ def learn_unit_merges(
     min_frequency: int = 1,
     progress: ProgressFn | None = None,
     max_token_bytes: int | None = None,
+    ties: str = "bytes",
 ) -> tuple[list[bytes], list[tuple[int, int, int]], list[int]]:
     """``(alphabet, merges, merge_counts)`` of a unit from its piece -> count table.
 
@@ -284,7 +301,7 @@ def learn_unit_merges(
     for piece, c in counts.items():
         key = tuple(id_of[s] for s in initial_symbols(piece, unit))
         symbols[key] = symbols.get(key, 0) + c
-    merges, merge_counts = learn_symbol_merges(alphabet, symbols, n_merges, min_frequency, progress, max_token_bytes)
+    merges, merge_counts = learn_symbol_merges(alphabet, symbols, n_merges, min_frequency, progress, max_token_bytes, ties)
     return alphabet, merges, merge_counts
 
 

@@ -231,6 +231,9 @@ def arm_row(store: ArtifactStore, name: str, model: VersionRef) -> dict[str, Any
     tokens_seen = steps * cost.tokens_per_step
     tps = run.get("tokens_per_s")
     unit, _, _ = name.partition("-")
+    # The untrained model's val bits/byte (its step-0 evaluation): where each arm starts.
+    history = json.loads(store.read_bytes(model.kind, model.version, "history.json"))
+    start_bpb = next((h["val_bpb"] for h in history if h.get("step") == 0 and h.get("val_bpb") is not None), None)
     return {
         "arm": name,
         "unit": unit,
@@ -243,6 +246,7 @@ def arm_row(store: ArtifactStore, name: str, model: VersionRef) -> dict[str, Any
         "bytes_seen": tokens_seen * stream_bytes_per_token,
         "train_flops": tokens_seen * cost.flops_per_token,
         "val_loss": metrics.get("final_val_loss"),
+        "start_val_bpb": start_bpb,
         "val_bpb": metrics.get("val_bpb"),
         "tokens_per_s": tps,
         "bytes_per_s": tps * stream_bytes_per_token if tps else None,
@@ -274,6 +278,7 @@ TABLE_COLUMNS = (
     ("tokens/s", "tokens_per_s"),
     ("bytes/s", "bytes_per_s"),
     ("val loss", "val_loss"),
+    ("start bpb", "start_val_bpb"),
     ("val bpb", "val_bpb"),
 )
 
@@ -283,7 +288,7 @@ def format_cell(key: str, value: Any) -> str:
         return "-"
     if key in ("bytes_per_token",):
         return f"{value:.3f}"
-    if key in ("val_loss", "val_bpb"):
+    if key in ("val_loss", "val_bpb", "start_val_bpb"):
         return f"{value:.4f}"
     if key in ("params", "embedding_params", "tokens_seen", "bytes_seen", "train_flops", "tokens_per_s", "bytes_per_s"):
         return si(value)

@@ -126,6 +126,9 @@ def test_sweep_compares_arms_at_equal_flops(sweep_run):
         stream_bytes_per_token = tokens["totals"]["n_bytes"] / tokens["totals"]["n_tokens"]
         assert r["val_bpb"] == pytest.approx(r["val_loss"] / math.log(2) / stream_bytes_per_token, rel=0.2)
         assert r["tokens_per_s"] > 0 and r["bytes_per_s"] == pytest.approx(r["tokens_per_s"] * stream_bytes_per_token)
+        # where the arm started: the untrained model's step-0 evaluation, above where it ended
+        history = json.loads(store.read_bytes("model", out["models"][name]["version"], "history.json"))
+        assert r["start_val_bpb"] == history[0]["val_bpb"] and history[0]["step"] == 0 and r["start_val_bpb"] > r["val_bpb"]
 
     # the sweep version: content-addressed, its parents the arms' models, table and plot as files
     ref = out["sweep"]
@@ -134,7 +137,7 @@ def test_sweep_compares_arms_at_equal_flops(sweep_run):
     store.verify("sweep", ref["version"])
     assert json.loads(store.read_bytes("sweep", ref["version"], "sweep.json")) == result
     table = store.read_bytes("sweep", ref["version"], "sweep.md").decode()
-    assert table.count("| byte-") == 2 and "![sweep](sweep.png)" in table
+    assert table.count("| byte-") == 2 and "![sweep](sweep.png)" in table and "| start bpb | val bpb |" in table
     assert store.read_bytes("sweep", ref["version"], "sweep.png").startswith(b"\x89PNG")
 
 

@@ -10,13 +10,18 @@
 * lowercase ``\\w+`` word BPE on the cat/rat corpus, to 50 tokens.
 
 Tie rule: on equal counts tokenmill merges the pair whose (left, right) bytes sort first;
-the tutorials' Python takes the first pair met in the text. Where a tutorial's figures
-depend on that order they are asserted only as far as the ties allow (said so below).
+the tutorials' Python takes the first pair met in the text. With ``ties="first-seen"``
+(``--ties first-seen``) tokenmill takes the tutorials' rule, and the walkthroughs whose
+corpora are all ties (seed 002's "the cat in the hat", seed 004's cat/rat list) replay
+merge for merge; under the default rule they are asserted only as far as the ties allow.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -68,6 +73,18 @@ def test_character_level_tokens_as_the_tutorial_shows_them(char300):
     assert char300.encode("ROMEO: Wherefore art thou") == [30, 27, 25, 17, 27, 10, 1, 169, 72, 43, 109, 65, 81, 67, 185]
     assert tokens_of(char300, "the king") == ["the␣", "k", "ing"]
     assert char300.decode(char300.encode("the king")) == "the king"
+
+
+def test_character_level_first_seen_reorders_only_ties(char300, shakespeare_text):
+    # The tutorial's own tie rule: the same 235 tokens and 578,590 tokens of text; only
+    # equal-count neighbours learned in another order (ids shift with them).
+    first = Tokenizer.train([shakespeare_text], 301, unit="char", pattern="none", special_tokens=(), ties="first-seen")
+    assert set(first.mergeable_ranks) == set(char300.mergeable_ranks)
+    reordered = sum(a != b for a, b in zip(first.merges or [], char300.merges or []))
+    assert 0 < reordered < 20
+    assert len(first.encode_ordinary(shakespeare_text)) == len(char300.encode_ordinary(shakespeare_text))
+    logged = {r["merge"]: (r["token"], r["count"]) for r in lab.merge_log(first, 50)}
+    assert logged[0] == ("e␣", 27_643) and logged[100] == ("with", 1_258) and logged[200] == ("sha", 636)
 
 
 # --------------------------------------------------------------------------- word BPE with </w>
@@ -151,3 +168,136 @@ def test_cat_rat_corpus_to_50_tokens():
     assert tokens_of(tok, "the cat catches rats") == ["the</w>", "cat</w>", "c", "atch", "e", "s</w>", "rats</w>"]
     assert tok.encode("The CAT") == tok.encode("the cat")  # lowercased
     assert tok.decode(tok.encode("the cat catches rats")) == "the cat catches rats "
+
+
+# --------------------------------------------------------------------------- first-seen ties: seeds 002 and 004 merge for merge
+def test_the_cat_in_the_hat_walkthrough_first_seen():
+    # Byte level, the whole text one piece: th (256), the (257), "the " (258), as the walkthrough says.
+    text = "the cat in the hat"
+    tok = Tokenizer.train([text], 0, pattern="none", special_tokens=(), ties="first-seen", n_merges=3)
+    assert tok.merges == [(ord("t"), ord("h"), 256), (256, ord("e"), 257), (257, ord(" "), 258)]
+    assert [r["count"] for r in lab.merge_log(tok, 1)] == [2, 2, 2]
+    assert tok.encode(text) == [258, *b"cat in ", 258, *b"hat"]  # "<the , 258>cat in <the , 258>hat"
+    # Byte order picks "at" (the smallest of the pairs met twice) first instead.
+    assert Tokenizer.train([text], 0, pattern="none", special_tokens=(), n_merges=1).merges == [(ord("a"), ord("t"), 256)]
+
+
+# Seed 004's "Merging:" lines, in order: 33 merges from 17 symbols to 50.
+CAT_MERGES = (
+    "a t|e </w>|at </w>|t h|th e</w>|s </w>|a n|at s</w>|c at</w>|n </w>|r at</w>|c ats</w>|an d|and </w>|r ats</w>|an i|ani m|anim a|"
+    "anima l|animal s</w>|s at</w>|o n</w>|m at</w>|s a|sa w|saw </w>|r an|ran </w>|f r|fr o|fro m|from </w>|a r"
+)
+
+
+def test_cat_rat_merges_first_seen_replay_the_tutorial():
+    plans = []
+    tok = Tokenizer.train(CAT_CORPUS, 0, unit="word", pattern=r"\w+", lowercase=True, special_tokens=(), ties="first-seen", n_merges=33, on_plan=plans.append)
+    assert [(r["left"], r["right"]) for r in lab.merge_log(tok, 1)] == [tuple(m.split(" ")) for m in CAT_MERGES.split("|")]
+    # "Initial vocabulary size: 17": 16 letters and </w>; ours adds <unk> beside the 50.
+    assert plans[0].line() == "initial alphabet 17, special 1, merges to learn 33, target 51"
+    assert len(tok.mergeable_ranks) == 50
+
+
+def test_first_seen_through_the_pipeline_stage(tmp_path):
+    # The stage trains from the sorted counts file; first-seen takes the corpus's order back.
+    from pipeline_lib import ArtifactStore, stages
+    from pipeline_lib.corpus import CorpusConfig
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    source = tmp_path / "cats.txt"
+    source.write_text("\n".join(CAT_CORPUS) + "\n", encoding="utf-8")
+    cfg = CorpusConfig(sources=(str(source),), n_shards=1)
+    corpus = stages.shard_corpus(store, stages.download_corpus(store, cfg), cfg)
+    count = stages.CountConfig(pattern=r"\w+")
+    stages.count_shard(store, corpus, 0, count)
+    counts = stages.reduce_counts(store, corpus, count)
+    config = stages.TokenizerConfig(unit="word", lowercase=True, special_tokens=(), min_frequency=1, ties="first-seen", merges=33)
+    ref = stages.learn_tokenizer(store, counts, config)
+    tok = stages.load_tokenizer(store, ref)
+    assert [(r["left"], r["right"]) for r in lab.merge_log(tok, 1)] == [tuple(m.split(" ")) for m in CAT_MERGES.split("|")]
+    meta = store.manifest(ref.kind, ref.version)["meta"]
+    assert meta["plan"] == "initial alphabet 17, special 1, merges to learn 33, target 51" and meta["ties"] == "first-seen"
+    # The default rule is another version, with other merges.
+    default = stages.learn_tokenizer(store, counts, stages.TokenizerConfig(unit="word", lowercase=True, special_tokens=(), min_frequency=1, merges=33))
+    assert default.version != ref.version and stages.load_tokenizer(store, default).merges != tok.merges
+
+
+# --------------------------------------------------------------------------- docs/tutorial.md, as printed
+DOC = Path(__file__).resolve().parent.parent / "docs" / "tutorial.md"
+
+
+def doc_commands() -> list[tuple[str, list[str]]]:
+    """Every ``$ command`` of the console blocks of docs/tutorial.md with the lines it prints."""
+    out: list[tuple[str, list[str]]] = []
+    for block in re.findall(r"```console\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S):
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                out.append((line[2:], []))
+            elif out and line.strip():
+                out[-1][1].append(line)
+    return out
+
+
+def matches(printed: list[str], expected: list[str]) -> bool:
+    """`printed` equals `expected`, where a ``...`` line of `expected` stands for any lines."""
+    if "..." not in expected:
+        return printed == expected
+    gap = expected.index("...")
+    head, tail = expected[:gap], expected[gap + 1 :]
+    return printed[: len(head)] == head and (not tail or printed[-len(tail) :] == tail) and len(printed) >= len(head) + len(tail)
+
+
+OFFLINE = ("--tokenizer gpt2", "--tokenizer cl100k_base", "compare --text", "lab corpora --copy")
+
+
+def test_the_docs_offline_commands_print_what_the_docs_show(tmp_path, capsys, monkeypatch):
+    from flows.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "100")
+    ran = 0
+    for command, expected in doc_commands():
+        if not command.startswith("tokenmill ") or not any(k in command for k in OFFLINE):
+            continue
+        assert main(shlex.split(command)[1:]) == 0, command
+        printed = capsys.readouterr().out.splitlines()
+        assert matches([p for p in printed if p.strip()], expected), (command, printed)
+        ran += 1
+    assert ran >= 7
+
+
+def test_the_docs_first_seen_walkthroughs_replay(prefect_harness, tmp_path, capsys, monkeypatch):
+    # The training commands of sections 5 and 8, run as the CLI runs them (its parser and
+    # configs, the same flow); their plain lines are what the docs show.
+    import logging
+
+    from flows.cli import TOKENIZER_CONFIGS, build_parser, configs_from_args, main
+    from flows.pipeline import tokenizer_train_flow
+
+    monkeypatch.chdir(tmp_path)
+    main(["lab", "corpora", "--copy", "."])
+    capsys.readouterr()
+    commands = dict(doc_commands())
+    trained = [c for c in commands if c.startswith("tokenmill tokenizer train") and "--ties first-seen" in c]
+    assert len(trained) == 2
+    for command in trained:
+        argv = shlex.split(command)[1:]
+        args = build_parser(argv).parse_args(argv)
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler(logging.INFO)
+        handler.emit = records.append  # type: ignore[method-assign]
+        run_logger = logging.getLogger("prefect")
+        level = run_logger.level
+        run_logger.addHandler(handler)
+        run_logger.setLevel(logging.INFO)
+        try:
+            tokenizer_train_flow(**configs_from_args(args, TOKENIZER_CONFIGS), store=args.store, log_merges=args.log_merges, trace=args.trace)
+        finally:
+            run_logger.removeHandler(handler)
+            run_logger.setLevel(level)
+        plain = [r.getMessage() for r in records if getattr(r, "plain", False)]
+        assert matches(plain, commands[command]), (command, plain)
+    for command in ('tokenmill tokenizer encode --store ./cat-first --trace --text "the cat"', "tokenmill tokenizer merges --store ./hat-store"):
+        assert main(shlex.split(command)[1:]) == 0
+        assert capsys.readouterr().out.splitlines() == commands[command], command

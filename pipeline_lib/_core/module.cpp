@@ -277,7 +277,14 @@ std::vector<int64_t> counts_of(nb::handle counts_obj, size_t n_pieces) {
     return std::vector<int64_t>(counts.data(), counts.data() + n_pieces);
 }
 
-Merges run_learn(const TrainInput& in, int64_t n_merges, int64_t min_frequency, nb::object progress, size_t max_bytes) {
+bool first_seen_of(const std::string& ties) {
+    if (ties == "bytes") return false;
+    if (ties == "first-seen") return true;
+    throw nb::value_error("ties must be 'bytes' or 'first-seen'");
+}
+
+Merges run_learn(const TrainInput& in, int64_t n_merges, int64_t min_frequency, nb::object progress, size_t max_bytes,
+                 bool first_seen) {
     if (n_merges < 0) throw nb::value_error("n_merges must be >= 0");
     ProgressFn fn;
     if (!progress.is_none()) {
@@ -290,7 +297,7 @@ Merges run_learn(const TrainInput& in, int64_t n_merges, int64_t min_frequency, 
     try {
         nb::gil_scoped_release release;
         cancel::Bind bind(&scope, true);
-        return learn_merges(in, static_cast<size_t>(n_merges), min_frequency, fn, max_bytes);
+        return learn_merges(in, static_cast<size_t>(n_merges), min_frequency, fn, max_bytes, 1000, first_seen);
     } catch (const std::invalid_argument& e) {
         throw nb::value_error(e.what());
     }
@@ -303,9 +310,10 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<2>> rows_array(std::vector<int32_t>&& r
 }
 
 nb::object learn_merges_py(nb::handle pieces, nb::handle counts_obj, int64_t n_merges, int64_t min_frequency,
-                           nb::object progress, nb::object max_token_bytes, bool with_counts) {
+                           nb::object progress, nb::object max_token_bytes, bool with_counts, const std::string& ties) {
     if (n_merges < 0) throw nb::value_error("n_merges must be >= 0");
     const size_t max_bytes = max_bytes_of(max_token_bytes);
+    const bool first_seen = first_seen_of(ties);
     TrainInput in;
     {
         std::vector<nb::object> keep;
@@ -325,7 +333,7 @@ nb::object learn_merges_py(nb::handle pieces, nb::handle counts_obj, int64_t n_m
         }
         in.offsets[ptrs.size()] = off;
     }
-    Merges merges = run_learn(in, n_merges, min_frequency, progress, max_bytes);
+    Merges merges = run_learn(in, n_merges, min_frequency, progress, max_bytes, first_seen);
     nb::object rows = nb::cast(rows_array(std::move(merges.rows)));
     if (!with_counts) return rows;
     return nb::make_tuple(rows, numpy_1d(std::move(merges.counts)));
@@ -333,9 +341,10 @@ nb::object learn_merges_py(nb::handle pieces, nb::handle counts_obj, int64_t n_m
 
 nb::tuple learn_symbol_merges_py(nb::handle alphabet, nb::handle symbols_obj, nb::handle offsets_obj,
                                  nb::handle counts_obj, int64_t n_merges, int64_t min_frequency, nb::object progress,
-                                 nb::object max_token_bytes) {
+                                 nb::object max_token_bytes, const std::string& ties) {
     if (n_merges < 0) throw nb::value_error("n_merges must be >= 0");
     const size_t max_bytes = max_bytes_of(max_token_bytes);
+    const bool first_seen = first_seen_of(ties);
     TrainInput in;
     {
         std::vector<nb::object> keep;
@@ -357,7 +366,7 @@ nb::tuple learn_symbol_merges_py(nb::handle alphabet, nb::handle symbols_obj, nb
         in.offsets[k] = static_cast<uint64_t>(o);
     }
     in.counts = counts_of(counts_obj, n_pieces);
-    Merges merges = run_learn(in, n_merges, min_frequency, progress, max_bytes);
+    Merges merges = run_learn(in, n_merges, min_frequency, progress, max_bytes, first_seen);
     return nb::make_tuple(rows_array(std::move(merges.rows)), numpy_1d(std::move(merges.counts)));
 }
 
@@ -699,13 +708,14 @@ NB_MODULE(_tokcore, m) {
 
     m.def("learn_merges", &learn_merges_py, nb::arg("pieces"), nb::arg("counts"), nb::arg("n_merges"),
           nb::arg("min_frequency") = 1, nb::arg("progress") = nb::none(), nb::arg("max_token_bytes") = nb::none(),
-          nb::arg("with_counts") = false,
+          nb::arg("with_counts") = false, nb::arg("ties") = "bytes",
           "Byte-level BPE merges (left_id, right_id, merged_id) as an int32 array of shape (m, 3); "
           "equal to bpe_reference.learn_merges(dict(zip(pieces, counts)), ...). with_counts: "
-          "(rows, int64 counts of each merged pair when it was merged).");
+          "(rows, int64 counts of each merged pair when it was merged). ties: 'bytes' (smallest "
+          "(left, right) bytes) or 'first-seen' (first occurrence, pieces in the order given).");
     m.def("learn_symbol_merges", &learn_symbol_merges_py, nb::arg("alphabet"), nb::arg("symbols"), nb::arg("offsets"),
           nb::arg("counts"), nb::arg("n_merges"), nb::arg("min_frequency") = 1, nb::arg("progress") = nb::none(),
-          nb::arg("max_token_bytes") = nb::none(),
+          nb::arg("max_token_bytes") = nb::none(), nb::arg("ties") = "bytes",
           "BPE merges over pieces of symbols (piece k is symbols[offsets[k]:offsets[k + 1]], ids into "
           "alphabet, a list of each symbol's bytes): (rows int32 (m, 3), counts int64 (m,)); equal to "
           "bpe_reference.learn_symbol_merges.");

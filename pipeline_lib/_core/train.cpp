@@ -15,6 +15,14 @@
 // * a pair whose merged bytes already are a token reuses that token's id;
 // * a pair whose merged bytes would be longer than max_token_bytes is never a candidate.
 //
+// * first-seen ties (optional): a second heap ordered by (count, first occurrence), the
+//   first occurrence as one number: word id << 32 | byte offset from the block's original
+//   start (block ids follow the pieces' order and a chain's order, so the number orders
+//   occurrences as the text does). An entry's key is a lower bound of the pair's first
+//   occurrence (an occurrence added in word w can be no earlier than w << 32; removals only
+//   move it later); a popped entry is checked against the first occurrence found by
+//   scanning its word list, and pushed again with it when it was low.
+//
 // "Occurrences" are tracked next to the weighted count so that a pair that only occurs in
 // pieces of count 0 still exists for the reference (stats[pair] == 0 is a candidate).
 //
@@ -51,13 +59,19 @@ struct HeapEntry {
     uint32_t pair;
 };
 
+struct KeyedEntry {
+    int64_t count;
+    uint32_t pair;
+    uint64_t key;  // a lower bound of the pair's first occurrence (see first_seen_key)
+};
+
 constexpr uint32_t kBlock = 256;
 constexpr uint32_t kNoWord = 0xFFFFFFFFu;
 
 class Trainer {
 public:
-    Trainer(const TrainInput& in, int64_t min_frequency, size_t max_token_bytes)
-        : min_frequency_(min_frequency), max_token_bytes_(max_token_bytes ? max_token_bytes : SIZE_MAX) {
+    Trainer(const TrainInput& in, int64_t min_frequency, size_t max_token_bytes, bool first_seen)
+        : min_frequency_(min_frequency), max_token_bytes_(max_token_bytes ? max_token_bytes : SIZE_MAX), first_seen_(first_seen) {
         if (in.alphabet.empty()) {
             tokens_.reserve(256 + 1024);
             for (int b = 0; b < 256; ++b) add_symbol(std::string(1, static_cast<char>(b)));
@@ -70,6 +84,7 @@ public:
                 if (v < 0 || v >= n) throw std::invalid_argument("symbol " + std::to_string(v) + " is not in the alphabet");
             build_words(in, in.symbols.data());
         }
+        if (first_seen_) shift_.assign(words_.size(), 0);
         count_pairs();
     }
 
@@ -81,7 +96,7 @@ public:
         size_t done = 0, reported = 0;
         while (done < n_merges) {
             poll_.tick();
-            const int64_t best = select();
+            const int64_t best = first_seen_ ? select_first_seen() : select();
             if (best < 0) break;
             if (pairs_[best].count < min_frequency_) break;
             const uint32_t pi = static_cast<uint32_t>(best);
@@ -175,6 +190,13 @@ private:
             if (wd.next != kNoWord) add(s[wd.len - 1], first_symbol(wd.next), w, wd.freq, 0xFFFFFFFEu);
         }
         touched_.clear();
+        if (first_seen_) {
+            keyed_.reserve(pairs_.size());
+            for (uint32_t p = 0; p < pairs_.size(); ++p)
+                if (pairs_[p].occ > 0 && !too_long(pairs_[p])) keyed_.push_back({pairs_[p].count, p, key_lb_[p]});
+            std::make_heap(keyed_.begin(), keyed_.end(), KeyedLower{});
+            return;
+        }
         heap_.reserve(pairs_.size());
         for (uint32_t p = 0; p < pairs_.size(); ++p)
             if (pairs_[p].occ > 0 && !too_long(pairs_[p])) heap_.push_back({pairs_[p].count, p});
@@ -197,6 +219,7 @@ private:
             pairs_.emplace_back();
             pairs_.back().left = l;
             pairs_.back().right = r;
+            if (first_seen_) key_lb_.push_back(UINT64_MAX);
         }
         return idx;
     }
@@ -206,6 +229,7 @@ private:
         PairInfo& P = pairs_[p];
         P.count += f;
         P.occ += 1;
+        if (first_seen_) key_lb_[p] = std::min(key_lb_[p], static_cast<uint64_t>(w) << 32);
         if (P.words.empty() || P.words.back() != w) P.words.push_back(w);
         if (P.touched != step) {
             P.touched = step;
@@ -273,6 +297,77 @@ private:
         return -1;
     }
 
+    // Bytes from block w's original start to its first occurrence of (l, r) (the pair across
+    // its end included), or -1 if it holds none.
+    int64_t first_offset(uint32_t w, int32_t l, int32_t r) const {
+        const Word& W = words_[w];
+        const int32_t* s = sym_.data() + W.start;
+        uint64_t off = shift_[w];
+        for (uint32_t i = 0; i < W.len; ++i) {
+            if (s[i] == l) {
+                const bool pairs = i + 1 < W.len ? s[i + 1] == r : (W.next != kNoWord && first_symbol(W.next) == r);
+                if (pairs) return static_cast<int64_t>(off);
+            }
+            off += tokens_[s[i]].size();
+        }
+        return -1;
+    }
+
+    // (word id, offset) of the pair's first occurrence, as one comparable number.
+    uint64_t first_seen_key(uint32_t p) const {
+        const PairInfo& P = pairs_[p];
+        uint64_t best = UINT64_MAX;
+        for (const uint32_t w : P.words) {
+            if ((static_cast<uint64_t>(w) << 32) >= best) continue;
+            const int64_t off = first_offset(w, P.left, P.right);
+            if (off >= 0) best = std::min(best, (static_cast<uint64_t>(w) << 32) | static_cast<uint64_t>(off));
+        }
+        return best;
+    }
+
+    // Keyed heap order: higher count wins; ties: the earlier first occurrence wins.
+    struct KeyedLower {
+        bool operator()(const KeyedEntry& u, const KeyedEntry& v) const {
+            if (u.count != v.count) return u.count < v.count;
+            return u.key > v.key;
+        }
+    };
+    void kpush(const KeyedEntry& e) {
+        keyed_.push_back(e);
+        std::push_heap(keyed_.begin(), keyed_.end(), KeyedLower{});
+    }
+    void kpop() {
+        std::pop_heap(keyed_.begin(), keyed_.end(), KeyedLower{});
+        keyed_.pop_back();
+    }
+
+    // select() with first-seen ties: the live pair of the top count met first.
+    int64_t select_first_seen() {
+        while (!keyed_.empty()) {
+            poll_.tick();
+            const KeyedEntry top = keyed_.front();
+            const PairInfo& P = pairs_[top.pair];
+            if (P.occ == 0) {
+                kpop();
+                continue;
+            }
+            if (top.count != P.count) {
+                kpop();
+                if (P.count < top.count) kpush({P.count, top.pair, key_lb_[top.pair]});
+                continue;
+            }
+            const uint64_t key = first_seen_key(top.pair);
+            if (key != top.key) {  // its first occurrence is later than the entry said
+                kpop();
+                key_lb_[top.pair] = key;
+                kpush({P.count, top.pair, key});
+                continue;
+            }
+            return top.pair;
+        }
+        return -1;
+    }
+
     // ---- merging ---------------------------------------------------------------------
     int32_t token_for(int32_t a, int32_t b) {
         std::string merged = tokens_[a] + tokens_[b];
@@ -305,7 +400,12 @@ private:
         pairs_[pi].occ = 0;
         for (uint32_t p : touched_) {
             const PairInfo& P = pairs_[p];
-            if (P.occ > 0 && !too_long(P)) push({P.count, p});
+            if (P.occ > 0 && !too_long(P)) {
+                if (first_seen_)
+                    kpush({P.count, p, key_lb_[p]});
+                else
+                    push({P.count, p});
+            }
         }
     }
 
@@ -342,7 +442,7 @@ private:
             if (i + 1 < n) {
                 i += 2;
             } else {
-                take_first(W.next, w);
+                take_first(W.next, w, b);
                 i += 1;
             }
             // right neighbour: the symbol after b, here or at the next block's start
@@ -358,8 +458,9 @@ private:
     }
 
     // Drop the first symbol of block v (w's successor); unlink v if it is left empty.
-    void take_first(uint32_t v, uint32_t w) {
+    void take_first(uint32_t v, uint32_t w, int32_t b) {
         Word& V = words_[v];
+        if (first_seen_) shift_[v] += static_cast<uint32_t>(tokens_[b].size());
         ++V.start;
         if (--V.len > 0) return;
         words_[w].next = V.next;
@@ -370,6 +471,9 @@ private:
     int64_t min_frequency_;
     size_t max_token_bytes_;
     cancel::Poll& poll_ = cancel::current();
+    bool first_seen_;                  // ties: first occurrence, not smallest bytes
+    std::vector<uint32_t> shift_;      // first-seen: bytes taken off each block's front
+    std::vector<uint64_t> key_lb_;     // first-seen: a lower bound of each pair's first occurrence
     bool chained_ = false;             // some piece is longer than one block
     std::vector<std::string> tokens_;  // id -> bytes
     BytesMap<int32_t> id_of_;          // bytes -> id
@@ -386,15 +490,16 @@ private:
     U64Map<uint32_t> pair_index_;      // (left, right) -> index into pairs_
     std::vector<PairInfo> pairs_;
     std::vector<HeapEntry> heap_;
+    std::vector<KeyedEntry> keyed_;    // first-seen: the heap, keyed by first occurrence
     std::vector<uint32_t> touched_;
 };
 
 }  // namespace
 
 Merges learn_merges(const TrainInput& input, size_t n_merges, int64_t min_frequency, const ProgressFn& progress,
-                    size_t max_token_bytes, size_t progress_every) {
+                    size_t max_token_bytes, size_t progress_every, bool first_seen) {
     if (n_merges == 0) return {};
-    Trainer t(input, min_frequency, max_token_bytes);
+    Trainer t(input, min_frequency, max_token_bytes, first_seen);
     return t.run(n_merges, progress, progress_every);
 }
 

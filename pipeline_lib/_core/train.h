@@ -33,7 +33,10 @@ struct Merges {
 // and the alphabet's bytes distinct. A pair whose merged token would be longer than
 // max_token_bytes is never merged (0 = no limit). progress (if set) is called every
 // `progress_every` merges and at the end.
+// Ties between equal counts: the pair whose (left bytes, right bytes) sorts first, or, with
+// first_seen, the pair whose first occurrence comes first (pieces in the order given, then
+// left to right), as the tutorials' max(pairs, key=pairs.get) over a dict filled in text order.
 Merges learn_merges(const TrainInput& input, size_t n_merges, int64_t min_frequency, const ProgressFn& progress,
-                    size_t max_token_bytes = 0, size_t progress_every = 1000);
+                    size_t max_token_bytes = 0, size_t progress_every = 1000, bool first_seen = false);
 
 }  // namespace tokcore

@@ -350,14 +350,31 @@ class Tokenizer:
         unit: str = "byte",
         unknown: str = "unk",
         lowercase: bool = False,
+        ties: str = "bytes",
+        n_merges: int | None = None,
+        on_plan: Callable[[Any], None] | None = None,
     ) -> Tokenizer:
         """Learn a vocabulary of `vocab_size` ids: `unit` ``byte``, ``char`` or ``word``,
         `pattern` a name, ``none`` or a regex (None: ``cl100k``, ``none`` for words); see
-        `pipeline_lib.tokenizer.train.train_tokenizer`."""
+        `pipeline_lib.tokenizer.train.train_tokenizer` (`ties`, `n_merges`, `on_plan` too)."""
         from pipeline_lib.tokenizer.train import train_tokenizer
 
         return train_tokenizer(
-            cls, counts_or_texts, vocab_size, pattern, special_tokens, min_frequency, progress, workers, max_token_bytes, unit, unknown, lowercase
+            cls,
+            counts_or_texts,
+            vocab_size,
+            pattern,
+            special_tokens,
+            min_frequency,
+            progress,
+            workers,
+            max_token_bytes,
+            unit,
+            unknown,
+            lowercase,
+            ties,
+            n_merges,
+            on_plan,
         )
 
     @property

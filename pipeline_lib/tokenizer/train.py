@@ -202,26 +202,40 @@ def learn_merges(
     progress=None,
     max_token_bytes: int | None = None,
     symbols: tuple[list[bytes], np.ndarray, np.ndarray] | None = None,
+    ties: str = "bytes",
 ) -> tuple[list[tuple[int, int, int]], list[int]]:
     """``(merges, merge_counts)`` from byte pieces, or from `symbols` (`symbol_arrays` of
-    char or word pieces): native when the core is built, else `bpe_reference.learn_symbol_merges`."""
+    char or word pieces): native when the core is built, else `bpe_reference.learn_symbol_merges`.
+    `ties` as there; with ``first-seen`` the pieces' order is the text's."""
     native = core._CORE
     counts = np.asarray(counts, dtype=np.int64)
     if symbols is None:
         if native is not None:
-            rows, merge_counts = native.learn_merges(pieces, counts, n_merges, min_frequency, progress, max_token_bytes, with_counts=True)
+            rows, merge_counts = native.learn_merges(pieces, counts, n_merges, min_frequency, progress, max_token_bytes, with_counts=True, ties=ties)
             return [tuple(r) for r in rows.tolist()], merge_counts.tolist()
         table = {tuple(p): c for p, c in zip(pieces, counts.tolist())}
-        return ref.learn_symbol_merges(ref.BYTES, table, n_merges, min_frequency, progress, max_token_bytes)
+        return ref.learn_symbol_merges(ref.BYTES, table, n_merges, min_frequency, progress, max_token_bytes, ties)
     alphabet, flat, offsets = symbols
     if not alphabet:
         return [], []  # no text, no alphabet
     if native is not None:
-        rows, merge_counts = native.learn_symbol_merges(alphabet, flat, offsets, counts, n_merges, min_frequency, progress, max_token_bytes)
+        rows, merge_counts = native.learn_symbol_merges(alphabet, flat, offsets, counts, n_merges, min_frequency, progress, max_token_bytes, ties=ties)
         return [tuple(r) for r in rows.tolist()], merge_counts.tolist()
     ends = offsets.tolist()
     table = {tuple(flat[a:b].tolist()): c for a, b, c in zip(ends, ends[1:], counts.tolist())}
-    return ref.learn_symbol_merges(alphabet, table, n_merges, min_frequency, progress, max_token_bytes)
+    return ref.learn_symbol_merges(alphabet, table, n_merges, min_frequency, progress, max_token_bytes, ties)
+
+
+class TrainingPlan(NamedTuple):
+    """What training is about to do, as the tutorials print it before merging."""
+
+    alphabet: int
+    special: int
+    merges: int
+    vocab_size: int
+
+    def line(self) -> str:
+        return f"initial alphabet {self.alphabet}, special {self.special}, merges to learn {self.merges}, target {self.vocab_size}"
 
 
 def train_tokenizer(
@@ -237,6 +251,9 @@ def train_tokenizer(
     unit: str = "byte",
     unknown: str = "unk",
     lowercase: bool = False,
+    ties: str = "bytes",
+    n_merges: int | None = None,
+    on_plan: Callable[[TrainingPlan], None] | None = None,
 ) -> Tokenizer:
     """Learn a vocabulary of `vocab_size` ids: the unit's alphabet + merges + special tokens.
 
@@ -248,6 +265,13 @@ def train_tokenizer(
     added after `special_tokens` and counted in `vocab_size`) or ``bytes`` (byte fallback: the
     single bytes that are not characters of the corpus get ids after the merges, so any text
     encodes). `lowercase` (word unit only) lowercases the words.
+
+    `ties` says which of equally frequent pairs merges first: ``bytes`` (the smallest (left,
+    right) bytes) or ``first-seen`` (the pair met first in the text, the tutorials' rule; it
+    needs the text's order: documents, or a mapping in the order its pieces were met, not a
+    `PieceTable`). `n_merges`, when given, is the number of merges to learn and `vocab_size`
+    is then what follows from it (alphabet + merges + special tokens). `on_plan` is called
+    with the `TrainingPlan` before merging.
 
     `counts_or_texts` is a piece -> count table, or a `PieceTable` (what the counting stage writes; the word
     unit takes its words from the pieces, `bpe_reference.word_counts`) or documents to count
@@ -262,6 +286,11 @@ def train_tokenizer(
             [2, MAX_TOKEN_BYTES].
     """
     unit = check_unit(unit)
+    if ties not in ref.TIES:
+        raise InputError(f"ties={ties!r}: choose 'bytes' (smallest bytes first) or 'first-seen' (the pair met first in the text)")
+    if n_merges is not None and n_merges < 0:
+        raise InputError(f"n_merges={n_merges}: give 0 or more merges to learn")
+    first_seen = ties == "first-seen"
     pattern = check_pattern(pattern if pattern is not None else (NO_SPLIT if unit == "word" else "cl100k"))
     if unit == "byte":
         unknown = None  # type: ignore[assignment]
@@ -273,6 +302,8 @@ def train_tokenizer(
     if unknown == "unk" and UNK not in specials:
         specials[UNK] = -1
     n_special = len(specials)
+    if n_merges is not None:
+        vocab_size = MAX_VOCAB_SIZE  # checked below, once the alphabet is known
     if unit == "byte" and vocab_size < 256 + n_special:
         raise InputError(
             f"vocab_size={vocab_size} is too small: byte-level BPE needs 256 byte tokens plus {n_special} special token(s), so at least {256 + n_special}"
@@ -281,19 +312,27 @@ def train_tokenizer(
         raise InputError(f"vocab_size={vocab_size} is larger than MAX_VOCAB_SIZE ({MAX_VOCAB_SIZE})")
     if not 2 <= max_token_bytes <= MAX_TOKEN_BYTES:
         raise InputError(f"max_token_bytes={max_token_bytes} must be in [2, {MAX_TOKEN_BYTES}] (MAX_TOKEN_BYTES)")
+    if isinstance(counts_or_texts, PieceTable) and first_seen:
+        raise InputError("ties='first-seen' needs the text's order: give documents or a piece -> count mapping in the order met, not a sorted PieceTable")
     if isinstance(counts_or_texts, PieceTable):
         pieces, counts = counts_or_texts.pieces, np.asarray(counts_or_texts.counts, dtype=np.int64)
         if len(pieces) != len(counts) or any(a >= b for a, b in zip(pieces, itertools.islice(pieces, 1, None))):
             raise InputError(f"a PieceTable needs as many counts as pieces ({len(pieces)} pieces, {len(counts)} counts) and its pieces sorted, each once")
     elif isinstance(counts_or_texts, Mapping):
-        items = sorted(counts_or_texts.items())
+        items = list(counts_or_texts.items()) if first_seen else sorted(counts_or_texts.items())
         pieces = [p for p, _ in items]
         counts = np.array([c for _, c in items], dtype=np.int64)
     else:
         docs = (ref.utf8(t) if isinstance(t, str) else t for t in counts_or_texts)
-        pieces, counts = count_documents(docs, pattern, workers).to_arrays()
+        if first_seen:  # counted in Python, in the order met (the native counter sorts)
+            in_order = ref.count_pieces(docs, pattern)
+            pieces, counts = list(in_order), np.array(list(in_order.values()), dtype=np.int64)
+        else:
+            pieces, counts = count_documents(docs, pattern, workers).to_arrays()
     if unit == "word":
-        words = sorted(ref.word_counts(dict(zip(pieces, counts.tolist())), pattern, lowercase).items())
+        words = list(ref.word_counts(dict(zip(pieces, counts.tolist())), pattern, lowercase).items())
+        if not first_seen:
+            words.sort()
         pieces, counts = [w for w, _ in words], np.array([c for _, c in words], dtype=np.int64)
     symbols = symbol_arrays(pieces, unit) if unit != "byte" else None
     alphabet = symbols[0] if symbols is not None else ref.BYTES
@@ -306,8 +345,15 @@ def train_tokenizer(
             f"vocab_size={vocab_size} is too small: {unit}-level BPE on this corpus needs its {len(alphabet)} {what}{fallback}"
             f" + {n_special} special token(s), so at least {minimum}"
         )
-    n_merges = vocab_size - minimum
-    merges, merge_counts = learn_merges(pieces, counts, n_merges, min_frequency, progress, max_token_bytes, symbols)
+    if n_merges is None:
+        n_merges = vocab_size - minimum
+    else:
+        vocab_size = minimum + n_merges
+        if vocab_size > MAX_VOCAB_SIZE:
+            raise InputError(f"n_merges={n_merges} gives {vocab_size} ids, more than MAX_VOCAB_SIZE ({MAX_VOCAB_SIZE})")
+    if on_plan is not None:
+        on_plan(TrainingPlan(len(alphabet) + n_fallback, n_special, n_merges, vocab_size))
+    merges, merge_counts = learn_merges(pieces, counts, n_merges, min_frequency, progress, max_token_bytes, symbols, ties)
     ranks = ref.ranks_from_merges(merges, alphabet)
     if unknown == "bytes":
         for b in ref.BYTES:

@@ -13,9 +13,9 @@
 A REF names a version in the store: ``kind/version``, a unique version-id prefix, or
 ``latest:KIND``. Commands that run flows use Prefect's API when PREFECT_API_URL is set,
 else tokenmill's local Prefect server: started in the background by the first such command
-(on 127.0.0.1), reused by the next ones, stopped after an hour unused or by
-`tokenmill server stop`. A warm runner beside it (flows/warm.py) runs later commands in a
-process that has made their imports already (TOKENMILL_WARM=0: never). They keep their
+(on 127.0.0.1), reused by the next ones, stopped after 15 minutes unused or by
+`tokenmill server stop`. With TOKENMILL_WARM=1, a warm runner beside it (flows/warm.py) runs
+later commands in a process that has made their imports already. They keep their
 database (prefect.db), logs and the runs' task results in $PREFECT_HOME/tokenmill (default
 ~/.prefect/tokenmill), and nothing else in $PREFECT_HOME; `tokenmill gc --prefect-home` removes them. TOKENMILL_PREFECT_SERVER=temporary uses Prefect's per-command server instead.
 
@@ -28,9 +28,13 @@ to Prefect's run logs (--debug or TOKENMILL_DEBUG=1 prints it too). Exit status:
 from __future__ import annotations
 
 if __name__ == "__main__":  # `python -m flows.cli`: the warm runner first, before the imports below
-    from flows.warm import main as _warm_main
+    import sys as _sys
 
-    _warm_main()
+    from flows.warm import run_warm as _run_warm
+
+    _status = _run_warm(_sys.argv[1:])
+    if _status is not None:
+        _sys.exit(_status)
 
 import argparse
 import contextlib
@@ -46,7 +50,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from flows.warm import prefect_home
+from flows.home import prefect_home
 from pipeline_lib.errors import CancelledError, InputError, TokenmillError
 
 DEFAULT_STORE = "./artifacts"
@@ -407,9 +411,14 @@ def cmd_gc(args) -> int:
     return 0
 
 
+def _duration(delta: dt.timedelta) -> str:
+    minutes = int(delta.total_seconds()) // 60
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
 def cmd_server(args) -> int:
     from flows import warm
-    from flows.prefect_api import DEFAULT_STARTUP_TIMEOUT_S, ENV_STARTUP_TIMEOUT, LocalServer, read_float_env, server_dir
+    from flows.prefect_api import DEFAULT_STARTUP_TIMEOUT_S, ENV_IDLE_TIMEOUT, ENV_STARTUP_TIMEOUT, LocalServer, read_float_env, server_dir
 
     local = LocalServer(server_dir())
     if args.action == "start":
@@ -425,10 +434,19 @@ def cmd_server(args) -> int:
             print(f"not running; tokenmill starts it in {local.directory} when a command runs flows without PREFECT_API_URL")
         else:
             clients = local.live_clients()
-            print(f"running: {status['api_url']} (pid {status['pid']}, since {dt.datetime.fromtimestamp(status['started']):%Y-%m-%d %H:%M:%S})")
+            since = dt.datetime.fromtimestamp(status["started"])
+            idle = float(status.get("idle_timeout_s") or 0)
+            print(f"running: {status['api_url']} (pid {status['pid']}, since {since:%Y-%m-%d %H:%M:%S}, up {_duration(dt.datetime.now() - since)})")
+            print(f"  idle time-out: {f'{idle / 60:g} min without a command' if idle > 0 else 'none'} ({ENV_IDLE_TIMEOUT})")
+            runner = warm.runner_pid(str(local.directory))
+            if runner is None:
+                print(f"  warm runner: none ({warm.ENV_WARM}=1 starts one)")
+            else:
+                runner_since = dt.datetime.fromtimestamp(os.stat(f"/proc/{runner}").st_mtime)
+                print(f"  warm runner: pid {runner}, since {runner_since:%Y-%m-%d %H:%M:%S}")
             print(f"  files:    {local.directory} (database {local.db_path.name}, log {local.log_path.name}, results {local.storage_dir.name}/)")
             print(f"  commands: {len(clients)} running" + (f" (pid {', '.join(map(str, clients))})" if clients else ""))
-            print(f"  use it elsewhere: export PREFECT_API_URL={status['api_url']}")
+            print(f"  use it elsewhere: export PREFECT_API_URL={status['api_url']} PREFECT_API_AUTH_STRING=$(cat {local.auth_path})")
     return 0
 
 
@@ -1149,6 +1167,18 @@ def report_failure(exc: BaseException, argv: list[str], store: str | None = None
     return failure.exit_code
 
 
+EXIT_GRACE_S = 10.0  # from SIGTERM to the process's end, at most
+
+
+def _exit_now(status: int) -> None:
+    from flows import warm
+
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    warm.exit_now(status)
+
+
 @contextlib.contextmanager
 def _sigterm_raises():
     """Turn SIGTERM into `Terminated` in the main thread (so `finally` blocks and Prefect's
@@ -1162,6 +1192,11 @@ def _sigterm_raises():
         return
 
     def raise_terminated(signum, frame):
+        # The exit that follows waits for Prefect's threads (a task run waiting for a
+        # concurrency slot never ends) and at-exit flushes to the API: bounded.
+        timer = threading.Timer(EXIT_GRACE_S, _exit_now, (EXIT_TERMINATED,))
+        timer.daemon = True
+        timer.start()
         raise Terminated(signum)
 
     signal.signal(signal.SIGTERM, raise_terminated)

@@ -60,7 +60,9 @@ def main(argv: list[str]) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    local.write_state({"pid": os.getpid(), "port": port, "api_url": f"http://127.0.0.1:{port}/api", "started": time.time()})
+    state = {"pid": os.getpid(), "port": port, "api_url": f"http://127.0.0.1:{port}/api", "started": time.time(), "idle_timeout_s": idle_s}
+    state["auth"] = bool(os.environ.get("PREFECT_SERVER_API_AUTH_STRING"))  # every request needs the credential in AUTH_FILE
+    local.write_state(state)
     try:
         import uvicorn
         from prefect.server.api.server import create_app

@@ -69,7 +69,12 @@ def _storage_options(pairs: list[str] | None) -> dict[str, Any]:
             out[k] = v
     if "endpoint_url" in out:  # s3fs takes it inside client_kwargs
         out.setdefault("client_kwargs", {})["endpoint_url"] = out.pop("endpoint_url")
-    return out
+    from pipeline_lib.storage_secrets import redact, remember
+
+    # Secrets go through the environment, never into flow parameters (the API keeps those).
+    shown, secrets = redact(out)
+    remember(secrets)
+    return shown
 
 
 def _store(args):

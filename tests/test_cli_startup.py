@@ -480,3 +480,22 @@ def test_a_killed_server_is_one_line(blocking_server, tmp_path):
     assert proc.returncode == 1, err[-3000:]
     rest = err[err.index("concurrency slot") :].split("\n", 1)[1]  # after the wait's log line
     assert rest == f"tokenmill's local Prefect server stopped (pid {state['pid']}); run the command again to restart it\n", rest[-3000:]
+
+
+def test_no_secret_storage_option_reaches_the_flow_parameters(tmp_path, corpus):
+    import httpx
+
+    home = tmp_path / "home"
+    env = _env(home)
+    secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+    local = LocalServer(server_dir(home))
+    try:
+        proc = _tokenmill([*_train_args(corpus, tmp_path / "s"), "--storage-option", f"secret={secret}", "--storage-option", "auto_mkdir=true"], env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        state = json.loads(local.state_path.read_text())
+        auth = tuple(local.auth_path.read_text().strip().split(":", 1))
+        runs = httpx.post(f"{state['api_url']}/flow_runs/filter", json={}, timeout=60, auth=auth).json()
+        assert runs and all(r["parameters"]["storage_options"]["secret"] == "***" for r in runs), [r["parameters"] for r in runs]
+        assert secret not in json.dumps(runs)
+    finally:
+        _tokenmill(["server", "stop"], env, timeout=120)

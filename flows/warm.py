@@ -153,7 +153,8 @@ def stat_files(paths: list[str]) -> list[list]:
 
 def fingerprint(paths: list[str]) -> str:
     """The code a runner serves: `paths` (what it imported) and the project's files now."""
-    h = hashlib.sha256(f"{sys.executable}\0{_ROOT}".encode())
+    # The interpreter by what it is (python and python3 are one), and its environment (a venv).
+    h = hashlib.sha256(f"{os.path.realpath(sys.executable)}\0{sys.prefix}\0{_ROOT}".encode())
     h.update(json.dumps(stat_files(sorted(set(paths) | set(project_files())))).encode())
     return h.hexdigest()
 

@@ -325,3 +325,14 @@ def test_no_secret_is_sent_and_a_taken_command_never_runs_twice(tmp_path):
     proc = _tokenmill(args, env2, input="")
     assert proc.returncode == 1 and "did not answer" in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "ids.npy").exists()
+
+
+def test_the_interpreter_by_another_of_its_names_is_served(runner):
+    directory, env = runner
+    names = [p for p in (Path(sys.executable).with_name(n) for n in ("python", "python3")) if p.exists() and str(p) != sys.executable]
+    if not names:
+        pytest.skip("no second name for this interpreter")
+    before = len(_served(directory))
+    proc = subprocess.run([str(names[0]), "-m", "flows.cli", *_hi(env)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, input="")
+    assert proc.returncode == 0 and proc.stdout.strip() == "5303", proc.stderr[-3000:]
+    assert len(_served(directory)) == before + 1  # the `tokenmill` script says python3, a shell python

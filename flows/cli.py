@@ -447,7 +447,7 @@ def cmd_server(args) -> int:
             if runner is None:
                 print(f"  warm runner: none ({warm.ENV_WARM}=1 starts one)")
             else:
-                runner_since = dt.datetime.fromtimestamp(os.stat(f"/proc/{runner}").st_mtime)
+                runner_since = dt.datetime.fromtimestamp(float(warm.read_info(str(local.directory)).get("started") or 0))
                 print(f"  warm runner: pid {runner}, since {runner_since:%Y-%m-%d %H:%M:%S}")
             print(f"  files:    {local.directory} (database {local.db_path.name}, log {local.log_path.name}, results {local.storage_dir.name}/)")
             print(f"  commands: {len(clients)} running" + (f" (pid {', '.join(map(str, clients))})" if clients else ""))
@@ -1166,18 +1166,33 @@ def report_failure(exc: BaseException, argv: list[str], store: str | None = None
     if failure.unexpected:
         where = f"the full traceback is in {log_file}" if log_file else "the traceback could not be logged"
         line += f" (a bug in tokenmill: {where}; rerun with --debug to print it)"
-    if debug:
-        traceback.print_exception(exc, file=sys.stderr)
-    print(f"tokenmill: error: {_redact(line)}", file=sys.stderr, flush=True)
+    with _error_line_lock:  # once: the exit a SIGTERM bounds (_exit_now) may print it instead
+        if not _error_line_printed.is_set():
+            if debug:
+                traceback.print_exception(exc, file=sys.stderr)
+            print(f"tokenmill: error: {_redact(line)}", file=sys.stderr, flush=True)
+            _error_line_printed.set()
     return failure.exit_code
 
 
 EXIT_GRACE_S = 10.0  # from SIGTERM to the process's end, at most
 
 
+_error_line_lock = threading.Lock()
+_error_line_printed = threading.Event()
+_command: dict[str, Any] = {}  # the running command's store and whether a rerun resumes it (main)
+
+
 def _exit_now(status: int) -> None:
+    """End the process now, after its one error line (printed here if not yet)."""
     from flows import warm
 
+    if _error_line_lock.acquire(timeout=2.0):
+        if not _error_line_printed.is_set():
+            failure = describe_failure(Terminated(signal.SIGTERM), _command.get("store"), _command.get("resumable", True))
+            with contextlib.suppress(OSError, ValueError):
+                print(f"tokenmill: error: {_redact(failure.message)}", file=sys.stderr, flush=True)
+            _error_line_printed.set()
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -1253,6 +1268,7 @@ def main(argv: list[str] | None = None) -> int:
     use_console_handler()
     args = build_parser(argv).parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
+    _command.update(store=getattr(args, "store", None), resumable=args.func in _RESUMABLE)
     with _debug_env(debug):
         try:
             with _sigterm_raises():

@@ -468,6 +468,8 @@ def test_a_run_waiting_for_a_slot_says_so_and_sigterm_ends_it(blocking_server, t
     proc.send_signal(signal.SIGTERM)
     _out, err = proc.communicate(timeout=120)  # it waited for the slot to be freed, which never happens here
     assert proc.returncode == 143, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("tokenmill: error:")]
+    assert len(lines) == 1 and "SIGTERM" in lines[0] and "Traceback" not in err, err[-3000:]
 
 
 def test_a_killed_server_is_one_line(blocking_server, tmp_path):
@@ -525,3 +527,12 @@ def test_the_command_line_the_server_and_the_runner_import_no_cycle():
     cycles = [m for m in modules if reaches(m, m, set())]
     assert not cycles, {m: sorted(graph[m]) for m in modules}
     assert graph["flows.warm"] <= {"flows.home"} and not graph["flows.home"], graph
+
+
+def test_a_server_folder_others_can_write_is_refused(tmp_path, corpus):
+    home = tmp_path / "home"
+    (home / "tokenmill").mkdir(parents=True)
+    (home / "tokenmill").chmod(0o777)  # another user could put their own server.json (or runner) there
+    proc = _tokenmill(_train_args(corpus, tmp_path / "s"), _env(home), timeout=300)
+    line = _assert_one_error_line(proc, str(home / "tokenmill"), "can be written by other users", "PREFECT_HOME")
+    assert not (home / "tokenmill" / "server.json").exists(), line

@@ -679,15 +679,27 @@ class SlotWaitLog:
 
 
 def _describe_limits(names: list[str]) -> str:
-    """``tag:x (2 of 2 slots taken)`` for each limit among `names` that exists."""
+    """``tag:x (2 of 2 slots taken; held by task run NAME)`` for each limit among `names`
+    that exists (the holders the server knows from the slots' leases)."""
     try:
         from prefect.client.orchestration import get_client
 
         parts = []
         with get_client(sync_client=True) as client:
             for limit in client.read_global_concurrency_limits(limit=200):
-                if limit.name in names:
-                    parts.append(f"{limit.name} ({limit.active_slots} of {limit.limit} slots taken)")
+                if limit.name not in names:
+                    continue
+                text = f"{limit.name} ({limit.active_slots} of {limit.limit} slots taken"
+                if limit.name.startswith("tag:"):
+                    holders = []
+                    with contextlib.suppress(Exception):
+                        for run_id in client.read_concurrency_limit_by_tag(limit.name[4:]).active_slots[:3]:
+                            try:
+                                holders.append(f"task run {client.read_task_run(run_id).name} ({run_id})")
+                            except Exception:  # noqa: BLE001 - a holder this server has no run for
+                                holders.append(f"task run {run_id}")
+                    text += f"; held by {', '.join(holders)}" if holders else "; by no run this server knows"
+                parts.append(text + ")")
         return ", ".join(parts) or ", ".join(names)
     except Exception:  # noqa: BLE001 - the log line names the limits in any case
         return ", ".join(names)

@@ -411,8 +411,12 @@ def blocking_server(tmp_path_factory):
     assert start.returncode == 0, start.stderr[-3000:]
     state = json.loads(local.state_path.read_text())
     auth = tuple(local.auth_path.read_text().strip().split(":", 1))
-    made = httpx.post(f"{state['api_url']}/v2/concurrency_limits/", json={"name": "tag:tokenmill", "limit": 1, "active_slots": 1}, auth=auth, timeout=60)
+    made = httpx.post(f"{state['api_url']}/v2/concurrency_limits/", json={"name": "tag:tokenmill", "limit": 1}, auth=auth, timeout=60)
     assert made.status_code == 201, made.text
+    holder = "0b5e55ed-0000-4000-8000-000000000001"  # a task run of someone else's
+    lease = {"names": ["tag:tokenmill"], "slots": 1, "mode": "concurrency", "lease_duration": 3600, "holder": {"type": "task_run", "id": holder}}
+    held = httpx.post(f"{state['api_url']}/v2/concurrency_limits/increment-with-lease", json=lease, auth=auth, timeout=60)
+    assert held.status_code == 200, held.text
     corpus = tmp / "corpus.txt"
     corpus.write_text("some words to count\n" * 200)
     try:
@@ -431,7 +435,7 @@ def _start_blocked(env: dict[str, str], corpus: Path, store: Path) -> subprocess
     for line in proc.stderr:
         lines.append(line)
         if "waiting" in line and "concurrency slot" in line:
-            assert "tag:tokenmill (1 of 1 slots taken)" in line, line
+            assert "tag:tokenmill (1 of 1 slots taken; held by task run 0b5e55ed-0000-4000-8000-000000000001)" in line, line
             return proc
     proc.wait()
     raise AssertionError(f"no wait for a slot logged (exit {proc.returncode}): {''.join(lines)[-3000:]}")

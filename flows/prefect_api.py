@@ -4,11 +4,12 @@ With PREFECT_API_URL set (environment, profile or prefect.toml), flows report to
 server. Without it, `flow_api` gives them tokenmill's local server: one `prefect` API
 process per PREFECT_HOME, started detached by the first command that needs it
 (``python -m flows.local_server``, on 127.0.0.1 and a free port), health-checked and reused
-by every later command, and stopped after an hour without use (`tokenmill server
+by every later command, and stopped after 15 minutes without use (`tokenmill server
 stop|status` manage it). Everything it keeps is in ``$PREFECT_HOME/tokenmill/``:
 
     server.json   pid, port and URL of the running server (written by the server)
     server.log    its output;  server.lock  serialises starting it
+    api-auth      the credential every API request needs (0600; Prefect's basic auth)
     prefect.db    its SQLite database (flow-run history)
     storage/      Prefect's task results of the runs that used it (PREFECT_LOCAL_STORAGE_PATH,
                   unless you set one)

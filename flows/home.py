@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import subprocess
 
 SERVER_DIR = "tokenmill"  # the local server's and the runner's directory in PREFECT_HOME
 
@@ -78,6 +81,8 @@ def make_own_dir(path: str) -> None:
 def spawn_detached(args: list[str], env: dict[str, str], log_path: str, append: bool = True) -> subprocess.Popen:
     """`python ARGS` in a session of its own (the terminal's Ctrl-C and hang-up do not reach
     it), in /, its output to `log_path` (appended, or from empty; 0600)."""
+    import subprocess  # here: a served command's caller imports this module and never spawns
+
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
     log = os.open(log_path, flags, 0o600)
     try:

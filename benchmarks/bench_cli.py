@@ -313,7 +313,7 @@ def main() -> None:
         record("library (no Prefect)", timed(argv, env, log("library")))
 
     home = os.path.join(work, "home-local")
-    env = base_env(home)
+    env = {**base_env(home), "TOKENMILL_WARM": "1"}  # the runner is opt-in
     try:
         record("tokenmill (cold local server)", timed(train_cmd(), env, log("cold"), lambda: local_server_pgid(home), phases=True))
         runner_log = wait_for_runner(home)

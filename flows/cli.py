@@ -14,9 +14,9 @@
 A REF names a version in the store: ``kind/version``, a unique version-id prefix, or
 ``latest:KIND``. Commands that run flows use Prefect's API when PREFECT_API_URL is set,
 else tokenmill's local Prefect server: started in the background by the first such command
-(on 127.0.0.1), reused by the next ones, stopped after an hour unused or by
-`tokenmill server stop`. A warm runner beside it (flows/warm.py) runs later commands in a
-process that has made their imports already (TOKENMILL_WARM=0: never). They keep their
+(on 127.0.0.1), reused by the next ones, stopped after 15 minutes unused or by
+`tokenmill server stop`. With TOKENMILL_WARM=1, a warm runner beside it (flows/warm.py) runs
+later commands in a process that has made their imports already. They keep their
 database (prefect.db), logs and the runs' task results in $PREFECT_HOME/tokenmill (default
 ~/.prefect/tokenmill), and nothing else in $PREFECT_HOME; `tokenmill gc --prefect-home` removes them. TOKENMILL_PREFECT_SERVER=temporary uses Prefect's per-command server instead.
 
@@ -29,9 +29,13 @@ to Prefect's run logs (--debug or TOKENMILL_DEBUG=1 prints it too). Exit status:
 from __future__ import annotations
 
 if __name__ == "__main__":  # `python -m flows.cli`: the warm runner first, before the imports below
-    from flows.warm import main as _warm_main
+    import sys as _sys
 
-    _warm_main()
+    from flows.warm import run_warm as _run_warm
+
+    _status = _run_warm(_sys.argv[1:])
+    if _status is not None:
+        _sys.exit(_status)
 
 import argparse
 import contextlib
@@ -47,7 +51,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from flows.warm import prefect_home
+from flows.home import prefect_home
 from pipeline_lib.errors import CancelledError, InputError, TokenmillError
 
 DEFAULT_STORE = "./artifacts"
@@ -66,7 +70,12 @@ def _storage_options(pairs: list[str] | None) -> dict[str, Any]:
             out[k] = v
     if "endpoint_url" in out:  # s3fs takes it inside client_kwargs
         out.setdefault("client_kwargs", {})["endpoint_url"] = out.pop("endpoint_url")
-    return out
+    from pipeline_lib.storage_secrets import redact, remember
+
+    # Secrets go through the environment, never into flow parameters (the API keeps those).
+    shown, secrets = redact(out)
+    remember(secrets)
+    return shown
 
 
 def _store(args):
@@ -612,9 +621,14 @@ def cmd_gc(args) -> int:
     return 0
 
 
+def _duration(delta: dt.timedelta) -> str:
+    minutes = int(delta.total_seconds()) // 60
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
 def cmd_server(args) -> int:
     from flows import warm
-    from flows.prefect_api import DEFAULT_STARTUP_TIMEOUT_S, ENV_STARTUP_TIMEOUT, LocalServer, read_float_env, server_dir
+    from flows.prefect_api import DEFAULT_STARTUP_TIMEOUT_S, ENV_IDLE_TIMEOUT, ENV_STARTUP_TIMEOUT, LocalServer, read_float_env, server_dir
 
     local = LocalServer(server_dir())
     if args.action == "start":
@@ -630,10 +644,19 @@ def cmd_server(args) -> int:
             print(f"not running; tokenmill starts it in {local.directory} when a command runs flows without PREFECT_API_URL")
         else:
             clients = local.live_clients()
-            print(f"running: {status['api_url']} (pid {status['pid']}, since {dt.datetime.fromtimestamp(status['started']):%Y-%m-%d %H:%M:%S})")
+            since = dt.datetime.fromtimestamp(status["started"])
+            idle = float(status.get("idle_timeout_s") or 0)
+            print(f"running: {status['api_url']} (pid {status['pid']}, since {since:%Y-%m-%d %H:%M:%S}, up {_duration(dt.datetime.now() - since)})")
+            print(f"  idle time-out: {f'{idle / 60:g} min without a command' if idle > 0 else 'none'} ({ENV_IDLE_TIMEOUT})")
+            runner = warm.runner_pid(str(local.directory))
+            if runner is None:
+                print(f"  warm runner: none ({warm.ENV_WARM}=1 starts one)")
+            else:
+                runner_since = dt.datetime.fromtimestamp(float(warm.read_info(str(local.directory)).get("started") or 0))
+                print(f"  warm runner: pid {runner}, since {runner_since:%Y-%m-%d %H:%M:%S}")
             print(f"  files:    {local.directory} (database {local.db_path.name}, log {local.log_path.name}, results {local.storage_dir.name}/)")
             print(f"  commands: {len(clients)} running" + (f" (pid {', '.join(map(str, clients))})" if clients else ""))
-            print(f"  use it elsewhere: export PREFECT_API_URL={status['api_url']}")
+            print(f"  use it elsewhere: export PREFECT_API_URL={status['api_url']} PREFECT_API_AUTH_STRING=$(cat {local.auth_path})")
     return 0
 
 
@@ -1522,10 +1545,37 @@ def report_failure(exc: BaseException, argv: list[str], store: str | None = None
     if failure.unexpected:
         where = f"the full traceback is in {log_file}" if log_file else "the traceback could not be logged"
         line += f" (a bug in tokenmill: {where}; rerun with --debug to print it)"
-    if debug:
-        traceback.print_exception(exc, file=sys.stderr)
-    print(f"tokenmill: error: {_redact(line)}", file=sys.stderr, flush=True)
+    with _error_line_lock:  # once: the exit a SIGTERM bounds (_exit_now) may print it instead
+        if not _error_line_printed.is_set():
+            if debug:
+                traceback.print_exception(exc, file=sys.stderr)
+            print(f"tokenmill: error: {_redact(line)}", file=sys.stderr, flush=True)
+            _error_line_printed.set()
     return failure.exit_code
+
+
+EXIT_GRACE_S = 10.0  # from SIGTERM to the process's end, at most
+
+
+_error_line_lock = threading.Lock()
+_error_line_printed = threading.Event()
+_command: dict[str, Any] = {}  # the running command's store and whether a rerun resumes it (main)
+
+
+def _exit_now(status: int) -> None:
+    """End the process now, after its one error line (printed here if not yet)."""
+    from flows import warm
+
+    if _error_line_lock.acquire(timeout=2.0):
+        if not _error_line_printed.is_set():
+            failure = describe_failure(Terminated(signal.SIGTERM), _command.get("store"), _command.get("resumable", True))
+            with contextlib.suppress(OSError, ValueError):
+                print(f"tokenmill: error: {_redact(failure.message)}", file=sys.stderr, flush=True)
+            _error_line_printed.set()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    warm.exit_now(status)
 
 
 @contextlib.contextmanager
@@ -1541,6 +1591,11 @@ def _sigterm_raises():
         return
 
     def raise_terminated(signum, frame):
+        # The exit that follows waits for Prefect's threads (a task run waiting for a
+        # concurrency slot never ends) and at-exit flushes to the API: bounded.
+        timer = threading.Timer(EXIT_GRACE_S, _exit_now, (EXIT_TERMINATED,))
+        timer.daemon = True
+        timer.start()
         raise Terminated(signum)
 
     signal.signal(signal.SIGTERM, raise_terminated)
@@ -1592,6 +1647,7 @@ def main(argv: list[str] | None = None) -> int:
     use_console_handler()
     args = build_parser(argv).parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
+    _command.update(store=getattr(args, "store", None), resumable=args.func in _RESUMABLE)
     with _debug_env(debug):
         try:
             if isinstance(getattr(args, "store", None), str):  # before any work: a store URL that cannot hold results

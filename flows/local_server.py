@@ -3,11 +3,13 @@
 `flows.prefect_api` starts it, detached, when a command runs flows and no PREFECT_API_URL
 is set; later commands reuse it. It serves Prefect's own API app as Prefect's temporary
 server does (``create_app(ephemeral=True)``: the API and the services a temporary server
-runs, no UI), on 127.0.0.1 and a port the system picks, with its SQLite database in DIR.
+runs, no UI), on 127.0.0.1 and a port the system picks, with its SQLite database in DIR;
+every request but /api/health needs the credential its starter put in its environment
+(PREFECT_SERVER_API_AUTH_STRING, from DIR/api-auth).
 
 It writes ``DIR/server.json`` (pid, port, URL) as soon as its socket is bound, then loads
 the app; clients wait for ``/api/health``. It exits by itself after
-TOKENMILL_SERVER_IDLE_TIMEOUT seconds (default 3600; 0: never) without a request while no
+TOKENMILL_SERVER_IDLE_TIMEOUT seconds (default 900; 0: never) without a request while no
 tokenmill command is registered in ``DIR/clients/`` (a command registers its pid there for
 its whole run, so a long task that sends nothing keeps the server up), and on SIGTERM or
 SIGINT (`tokenmill server stop`). It removes ``server.json`` when it exits.
@@ -60,7 +62,9 @@ def main(argv: list[str]) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    local.write_state({"pid": os.getpid(), "port": port, "api_url": f"http://127.0.0.1:{port}/api", "started": time.time()})
+    state = {"pid": os.getpid(), "port": port, "api_url": f"http://127.0.0.1:{port}/api", "started": time.time(), "idle_timeout_s": idle_s}
+    state["auth"] = bool(os.environ.get("PREFECT_SERVER_API_AUTH_STRING"))  # every request needs the credential in AUTH_FILE
+    local.write_state(state)
     try:
         import uvicorn
         from prefect.server.api.server import create_app

@@ -4,11 +4,12 @@ With PREFECT_API_URL set (environment, profile or prefect.toml), flows report to
 server. Without it, `flow_api` gives them tokenmill's local server: one `prefect` API
 process per PREFECT_HOME, started detached by the first command that needs it
 (``python -m flows.local_server``, on 127.0.0.1 and a free port), health-checked and reused
-by every later command, and stopped after an hour without use (`tokenmill server
+by every later command, and stopped after 15 minutes without use (`tokenmill server
 stop|status` manage it). Everything it keeps is in ``$PREFECT_HOME/tokenmill/``:
 
     server.json   pid, port and URL of the running server (written by the server)
     server.log    its output;  server.lock  serialises starting it
+    api-auth      the credential every API request needs (0600; Prefect's basic auth)
     prefect.db    its SQLite database (flow-run history)
     storage/      Prefect's task results of the runs that used it (PREFECT_LOCAL_STORAGE_PATH,
                   unless you set one)
@@ -38,6 +39,7 @@ import math
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -46,20 +48,25 @@ from pathlib import Path
 from typing import Any
 
 from flows import warm
-from flows.warm import SERVER_DIR
-from flows.warm import pid_alive as _pid_alive
+from flows.home import SERVER_DIR, NotOwnError, check_own_file, make_own_dir, spawn_detached
+from flows.home import pid_alive as _pid_alive
+from flows.home import prefect_home as _prefect_home
 from pipeline_lib.errors import InputError, TokenmillError
 
 ENV_MODE = "TOKENMILL_PREFECT_SERVER"  # "local" (default) or "temporary"
 ENV_STARTUP_TIMEOUT = "TOKENMILL_SERVER_STARTUP_TIMEOUT"
 ENV_IDLE_TIMEOUT = "TOKENMILL_SERVER_IDLE_TIMEOUT"
+ENV_SLOT_WAIT_LOG = "TOKENMILL_SLOT_WAIT_LOG"  # seconds a task run waits for a slot before its log says so
+DEFAULT_SLOT_WAIT_LOG_S = 30.0
 # Measured start-up of the server (docs/operations.md): ~8 s with its database, ~19 s
 # creating it, on 2 cores at load 6.5; a machine several times busier still fits.
 DEFAULT_STARTUP_TIMEOUT_S = 180.0
-DEFAULT_IDLE_TIMEOUT_S = 3600.0
+DEFAULT_IDLE_TIMEOUT_S = 900.0
 SERVER_MODULE = "flows.local_server"
 STATE_FILE, LOG_FILE, LOCK_FILE, DB_FILE = "server.json", "server.log", "server.lock", "prefect.db"
 STORAGE_DIR, CLIENTS_DIR, MEMO_FILE = "storage", "clients", "memo_store.toml"
+AUTH_FILE = "api-auth"  # the server's basic-auth credential, user:password (0600)
+AUTH_USER = "tokenmill"
 _DB_URL_VARS = ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL")
 _STORAGE_VARS = ("PREFECT_LOCAL_STORAGE_PATH", "PREFECT_RESULTS_LOCAL_STORAGE_PATH")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -83,7 +90,7 @@ def read_float_env(name: str, default: float) -> float:
 
 
 def prefect_home() -> Path:
-    return Path(warm.prefect_home())
+    return Path(_prefect_home())
 
 
 def server_dir(home: Path | None = None) -> Path:
@@ -101,10 +108,47 @@ class LocalServer:
         self.db_path = self.directory / DB_FILE
         self.storage_dir = self.directory / STORAGE_DIR
         self.clients_dir = self.directory / CLIENTS_DIR
+        self.auth_path = self.directory / AUTH_FILE
+
+    def make_dir(self) -> None:
+        """Create the server's folder (0700) if missing, and check it is the caller's alone.
+
+        Raises:
+            ServerError: another user owns or can write it, or a folder above it.
+        """
+        try:
+            make_own_dir(str(self.directory))
+        except NotOwnError as e:
+            raise ServerError(
+                f"tokenmill's local Prefect server keeps its files in {self.directory}, but {e}: set PREFECT_HOME to a "
+                "folder of your own (or PREFECT_API_URL to a server)"
+            ) from None
+
+    def auth_string(self) -> str:
+        """The credential the server asks of every API request (``user:password``), from its
+        0600 file; made on first use. Other local users can reach the port, not the file."""
+        import secrets
+
+        self.make_dir()
+        try:
+            fd = os.open(self.auth_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{AUTH_USER}:{secrets.token_urlsafe(32)}\n")
+        try:
+            check_own_file(str(self.auth_path))
+        except NotOwnError as e:
+            raise ServerError(f"{e}: remove it (tokenmill server stop; rm {self.auth_path})") from None
+        text = self.auth_path.read_text().strip()
+        if not text.startswith(f"{AUTH_USER}:"):
+            raise ServerError(f"{self.auth_path}: not a credential tokenmill wrote: remove it (tokenmill server stop; rm {self.auth_path})")
+        return text
 
     # ------------------------------------------------------------------ state
     def write_state(self, state: dict[str, Any]) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.make_dir()
         tmp = self.state_path.with_name(f".{STATE_FILE}.{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -113,8 +157,9 @@ class LocalServer:
 
     def read_state(self) -> dict[str, Any] | None:
         try:
+            check_own_file(str(self.state_path))
             state = json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, NotOwnError):
             return None
         ok = isinstance(state, dict) and isinstance(state.get("pid"), int) and isinstance(state.get("api_url"), str)
         return state if ok else None
@@ -161,7 +206,7 @@ class LocalServer:
     @contextlib.contextmanager
     def registered(self) -> Iterator[None]:
         """Mark this process as a user of the server (it does not idle out meanwhile)."""
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.make_dir()
         self.clients_dir.mkdir(exist_ok=True, mode=0o700)
         path = self.clients_dir / str(os.getpid())
         path.touch()
@@ -175,7 +220,7 @@ class LocalServer:
     def locked(self, timeout: float) -> Iterator[None]:
         import fcntl
 
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.make_dir()
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             deadline = time.monotonic() + timeout
@@ -205,6 +250,9 @@ class LocalServer:
         deadline = time.monotonic() + timeout
         with self.locked(timeout + 30):
             state = self.read_state()
+            if state is not None and self.is_server(state["pid"]) and not state.get("auth"):
+                self._kill(state["pid"])  # started by an older tokenmill, without a credential: open to every local user
+                state = None
             if state is not None and self.is_server(state["pid"]):
                 # Running, or still starting (a command that started it was interrupted).
                 if self._wait_healthy(state["pid"], None, deadline):
@@ -213,6 +261,11 @@ class LocalServer:
                 raise self._timeout_error(timeout)
             with contextlib.suppress(FileNotFoundError):
                 self.state_path.unlink()
+            print(
+                f"starting tokenmill's local Prefect server in {self.directory} (stop it with `tokenmill server stop`)",
+                file=sys.stderr,
+                flush=True,
+            )
             proc = self._spawn()
             if self._wait_healthy(proc.pid, proc, deadline):
                 return self.read_state() or {}
@@ -254,9 +307,10 @@ class LocalServer:
         env.setdefault("PREFECT_MEMO_STORE_PATH", str(self.directory / MEMO_FILE))  # Prefect's; else in PREFECT_HOME
         env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from a local helper
         env["PREFECT_UI_ENABLED"] = "false"
+        env["PREFECT_SERVER_API_AUTH_STRING"] = self.auth_string()  # in its environment, never on its command line
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return warm.spawn_detached(["-m", SERVER_MODULE, str(self.directory)], env, str(self.log_path), append=False)
+        self.make_dir()
+        return spawn_detached(["-m", SERVER_MODULE, str(self.directory)], env, str(self.log_path), append=False)
 
     def _kill(self, pid: int, timeout: float = 10.0) -> None:
         """SIGTERM the server's process group, SIGKILL after `timeout` s."""
@@ -339,7 +393,7 @@ class LocalServer:
                         self._kill(state["pid"])
                 if not dry_run:
                     warm.stop(str(self.directory))
-                server_files = (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm", f"{DB_FILE}-journal", MEMO_FILE, LOG_FILE, STATE_FILE)
+                server_files = (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm", f"{DB_FILE}-journal", MEMO_FILE, LOG_FILE, STATE_FILE, AUTH_FILE)
                 for name in (*server_files, warm.INFO_FILE, warm.LOG_FILE, warm.SOCKET_FILE):
                     if (self.directory / name).is_file() or (self.directory / name).is_socket():
                         remove(self.directory / name)
@@ -390,14 +444,14 @@ def flow_api() -> Iterator[str | None]:
         InputError: a bad TOKENMILL_* setting.
     """
     if os.environ.get("PREFECT_API_URL"):
-        with TagLimits.installed():
+        with TagLimits.installed(), SlotWaitLog.installed():
             yield None
         return
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, get_current_settings, temporary_settings
 
     settings = get_current_settings()
     if settings.api.url:  # from a profile or prefect.toml
-        with TagLimits.installed():
+        with TagLimits.installed(), SlotWaitLog.installed():
             yield None
         return
     startup_timeout = read_float_env(ENV_STARTUP_TIMEOUT, DEFAULT_STARTUP_TIMEOUT_S)
@@ -405,7 +459,7 @@ def flow_api() -> Iterator[str | None]:
     if mode == "temporary":  # Prefect's per-command server, with room to start
         raw = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
         updates: dict[Any, Any] = {} if raw else {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: max(1, round(startup_timeout))}
-        with temporary_settings(updates=updates), TagLimits.installed():
+        with temporary_settings(updates=updates), TagLimits.installed(), SlotWaitLog.installed():
             yield None
         return
     if mode != "local":
@@ -414,11 +468,57 @@ def flow_api() -> Iterator[str | None]:
     with local.registered():
         state = local.ensure(startup_timeout)
         env, updates, defaults = local_client_settings(local, state["api_url"], settings)
+        watchdog = ServerWatchdog(local, state["pid"])
         try:
-            with _environ(env), temporary_settings(updates=updates, set_defaults=defaults), TagLimits.installed():
+            with _environ(env), temporary_settings(updates=updates, set_defaults=defaults), TagLimits.installed(), SlotWaitLog.installed(), watchdog:
                 yield state["api_url"]
         finally:
             warm.spawn(str(local.directory), state["pid"])  # for the next command (flows.warm)
+            print(still_running_line(state, warm.enabled()), file=sys.stderr, flush=True)
+
+
+def still_running_line(state: dict[str, Any], runner: bool) -> str:
+    """What a command that used the local server leaves running, and for how long."""
+    idle = float(state.get("idle_timeout_s") or 0)
+    until = f"until {idle / 60:g} min without a command" if idle > 0 else "until stopped"
+    what = "and its warm runner keep" if runner else "keeps"
+    return f"tokenmill's local Prefect server (pid {state['pid']}) {what} running {until} (stop: `tokenmill server stop`)"
+
+
+class ServerWatchdog:
+    """While inside: checks every `INTERVAL_S` that the local server's process is alive; when
+    it is gone (killed), prints one line and ends the command at once (exit 1). Otherwise
+    Prefect's clients would retry for minutes, then print their own failures to log to the
+    API and an error naming PREFECT_API_URL, which the user never set. The store is safe
+    against an exit at any point (docs/reliability.md)."""
+
+    INTERVAL_S = 0.5
+
+    def __init__(self, local: LocalServer, pid: int):
+        self.local, self.pid = local, pid
+        self._done = threading.Event()
+
+    def __enter__(self) -> ServerWatchdog:
+        threading.Thread(target=self._watch, name="tokenmill-server-watchdog", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+    def _alive(self) -> bool:
+        with contextlib.suppress(ChildProcessError):  # it is this command's child when it started it: reap it
+            if os.waitpid(self.pid, os.WNOHANG)[0] == self.pid:
+                return False
+        return _pid_alive(self.pid)
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.INTERVAL_S):
+            if not self._alive() and not self._done.is_set():
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stdout.flush()
+                with contextlib.suppress(OSError):
+                    os.write(2, f"tokenmill's local Prefect server stopped (pid {self.pid}); run the command again to restart it\n".encode())
+                warm.exit_now(1)
 
 
 def local_client_settings(local: LocalServer, api_url: str, settings: Any) -> tuple[dict[str, str], dict[Any, Any], dict[Any, Any]]:
@@ -426,6 +526,7 @@ def local_client_settings(local: LocalServer, api_url: str, settings: Any) -> tu
     server at `api_url`, given the current Prefect `settings`: (environment variables,
     settings updates, settings defaults, which yield to the user's own)."""
     from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
         PREFECT_API_URL,
         PREFECT_CLIENT_CSRF_SUPPORT_ENABLED,
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
@@ -434,8 +535,9 @@ def local_client_settings(local: LocalServer, api_url: str, settings: Any) -> tu
     )
 
     # PREFECT_UI_URL "": the server has no UI, so no "View at <url>" lines pointing at one.
-    env = {"PREFECT_API_URL": api_url, "PREFECT_UI_URL": ""}
-    updates: dict[Any, Any] = {PREFECT_API_URL: api_url, PREFECT_UI_URL: ""}
+    auth = local.auth_string()
+    env = {"PREFECT_API_URL": api_url, "PREFECT_UI_URL": "", "PREFECT_API_AUTH_STRING": auth}
+    updates: dict[Any, Any] = {PREFECT_API_URL: api_url, PREFECT_UI_URL: "", PREFECT_API_AUTH_STRING: auth}
     default_storage = Path(settings.home).absolute() / "storage"  # Prefect's, shared with other flows
     if not any(os.environ.get(v) for v in _STORAGE_VARS) and Path(settings.results.local_storage_path).absolute() == default_storage:
         env["PREFECT_LOCAL_STORAGE_PATH"] = str(local.storage_dir)
@@ -517,3 +619,88 @@ class TagLimits:
             yield limits
         finally:
             engine._concurrency = original
+
+
+class SlotWaitLog:
+    """Task runs that wait for a concurrency slot say so in their log: after
+    TOKENMILL_SLOT_WAIT_LOG seconds (default 30), then every 5 minutes, which limits they
+    wait for and how many of their slots are taken. Prefect's own wait is silent and
+    unbounded: a run held up by a limit someone set (`prefect gcl`) looked hung. Installed
+    (`installed`) around Prefect's request for slots, under the task engine's `TagLimits`."""
+
+    REPEAT_S = 300.0
+
+    def __init__(self, inner: Callable[..., Any], delay_s: float):
+        self.inner, self.delay_s = inner, delay_s
+
+    def acquire(self, names: list[str], *args: Any, **kwargs: Any) -> Any:
+        import logging
+
+        try:
+            from prefect.logging import get_run_logger
+
+            logger: Any = get_run_logger()
+        except Exception:  # noqa: BLE001 - outside a run: the CLI's own logger
+            logger = logging.getLogger("tokenmill")
+        acquired = threading.Event()
+        started = time.monotonic()
+
+        def report() -> None:
+            delay = self.delay_s
+            while not acquired.wait(delay):
+                logger.warning(
+                    "waiting %.0f s so far for a concurrency slot: %s; another run holds them (`prefect gcl ls` shows the limits)",
+                    time.monotonic() - started,
+                    _describe_limits(list(names)),
+                )
+                delay = self.REPEAT_S
+
+        import contextvars
+
+        context = contextvars.copy_context()  # Prefect's settings (the API, its credential) are context variables
+        threading.Thread(target=context.run, args=(report,), name="tokenmill-slot-wait", daemon=True).start()
+        try:
+            return self.inner(names, *args, **kwargs)
+        finally:
+            acquired.set()
+
+    @classmethod
+    @contextlib.contextmanager
+    def installed(cls) -> Iterator[None]:
+        """Route Prefect's requests for slots through a `SlotWaitLog` while inside."""
+        import prefect.concurrency._sync as sync
+
+        module: Any = sync
+        original = module.acquire_concurrency_slots_with_lease
+        module.acquire_concurrency_slots_with_lease = cls(original, read_float_env(ENV_SLOT_WAIT_LOG, DEFAULT_SLOT_WAIT_LOG_S)).acquire
+        try:
+            yield
+        finally:
+            module.acquire_concurrency_slots_with_lease = original
+
+
+def _describe_limits(names: list[str]) -> str:
+    """``tag:x (2 of 2 slots taken; held by task run NAME)`` for each limit among `names`
+    that exists (the holders the server knows from the slots' leases)."""
+    try:
+        from prefect.client.orchestration import get_client
+
+        parts = []
+        with get_client(sync_client=True) as client:
+            for limit in client.read_global_concurrency_limits(limit=200):
+                if limit.name not in names:
+                    continue
+                text = f"{limit.name} ({limit.active_slots} of {limit.limit} slots taken"
+                if limit.name.startswith("tag:"):
+                    holders = []
+                    with contextlib.suppress(Exception):
+                        for run_id in client.read_concurrency_limit_by_tag(limit.name[4:]).active_slots[:3]:
+                            try:
+                                holders.append(f"task run {client.read_task_run(run_id).name} ({run_id})")
+                            except Exception:  # noqa: BLE001 - a holder this server has no run for
+                                holders.append(f"task run {run_id}")
+                    text += f"; held by {', '.join(holders)}" if holders else "; by no run this server knows"
+                parts.append(text + ")")
+        return ", ".join(parts) or ", ".join(names)
+    except Exception:  # noqa: BLE001 - the log line names the limits in any case
+        return ", ".join(names)

@@ -26,6 +26,7 @@ from fsspec.core import url_to_fs
 from pipeline_lib.errors import (
     InputError,  # re-exported: callers import it from here too
 )
+from pipeline_lib.storage_secrets import resolve as resolve_secrets
 
 CHUNK = 8 << 20
 
@@ -70,6 +71,7 @@ def filesystem(url: str, **storage_options: Any) -> tuple[fsspec.AbstractFileSys
     if not isinstance(url, str) or not url:
         raise InputError(f"cannot open {url!r}: expected a non-empty path or URL")
     protocol = url.split("://", 1)[0].lower() if "://" in url and "::" not in url else None
+    storage_options = resolve_secrets(storage_options)  # secrets travel redacted (pipeline_lib.storage_secrets)
     try:
         if protocol in ("s3", "s3a"):
             storage_options = _with_s3_defaults(storage_options)

@@ -130,12 +130,15 @@ assert "torch" in sys.modules
 # ------------------------------------------------------------------------------ start path
 def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
     home = tmp_path / "home"
-    env = _env(home)
+    env = _env(home, TOKENMILL_WARM="1")
     local = LocalServer(server_dir(home))
     try:
         first = _tokenmill(_train_args(corpus, tmp_path / "s1"), env)
         assert first.returncode == 0, first.stderr[-3000:]
         state = json.loads(local.state_path.read_text())
+        # It says that it starts a server, and what it leaves running.
+        assert first.stderr.count("starting tokenmill's local Prefect server") == 1, first.stderr[-3000:]
+        assert f"tokenmill's local Prefect server (pid {state['pid']}) and its warm runner keep running until 5 min" in first.stderr
         # The first command left a warm runner (flows/warm.py) starting: the next command runs in it.
         runner = _wait_for_runner(local.directory)
         second = _tokenmill(_train_args(corpus, tmp_path / "s2"), env)
@@ -146,12 +149,17 @@ def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
         assert _wait_for_runner(local.directory) == runner, served  # still the same runner: a served command keeps it
         assert (tmp_path / "s2" / "tokenizer").is_dir() and "-> " in second.stdout
         assert "View at" not in first.stderr + first.stdout  # the server has no UI to link to
+        assert "starting tokenmill's local Prefect server" not in second.stderr
         status = _tokenmill(["server", "status"], env, timeout=120)
         assert status.returncode == 0 and state["api_url"] in status.stdout, status.stdout
-        # One flow run per command: corpus and tokenizer together.
+        assert f"warm runner: pid {runner}" in status.stdout and "idle time-out: 5 min" in status.stdout, status.stdout
+        # One flow run per command: corpus and tokenizer together; only with the credential.
         import httpx
 
-        runs = httpx.post(f"{state['api_url']}/flow_runs/filter", json={}, timeout=60).json()
+        assert httpx.post(f"{state['api_url']}/flow_runs/filter", json={}, timeout=60).status_code == 401
+        auth = tuple(local.auth_path.read_text().strip().split(":", 1))
+        assert local.auth_path.stat().st_mode & 0o777 == 0o600
+        runs = httpx.post(f"{state['api_url']}/flow_runs/filter", json={}, timeout=60, auth=auth).json()
         names = sorted(r["name"] for r in runs)
         assert len(names) == 2 and names[0].startswith("tokenizer-corpus-") and names[0].endswith("@s1") and names[1].endswith("@s2"), names
         # A failure in a served command reads as in a fresh process: one line, no traceback.
@@ -169,6 +177,8 @@ def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
     assert not local.state_path.exists()
     wait_gone(runner)  # the runner leaves with its server
     assert "not running" in _tokenmill(["server", "status"], env, timeout=120).stdout
+    gc = _tokenmill(["gc", "--prefect-home", "--store", str(tmp_path / "s1")], env, timeout=120)
+    assert gc.returncode == 0 and not (local.directory / "warm.log").exists() and not local.auth_path.exists(), gc.stdout
 
 
 def test_local_server_clients_skip_heartbeats_and_csrf_unless_asked(tmp_path, monkeypatch):
@@ -384,3 +394,149 @@ def test_server_status_and_stop_when_none_runs(tmp_path):
     assert status.returncode == 0 and "not running" in status.stdout
     stop = _tokenmill(["server", "stop"], env, timeout=120)
     assert stop.returncode == 0 and "no local Prefect server" in stop.stdout
+
+
+# ------------------------------------------------------------------------------ a shared machine, a stuck or killed server
+@pytest.fixture(scope="module")
+def blocking_server(tmp_path_factory):
+    """A running local server whose `tag:tokenmill` limit has its one slot taken, so every
+    tokenmill task run waits (as when another local user held it)."""
+    import httpx
+
+    tmp = tmp_path_factory.mktemp("blocking")
+    home = tmp / "home"
+    env = _env(home, TOKENMILL_SLOT_WAIT_LOG="1")
+    local = LocalServer(server_dir(home))
+    start = _tokenmill(["server", "start"], env)
+    assert start.returncode == 0, start.stderr[-3000:]
+    state = json.loads(local.state_path.read_text())
+    auth = tuple(local.auth_path.read_text().strip().split(":", 1))
+    made = httpx.post(f"{state['api_url']}/v2/concurrency_limits/", json={"name": "tag:tokenmill", "limit": 1}, auth=auth, timeout=60)
+    assert made.status_code == 201, made.text
+    holder = "0b5e55ed-0000-4000-8000-000000000001"  # a task run of someone else's
+    lease = {"names": ["tag:tokenmill"], "slots": 1, "mode": "concurrency", "lease_duration": 3600, "holder": {"type": "task_run", "id": holder}}
+    held = httpx.post(f"{state['api_url']}/v2/concurrency_limits/increment-with-lease", json=lease, auth=auth, timeout=60)
+    assert held.status_code == 200, held.text
+    corpus = tmp / "corpus.txt"
+    corpus.write_text("some words to count\n" * 200)
+    try:
+        yield env, local, state, corpus
+    finally:
+        _tokenmill(["server", "stop"], env, timeout=120)
+
+
+def _start_blocked(env: dict[str, str], corpus: Path, store: Path) -> subprocess.Popen:
+    """A command blocked at its first task; returns once its log says it waits for a slot."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *_train_args(corpus, store)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    lines = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line)
+        if "waiting" in line and "concurrency slot" in line:
+            assert "tag:tokenmill (1 of 1 slots taken; held by task run 0b5e55ed-0000-4000-8000-000000000001)" in line, line
+            return proc
+    proc.wait()
+    raise AssertionError(f"no wait for a slot logged (exit {proc.returncode}): {''.join(lines)[-3000:]}")
+
+
+def test_another_user_cannot_read_or_use_the_local_api(blocking_server):
+    from test_warm import other_user_python
+
+    _env_, local, state, _corpus = blocking_server
+    python = other_user_python()
+    script = f"""
+import urllib.request, urllib.error
+try:
+    open({str(local.auth_path)!r}).read()
+    print("read the credential")
+except PermissionError:
+    pass
+req = urllib.request.Request({state["api_url"] + "/flow_runs/filter"!r}, data=b"{{}}", headers={{"Content-Type": "application/json"}})
+try:
+    urllib.request.urlopen(req, timeout=60)
+    print("API open")
+except urllib.error.HTTPError as e:
+    print(e.code)
+"""
+    proc = subprocess.run([python, "-c", script], user=65534, group=65534, extra_groups=[], capture_output=True, text=True, timeout=120, cwd="/")
+    assert proc.returncode == 0 and proc.stdout.strip() == "401", proc.stdout + proc.stderr
+
+
+def test_a_run_waiting_for_a_slot_says_so_and_sigterm_ends_it(blocking_server, tmp_path):
+    import signal
+
+    env, _local, _state, corpus = blocking_server
+    proc = _start_blocked(env, corpus, tmp_path / "store")
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)  # it waited for the slot to be freed, which never happens here
+    assert proc.returncode == 143, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("tokenmill: error:")]
+    assert len(lines) == 1 and "SIGTERM" in lines[0] and "Traceback" not in err, err[-3000:]
+
+
+def test_a_killed_server_is_one_line(blocking_server, tmp_path):
+    import signal
+
+    env, _local, state, corpus = blocking_server
+    proc = _start_blocked(env, corpus, tmp_path / "store")
+    os.kill(state["pid"], signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-3000:]
+    # After the wait's log line (read by _start_blocked), that line and nothing else.
+    assert err == f"tokenmill's local Prefect server stopped (pid {state['pid']}); run the command again to restart it\n", err[-3000:]
+
+
+def test_no_secret_storage_option_reaches_the_flow_parameters(tmp_path, corpus):
+    import httpx
+
+    home = tmp_path / "home"
+    env = _env(home)
+    secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+    local = LocalServer(server_dir(home))
+    try:
+        proc = _tokenmill([*_train_args(corpus, tmp_path / "s"), "--storage-option", f"secret={secret}", "--storage-option", "auto_mkdir=true"], env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        state = json.loads(local.state_path.read_text())
+        auth = tuple(local.auth_path.read_text().strip().split(":", 1))
+        runs = httpx.post(f"{state['api_url']}/flow_runs/filter", json={}, timeout=60, auth=auth).json()
+        assert runs and all(r["parameters"]["storage_options"]["secret"] == "***" for r in runs), [r["parameters"] for r in runs]
+        assert secret not in json.dumps(runs)
+    finally:
+        _tokenmill(["server", "stop"], env, timeout=120)
+
+
+def test_the_command_line_the_server_and_the_runner_import_no_cycle():
+    """flows.cli, flows.prefect_api and flows.warm: every import, at any depth of the file,
+    goes one way (shared pieces in flows.home; the program in flows.entry)."""
+    import ast
+
+    modules = ("flows.cli", "flows.prefect_api", "flows.warm", "flows.home", "flows.entry", "flows.local_server", "flows.console")
+    graph: dict[str, set[str]] = {}
+    for name in modules:
+        tree = ast.parse((ROOT / (name.replace(".", "/") + ".py")).read_text())
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+        graph[name] = {m for m in found if m in modules and m != name}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph[start])
+
+    cycles = [m for m in modules if reaches(m, m, set())]
+    assert not cycles, {m: sorted(graph[m]) for m in modules}
+    assert graph["flows.warm"] <= {"flows.home"} and not graph["flows.home"], graph
+
+
+def test_a_server_folder_others_can_write_is_refused(tmp_path, corpus):
+    home = tmp_path / "home"
+    (home / "tokenmill").mkdir(parents=True)
+    (home / "tokenmill").chmod(0o777)  # another user could put their own server.json (or runner) there
+    proc = _tokenmill(_train_args(corpus, tmp_path / "s"), _env(home), timeout=300)
+    line = _assert_one_error_line(proc, str(home / "tokenmill"), "can be written by other users", "PREFECT_HOME")
+    assert not (home / "tokenmill" / "server.json").exists(), line

@@ -24,6 +24,7 @@ import pytest
 from test_cli_startup import wait_gone
 
 from flows import warm
+from flows.home import SERVER_DIR
 from pipeline_lib.tokenizer.registry import get_encoding
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_"))}
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING")
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING", TOKENMILL_WARM="1")
     env.update(extra)
     return env
 
@@ -39,12 +40,12 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
     home = tmp_path_factory.mktemp("warm") / "home"
-    directory = home / warm.SERVER_DIR
+    directory = home / SERVER_DIR
     directory.mkdir(parents=True)
     env = _env(home, TEST_TOKENIZER=str(home.parent / "gpt2"))  # saved below; part of the runner's environment
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.warm", str(directory), str(os.getpid()), warm.env_key(env)],
-        env={**env, "PYTHONPATH": str(ROOT)},
+        [sys.executable, "-m", warm.RUNNER_MODULE, str(directory), str(os.getpid())],
+        env={**env, "PYTHONPATH": str(ROOT), "_TOKENMILL_WARM_PYTHONPATH": ""},
         cwd="/",
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -148,3 +149,190 @@ def test_the_command_ends_when_its_caller_is_killed(runner):
     proc.kill()
     proc.wait(60)
     wait_gone(child)
+
+
+# ------------------------------------------------------------------------------ who, where, what code
+def _count_served(directory: Path, args: list[str], env: dict[str, str], **kw) -> int:
+    before = len(_served(directory))
+    proc = _tokenmill(args, env, input="", **kw)
+    assert proc.returncode == 0 and proc.stdout.strip() == "5303", proc.stderr[-3000:]
+    return len(_served(directory)) - before
+
+
+def _hi(env: dict[str, str]) -> list[str]:
+    return ["tokenizer", "encode", "--tokenizer", env["TEST_TOKENIZER"], "--text", "hi"]
+
+
+def test_a_runner_folder_others_can_write_or_own_is_not_used(runner):
+    directory, env = runner
+    assert _count_served(directory, _hi(env), env) == 1
+    mode = directory.stat().st_mode
+    try:
+        directory.chmod(0o777)  # another user could have put their own runner there
+        assert _count_served(directory, _hi(env), env) == 0
+        directory.chmod(0o700)
+        os.chown(directory, 4242, -1)  # another user's folder (no such user needed)
+        assert _count_served(directory, _hi(env), env) == 0
+    finally:
+        os.chown(directory, os.getuid(), -1)
+        directory.chmod(mode)
+    assert _count_served(directory, _hi(env), env) == 1
+
+
+def other_user_python() -> str:
+    """A Python that another uid (nobody) can run, or skip: the test needs root and one."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to act as another uid")
+    for python in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        probe = (
+            subprocess.run([python, "-c", "pass"], user=65534, group=65534, extra_groups=[], capture_output=True, cwd="/") if os.path.exists(python) else None
+        )
+        if probe is not None and probe.returncode == 0:
+            return python
+    pytest.skip("no Python that uid 65534 can run")
+
+
+def test_the_runner_refuses_another_uid_and_the_caller_another_pid(runner, tmp_path):
+    directory, env = runner
+    python = other_user_python()
+    # Another uid reaching the socket (its folder opened up for the test) is refused by the runner.
+    sock = directory / warm.SOCKET_FILE
+    above = [p for p in directory.parents if p != Path("/")]
+    modes = {p: p.stat().st_mode for p in [directory, *above]}
+    script = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(sock)!r}); print(repr(s.recv(100)))"
+    try:
+        for p in [directory, *above]:
+            p.chmod(modes[p] | 0o005)
+        sock.chmod(0o777)
+        other = subprocess.run([python, "-c", script], user=65534, group=65534, extra_groups=[], capture_output=True, text=True, timeout=60, cwd="/")
+    finally:
+        sock.chmod(0o600)
+        for p, m in modes.items():
+            p.chmod(m)
+    assert other.returncode == 0 and other.stdout.strip() == "b''", other.stderr
+    assert "refused a connection from uid 65534" in (directory / warm.LOG_FILE).read_text()
+    # A runner whose pid is not the one its state file names (someone else's listener) is not used.
+    info_path = directory / warm.INFO_FILE
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps({**info, "pid": os.getpid()}))
+    try:
+        assert _count_served(directory, _hi(env), env) == 0
+    finally:
+        info_path.write_text(json.dumps(info))
+
+
+def test_a_command_under_other_limits_niceness_or_affinity_runs_the_usual_way(runner):
+    import resource
+
+    directory, env = runner
+    cpu = resource.getrlimit(resource.RLIMIT_CPU)
+    assert _count_served(directory, _hi(env), env, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CPU, (3600, cpu[1]))) == 0
+    assert _count_served(directory, _hi(env), env, preexec_fn=lambda: os.nice(5)) == 0
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        assert _count_served(directory, _hi(env), env, preexec_fn=lambda: os.sched_setaffinity(0, cpus[:1])) == 0
+    assert _count_served(directory, _hi(env), env) == 1
+
+
+def test_an_edited_dependency_is_not_served_old(runner):
+    import prefect
+
+    directory, env = runner
+    path = Path(prefect.__file__)
+    st = path.stat()
+    try:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # an installed package's file, edited
+        assert _count_served(directory, _hi(env), env) == 0
+    finally:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_a_runner_whose_files_change_while_it_starts_does_not_serve(tmp_path):
+    directory = tmp_path / "home" / SERVER_DIR
+    directory.mkdir(parents=True)
+    env = _env(tmp_path / "home")
+    lab = ROOT / "flows" / "lab.py"
+    st = lab.stat()
+    try:
+        os.utime(lab)  # edited just now: what the runner is about to import may not be what it fingerprints
+        proc = subprocess.run(
+            [sys.executable, "-m", warm.RUNNER_MODULE, str(directory), str(os.getpid())],
+            env={**env, "PYTHONPATH": str(ROOT), "_TOKENMILL_WARM_PYTHONPATH": ""},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.utime(lab, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"not serving: {lab} changed" in (directory / warm.LOG_FILE).read_text()
+    assert not (directory / warm.INFO_FILE).exists()
+
+
+class _FakeRunner:
+    """A listener in a runner's place that the caller accepts (this process's pid, the
+    caller's environment key, context and code), keeping the bytes it is sent."""
+
+    def __init__(self, directory: Path, env: dict[str, str], reply: dict | None):
+        import socket
+        import threading
+
+        directory.mkdir(parents=True, mode=0o700)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(directory / warm.SOCKET_FILE))
+        os.chmod(directory / warm.SOCKET_FILE, 0o600)
+        self.listener.listen(1)
+        caller_env = {k: v for k, v in env.items()}
+        info = {"pid": os.getpid(), "salt": "ab", "env": warm.env_key(caller_env, "ab"), "context": warm.process_context(), "files": []}
+        info["fingerprint"] = warm.fingerprint([])
+        (directory / warm.INFO_FILE).write_text(json.dumps(info))
+        (directory / warm.INFO_FILE).chmod(0o600)
+        self.received = b""
+        self.reply = reply
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        conn.settimeout(30)
+        msg, fds, _, _ = __import__("socket").recv_fds(conn, 1 << 20, 3)
+        self.received = msg
+        for fd in fds:
+            os.close(fd)
+        if self.reply is not None:
+            data = json.dumps(self.reply).encode()
+            conn.sendall(len(data).to_bytes(4, "big") + data)
+        conn.close()
+
+
+def test_no_secret_is_sent_and_a_taken_command_never_runs_twice(tmp_path):
+    home = tmp_path / "home"
+    secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+    env = _env(home, AWS_SECRET_ACCESS_KEY=secret)
+    get_encoding("gpt2").save(str(tmp_path / "gpt2"))
+    args = ["tokenizer", "encode", "--tokenizer", str(tmp_path / "gpt2"), "--text", "hi", "--output", str(tmp_path / "ids.npy")]
+    fake = _FakeRunner(home / SERVER_DIR, env, reply={"refused": "test"})
+    proc = _tokenmill(args, env, input="")
+    fake.thread.join(60)
+    assert proc.returncode == 0 and (tmp_path / "ids.npy").exists(), proc.stderr[-3000:]  # refused: ran the usual way
+    assert fake.received and b"argv" in fake.received and secret.encode() not in fake.received
+    assert b"AWS_SECRET_ACCESS_KEY" not in fake.received
+    # A runner that takes the command and goes away: an error, not a second run here.
+    (tmp_path / "ids.npy").unlink()
+    home2 = tmp_path / "home2"
+    env2 = _env(home2, AWS_SECRET_ACCESS_KEY=secret)
+    fake = _FakeRunner(home2 / SERVER_DIR, env2, reply=None)
+    proc = _tokenmill(args, env2, input="")
+    assert proc.returncode == 1 and "did not answer" in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "ids.npy").exists()
+
+
+def test_the_interpreter_by_another_of_its_names_is_served(runner):
+    directory, env = runner
+    names = [p for p in (Path(sys.executable).with_name(n) for n in ("python", "python3")) if p.exists() and str(p) != sys.executable]
+    if not names:
+        pytest.skip("no second name for this interpreter")
+    before = len(_served(directory))
+    proc = subprocess.run([str(names[0]), "-m", "flows.cli", *_hi(env)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, input="")
+    assert proc.returncode == 0 and proc.stdout.strip() == "5303", proc.stderr[-3000:]
+    assert len(_served(directory)) == before + 1  # the `tokenmill` script says python3, a shell python

@@ -1644,6 +1644,7 @@ def main(argv: list[str] | None = None) -> int:
 
             gc.freeze()
     argv = list(argv)
+    _error_line_printed.clear()  # one error line per command (a caller may run several in one process)
     use_console_handler()
     args = build_parser(argv).parse_args(argv)
     debug = bool(getattr(args, "debug", False)) or os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")

@@ -401,7 +401,7 @@ def test_merges_vocab_and_decode_commands(saved, tok, capsys):
     assert main(["tokenizer", "decode", "--tokenizer", "gpt2", "--ids", "1 x"]) == 2
     assert main(["tokenizer", "merges", "--tokenizer", "gpt2"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("tokenmill: error: --ids '1 x'") and err[1].startswith("tokenmill: error: --tokenizer gpt2: keeps no merge list")
+    assert err[0].startswith("tokenmill: error: --ids: 'x' is not a token id") and err[1].startswith("tokenmill: error: --tokenizer gpt2: keeps no merge list")
 
 
 def test_report_measures_your_tokenizers_on_its_held_out_shard(tmp_path, saved, tok, shakespeare_text):

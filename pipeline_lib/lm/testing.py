@@ -18,7 +18,7 @@ import numpy as np
 
 from pipeline_lib.corpus import shard_name
 from pipeline_lib.lm.data import TOKENS_FORMAT
-from pipeline_lib.token_shards import split_record, val_start
+from pipeline_lib.token_files import split_record, val_start
 
 BYTE_SEPARATOR_ID = 256
 BYTE_VOCAB_SIZE = 257

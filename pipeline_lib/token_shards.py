@@ -825,11 +825,16 @@ def _export(
 
 
 NANOGPT_META = "meta.pkl"
+NANOGPT_VOCAB_MULTIPLE = 64
 
 
 def nanogpt_meta(meta: Mapping[str, Any], separator_placement: Placement | None = None, token_bytes: Sequence[bytes | None] | None = None) -> dict[str, Any]:
     """The dict `export_nanogpt` pickles as ``meta.pkl``, plain ints and strings: nanoGPT's
-    ``train.py`` reads ``vocab_size`` from it (and sizes the model's embedding by it).
+    ``train.py`` reads ``vocab_size`` from it and sizes the model's embedding and output
+    table by it, so it is the vocabulary rounded up to a multiple of `NANOGPT_VOCAB_MULTIPLE`
+    (GPT-2's 50,257 ids -> 50,304, as nanoGPT pads its own default: the output matmul's width
+    suits the GPU's tiles; the padded ids never occur in the data). ``unpadded_vocab_size``
+    is the tokenizer's id count.
 
     With `token_bytes` (each id's bytes, None for an unused id) it also holds ``itos`` (id ->
     the token's text, invalid UTF-8 as U+FFFD) and ``stoi`` (each character that is a token of
@@ -838,7 +843,9 @@ def nanogpt_meta(meta: Mapping[str, Any], separator_placement: Placement | None 
     ``stoi`` whenever a ``meta.pkl`` is present, so without them it stops with a KeyError.
     A prompt character that is no token of its own still does (most of ASCII and common
     letters are)."""
-    out: dict[str, Any] = {"vocab_size": int(meta["vocab_size"]), "dtype": "uint16"}
+    n_ids = int(meta["vocab_size"])
+    padded = -(-n_ids // NANOGPT_VOCAB_MULTIPLE) * NANOGPT_VOCAB_MULTIPLE
+    out: dict[str, Any] = {"vocab_size": padded, "unpadded_vocab_size": n_ids, "dtype": "uint16"}
     if token_bytes is not None:
         itos = {i: b.decode("utf-8", "replace") for i, b in enumerate(token_bytes) if b is not None}
         out["itos"] = itos

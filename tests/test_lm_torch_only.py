@@ -68,7 +68,7 @@ def test_model_builds_and_trains_without_pydantic_prefect_or_pyarrow(blocked_env
 import sys
 from pipeline_lib.lm.config import preset
 from pipeline_lib.lm.model import GPT
-from pipeline_lib.lm.train import train
+from pipeline_lib.lm.trainer import train
 cfg = preset("tiny", device="cpu", max_steps=3, eval_iters=1, eval_interval=2, log_interval=1)
 result = train(cfg, {str(data)!r}, {str(tmp_path / "run")!r}, log=lambda m: None)
 GPT(cfg.model.with_vocab(300))

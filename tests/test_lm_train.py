@@ -53,7 +53,7 @@ def quiet(_msg):
 def test_small_cpu_model_trains_on_one_thread_and_gives_the_count_back(byte_dir, tmp_path, monkeypatch):
     """The rule sampling follows: one intra-op thread under ONE_THREAD_BELOW parameters on the
     CPU, torch's own count again afterwards; a larger model keeps torch's count."""
-    lm_sample = importlib.import_module("pipeline_lib.lm.sample")  # the module (the package's `sample` is the function)
+    lm_sample = importlib.import_module("pipeline_lib.lm.sampling")  # the module (the package's `sample` is the function)
 
     torch.set_num_threads(2)
     seen = []

@@ -131,7 +131,7 @@ def _load_tokenizer(path: str):  # noqa: ANN202 - imported lazily: only text I/O
 def _cmd_train(args: argparse.Namespace) -> int:
     from pipeline_lib.lm.config import preset
     from pipeline_lib.lm.report import write_loss_plot, write_metrics
-    from pipeline_lib.lm.train import train
+    from pipeline_lib.lm.trainer import train
 
     overrides = {field: getattr(args, flag) for flag, field in _OVERRIDES.items() if getattr(args, flag) is not None}
     if args.compile is not None:
@@ -155,8 +155,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_sample(args: argparse.Namespace) -> int:
     from pipeline_lib.lm.checkpoint import latest_checkpoint, load_model, open_checkpoint
-    from pipeline_lib.lm.sample import documents_text, sample
-    from pipeline_lib.lm.train import resolve_device
+    from pipeline_lib.lm.sampling import documents_text, sample
+    from pipeline_lib.lm.trainer import resolve_device
 
     model = load_model(args.ckpt, device=resolve_device(args.device))
     tok = None

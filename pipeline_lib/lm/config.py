@@ -92,6 +92,7 @@ class GPTConfig:
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,12 @@ class TrainConfig:
     # -- hardware
     device: str = "auto"  # auto: cuda, else mps, else cpu; or "cuda:1" etc.
     dtype: str = "auto"  # autocast dtype; auto: bfloat16 on cuda (float16 + GradScaler without bf16), float32 elsewhere
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile the model (training only: evaluation runs it uncompiled)
+    # torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs
+    compile_mode: str = "default"
+    # On a GPU: the micro-batch (windows per forward pass) is the largest that the memory plan
+    # fits in the free memory, the tokens per optimizer step unchanged (batch_size elsewhere).
+    fit_micro_batch: bool = False
     peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None: look up the GPU
     verify_shards: bool = True  # sha256 every shard file against its manifest at start (False: sizes only)
 
@@ -149,6 +155,8 @@ class TrainConfig:
         "resume",
         "verify_shards",
         "compile",
+        "compile_mode",
+        "fit_micro_batch",
         "peak_flops",
         "ckpt_interval",
         "ckpt_every_s",
@@ -217,6 +225,8 @@ class TrainConfig:
         _check(dev in DEVICES, f"TrainConfig.device must be one of {DEVICES} (optionally 'cuda:N'), got {self.device!r}")
         _check(self.dtype in DTYPES, f"TrainConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check(isinstance(self.compile, bool), "TrainConfig.compile must be a bool")
+        _check(self.compile_mode in COMPILE_MODES, f"TrainConfig.compile_mode must be one of {COMPILE_MODES}, got {self.compile_mode!r}")
+        _check(isinstance(self.fit_micro_batch, bool), "TrainConfig.fit_micro_batch must be a bool")
         _check(isinstance(self.resume, bool), "TrainConfig.resume must be a bool")
         _check(
             self.peak_flops is None or self.peak_flops > 0,
@@ -330,6 +340,7 @@ PRESETS: dict[str, TrainConfig] = {
         ckpt_interval=1000,
         ckpt_every_s=600.0,  # a checkpoint is ~1.5 GB here: every 10 min, not every minute
         compile=True,
+        fit_micro_batch=True,
     ),
 }
 

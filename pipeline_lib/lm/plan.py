@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline_lib.lm.config import TrainConfig
-from pipeline_lib.lm.model import GPT
+from pipeline_lib.lm.model import GPT, LOSS_CHUNK_ROWS
 
 GIB = 1 << 30
 
@@ -80,7 +80,11 @@ def activation_bytes(cfg: TrainConfig, act_bytes: int, fused_attention: bool) ->
     if not fused_attention:
         block += 5 * m.n_head * t * t * b * per_value
     embed = 2 * t * b * c * 4  # token + position embeddings and their sum (float32)
-    head = b * t * m.vocab_size * (act_bytes + 4)  # logits, and the loss's float32 log-softmax
+    # The loss goes through LOSS_CHUNK_ROWS rows at a time (`linear_cross_entropy`): one chunk's
+    # logits in the matmul dtype and float32 (its softmax turned gradient), the float32
+    # gradient of the output table, and the gradient of the hidden states kept for backward.
+    rows = min(b * t, LOSS_CHUNK_ROWS)
+    head = rows * m.vocab_size * (act_bytes + 4 + 4) + m.padded_vocab_size * c * 4 + b * t * c * 4
     return int(m.n_layer * block + embed + head)
 
 
@@ -90,7 +94,7 @@ def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "
     `vocab_size` fills a config that leaves it to the data; `bf16`: the GPU supports
     bfloat16 (else "auto" means float16 with a GradScaler).
     """
-    from pipeline_lib.lm.train import _PRECISION, autocast_dtype
+    from pipeline_lib.lm.trainer import _PRECISION, autocast_dtype
 
     if cfg.model.vocab_size is None:
         if vocab_size is None:
@@ -117,3 +121,22 @@ def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "
         tokens_per_step=cfg.tokens_per_step,
         flops_per_step=gpt.flops_per_token() * cfg.tokens_per_step,
     )
+
+
+def fit_micro_batch(cfg: TrainConfig, memory_bytes: int, world_size: int = 1, bf16: bool = True, use: float = 0.85) -> int:
+    """The largest micro-batch (windows per forward pass) whose memory plan fits in `use` of
+    `memory_bytes`, among those that divide a rank's windows per optimizer step (so the
+    tokens per step stay the same); cfg.batch_size when none larger fits.
+
+    >>> fit_micro_batch(preset("gpt2-124m", vocab_size=50257), 80 << 30)  # doctest: +SKIP
+    64
+    """
+    rows = cfg.micro_steps_per_rank(world_size) * cfg.batch_size
+    best = cfg.batch_size
+    for b in range(cfg.batch_size + 1, rows + 1):
+        if rows % b:
+            continue
+        trial = cfg.replace(batch_size=b, grad_accum_steps=rows * world_size // b)
+        if memory_plan(trial, device="cuda", world_size=world_size, bf16=bf16).total_bytes <= use * memory_bytes:
+            best = b
+    return best

@@ -77,7 +77,9 @@ def one_run(args: argparse.Namespace) -> None:
         cfg = cfg.replace(fit_micro_batch=False, compile_mode=args.compile_mode, warmup_steps=min(cfg.warmup_steps, args.steps // 2))
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    r = train(cfg, args.data, tempfile.mkdtemp(prefix="gpu-check-"), log=lambda m: None, on_step=lambda e: first_step.append(time.time()) if not first_step else None)
+    r = train(
+        cfg, args.data, tempfile.mkdtemp(prefix="gpu-check-"), log=lambda m: None, on_step=lambda e: first_step.append(time.time()) if not first_step else None
+    )
     print(
         json.dumps(
             {
@@ -132,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_tests:
         t0 = time.monotonic()
         tier = subprocess.run(
-            [sys.executable, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-rs", "-m", "cuda", str(ROOT / "tests" / "test_lm_cuda.py")], env=env, cwd=ROOT
+            [sys.executable, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-rs", "-m", "cuda", str(ROOT / "tests" / "test_lm_cuda.py")],
+            env=env,
+            cwd=ROOT,
         )
         print(f"CUDA tier: exit {tier.returncode} in {time.monotonic() - t0:.0f} s", flush=True)
         rc = tier.returncode if tier.returncode not in (0, 5) else 0
@@ -152,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     name = "tiny" if args.tiny else "GPT-2 124M, seq 1024"
     print(f"\n{name} on {rows[0]['card']}, {args.steps} steps per run, compile mode {args.compile_mode}")
-    print(f"{'micro-batch':>11} {'tokens/step':>11} {'tokens/s':>11} {'MFU sheet':>9} {'MFU meas.':>9} {'peak GiB':>8} {'start->1st':>10} {'ckpt copy':>9} {'ckpt write':>10}")
+    print(
+        f"{'micro-batch':>11} {'tokens/step':>11} {'tokens/s':>11} {'MFU sheet':>9} {'MFU meas.':>9} {'peak GiB':>8} {'start->1st':>10} {'ckpt copy':>9} {'ckpt write':>10}"
+    )
     for r in rows:
         print(
             f"{r['micro_batch']:>11} {r['tokens_per_step']:>11,} {_fmt(r['tokens_per_s'], ',.0f'):>11} {_fmt(r['mfu_datasheet'], '.1%'):>9} "

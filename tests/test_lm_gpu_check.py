@@ -10,7 +10,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_gpu_check_dry_path_on_the_cpu():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny", "--steps", "3"], capture_output=True, text=True, timeout=600, cwd=ROOT
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny", "--steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout

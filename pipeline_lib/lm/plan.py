@@ -43,6 +43,7 @@ class MemoryPlan:
     grads_bytes: int
     optimizer_bytes: int
     activations_bytes: int  # per micro-batch, kept for its backward pass
+    loss_chunk_bytes: int  # the loss's logits, one chunk of rows at a time (transient)
     micro_batch: int  # windows per micro-step
     micro_steps_per_rank: int
     tokens_per_step: int  # all ranks together
@@ -50,7 +51,7 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.loss_chunk_bytes
 
     def lines(self) -> list[str]:
         def gib(n: int) -> str:
@@ -62,6 +63,7 @@ class MemoryPlan:
             f"  gradients    {gib(self.grads_bytes)}",
             f"  AdamW state  {gib(self.optimizer_bytes)}  (two float32 moments)",
             f"  activations  {gib(self.activations_bytes)}  (one micro-batch of {self.micro_batch} windows, kept for backward)",
+            f"  loss chunk   {gib(self.loss_chunk_bytes)}  (logits of at most {LOSS_CHUNK_ROWS} tokens at a time)",
             f"  total        {gib(self.total_bytes)}  (+ CUDA context and allocator slack)"
             if self.device == "cuda"
             else f"  total        {gib(self.total_bytes)}",
@@ -80,12 +82,18 @@ def activation_bytes(cfg: TrainConfig, act_bytes: int, fused_attention: bool) ->
     if not fused_attention:
         block += 5 * m.n_head * t * t * b * per_value
     embed = 2 * t * b * c * 4  # token + position embeddings and their sum (float32)
-    # The loss goes through LOSS_CHUNK_ROWS rows at a time (`linear_cross_entropy`): one chunk's
-    # logits in the matmul dtype and float32 (its softmax turned gradient), the float32
-    # gradient of the output table, and the gradient of the hidden states kept for backward.
-    rows = min(b * t, LOSS_CHUNK_ROWS)
-    head = rows * m.vocab_size * (act_bytes + 4 + 4) + m.padded_vocab_size * c * 4 + b * t * c * 4
+    # The loss (`linear_cross_entropy`) keeps the gradients of the hidden states and of the
+    # output table for backward, not the logits (their chunk is `loss_chunk_bytes`).
+    head = b * t * c * 4 + m.padded_vocab_size * c * 4
     return int(m.n_layer * block + embed + head)
+
+
+def loss_chunk_bytes(cfg: TrainConfig, act_bytes: int) -> int:
+    """The loss's transient peak: one chunk of LOSS_CHUNK_ROWS rows of logits in the matmul
+    dtype, in float32, and their softmax (turned gradient) in float32."""
+    m = cfg.model
+    assert m.vocab_size is not None
+    return min(cfg.batch_size * m.block_size, LOSS_CHUNK_ROWS) * m.vocab_size * (act_bytes + 8)
 
 
 def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "cuda", world_size: int = 1, bf16: bool = True) -> MemoryPlan:
@@ -116,6 +124,7 @@ def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "
         grads_bytes=4 * values,
         optimizer_bytes=8 * values,
         activations_bytes=activation_bytes(cfg, act, fused_attention=device == "cuda"),
+        loss_chunk_bytes=loss_chunk_bytes(cfg, act),
         micro_batch=cfg.batch_size,
         micro_steps_per_rank=micro,
         tokens_per_step=cfg.tokens_per_step,

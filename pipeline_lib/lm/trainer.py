@@ -1,16 +1,18 @@
-"""The training loop: one function, `train`, read top to bottom.
+"""The training loop: `train`, whose steps (`_Run`'s methods) read top to bottom.
 
-    setup (distributed, device, data, model, optimizer, resume)
-    eval at step 0
-    for each optimizer step:
-        lr from the schedule (linear warmup, cosine to min_lr)
-        accum_steps / world_size micro-steps on each rank: its slice of the step's windows,
-        forward under autocast, loss / micro-steps, backward (through the GradScaler: a
-        no-op unless float16)
-        (DDP averages the ranks' gradients: the mean over all of the step's windows)
-        (DDP: gradients all-reduced only on the last micro-step, via no_sync on the others)
-        unscale, clip grads to grad_clip, AdamW step
-        log (train loss, lr, tokens/s, MFU); eval (val loss, bits/byte); checkpoint
+    set_up_data     the token shards, their split, the training sampler (one step ahead)
+    set_up_model    the checkpoint to resume from, model, optimizer, restored state
+    set_up_plan     max_steps, or the time budget's recorded plan; MFU's peaks
+    train:          evaluate at step 0, then for each optimizer step:
+      optimizer_step    lr from the schedule (linear warmup, cosine to min_lr);
+                        micro-steps on this rank's slice of the step's windows (forward
+                        under autocast, loss / micro-steps, backward through the GradScaler:
+                        a no-op unless float16; DDP all-reduces on the last micro-step);
+                        the next step's windows drawn meanwhile; unscale, clip, AdamW
+      budget_says_stop  under a time budget: plan once calibrated, stop before it runs out
+      log_entry         train loss (read from the device only here), tokens/s, MFU
+      evaluate_if_due   val loss, bits/byte; at the last step the train split too
+      checkpoint_if_due copy to host memory, written on a background thread
 
 Distributed: launched by torchrun (RANK / WORLD_SIZE / LOCAL_RANK in the environment) the
 process group is created here (NCCL on CUDA, else gloo); if the caller already created
@@ -41,7 +43,7 @@ ranks through the per-step loss all-reduce), and at the last step; the newest `k
 are kept. Saving reads the RNG states without drawing from them, so the cadence never
 changes the result.
 
-Time budget (`TrainConfig.time_budget_s`): the first steps are a calibration (at most
+Time budget (`TrainConfig.time_budget_s`, docs/lm.md): the first steps are a calibration (at most
 `CALIBRATION_STEPS`, and within warmup + 1 steps, whose learning rates do not depend on
 the run length). After them the run commits to a step count, `plan_steps`: the most
 (up to max_steps) whose remaining steps and evaluations fit in what is left of the
@@ -52,6 +54,9 @@ start. The plan is decided once: rank 0 decides, every rank follows; it is writt
 ``plan.json`` in out_dir and into every later checkpoint (``planned_steps``), and a
 resumed run takes it from there instead of measuring again. Which count a budget buys
 depends on the machine, so the step count reached is part of what a run publishes.
+After every step `_Budget` checks the time left against the recent step time: a run whose
+machine slows down after the plan stops early (evaluated and checkpointed there) rather
+than overrun the budget by more than about one step.
 
 Self-healing resume: the newest checkpoint that passes its marker's sha256 checks and
 parses is used; a corrupt one is moved aside (``.corrupt-ckpt_*``) with a warning on the

@@ -21,7 +21,7 @@ from pipeline_lib.lm import TokenShards, evaluate, list_checkpoints, load_model,
 from pipeline_lib.lm.checkpoint import open_checkpoint
 from pipeline_lib.lm.config import LMConfig
 from pipeline_lib.lm.report import metrics
-from pipeline_lib.lm.testing import byte_token_lengths, write_byte_token_dir
+from pipeline_lib.lm.testing import byte_token_lengths, test_device, write_byte_token_dir
 from pipeline_lib.lm.trainer import PLAN_FILE, plan_steps, stretch_schedule
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -45,7 +45,7 @@ def byte_dir(tmp_path_factory):
 
 def cfg(**kw):
     base = dict(
-        device="cpu",
+        device=test_device(),
         max_steps=200,
         block_size=16,
         n_layer=1,

@@ -27,7 +27,7 @@ from pipeline_lib.lm import (
     train,
 )
 from pipeline_lib.lm.checkpoint import load_optimizer_into, open_checkpoint
-from pipeline_lib.lm.testing import byte_token_lengths, write_byte_token_dir, write_token_dir
+from pipeline_lib.lm.testing import byte_token_lengths, test_device, write_byte_token_dir, write_token_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -41,7 +41,7 @@ def byte_dir(tmp_path_factory):
 
 
 def tiny(**kw):
-    base = dict(device="cpu", log_interval=1, eval_iters=2, eval_interval=1000, ckpt_interval=1000)
+    base = dict(device=test_device(), log_interval=1, eval_iters=2, eval_interval=1000, ckpt_interval=1000)
     base.update(kw)
     return preset("tiny", **base)
 

@@ -1,7 +1,7 @@
 """LM time budget: calibrate, plan the step count once, complete the schedule, record the
 plan and resume on it; the final train loss is an evaluation of the train split.
 
-No wall-clock assertions: the budget's clock is a fake one (`train._budget_clock`) that
+No wall-clock assertions: the budget's clock is a fake one (`budget.clock`) that
 advances by a set time per optimizer step and per evaluation (`FakeClock`); the one test
 on the real clock compares the run's wall time with the budget plus the overshoot the
 trainer states, measured by its own step times."""
@@ -18,16 +18,17 @@ from safetensors.torch import load as st_load
 
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.lm import TokenShards, evaluate, list_checkpoints, load_model, lr_at, preset, train
+from pipeline_lib.lm.budget import PLAN_FILE, plan_steps, stretch_schedule
 from pipeline_lib.lm.checkpoint import open_checkpoint
 from pipeline_lib.lm.config import LMConfig
 from pipeline_lib.lm.report import metrics
 from pipeline_lib.lm.testing import byte_token_lengths, test_device, write_byte_token_dir
-from pipeline_lib.lm.trainer import PLAN_FILE, plan_steps, stretch_schedule
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "pipeline_lib" / "data" / "tinyshakespeare.txt"
 train_mod = importlib.import_module("pipeline_lib.lm.trainer")
+budget_mod = importlib.import_module("pipeline_lib.lm.budget")
 
 
 class Kill(Exception):
@@ -69,7 +70,7 @@ class FakeClock:
 
     def __init__(self, monkeypatch, step_s=1.0, eval_s=1.0):
         self.t, self.step_s, self.eval_s = 0.0, step_s, eval_s
-        monkeypatch.setattr(train_mod, "_budget_clock", lambda: self.t)
+        monkeypatch.setattr(budget_mod, "clock", lambda: self.t)
         real_step, real_eval = train_mod.accumulate_gradients, train_mod.evaluate
 
         def step(*a, **kw):

@@ -54,7 +54,7 @@ start. The plan is decided once: rank 0 decides, every rank follows; it is writt
 ``plan.json`` in out_dir and into every later checkpoint (``planned_steps``), and a
 resumed run takes it from there instead of measuring again. Which count a budget buys
 depends on the machine, so the step count reached is part of what a run publishes.
-After every step `_Budget` checks the time left against the recent step time: a run whose
+After every step `Budget` checks the time left against the recent step time: a run whose
 machine slows down after the plan stops early (evaluated and checkpointed there) rather
 than overrun the budget by more than about one step.
 
@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -91,7 +90,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import pipeline_lib.lm.budget as time_budget  # its `clock` looked up at each use: tests replace it
 from pipeline_lib.errors import CheckpointError
+from pipeline_lib.lm.budget import CALIBRATION_STEPS, Budget, is_pos_int, make_plan, plan_key, read_plan, stretch_schedule
 from pipeline_lib.lm.checkpoint import (
     _json_bytes,
     latest_checkpoint,
@@ -109,6 +110,7 @@ from pipeline_lib.lm.checkpoint import (
 from pipeline_lib.lm.config import GPTConfig, TrainConfig
 from pipeline_lib.lm.data import Region, TokenShards, WindowSampler
 from pipeline_lib.lm.model import GPT
+from pipeline_lib.lm.perf import Peak, Throughput
 from pipeline_lib.lm.sampling import one_thread_for
 
 LogFn = Callable[[str], None]
@@ -116,9 +118,6 @@ EventFn = Callable[[dict[str, Any]], None]
 
 _log = logging.getLogger("tokenmill.lm")
 _clock = time.monotonic  # the checkpoint time cadence's clock (a module global for tests)
-_budget_clock = time.monotonic  # the time budget's clock (likewise)
-CALIBRATION_STEPS = 10  # most steps measured before a time-budgeted run is planned
-PLAN_FILE = "plan.json"  # in out_dir: the step plan of a time-budgeted run
 
 # History entry keys that measure the run rather than the model: kept in memory and in the
 # log, stripped from every file (checkpoints, published history) by `versioned_history`.
@@ -128,18 +127,6 @@ RUN_KEYS = ("tokens_per_s", "mfu", "mfu_measured")
 def versioned_history(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The history without `RUN_KEYS`: the same for every run of the same training."""
     return [{k: v for k, v in h.items() if k not in RUN_KEYS} for h in history]
-
-
-# Dense bf16 tensor-core peak FLOP/s by GPU name (first substring match wins).
-PEAK_FLOPS_BF16: list[tuple[str, float]] = [
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),
-    ("H200", 989e12),
-    ("GH200", 989e12),
-    ("A100", 312e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-]
 
 
 @dataclass
@@ -159,7 +146,7 @@ class TrainResult:
     run_messages: list[str] = field(default_factory=list)  # about this invocation (resume fallbacks)
     max_steps: int | None = None  # the step count the run was planned to (the budget's plan, else max_steps)
     planned_by_budget: bool = False  # max_steps came from the time budget's plan
-    stopped_by_budget: bool = False  # the budget ran out before max_steps (see `_Budget`)
+    stopped_by_budget: bool = False  # the budget ran out before max_steps (see `Budget`)
     wall_s: float | None = None  # from the start of `train` to its result, by the budget's clock
     longest_step_s: float | None = None  # under a time budget: the longest step (start to start, evaluations and checkpoints excluded)
     final_s: float | None = None  # under a time budget: from the last step's end to the result (final evaluations, checkpoint)
@@ -180,71 +167,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     ratio = (step - cfg.warmup_steps) / (cfg.decay_steps - cfg.warmup_steps)
     coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
     return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
-
-
-def plan_steps(cfg: TrainConfig, *, done: int, elapsed_s: float, step_s: float, eval_s: float, evals: bool = True) -> int:
-    """The step count a time-budgeted run commits to, `done` steps and `elapsed_s` seconds in.
-
-    The largest count up to cfg.max_steps for which the remaining steps (`step_s` each)
-    and evaluations (`eval_s` each: every eval_interval steps when `evals`, at the last
-    step, and the train split's at the last step) fit in what is left of
-    cfg.time_budget_s. At least 2 * (warmup_steps + 1), a decay as long as the warmup, so
-    the schedule completes even when a budget too small for that is overrun.
-    """
-    if cfg.time_budget_s is None:
-        raise ValueError("plan_steps needs a TrainConfig with time_budget_s")
-    left = cfg.time_budget_s - elapsed_s
-    every = cfg.eval_interval
-
-    def cost(n: int) -> float:
-        n_evals = (n // every - done // every + (n % every != 0)) if evals else 0
-        return (n - done) * step_s + (n_evals + 1) * eval_s
-
-    lo, hi = min(cfg.max_steps, max(done, 2 * (cfg.warmup_steps + 1))), cfg.max_steps
-    if cost(lo) > left:
-        return lo
-    while lo < hi:  # cost grows with n: the largest n that fits
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if cost(mid) <= left else (lo, mid - 1)
-    return lo
-
-
-def stretch_schedule(cfg: TrainConfig, steps: int) -> TrainConfig:
-    """`cfg` planned to `steps` optimizer steps: the same warmup, and the cosine decay
-    ending at the new last step (an explicit lr_decay_steps is scaled with the run)."""
-    if steps == cfg.max_steps:
-        return cfg
-    decay = None
-    w = cfg.warmup_steps
-    if cfg.lr_decay_steps is not None and cfg.max_steps > w:
-        decay = w + max(1, round((cfg.lr_decay_steps - w) * max(0, steps - w) / (cfg.max_steps - w)))
-    return cfg.replace(max_steps=steps, lr_decay_steps=decay)
-
-
-def _plan_key(cfg: TrainConfig, world_size: int) -> str:
-    blob = json.dumps({"train_config": cfg.versioned_dict(), "world_size": world_size}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def _read_plan(out_dir: Path, key: str) -> dict[str, Any] | None:
-    """The plan recorded in out_dir by an earlier run of the same config, if any."""
-    try:
-        plan = json.loads((out_dir / PLAN_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(plan, dict) and plan.get("key") == key and _is_pos_int(plan.get("planned_steps"))
-    return plan if ok else None
-
-
-def _is_pos_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
-
-
-def _write_plan(out_dir: Path, plan: dict[str, Any]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{PLAN_FILE}.tmp-{os.getpid()}"
-    tmp.write_bytes(_json_bytes(plan))
-    os.replace(tmp, out_dir / PLAN_FILE)
 
 
 def bits_per_byte(nats: float, n_bytes: float) -> float:
@@ -271,17 +193,6 @@ def resolve_device(name: str = "auto", local_rank: int | None = None) -> torch.d
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
-
-
-def peak_flops_for(device: torch.device) -> float | None:
-    """Peak dense bf16 FLOP/s of a CUDA device from `PEAK_FLOPS_BF16`; None elsewhere."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_FLOPS_BF16:
-        if key in name:
-            return flops
-    return None
 
 
 @dataclass
@@ -693,86 +604,6 @@ class _CheckpointWriter:
             _log.warning("checkpoint write failed: %s", e)
 
 
-class _Throughput:
-    """Tokens per second between logged steps (the loss read there waits for the device,
-    so the times are the device's), and over the whole invocation after its first step."""
-
-    def __init__(self, t0: float) -> None:
-        self.t_prev = t0
-        self.step_prev: int | None = None
-        self.first: tuple[float, int] | None = None
-        self.last: tuple[float, int] | None = None
-        self.first_rate: float | None = None
-
-    def at(self, now: float, step: int, tokens_per_step: int) -> float | None:
-        steps = 1 if self.step_prev is None else step - self.step_prev
-        dt = now - self.t_prev
-        rate = steps * tokens_per_step / dt if dt > 0 else None
-        if self.first is None:
-            self.first, self.first_rate = (now, step), rate
-        self.last = (now, step)
-        self.t_prev, self.step_prev = now, step
-        return rate
-
-    def overall(self, tokens_per_step: int) -> float | None:
-        if self.first is None or self.last is None:
-            return None
-        (t0, s0), (t1, s1) = self.first, self.last
-        if s1 == s0:  # one step: its own rate, warm-up included
-            return self.first_rate
-        return (s1 - s0) * tokens_per_step / (t1 - t0) if t1 > t0 else None
-
-
-def measure_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 8192, reps: int = 10) -> float:
-    """FLOP/s of an n x n x n matmul in `dtype` on `device`, timed once (a few hundred ms
-    on a GPU): the rate this card reaches, beside its datasheet's."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    for _ in range(2):
-        a @ b
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    sync()
-    return 2.0 * n**3 * reps / (time.perf_counter() - t0)
-
-
-@dataclass
-class _Peak:
-    """What MFU is measured against: the card's datasheet peak (dense, the autocast dtype's
-    tensor cores; `PEAK_FLOPS_BF16`) and the matmul rate measured at start."""
-
-    card: str
-    datasheet: float | None
-    measured: float | None
-
-    @classmethod
-    def of(cls, device: torch.device, amp_dtype: torch.dtype | None, given: float | None) -> _Peak:
-        if device.type != "cuda":
-            return cls(device.type, given, None)
-        name = torch.cuda.get_device_name(device)
-        measured = measure_matmul_flops(device, amp_dtype or torch.float32)
-        return cls(name, given or peak_flops_for(device), measured)
-
-    def mfu(self, flops_per_token: float, tokens_per_s: float | None, world_size: int) -> dict[str, float | None]:
-        def share(peak: float | None) -> float | None:
-            return flops_per_token * tokens_per_s / (peak * world_size) if (peak and tokens_per_s) else None
-
-        return {"mfu": share(self.datasheet), "mfu_measured": share(self.measured)}
-
-    def describe(self) -> str:
-        measured = f"{self.measured / 1e12:.0f} TFLOP/s measured (8192^3 matmul)" if self.measured else "no measured rate"
-        if self.datasheet is None:
-            return f"MFU: {self.card} is not in the datasheet table (PEAK_FLOPS_BF16): MFU against the {measured} only"
-        return f"MFU against {self.card}'s datasheet peak {self.datasheet / 1e12:.0f} TFLOP/s and {measured}"
-
-
 # -- the loop ----------------------------------------------------------------------------
 
 
@@ -795,7 +626,7 @@ def train(
     files are written in the background and complete when `train` returns).
     resume: overrides train_config.resume — continue from out_dir's latest complete checkpoint.
     """
-    t_start = _budget_clock()
+    t_start = time_budget.clock()
     d = _setup_dist(train_config)
     try:
         # small models on the CPU train on one intra-op thread, entered once the model is built
@@ -984,14 +815,14 @@ class _Run:
         """The step plan: max_steps, or under a time budget the count a calibration chose
         (once: a resumed run takes the recorded one), and the throughput accounting."""
         cfg, d, ckpt = self.cfg, self.d, self.ckpt
-        self.plan_key = _plan_key(cfg, d.world_size)
+        self.plan_key = plan_key(cfg, d.world_size)
         self.planned: int | None = None
         if cfg.time_budget_s is not None:
             saved = ckpt.state.get("planned_steps") if ckpt is not None else None
-            if _is_pos_int(saved):
+            if is_pos_int(saved):
                 self.planned = saved
             elif self.resume:
-                plan = _read_plan(self.out_dir, self.plan_key)
+                plan = read_plan(self.out_dir, self.plan_key)
                 self.planned = plan["planned_steps"] if plan is not None else None
             if d.enabled:  # every rank follows rank 0's plan
                 self.planned = _broadcast_int(self.planned or 0, d, self.device) or None
@@ -1002,7 +833,7 @@ class _Run:
         self.cal_end = min(cfg.max_steps, max(min(cfg.warmup_steps + 1, CALIBRATION_STEPS), self.start_step + 1))
         self.n_params = self.raw_model.num_params()
         self.flops_per_token = self.raw_model.flops_per_token()
-        self.peak = _Peak.of(self.device, self.amp_dtype, cfg.peak_flops)
+        self.peak = Peak.of(self.device, self.amp_dtype, cfg.peak_flops)
         dev = self.device
         self.emit(
             f"device {dev} ({_PRECISION[self.amp_dtype]}{', compiled' if cfg.compile else ''}"
@@ -1020,10 +851,10 @@ class _Run:
         self.step = self.start_step
         self.last_ckpt: Path | None = self.ckpt.path if self.ckpt is not None else None
         self.ckpt_copy_s: float | None = None
-        self.budget = _Budget(self.cfg.time_budget_s, self.t_start)
+        self.budget = Budget(self.cfg.time_budget_s, self.t_start)
         self.evaluate_at_start()
         self.model.train()
-        self.throughput = _Throughput(time.perf_counter())
+        self.throughput = Throughput(time.perf_counter())
         every_s = float(self.cfg.ckpt_every_s)
         self.last_save_t = _clock()
         stop = False
@@ -1084,20 +915,20 @@ class _Run:
 
     def budget_says_stop(self) -> bool:
         """Under a time budget: plan the step count once the calibration steps are done,
-        and stop before the budget runs out (see `_Budget`). Rank 0 decides."""
+        and stop before the budget runs out (see `Budget`). Rank 0 decides."""
         budget = self.budget
         if budget.seconds is None:
             return False
-        now = budget.t_decided = _budget_clock()
+        now = budget.t_decided = time_budget.clock()
         step_times = budget.step_times_until(now)
         if self.planned is None and self.step >= self.cal_end:
-            self.planned = _make_plan(
+            self.planned = make_plan(
                 self.cfg,
-                self.d,
-                self.device,
                 self.out_dir,
                 self.plan_key,
                 self.emit,
+                rank0=(lambda n: _broadcast_int(n, self.d, self.device)) if self.d.enabled else None,
+                write=self.master,
                 done=self.step,
                 elapsed_s=now - self.t_start,
                 step_times=step_times,
@@ -1252,7 +1083,7 @@ class _Run:
         train_losses = [h["train_loss"] for h in history if h.get("train_loss") is not None]
         val_entries = [h for h in history if h.get("val_loss") is not None]
         mfu = peak.mfu(self.flops_per_token, tokens_per_s, self.d.world_size) if tokens_per_s else {}
-        end = _budget_clock()
+        end = time_budget.clock()
         timed = self.budget.seconds is not None
         return TrainResult(
             final_train_loss=(train_evals or train_losses or [None])[-1],
@@ -1278,110 +1109,3 @@ class _Run:
             ckpt_copy_s=self.ckpt_copy_s,
             ckpt_write_s=self.writer.last_write_s if self.ckpt_copy_s is not None else None,
         )
-
-
-class _Budget:
-    """The time budget's bookkeeping: step, evaluation and checkpoint times as measured.
-
-    A step's time is start to start less the evaluations and checkpoint taken in it,
-    which are counted on their own. After each step training stops when the next one
-    (at the longest of the last few step times: a machine that slows down is seen at
-    once), the evaluations due at it and the final evaluations and checkpoint would end
-    more than one such step past the budget. The overshoot this allows: one step, plus
-    however much the next step, the final evaluations and the checkpoint take beyond
-    what was measured before them."""
-
-    RECENT = 5  # steps whose times predict the next one
-
-    def __init__(self, seconds: float | None, t_start: float) -> None:
-        self.seconds, self.t_start = seconds, t_start
-        self.step_times: list[float] = []
-        self.eval_s: float | None = None
-        self.ckpt_s = 0.0  # the last checkpoint's copy and background write
-        self.stopped_at: int | None = None
-        self.t_decided: float | None = None  # when the last step's stop-or-go was decided
-        self._t_step: float | None = None
-        self._excluded = 0.0  # evaluations and checkpoints of the current step
-
-    def now(self) -> float | None:
-        """The budget clock's time, when there is a budget (None: nothing is timed)."""
-        return _budget_clock() if self.seconds is not None else None
-
-    def step_starts(self) -> None:
-        t = self.now()
-        if t is None:
-            return
-        if self._t_step is not None:
-            self.step_times.append(t - self._t_step - self._excluded)
-        self._t_step, self._excluded = t, 0.0
-
-    def step_times_until(self, now: float) -> list[float]:
-        """The finished steps' times and the current one's so far (its optimizer step)."""
-        assert self._t_step is not None
-        return [*self.step_times, now - self._t_step]
-
-    def eval_took(self, t_eval: float | None, final: bool = False) -> None:
-        if t_eval is None:
-            return
-        seconds = _budget_clock() - t_eval
-        self._excluded += seconds
-        if not final:  # the final ones (val and train split) are two: the next run's estimate is one
-            self.eval_s = seconds
-
-    def ckpt_took(self, on_this_thread: float, in_all: float) -> None:
-        self._excluded += on_this_thread
-        self.ckpt_s = in_all
-
-    def recent_step_s(self, step_times: list[float]) -> float:
-        return max(step_times[-self.RECENT :], default=0.0)
-
-    def no_time_for_another_step(self, now: float, step_times: list[float], next_evals: bool, final_evals: int) -> bool:
-        assert self.seconds is not None
-        step_s = self.recent_step_s(step_times)
-        eval_s = self.eval_s or 0.0
-        need = step_s + (eval_s if next_evals else 0.0) + final_evals * eval_s + self.ckpt_s
-        return now + need > self.t_start + self.seconds + step_s
-
-
-def _make_plan(
-    cfg: TrainConfig,
-    d: _Dist,
-    device: torch.device,
-    out_dir: Path,
-    key: str,
-    emit: LogFn,
-    *,
-    done: int,
-    elapsed_s: float,
-    step_times: list[float],
-    eval_s: float | None,
-    evals: bool,
-) -> int:
-    """Commit a time-budgeted run to its step count (rank 0 decides; recorded in out_dir)."""
-    # The first step of a process pays one-off costs (allocations, kernel selection).
-    timed = step_times[1:] or step_times
-    step_s = sum(timed) / len(timed)
-    if eval_s is None:  # resumed before any evaluation of this process: a forward pass is ~1/3 of a step
-        eval_s = step_s * cfg.eval_iters / 3
-    planned = plan_steps(cfg, done=done, elapsed_s=elapsed_s, step_s=step_s, eval_s=eval_s, evals=evals)
-    if d.enabled:
-        planned = _broadcast_int(planned, d, device)
-    if d.rank == 0:
-        plan = {
-            "key": key,
-            "planned_steps": planned,
-            "max_steps": cfg.max_steps,
-            "time_budget_s": cfg.time_budget_s,
-            "calibration_steps": done,
-            "elapsed_s": round(elapsed_s, 3),
-            "step_s": round(step_s, 5),
-            "eval_s": round(eval_s, 4),
-        }
-        _write_plan(out_dir, plan)
-        need = elapsed_s + (planned - done) * step_s
-        over = f" (~{need:.0f} s: the shortest complete schedule overruns the budget)" if need > (cfg.time_budget_s or 0) else ""
-        emit(
-            f"time budget {cfg.time_budget_s:g} s: {elapsed_s:.1f} s used, {step_s:.3f} s/step, {eval_s:.2f} s/eval "
-            f"-> {planned} of at most {cfg.max_steps} steps, LR schedule stretched to end there{over}"
-        )
-    return planned

@@ -223,14 +223,15 @@ def test_local_store_leaves_nothing_in_system_temp(corpus, tmp_path, sys_tmp):
 def record_writes(monkeypatch):
     """{step: the complete checkpoints right after that step's (background) write}."""
     written = {}
-    real = train_mod.write_checkpoint
+    writer = importlib.import_module("pipeline_lib.lm.checkpointing")  # the background writer's module
+    real = writer.write_checkpoint
 
     def write(out_dir, step, files, keep_last):
         path = real(out_dir, step, files, keep_last)
         written[step] = [s for s, _ in list_checkpoints(out_dir)]
         return path
 
-    monkeypatch.setattr(train_mod, "write_checkpoint", write)
+    monkeypatch.setattr(writer, "write_checkpoint", write)
     return written
 
 

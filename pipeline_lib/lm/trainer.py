@@ -69,14 +69,12 @@ write the same bytes. Timings stay in `TrainResult` and the log.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
 import math
 import os
 import random
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -91,24 +89,21 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pipeline_lib.lm.budget as time_budget  # its `clock` looked up at each use: tests replace it
-from pipeline_lib.errors import CheckpointError
 from pipeline_lib.lm.budget import CALIBRATION_STEPS, Budget, is_pos_int, make_plan, plan_key, read_plan, stretch_schedule
 from pipeline_lib.lm.checkpoint import (
     _json_bytes,
     latest_checkpoint,
-    list_checkpoints,
     load_optimizer_state,
     load_state_into,
     model_state_tensors,
-    open_checkpoint,
     optimizer_snapshot,
-    quarantine_checkpoint,
     safetensors_bytes,
     weights_file_bytes,
-    write_checkpoint,
 )
-from pipeline_lib.lm.config import GPTConfig, TrainConfig
+from pipeline_lib.lm.checkpointing import CheckpointWriter, Resume, pick_resume, rank_rng_state, unb64
+from pipeline_lib.lm.config import TrainConfig
 from pipeline_lib.lm.data import Region, TokenShards, WindowSampler
+from pipeline_lib.lm.distributed import Dist, broadcast_int, gather_bytes, setup_dist
 from pipeline_lib.lm.model import GPT
 from pipeline_lib.lm.perf import Peak, Throughput
 from pipeline_lib.lm.sampling import one_thread_for
@@ -195,65 +190,6 @@ def resolve_device(name: str = "auto", local_rank: int | None = None) -> torch.d
     return dev
 
 
-@dataclass
-class _Dist:
-    enabled: bool = False
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    owns_group: bool = False  # we created the process group and must destroy it
-
-
-def _setup_dist(cfg: TrainConfig) -> _Dist:
-    if dist.is_available() and dist.is_initialized():
-        rank = dist.get_rank()
-        return _Dist(True, rank, dist.get_world_size(), int(os.environ.get("LOCAL_RANK", rank)), False)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
-        use_cuda = torch.cuda.is_available() and not cfg.device.startswith(("cpu", "mps"))
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        if use_cuda:
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-        return _Dist(True, dist.get_rank(), dist.get_world_size(), local_rank, True)
-    return _Dist()
-
-
-def _gather_bytes(data: bytes, d: _Dist, device: torch.device) -> list[bytes]:
-    """Every rank's `data`, in rank order (collective; all ranks must call it)."""
-    if not d.enabled:
-        return [data]
-    dev = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    n = torch.tensor([len(data)], dtype=torch.int64, device=dev)
-    sizes = [torch.zeros_like(n) for _ in range(d.world_size)]
-    dist.all_gather(sizes, n)
-    width = int(max(int(s.item()) for s in sizes))
-    buf = torch.zeros(width, dtype=torch.uint8, device=dev)
-    if data:
-        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
-    outs = [torch.zeros_like(buf) for _ in range(d.world_size)]
-    dist.all_gather(outs, buf)
-    return [bytes(o[: int(s.item())].cpu().numpy().tobytes()) for o, s in zip(outs, sizes)]
-
-
-def _b64(t: torch.Tensor) -> str:
-    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
-
-
-def _unb64(s: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
-
-
-def _rank_rng_state(sampler: WindowSampler | _Prefetch, device: torch.device) -> dict[str, Any]:
-    return {
-        "torch_cpu": _b64(torch.get_rng_state()),
-        "torch_cuda": _b64(torch.cuda.get_rng_state(device)) if device.type == "cuda" else None,
-        # None: training draws nothing from Python's `random`, and other threads of the process
-        # (Prefect's) do, so its state would make the same training write different bytes.
-        "python": None,
-        "sampler": sampler.state(),
-    }
-
-
 def _can_pin() -> bool:
     return torch.cuda.is_available()
 
@@ -286,91 +222,6 @@ def grad_scaler(amp_dtype: torch.dtype | None, device: torch.device) -> torch.am
     return torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
 
 
-def _broadcast_int(value: int, d: _Dist, device: torch.device) -> int:
-    """Rank 0's `value` on every rank (collective; all ranks must call it)."""
-    dev = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor([value], dtype=torch.int64, device=dev)
-    dist.broadcast(t, src=0)
-    return int(t.item())
-
-
-@dataclass
-class _Resume:
-    """A checkpoint read whole and checked, before anything is built from it."""
-
-    path: Path
-    step: int
-    model_config: GPTConfig
-    weights: dict[str, torch.Tensor]
-    opt_meta: dict[str, Any]
-    opt_tensors: dict[str, torch.Tensor]
-    state: dict[str, Any]  # trainer_state.json
-    data_state: dict[str, Any]
-    rng_json: dict[str, Any]
-    rng_tensors: dict[str, torch.Tensor]
-
-
-def _read_resume(path: Path, verify: bool = True) -> _Resume:
-    """Every file of a checkpoint, checked against its marker (sha256 with `verify`) and
-    parsed; any damage raises `CheckpointError` naming the file."""
-    ckpt = open_checkpoint(path, verify=verify)
-    r = _Resume(
-        path=ckpt.path,
-        step=ckpt.step,
-        model_config=ckpt.model_config(),
-        weights=ckpt.tensors("model.safetensors"),
-        opt_meta=ckpt.json("optimizer.json"),
-        opt_tensors=ckpt.tensors("optimizer.safetensors"),
-        state=ckpt.json("trainer_state.json"),
-        data_state=ckpt.json("data_state.json"),
-        rng_json=ckpt.json("rng_state.json"),
-        rng_tensors=ckpt.tensors("rng_state.safetensors"),
-    )
-    try:
-        ok = (
-            int(r.state["step"]) == r.step
-            and isinstance(r.state["history"], list)
-            and isinstance(r.opt_meta, dict)
-            and isinstance(r.data_state["samplers"], list)
-            and isinstance(r.rng_json["python"], list)
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{r.path}: malformed trainer, data or RNG state ({type(e).__name__}: {e})") from e
-    if not ok:
-        raise CheckpointError(f"{r.path}: trainer, data or RNG state does not match the checkpoint's step {r.step}")
-    return r
-
-
-def _pick_resume(out_dir: Path, d: _Dist, device: torch.device, emit: LogFn, warn: LogFn) -> _Resume | None:
-    """The newest checkpoint in out_dir that reads back whole, or None (fresh start).
-
-    Rank 0 chooses, moving each corrupt checkpoint aside (`quarantine_checkpoint`) with a
-    warning that names the fallback; the other ranks load the checkpoint it chose.
-    """
-    chosen: _Resume | None = None
-    if d.rank == 0:
-        ckpts = list_checkpoints(out_dir)
-        if not ckpts:
-            emit(f"resume: no complete checkpoint in {out_dir}; starting from scratch")
-        for i in range(len(ckpts) - 1, -1, -1):
-            path = ckpts[i][1]
-            try:
-                chosen = _read_resume(path)
-                break
-            except CheckpointError as e:
-                try:
-                    where = f"moved aside to {quarantine_checkpoint(path)}"
-                except OSError as oe:
-                    where = f"could not move it aside ({oe})"
-                then = f"falling back to the previous checkpoint {ckpts[i - 1][1].name}" if i > 0 else "no valid checkpoint left: starting from scratch"
-                warn(f"resume: checkpoint {path.name} is unusable ({e}); {where}; {then}")
-    if d.enabled:
-        step = _broadcast_int(chosen.step if chosen is not None else -1, d, device)
-        if d.rank != 0 and step >= 0:
-            chosen = _read_resume(out_dir / f"ckpt_{step:06d}", verify=False)  # rank 0 hashed it
-    return chosen
-
-
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
@@ -386,7 +237,7 @@ def evaluate(
     token_byte_lengths: torch.Tensor | None = None,
     bytes_per_token: float | None = None,
     separator_id: int | None = None,
-    d: _Dist | None = None,
+    d: Dist | None = None,
 ) -> dict[str, float | None]:
     """Mean val loss (nats/token, every target) and bits per byte over eval_iters seeded batches.
 
@@ -545,65 +396,6 @@ class _Prefetch:
         self._next = None
 
 
-class _CheckpointWriter:
-    """Writes checkpoints on a background thread, one at a time: the training thread
-    copies the tensors to host memory (`host_copy`, page-locked buffers reused from one
-    checkpoint to the next on a GPU) and goes on; serialising, hashing, fsync and the
-    rename happen here. A failed write is raised by the next `submit` or `wait`."""
-
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._buffers: dict[str, torch.Tensor] = {}
-        self.last_write_s = 0.0
-
-    def host_copy(self, prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """CPU copies of `tensors` (the caller synchronises the device before using them)."""
-        self.wait()  # the buffers may still be read by the previous write
-        out = {}
-        for name, t in tensors.items():
-            t = t.detach()
-            if t.device.type == "cpu":
-                out[name] = t.contiguous().clone()
-                continue
-            buf = self._buffers.get(prefix + name)
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                buf = self._buffers[prefix + name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            out[name] = buf.copy_(t, non_blocking=True)
-        return out
-
-    def submit(self, out_dir: Path, step: int, files: Callable[[], dict[str, bytes]], keep_last: int) -> Path:
-        self.wait()
-
-        def write() -> None:
-            t0 = time.perf_counter()
-            try:
-                write_checkpoint(out_dir, step, files(), keep_last)
-            except BaseException as e:  # handed to the training thread
-                self._error = e
-            finally:
-                self.last_write_s = time.perf_counter() - t0
-
-        self._thread = threading.Thread(target=write, name=f"tokenmill-checkpoint-{step}", daemon=True)
-        self._thread.start()
-        return out_dir / f"ckpt_{step:06d}"
-
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def close(self) -> None:
-        """On the way out of a failed run: let the write in progress complete, quietly."""
-        try:
-            self.wait()
-        except BaseException as e:
-            _log.warning("checkpoint write failed: %s", e)
-
-
 # -- the loop ----------------------------------------------------------------------------
 
 
@@ -627,7 +419,7 @@ def train(
     resume: overrides train_config.resume — continue from out_dir's latest complete checkpoint.
     """
     t_start = time_budget.clock()
-    d = _setup_dist(train_config)
+    d = setup_dist(train_config)
     try:
         # small models on the CPU train on one intra-op thread, entered once the model is built
         with contextlib.ExitStack() as stack:
@@ -646,7 +438,7 @@ class _Run:
     plan), then `train`: evaluate at step 0, and per optimizer step `step`, `log_entry`,
     `evaluate_if_due`, `checkpoint_if_due`, `budget_says_stop`; then the result."""
 
-    def __init__(self, t_start: float, cfg: TrainConfig, data_dir: Path, out_dir: Path, log: LogFn, d: _Dist, stack: contextlib.ExitStack) -> None:
+    def __init__(self, t_start: float, cfg: TrainConfig, data_dir: Path, out_dir: Path, log: LogFn, d: Dist, stack: contextlib.ExitStack) -> None:
         self.t_start, self.cfg, self.data_dir, self.out_dir, self.d, self.stack = t_start, cfg, data_dir, out_dir, d, stack
         self.master = d.rank == 0
         self.emit: LogFn = log if self.master else (lambda _msg: None)
@@ -660,7 +452,7 @@ class _Run:
             torch.backends.cudnn.allow_tf32 = True
         self.amp_dtype = autocast_dtype(cfg.dtype, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
         self.scaler = grad_scaler(self.amp_dtype, device)
-        self.writer = _CheckpointWriter()
+        self.writer = CheckpointWriter()
         stack.callback(self.writer.close)  # a run that fails still completes the checkpoint it started
 
     def autocast(self) -> Any:
@@ -737,7 +529,7 @@ class _Run:
         if latest is not None and not resume:
             raise ValueError(f"{self.out_dir} already holds checkpoint {latest.name}; pass resume=True to continue it or use an empty out_dir")
         self.resume = resume
-        self.ckpt = ckpt = _pick_resume(self.out_dir, d, device, self.emit, self.warn_run) if resume else None
+        self.ckpt = ckpt = pick_resume(self.out_dir, d, device, self.emit, self.warn_run) if resume else None
         if ckpt is not None and ckpt.model_config != self.mcfg:
             raise ValueError(f"{ckpt.path}: checkpoint model {ckpt.model_config} differs from the requested {self.mcfg}")
         # same init on every rank; DDP broadcasts rank 0's anyway
@@ -789,7 +581,7 @@ class _Run:
         self.emit(f"micro-batch {b} windows (memory plan, {free / (1 << 30):.1f} GiB free): {rows // b} micro-steps per step")
         return b
 
-    def _restore_randomness(self, ckpt: _Resume) -> None:
+    def _restore_randomness(self, ckpt: Resume) -> None:
         """The sampler, the GradScaler and the RNG states of the checkpoint: last, after
         everything that may consume randomness."""
         d, device = self.d, self.device
@@ -825,7 +617,7 @@ class _Run:
                 plan = read_plan(self.out_dir, self.plan_key)
                 self.planned = plan["planned_steps"] if plan is not None else None
             if d.enabled:  # every rank follows rank 0's plan
-                self.planned = _broadcast_int(self.planned or 0, d, self.device) or None
+                self.planned = broadcast_int(self.planned or 0, d, self.device) or None
             if self.planned is not None:
                 self.emit(f"time budget: continuing the recorded plan of {self.planned} steps")
         self.run_cfg = stretch_schedule(cfg, self.planned) if self.planned is not None else cfg
@@ -927,7 +719,7 @@ class _Run:
                 self.out_dir,
                 self.plan_key,
                 self.emit,
-                rank0=(lambda n: _broadcast_int(n, self.d, self.device)) if self.d.enabled else None,
+                rank0=(lambda n: broadcast_int(n, self.d, self.device)) if self.d.enabled else None,
                 write=self.master,
                 done=self.step,
                 elapsed_s=now - self.t_start,
@@ -941,7 +733,7 @@ class _Run:
         next_evals = self.has_val and (self.step + 1) % self.cfg.eval_interval == 0
         stop = budget.no_time_for_another_step(now, step_times, next_evals, final_evals=1 + self.has_val)
         if self.d.enabled:
-            stop = bool(_broadcast_int(int(stop), self.d, self.device))
+            stop = bool(broadcast_int(int(stop), self.d, self.device))
         if stop:
             budget.stopped_at = self.step
             self.emit(
@@ -1015,15 +807,15 @@ class _Run:
         rank 0, which copies the weights and optimizer state to host memory and leaves
         the writing (serialise, hash, fsync, rename) to a background thread."""
         d, step, cfg = self.d, self.step, self.cfg
-        blobs = _gather_bytes(json.dumps(_rank_rng_state(self.batches, self.device)).encode(), d, self.device)
+        blobs = gather_bytes(json.dumps(rank_rng_state(self.batches, self.device)).encode(), d, self.device)
         path = None
         if self.master:
             ranks = [json.loads(b) for b in blobs]
             rng_tensors = {}
             for r, st in enumerate(ranks):
-                rng_tensors[f"rank{r}.torch_cpu"] = _unb64(st["torch_cpu"])
+                rng_tensors[f"rank{r}.torch_cpu"] = unb64(st["torch_cpu"])
                 if st["torch_cuda"] is not None:
-                    rng_tensors[f"rank{r}.torch_cuda"] = _unb64(st["torch_cuda"])
+                    rng_tensors[f"rank{r}.torch_cuda"] = unb64(st["torch_cuda"])
             weights = self.writer.host_copy("model.", model_state_tensors(self.raw_model, to_cpu=False))
             opt_state, opt_json = optimizer_snapshot(self.optimizer)
             opt_tensors = self.writer.host_copy("optimizer.", opt_state)

@@ -53,6 +53,8 @@ WEIGHTS_FILE = "model.safetensors"
 LM_MODULES = (
     "pipeline_lib.lm.model",
     "pipeline_lib.lm.trainer",
+    "pipeline_lib.lm.budget",
+    "pipeline_lib.lm.checkpointing",
     "pipeline_lib.lm.data",
     "pipeline_lib.lm.config",
     "pipeline_lib.lm.checkpoint",

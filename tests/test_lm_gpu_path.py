@@ -259,3 +259,31 @@ def test_plan_command(capsys):
     )
     assert main(["plan", "--preset", "tiny", "--batch-size", "0"]) == 2
     assert capsys.readouterr().err.strip().endswith("(set with --batch-size)")
+
+
+def test_micro_batch_fitted_to_the_memory_keeps_the_tokens_per_step():
+    from pipeline_lib.lm.plan import fit_micro_batch, memory_plan
+
+    cfg = preset("gpt2-124m", vocab_size=50257)
+    rows = cfg.batch_size * cfg.accum_steps  # 512 windows per step
+    b80 = fit_micro_batch(cfg, 80 << 30)
+    assert b80 > cfg.batch_size and rows % b80 == 0
+    fitted = cfg.replace(batch_size=b80, grad_accum_steps=rows // b80)
+    assert fitted.tokens_per_step == cfg.tokens_per_step
+    assert memory_plan(fitted).total_bytes <= 0.85 * (80 << 30)
+    bigger = cfg.replace(batch_size=2 * b80, grad_accum_steps=rows // (2 * b80))
+    assert 2 * b80 > rows or memory_plan(bigger).total_bytes > 0.85 * (80 << 30)  # the largest that fits
+    assert fit_micro_batch(cfg, 140 << 30) >= b80
+    assert fit_micro_batch(cfg, 1 << 30) == cfg.batch_size  # nothing larger fits: the configured one
+
+
+def test_mfu_against_the_datasheet_and_the_measured_rate():
+    from pipeline_lib.lm.perf import Peak, measure_matmul_flops
+
+    rate = measure_matmul_flops(torch.device("cpu"), torch.float32, n=64, reps=2)
+    assert rate > 0
+    p = Peak("H100 SXM", 989e12, 782e12)
+    m = p.mfu(flops_per_token=6e9, tokens_per_s=50_000, world_size=1)
+    assert m["mfu"] == pytest.approx(6e9 * 5e4 / 989e12) and m["mfu_measured"] == pytest.approx(6e9 * 5e4 / 782e12)
+    unknown = Peak("Some Future GPU", None, 500e12)
+    assert unknown.mfu(6e9, 5e4, 1)["mfu"] is None and "not in the datasheet table" in unknown.describe()

@@ -132,7 +132,7 @@ def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "
     )
 
 
-def fit_micro_batch(cfg: TrainConfig, memory_bytes: int, world_size: int = 1, bf16: bool = True, use: float = 0.85) -> int:
+def fit_micro_batch(cfg: TrainConfig, memory_bytes: int, world_size: int = 1, bf16: bool = True, use: float = 0.75) -> int:
     """The largest micro-batch (windows per forward pass) whose memory plan fits in `use` of
     `memory_bytes`, among those that divide a rank's windows per optimizer step (so the
     tokens per step stay the same); cfg.batch_size when none larger fits.

@@ -1,4 +1,4 @@
-"""Training throughput of the GPT (tokens/s through `pipeline_lib.lm.train`, all of it:
+"""Training throughput of the GPT (tokens/s through `pipeline_lib.lm.trainer`, all of it:
 sampling windows from memory-mapped shards, forward, backward, AdamW).
 
     python benchmarks/bench_lm.py                 # CPU: the "small" preset on tiny Shakespeare bytes,
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline_lib.lm import preset, train  # noqa: E402
 from pipeline_lib.lm.plan import GIB, memory_plan  # noqa: E402
 
-lm_sample = importlib.import_module("pipeline_lib.lm.sample")  # the module, not the package's `sample` function
+lm_sample = importlib.import_module("pipeline_lib.lm.sampling")  # the module, not the package's `sample` function
 from pipeline_lib.lm.testing import write_byte_token_dir, write_token_dir  # noqa: E402
 
 
@@ -77,7 +77,7 @@ def main() -> None:
             # fixed small config: the "small" preset (4 x 128, block 128, batch 16), no eval
             cfg = preset("small", max_steps=args.steps, device="cpu", val_fraction=0.0, ckpt_interval=10**6, log_interval=10**6)
             default = torch.get_num_threads()
-            # Training puts a small CPU model on one thread (lm.sample.one_thread_for); lift that
+            # Training puts a small CPU model on one thread (lm.sampling.one_thread_for); lift that
             # rule here so each row runs on the thread count it names.
             lm_sample.ONE_THREAD_BELOW = 0
             for n in args.threads or sorted({1, default}):

@@ -622,8 +622,8 @@ def cmd_gc(args) -> int:
 
 
 def _duration(delta: dt.timedelta) -> str:
-    minutes = int(delta.total_seconds()) // 60
-    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+    whole_minutes = int(delta.total_seconds()) // 60
+    return f"{whole_minutes // 60} h {whole_minutes % 60} min" if whole_minutes >= 60 else f"{whole_minutes} min"
 
 
 def cmd_server(args) -> int:

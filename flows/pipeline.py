@@ -24,7 +24,7 @@ from prefect.artifacts import create_markdown_artifact
 from pipeline_lib.config import ReportConfig, validate
 from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.counting import CountConfig
-from pipeline_lib.lm.config import LMConfig
+from pipeline_lib.lm.stage_config import LMConfig
 from pipeline_lib.patterns import is_custom
 from pipeline_lib.stage_configs import stage_configs
 from pipeline_lib.stages import REPORT_CORPUS, TokenizerConfig, compression_summary

@@ -12,17 +12,46 @@ tiktoken's module-level names are here too (``Encoding`` is `Tokenizer`), so a p
 written for tiktoken runs with ``import pipeline_lib as tiktoken``.
 """
 
-from pipeline_lib.store import ArtifactStore, VersionRef
-from pipeline_lib.tokenizer import (
-    Encoding,
-    Tokenizer,
-    backend,
-    encoding_for_model,
-    encoding_name_for_model,
-    get_encoding,
-    list_encoding_names,
-)
+from typing import TYPE_CHECKING, Any
+
 from pipeline_lib.version import __version__
+
+if TYPE_CHECKING:
+    from pipeline_lib.store import ArtifactStore, VersionRef
+    from pipeline_lib.tokenizer import (
+        Encoding,
+        Tokenizer,
+        backend,
+        encoding_for_model,
+        encoding_name_for_model,
+        get_encoding,
+        list_encoding_names,
+    )
+
+# Loaded on first use (PEP 562): `import pipeline_lib.lm.model` runs this file first, and the
+# model must import where only torch, numpy and safetensors are (no compiled core, no pyarrow).
+_LAZY = {
+    "ArtifactStore": "pipeline_lib.store",
+    "VersionRef": "pipeline_lib.store",
+    "Encoding": "pipeline_lib.tokenizer",
+    "Tokenizer": "pipeline_lib.tokenizer",
+    "backend": "pipeline_lib.tokenizer",
+    "encoding_for_model": "pipeline_lib.tokenizer",
+    "encoding_name_for_model": "pipeline_lib.tokenizer",
+    "get_encoding": "pipeline_lib.tokenizer",
+    "list_encoding_names": "pipeline_lib.tokenizer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ArtifactStore",

@@ -15,13 +15,15 @@ claims and publishes like every stage:
   checkpoint being published against its own marker, and each staged file against it.
 * Same id, same bytes: the published files (final weights as safetensors, the last full
   checkpoint with optimizer, RNG and data position, loss curve, metrics, history, samples,
-  train config) hold only what the training decides. Timings, device, throughput and
+  train config) hold only what the training decides. The weights are stored once:
+  ``model.safetensors``, which ``checkpoint/``'s marker lists (it used to be there too,
+  and a third time in the work dir's checkpoints, which are dropped once published). Timings, device, throughput and
   resume notes describe one run: they go to the log and to the manifest's ``meta["run"]``.
   The manifest is the per-publish record (it already carries its ``created`` time, so its
   hash was never the same across publishes); the version id and the files are not.
 * Time budget (`LMConfig.minutes`, `TrainConfig.time_budget_s`): the id hashes the config,
   budget included, not the step count the budget buys on the machine that trains. That
-  count is decided once, after a few measured steps (`pipeline_lib.lm.train.plan_steps`),
+  count is decided once, after a few measured steps (`pipeline_lib.lm.trainer.plan_steps`),
   and recorded in the work dir (``plan.json``) and in every later checkpoint, so a run
   resumed after a crash finishes the same plan and publishes the bytes the uninterrupted
   run would have. Within a store an id is published once, so it names one set of bytes.
@@ -75,8 +77,8 @@ def train_and_stage(
     from pipeline_lib.lm import load_model, sample, train, write_loss_plot
     from pipeline_lib.lm.checkpoint import MARKER, open_checkpoint
     from pipeline_lib.lm.report import run_metrics, versioned_metrics
-    from pipeline_lib.lm.sample import documents_text
-    from pipeline_lib.lm.train import versioned_history
+    from pipeline_lib.lm.sampling import documents_text
+    from pipeline_lib.lm.trainer import versioned_history
 
     def say(msg: str) -> None:  # every phase after training gets a line: none is silent
         _log.info(msg)
@@ -108,7 +110,12 @@ def train_and_stage(
         say(f"staging checkpoint {os.path.basename(result.checkpoint_dir)} and weights")
         ckpt = open_checkpoint(result.checkpoint_dir)  # sizes and sha256 against its marker
         files: dict[str, FileInfo] = {}
+        # The weights once per version: model.safetensors beside checkpoint/, whose marker lists
+        # them (put them back into the folder to resume from it); the rest of the training
+        # state (optimizer, RNG, data order) only in checkpoint/.
         for name in sorted([*ckpt.marker["files"], MARKER]):
+            if name == WEIGHTS_FILE:
+                continue
             info = staging.put_file(f"checkpoint/{name}", os.path.join(ckpt.path, name))
             want = ckpt.marker["files"].get(name)
             if want is not None and info.sha256 != want["sha256"]:  # changed since it was checked
@@ -197,8 +204,8 @@ def sample_text(store: ArtifactStore, model: VersionRef | str, config=None, devi
     """
     from pipeline_lib.config import SampleConfig
     from pipeline_lib.lm import sample
-    from pipeline_lib.lm.sample import documents_text
-    from pipeline_lib.lm.train import resolve_device
+    from pipeline_lib.lm.sampling import documents_text
+    from pipeline_lib.lm.trainer import resolve_device
 
     cfg = config if config is not None else SampleConfig()
     try:

@@ -17,7 +17,7 @@ def stage_configs() -> dict[str, type]:
     """
     from pipeline_lib.corpus import CorpusConfig
     from pipeline_lib.counting import CountConfig
-    from pipeline_lib.lm.config import LMConfig
+    from pipeline_lib.lm.stage_config import LMConfig
     from pipeline_lib.stages import TokenizerConfig
     from pipeline_lib.token_shards import EncodeConfig
 

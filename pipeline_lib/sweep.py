@@ -18,7 +18,7 @@ those tokens. The arms get the same compute, one of two ways (`SweepConfig.compu
   depends on its throughput on the machine that trains it.
 
 Arms are compared in validation bits per byte (the model's val loss in nats per token over
-the bytes its target tokens encode, `pipeline_lib.lm.train.evaluate`): a loss per token
+the bytes its target tokens encode, `pipeline_lib.lm.trainer.evaluate`): a loss per token
 depends on what a token is, a loss per byte of text does not. Beside it the table gives
 compression (bytes per token), tokens and bytes seen, training FLOPs, throughput and the
 parameter counts (total, and the embedding tables').

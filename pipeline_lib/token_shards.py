@@ -32,10 +32,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import pickle  # nanoGPT's meta.pkl, written only (export_nanogpt)
-import re
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -48,8 +46,16 @@ import pyarrow.parquet as pq
 
 from pipeline_lib.config import STRICT, doc
 from pipeline_lib.errors import StoreError
-from pipeline_lib.fsio import InputError, check_local_file, fsync_dir, hash_file, user_file_mode
-from pipeline_lib.store import MANIFEST, MANIFEST_FORMAT, MAX_MANIFEST_BYTES
+from pipeline_lib.fsio import InputError, fsync_dir, hash_file, user_file_mode
+from pipeline_lib.store import MANIFEST, MAX_MANIFEST_BYTES
+from pipeline_lib.token_files import (  # re-exported: the LM reads token files without pyarrow or pydantic
+    DEFAULT_VAL_FRACTION,
+    _search,
+    check_version_file,
+    published_files,
+    split_record,
+    val_start,
+)
 
 TOKENS_KIND = "tokens"
 TOKENS_FORMAT = "tokenmill.tokens/1"
@@ -147,23 +153,6 @@ class ShardStats:
     n_bytes: int
     val_start: int | None = None  # tokens [val_start, n_tokens) are validation (`val_start`)
     val_docs: int | None = None  # the documents in them
-
-
-def val_start(doc_ends: np.ndarray, n_tokens: int, val_fraction: float) -> int:
-    """Where a shard's validation tokens start: the document boundary nearest
-    ``(1 - val_fraction) * n_tokens`` (n_tokens, no validation, for val_fraction 0).
-
-    The one split rule: decided at encoding and recorded per shard in the manifest
-    (``val_start``, ``val_docs``); readers of a manifest that records none apply it to the
-    document index with their own fraction (`split_points`)."""
-    if val_fraction == 0 or n_tokens == 0:
-        return n_tokens
-    # The boundaries are sorted: the nearest is one of the two around the target (a binary
-    # search over the memory-mapped index; a copy of it would grow with the shard).
-    target = (1.0 - val_fraction) * n_tokens
-    i = _search(doc_ends, math.ceil(target))  # the first end >= target (ends are integers)
-    candidates = [0] + [int(doc_ends[j]) for j in (i - 1, i) if 0 <= j < len(doc_ends)]
-    return min(candidates, key=lambda b: abs(b - target))  # the first, the smaller, on a tie
 
 
 def _separator_id(tokenizer, config: EncodeConfig) -> int | None:
@@ -371,50 +360,13 @@ def build_meta(
     }
 
 
-SPLIT_RULE = "per shard: its last whole documents nearest val_fraction of its tokens are validation"
-
-
-def split_record(val_fraction: float) -> dict[str, Any]:
-    """The manifest's ``split``: how each shard's ``val_start`` / ``val_docs`` were decided."""
-    return {"val_fraction": float(val_fraction), "rule": SPLIT_RULE}
-
-
 # --------------------------------------------------------------------------- verified reads
 # The fix a corrupt published file asks for: `store.usable` (which every stage calls before
 # reusing a version) finds the mismatch too, moves the version aside and lets it be recomputed.
-REENCODE_HINT = "rerun `tokenmill run`: it sets the damaged version aside and encodes it again"
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 # manifest.json stat key -> its file list (None: not a store manifest). Manifests are
 # write-once, so a reader opening shard after shard parses a big one once, not per shard.
 _MANIFESTS: dict[tuple[str, int, int, int, int], dict[str, tuple[int, str]] | None] = {}
 _MANIFESTS_LOCK = threading.Lock()
-
-
-def published_files(manifest: Any, where: str) -> dict[str, tuple[int, str]] | None:
-    """``{file name: (size, sha256)}`` from a parsed ``manifest.json`` when it is the
-    store's (``format`` ``tokenmill.manifest/1``: a published version), else None (a
-    manifest of another shape, e.g. the one `lm.testing.write_token_dir` writes).
-
-    Raises:
-        StoreError: a store manifest whose file list is missing or malformed.
-    """
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        return None
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        raise StoreError(f"{where}: corrupt manifest (no file list)")
-    out: dict[str, tuple[int, str]] = {}
-    for name, info in files.items():
-        if not (
-            isinstance(info, dict)
-            and type(info.get("size")) is int
-            and info["size"] >= 0
-            and isinstance(info.get("sha256"), str)
-            and _SHA256_HEX.fullmatch(info["sha256"])
-        ):
-            raise StoreError(f"{where}: corrupt manifest: bad entry for {name!r}")
-        out[name] = (info["size"], info["sha256"])
-    return out
 
 
 def version_files(directory: str) -> dict[str, tuple[int, str]] | None:
@@ -447,25 +399,6 @@ def version_files(directory: str) -> dict[str, tuple[int, str]] | None:
     with _MANIFESTS_LOCK:
         _MANIFESTS[key] = files
     return files
-
-
-def check_version_file(directory: str, name: str, files: Mapping[str, tuple[int, str]]) -> str:
-    """Check the file `name` of the version at `directory` against its entry in the
-    version's file list (`version_files`), hashing it once per process while it is
-    unchanged (`fsio.check_local_file`); return its path.
-
-    Raises:
-        StoreError: naming the file: not listed, missing, another size or another sha256.
-    """
-    path = os.path.join(directory, name)
-    entry = files.get(name)  # exact names only: "../x" is never listed
-    if entry is None:
-        raise StoreError(f"{path}: not in its version's {MANIFEST}: not a file of this published version")
-    try:
-        check_local_file(path, entry[0], entry[1], label=path)
-    except StoreError as e:
-        raise StoreError(f"{e}; {REENCODE_HINT}") from e
-    return path
 
 
 def verify_file(path: str, verify: bool = True) -> bool:
@@ -589,14 +522,6 @@ def read_doc_table(path: str, verify: bool = True) -> pa.Table:
 
 
 _INDEX_CHUNK = 1 << 20
-
-
-def _search(index: np.ndarray, value: int, side: Literal["left", "right"] = "left") -> int:
-    """`np.searchsorted` of a non-negative int in a document index, as the index's own dtype:
-    a Python int against a uint64 array would make NumPy cast the whole (mapped) index to
-    float64 first."""
-    index = np.asarray(index)  # a view of a mapped array, not a copy
-    return int(np.searchsorted(index, np.asarray(value, dtype=index.dtype), side=side))
 
 
 def _strictly_increasing_from_one(index: np.ndarray) -> bool:
@@ -748,7 +673,7 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
 
 
 # --------------------------------------------------------------------------- the split
-DEFAULT_VAL_FRACTION = 0.1  # for token directories whose manifest records no split
+
 
 
 def split_points(directory: str, meta: Mapping[str, Any], val_fraction: float | None = None, verify: bool = True) -> list[int]:
@@ -899,11 +824,16 @@ def _export(
 
 
 NANOGPT_META = "meta.pkl"
+NANOGPT_VOCAB_MULTIPLE = 64
 
 
 def nanogpt_meta(meta: Mapping[str, Any], separator_placement: Placement | None = None, token_bytes: Sequence[bytes | None] | None = None) -> dict[str, Any]:
     """The dict `export_nanogpt` pickles as ``meta.pkl``, plain ints and strings: nanoGPT's
-    ``train.py`` reads ``vocab_size`` from it (and sizes the model's embedding by it).
+    ``train.py`` reads ``vocab_size`` from it and sizes the model's embedding and output
+    table by it, so it is the vocabulary rounded up to a multiple of `NANOGPT_VOCAB_MULTIPLE`
+    (GPT-2's 50,257 ids -> 50,304, as nanoGPT pads its own default: the output matmul's width
+    suits the GPU's tiles; the padded ids never occur in the data). ``unpadded_vocab_size``
+    is the tokenizer's id count.
 
     With `token_bytes` (each id's bytes, None for an unused id) it also holds ``itos`` (id ->
     the token's text, invalid UTF-8 as U+FFFD) and ``stoi`` (each character that is a token of
@@ -912,7 +842,9 @@ def nanogpt_meta(meta: Mapping[str, Any], separator_placement: Placement | None 
     ``stoi`` whenever a ``meta.pkl`` is present, so without them it stops with a KeyError.
     A prompt character that is no token of its own still does (most of ASCII and common
     letters are)."""
-    out: dict[str, Any] = {"vocab_size": int(meta["vocab_size"]), "dtype": "uint16"}
+    n_ids = int(meta["vocab_size"])
+    padded = -(-n_ids // NANOGPT_VOCAB_MULTIPLE) * NANOGPT_VOCAB_MULTIPLE
+    out: dict[str, Any] = {"vocab_size": padded, "unpadded_vocab_size": n_ids, "dtype": "uint16"}
     if token_bytes is not None:
         itos = {i: b.decode("utf-8", "replace") for i, b in enumerate(token_bytes) if b is not None}
         out["itos"] = itos

@@ -59,3 +59,13 @@ def torch_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def lm_device():
+    """The device LM tests run on: TOKENMILL_TEST_DEVICE (cpu unless set; see tests/test_lm_cuda.py)."""
+    import torch
+
+    from pipeline_lib.lm.testing import test_device
+
+    return torch.device(test_device())

@@ -114,7 +114,8 @@ def test_export_nanogpt(cli_store, tmp_path):
     tok = Tokenizer.load(store.local_dir("tokenizer", meta["tokenizer"]["version"].split("/", 1)[1]))
     ids = [int(i) for i in train[:200]]
     assert decode(ids) == tok.decode(ids)  # what sample.py prints is what our decoder gives
-    assert nano["vocab_size"] == meta["vocab_size"] and len(itos) == tok.n_vocab
+    assert nano["unpadded_vocab_size"] == meta["vocab_size"] and len(itos) == tok.n_vocab
+    assert nano["vocab_size"] % 64 == 0 and 0 <= nano["vocab_size"] - meta["vocab_size"] < 64
 
 
 def test_bad_corpus_gives_a_clear_error(tmp_path, capsys):

@@ -18,7 +18,7 @@ from pipeline_lib.config import STRICT, ReportConfig, SampleConfig, doc, fields_
 from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.counting import CountConfig
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.lm.config import LMConfig
+from pipeline_lib.lm.stage_config import LMConfig
 from pipeline_lib.stages import TokenizerConfig
 from pipeline_lib.token_shards import EncodeConfig
 

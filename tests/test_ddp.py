@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline_lib.lm import GPT, TokenShards, WindowSampler, load_model, preset, train
 from pipeline_lib.lm.testing import write_byte_token_dir
-from pipeline_lib.lm.train import _to_batch, accumulate_gradients, grad_scaler
+from pipeline_lib.lm.trainer import _to_batch, accumulate_gradients, grad_scaler
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

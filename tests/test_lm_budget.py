@@ -1,13 +1,15 @@
 """LM time budget: calibrate, plan the step count once, complete the schedule, record the
 plan and resume on it; the final train loss is an evaluation of the train split.
 
-No wall-clock assertions: the budget's clock is a fake one (`train._budget_clock`) that
-advances a fixed tick per reading."""
+No wall-clock assertions: the budget's clock is a fake one (`budget.clock`) that
+advances by a set time per optimizer step and per evaluation (`FakeClock`); the one test
+on the real clock compares the run's wall time with the budget plus the overshoot the
+trainer states, measured by its own step times."""
 
 import importlib
-import itertools
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -16,16 +18,17 @@ from safetensors.torch import load as st_load
 
 from pipeline_lib.errors import ConfigError
 from pipeline_lib.lm import TokenShards, evaluate, list_checkpoints, load_model, lr_at, preset, train
+from pipeline_lib.lm.budget import PLAN_FILE, plan_steps, stretch_schedule
 from pipeline_lib.lm.checkpoint import open_checkpoint
-from pipeline_lib.lm.config import LMConfig
 from pipeline_lib.lm.report import metrics
-from pipeline_lib.lm.testing import byte_token_lengths, write_byte_token_dir
-from pipeline_lib.lm.train import PLAN_FILE, plan_steps, stretch_schedule
+from pipeline_lib.lm.stage_config import LMConfig
+from pipeline_lib.lm.testing import byte_token_lengths, test_device, write_byte_token_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "pipeline_lib" / "data" / "tinyshakespeare.txt"
-train_mod = importlib.import_module("pipeline_lib.lm.train")
+train_mod = importlib.import_module("pipeline_lib.lm.trainer")
+budget_mod = importlib.import_module("pipeline_lib.lm.budget")
 
 
 class Kill(Exception):
@@ -43,7 +46,7 @@ def byte_dir(tmp_path_factory):
 
 def cfg(**kw):
     base = dict(
-        device="cpu",
+        device=test_device(),
         max_steps=200,
         block_size=16,
         n_layer=1,
@@ -62,9 +65,28 @@ def cfg(**kw):
     return preset("tiny", **base)
 
 
+class FakeClock:
+    """The budget's clock: each optimizer step takes `step_s`, each evaluation `eval_s`."""
+
+    def __init__(self, monkeypatch, step_s=1.0, eval_s=1.0):
+        self.t, self.step_s, self.eval_s = 0.0, step_s, eval_s
+        monkeypatch.setattr(budget_mod, "clock", lambda: self.t)
+        real_step, real_eval = train_mod.accumulate_gradients, train_mod.evaluate
+
+        def step(*a, **kw):
+            self.t += self.step_s
+            return real_step(*a, **kw)
+
+        def evaluate(*a, **kw):
+            self.t += self.eval_s
+            return real_eval(*a, **kw)
+
+        monkeypatch.setattr(train_mod, "accumulate_gradients", step)
+        monkeypatch.setattr(train_mod, "evaluate", evaluate)
+
+
 def fake_clock(monkeypatch, tick=1.0):
-    clock = itertools.count(0.0, tick)
-    monkeypatch.setattr(train_mod, "_budget_clock", lambda: next(clock))
+    return FakeClock(monkeypatch, tick, tick)
 
 
 def weights(ckpt_dir):
@@ -150,7 +172,7 @@ def test_resume_continues_the_recorded_plan(byte_dir, tmp_path, monkeypatch, ckp
     with pytest.raises(Kill):
         train(c, byte_dir, tmp_path / "cut", log=quiet, on_step=kill_at_12)
     assert [s for s, _ in list_checkpoints(tmp_path / "cut")] == ([5, 10] if ckpt_interval == 5 else [])
-    fake_clock(monkeypatch, tick=100.0)  # a much slower machine now: the plan still holds
+    fake_clock(monkeypatch)  # not measured again: the recorded plan holds
     logs = []
     resumed = train(c, byte_dir, tmp_path / "cut", log=logs.append, resume=True)
     assert any(f"continuing the recorded plan of {full.steps} steps" in m for m in logs)
@@ -197,3 +219,54 @@ def test_lm_config_minutes():
     for bad in (0, -1.0):
         with pytest.raises(ConfigError, match="minutes"):
             LMConfig(minutes=bad)
+
+
+def test_budget_stops_a_run_that_slows_down_after_its_plan(byte_dir, tmp_path, monkeypatch):
+    """The machine gets 3x slower after the plan was made: training stops before the budget
+    runs out, evaluates and checkpoints the step it stopped at, and ends within the budget
+    plus the stated overshoot (one step, the evaluations taking what they were measured)."""
+    clock = FakeClock(monkeypatch)
+    c = cfg(time_budget_s=60.0)
+
+    def slow_down(entry):
+        if entry["step"] == 8:
+            clock.step_s = 3.0
+
+    logs = []
+    r = train(c, byte_dir, tmp_path / "run", log=logs.append, on_step=slow_down)
+    assert r.planned_by_budget and r.stopped_by_budget and r.steps < r.max_steps
+    assert any(f"stopping after step {r.steps} of {r.max_steps}" in m for m in logs)
+    assert r.wall_s == clock.t and r.longest_step_s == 3.0
+    assert r.wall_s <= c.time_budget_s + r.longest_step_s  # the overshoot: at most one step
+    last = r.history[-1]
+    assert last["step"] == r.steps and last["val_loss"] is not None and last["train_eval_loss"] is not None
+    assert open_checkpoint(r.checkpoint_dir).step == r.steps
+    # one step more would have ended past that: the stop was not early
+    assert r.wall_s + 3.0 + 2 * 1.0 > c.time_budget_s
+
+
+def test_budget_that_holds_its_plan_does_not_stop_early(byte_dir, tmp_path, monkeypatch):
+    FakeClock(monkeypatch)
+    r = train(cfg(time_budget_s=60.0), byte_dir, tmp_path / "run", log=quiet)
+    assert r.planned_by_budget and not r.stopped_by_budget and r.steps == r.max_steps
+    assert r.wall_s <= 60.0
+
+
+def test_budget_bounds_the_wall_time_on_the_real_clock(byte_dir, tmp_path):
+    """Real time: a budget of a few seconds and steps that get slower as it goes (as on a
+    machine whose load grows). The run's wall time, measured around `train`, is within the
+    budget plus the overshoot the trainer allows: one step (its longest) and its final
+    evaluations and checkpoint."""
+    budget = 4.0
+    c = cfg(time_budget_s=budget, max_steps=100_000, eval_interval=50)
+
+    def load_grows(entry):
+        time.sleep(min(0.2, entry["step"] * 0.002))
+
+    t0 = time.monotonic()
+    r = train(c, byte_dir, tmp_path / "run", log=quiet, on_step=load_grows)
+    elapsed = time.monotonic() - t0
+    assert r.steps < r.max_steps and r.stopped_by_budget
+    assert r.wall_s <= elapsed
+    assert elapsed <= budget + r.longest_step_s + r.final_s + (elapsed - r.wall_s), (elapsed, r.longest_step_s, r.final_s)
+    assert r.wall_s <= budget + r.longest_step_s + r.final_s

@@ -14,9 +14,9 @@ from torch.nn import functional as F
 
 from pipeline_lib.lm import GPT, GPTConfig, load_model, preset, sample, train
 from pipeline_lib.lm.checkpoint import open_checkpoint, read_weights_config, weights_bytes
-from pipeline_lib.lm.plan import activation_bytes, memory_plan
+from pipeline_lib.lm.plan import activation_bytes, autocast_dtype, memory_plan
 from pipeline_lib.lm.testing import write_byte_token_dir
-from pipeline_lib.lm.train import _to_batch, accumulate_gradients, autocast_dtype, grad_scaler
+from pipeline_lib.lm.trainer import _to_batch, accumulate_gradients, grad_scaler
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -64,7 +64,7 @@ def test_a_disabled_scaler_changes_nothing():
     scaler.step(opt_a)
     scaler.update()
     for half in (slice(0, 2), slice(2, 4)):  # by hand: two micro-batches, each loss halved
-        (b(x[half, :-1], x[half, 1:])[1] / 2).backward()
+        (b(x[half, :-1], x[half, 1:], return_logits=False)[1] / 2).backward()
     opt_b.step()
     for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(pa, pb), name
@@ -170,7 +170,7 @@ def test_a_run_warns_when_it_spans_many_epochs(byte_dir, tmp_path):
     r = train(tiny(max_steps=2, batch_size=64, block_size=256, total_batch_tokens=64 * 256 * 2), byte_dir, tmp_path / "huge", log=logs.append)
     assert any("one optimizer step draws 32,768 tokens" in m for m in r.messages)
     cfg = tiny(max_steps=40_000, time_budget_s=None)
-    from pipeline_lib.lm.train import _epoch_warnings
+    from pipeline_lib.lm.trainer import _epoch_warnings
 
     assert any("epochs" in m for m in _epoch_warnings(cfg, cfg.tokens_per_step, 180_000, "tokens version v"))
 
@@ -240,7 +240,7 @@ def test_activation_estimate_bounds_what_autograd_keeps():
 
     x = torch.randint(0, 4096, (cfg.batch_size, cfg.model.block_size + 1))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x[:, :-1], x[:, 1:])
+        model(x[:, :-1], x[:, 1:], return_logits=False)  # the loss path training takes
     measured = sum(kept.values())
     estimate = activation_bytes(cfg, act_bytes=4, fused_attention=True)
     assert measured <= estimate <= 2 * measured, (measured, estimate)
@@ -252,5 +252,38 @@ def test_plan_command(capsys):
     assert main(["plan", "--preset", "gpt2-124m", "--device", "cuda", "--world-size", "2"]) == 0
     out = capsys.readouterr().out
     assert "16 windows x 16 micro-steps x 2 rank(s)" in out and "GiB" in out
-    with pytest.raises(SystemExit, match="tokenmill: error: 32 micro-steps per optimizer step do not divide among 3 ranks"):
-        main(["plan", "--preset", "gpt2-124m", "--world-size", "3"])
+    assert main(["plan", "--preset", "gpt2-124m", "--world-size", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "python -m pipeline_lib.lm plan: error: 32 micro-steps per optimizer step do not divide among 3 ranks: " + (
+        "set grad_accum_steps (or total_batch_tokens) to a multiple of the world size"
+    )
+    assert main(["plan", "--preset", "tiny", "--batch-size", "0"]) == 2
+    assert capsys.readouterr().err.strip().endswith("(set with --batch-size)")
+
+
+def test_micro_batch_fitted_to_the_memory_keeps_the_tokens_per_step():
+    from pipeline_lib.lm.plan import fit_micro_batch, memory_plan
+
+    cfg = preset("gpt2-124m", vocab_size=50257)
+    rows = cfg.batch_size * cfg.accum_steps  # 512 windows per step
+    b80 = fit_micro_batch(cfg, 80 << 30)
+    assert b80 > cfg.batch_size and rows % b80 == 0
+    fitted = cfg.replace(batch_size=b80, grad_accum_steps=rows // b80)
+    assert fitted.tokens_per_step == cfg.tokens_per_step
+    assert memory_plan(fitted).total_bytes <= 0.75 * (80 << 30)
+    bigger = cfg.replace(batch_size=2 * b80, grad_accum_steps=rows // (2 * b80))
+    assert 2 * b80 > rows or memory_plan(bigger).total_bytes > 0.75 * (80 << 30)  # the largest that fits
+    assert fit_micro_batch(cfg, 140 << 30) >= b80
+    assert fit_micro_batch(cfg, 1 << 30) == cfg.batch_size  # nothing larger fits: the configured one
+
+
+def test_mfu_against_the_datasheet_and_the_measured_rate():
+    from pipeline_lib.lm.perf import Peak, measure_matmul_flops
+
+    rate = measure_matmul_flops(torch.device("cpu"), torch.float32, n=64, reps=2)
+    assert rate > 0
+    p = Peak("H100 SXM", 989e12, 782e12)
+    m = p.mfu(flops_per_token=6e9, tokens_per_s=50_000, world_size=1)
+    assert m["mfu"] == pytest.approx(6e9 * 5e4 / 989e12) and m["mfu_measured"] == pytest.approx(6e9 * 5e4 / 782e12)
+    unknown = Peak("Some Future GPU", None, 500e12)
+    assert unknown.mfu(6e9, 5e4, 1)["mfu"] is None and "not in the datasheet table" in unknown.describe()

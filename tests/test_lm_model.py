@@ -92,3 +92,49 @@ def test_weight_decay_groups():
     n = sum(p.numel() for g in opt.param_groups for p in g["params"])
     padding = (m.config.padded_vocab_size - m.config.vocab_size) * m.config.n_embd  # table rows no id uses
     assert n == m.num_params(non_embedding=False) + padding
+
+
+# -- the chunked linear + cross-entropy -----------------------------------------------
+
+
+def _loss_and_grads(m, x, y, **kw):
+    m.zero_grad(set_to_none=True)
+    _, loss = m(x, y, **kw)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+@pytest.mark.parametrize("chunk", [7, 4096])  # chunks that split the rows unevenly / one chunk
+def test_chunked_loss_and_grads_equal_the_full_logits_path(monkeypatch, chunk):
+    from pipeline_lib.lm import model as model_mod
+
+    monkeypatch.setattr(model_mod, "LOSS_CHUNK_ROWS", chunk)
+    m = GPT(GPTConfig(vocab_size=57, block_size=16, n_layer=2, n_head=2, n_embd=32))  # 57 -> 64 rows: padded ids too
+    torch.manual_seed(1)
+    x, y = torch.randint(0, 57, (3, 16)), torch.randint(0, 57, (3, 16))
+    want_loss, want = _loss_and_grads(m, x, y)
+    got_loss, got = _loss_and_grads(m, x, y, return_logits=False)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-6, atol=1e-6)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-7, msg=name)
+    assert got["transformer.wte.weight"][57:].abs().max() == 0  # the padded rows take no part
+    # under bfloat16 autocast both paths run the output matmul in bfloat16: equal within its precision
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want_loss, want = _loss_and_grads(m, x, y)
+        got_loss, got = _loss_and_grads(m, x, y, return_logits=False)
+    torch.testing.assert_close(got_loss, want_loss, rtol=2e-2, atol=2e-2)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=5e-2, atol=5e-3, msg=name)
+
+
+def test_chunked_per_token_losses_and_sum():
+    from pipeline_lib.lm.model import linear_cross_entropy
+
+    torch.manual_seed(2)
+    h, w, t = torch.randn(10, 8), torch.randn(12, 8), torch.randint(0, 9, (10,))
+    full = torch.nn.functional.cross_entropy(h @ w[:9].T, t, reduction="none")
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(h, w, t, 9, "none", chunk=3), full)
+    torch.testing.assert_close(linear_cross_entropy(h, w, t, 9, "sum", chunk=4), full.sum())
+    with pytest.raises(ValueError, match="no_grad"):
+        linear_cross_entropy(h.requires_grad_(), w, t, 9, "none")

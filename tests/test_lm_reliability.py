@@ -31,7 +31,7 @@ from pipeline_lib.tokenizer import Tokenizer
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "pipeline_lib" / "data" / "tinyshakespeare.txt"
-train_mod = importlib.import_module("pipeline_lib.lm.train")  # the module (pipeline_lib.lm.train is the function)
+train_mod = importlib.import_module("pipeline_lib.lm.trainer")
 
 
 def quiet(_msg):
@@ -159,7 +159,8 @@ def test_same_version_same_bytes_in_two_stores(corpus, tmp_path, sys_tmp):
     rb = stage_run(b, tokens_b, tokenizer_b, c.replace(ckpt_every_s=1e-9, keep_last=3))  # run-only fields differ
     assert ra.version == rb.version == model_version(tokens, tokenizer, c)
     ha, hb = file_hashes(a, ra), file_hashes(b, rb)
-    assert ha == hb and len(ha) >= 14  # every file, checkpoint included, byte for byte
+    assert ha == hb and len(ha) >= 13  # every file, checkpoint included, byte for byte
+    assert "model.safetensors" in ha and "checkpoint/model.safetensors" not in ha  # the weights stored once
     assert a.manifest(ra.kind, ra.version)["files"] == b.manifest(rb.kind, rb.version)["files"]
     for name in ("model.safetensors", "checkpoint/optimizer.safetensors"):  # canonical headers, not luck
         blob = a.read_bytes(ra.kind, ra.version, name)
@@ -215,11 +216,27 @@ def test_local_store_leaves_nothing_in_system_temp(corpus, tmp_path, sys_tmp):
 # -- 3. checkpoint cadence ------------------------------------------------------------------
 
 
-def test_step_cadence_protects_a_short_run_and_resume_is_exact(token_dir, tmp_path):
+def record_writes(monkeypatch):
+    """{step: the complete checkpoints right after that step's (background) write}."""
+    written = {}
+    writer = importlib.import_module("pipeline_lib.lm.checkpointing")  # the background writer's module
+    real = writer.write_checkpoint
+
+    def write(out_dir, step, files, keep_last):
+        path = real(out_dir, step, files, keep_last)
+        written[step] = [s for s, _ in list_checkpoints(out_dir)]
+        return path
+
+    monkeypatch.setattr(writer, "write_checkpoint", write)
+    return written
+
+
+def test_step_cadence_protects_a_short_run_and_resume_is_exact(token_dir, tmp_path, monkeypatch):
     c = cfg(max_steps=30, eval_interval=10)  # ckpt_interval 0: every 30 // 10 = 3 steps
-    seen = []
-    full = train(c, token_dir, tmp_path / "full", log=quiet, on_step=lambda e: seen.append([s for s, _ in list_checkpoints(tmp_path / "full")]))
-    assert seen[2] == [3] and seen[5] == [3, 6] and seen[28] == [24, 27]  # keep_last=2
+    written = record_writes(monkeypatch)
+    full = train(c, token_dir, tmp_path / "full", log=quiet)
+    assert sorted(written) == list(range(3, 31, 3))
+    assert written[3] == [3] and written[6] == [3, 6] and written[27] == [24, 27]  # keep_last=2
     assert [s for s, _ in list_checkpoints(tmp_path / "full")] == [27, 30]
 
     with pytest.raises(Kill):
@@ -239,11 +256,11 @@ def test_step_cadence_protects_a_short_run_and_resume_is_exact(token_dir, tmp_pa
 def test_time_cadence(token_dir, tmp_path, monkeypatch, tick, every_s, want):
     clock = itertools.count(0.0, tick)  # a fake clock: `tick` seconds pass between readings
     monkeypatch.setattr(train_mod, "_clock", lambda: next(clock))
-    seen = []
+    written = record_writes(monkeypatch)
     out = tmp_path / "run"
-    train(cfg(max_steps=5, ckpt_interval=1000, ckpt_every_s=every_s), token_dir, out, log=quiet, on_step=lambda e: seen.append(bool(list_checkpoints(out))))
+    train(cfg(max_steps=5, ckpt_interval=1000, ckpt_every_s=every_s), token_dir, out, log=quiet)
     assert [s for s, _ in list_checkpoints(out)] == want
-    assert seen[0] is (want != [5])  # a checkpoint after step 1 only when the clock says one is due
+    assert (1 in written) is (want != [5])  # a checkpoint after step 1 only when the clock says one is due
 
 
 # -- 4. self-healing resume -----------------------------------------------------------------

@@ -158,7 +158,7 @@ def test_small_model_decodes_on_one_thread_and_gives_the_setting_back(model):
 
 
 def test_documents_text_breaks_lines_at_the_separator():
-    from pipeline_lib.lm.sample import documents_text
+    from pipeline_lib.lm.sampling import documents_text
 
     class Letters:  # id i is the letter chr(97 + i); id 9 would decode to a literal "<|endoftext|>"
         def decode(self, ids):

@@ -27,7 +27,7 @@ from pipeline_lib.lm import (
     train,
 )
 from pipeline_lib.lm.checkpoint import load_optimizer_into, open_checkpoint
-from pipeline_lib.lm.testing import byte_token_lengths, write_byte_token_dir, write_token_dir
+from pipeline_lib.lm.testing import byte_token_lengths, test_device, write_byte_token_dir, write_token_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -41,7 +41,7 @@ def byte_dir(tmp_path_factory):
 
 
 def tiny(**kw):
-    base = dict(device="cpu", log_interval=1, eval_iters=2, eval_interval=1000, ckpt_interval=1000)
+    base = dict(device=test_device(), log_interval=1, eval_iters=2, eval_interval=1000, ckpt_interval=1000)
     base.update(kw)
     return preset("tiny", **base)
 
@@ -53,7 +53,7 @@ def quiet(_msg):
 def test_small_cpu_model_trains_on_one_thread_and_gives_the_count_back(byte_dir, tmp_path, monkeypatch):
     """The rule sampling follows: one intra-op thread under ONE_THREAD_BELOW parameters on the
     CPU, torch's own count again afterwards; a larger model keeps torch's count."""
-    lm_sample = importlib.import_module("pipeline_lib.lm.sample")  # the module (the package's `sample` is the function)
+    lm_sample = importlib.import_module("pipeline_lib.lm.sampling")  # the module (the package's `sample` is the function)
 
     torch.set_num_threads(2)
     seen = []

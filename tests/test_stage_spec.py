@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from pipeline_lib import stages
-from pipeline_lib.lm.config import LMConfig
+from pipeline_lib.lm.stage_config import LMConfig
 from pipeline_lib.stages import spec as engine
 from pipeline_lib.stages.lm import LM, model_version
 from pipeline_lib.store import ArtifactStore, VersionRef, version_id

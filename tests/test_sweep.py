@@ -12,7 +12,7 @@ import pytest
 
 from pipeline_lib import ArtifactStore
 from pipeline_lib.errors import ConfigError
-from pipeline_lib.lm.config import LMConfig
+from pipeline_lib.lm.stage_config import LMConfig
 from pipeline_lib.sweep import SweepConfig, model_cost, plan
 
 sys.path.insert(0, os.path.dirname(__file__))

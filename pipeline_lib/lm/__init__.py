@@ -16,9 +16,9 @@ checks its weights against the version manifest.
 
 # The names below load on first use (PEP 562): `pipeline_lib.lm.config` (the LM's config,
 # which every flow's signature names) must import without torch, which most of the rest needs.
+# The functions `train` and `sample` live in modules named otherwise (`trainer`, `sampling`):
+# importing a submodule binds its name on the package, which would hide a function of that name.
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what __getattr__ below resolves at runtime, spelled out for type checkers
@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # what __getattr__ below resolves at runtime, spelled out for
     from pipeline_lib.lm.data import ShardError, TokenShards, WindowSampler
     from pipeline_lib.lm.model import GPT
     from pipeline_lib.lm.report import metrics, write_loss_plot, write_metrics
-    from pipeline_lib.lm.sample import sample
-    from pipeline_lib.lm.train import TrainResult, bits_per_byte, evaluate, lr_at, train
+    from pipeline_lib.lm.sampling import sample
+    from pipeline_lib.lm.trainer import TrainResult, bits_per_byte, evaluate, lr_at, train
 
 _SOURCES = {
     "checkpoint": ("CheckpointError", "latest_checkpoint", "list_checkpoints", "load_model"),
@@ -36,8 +36,8 @@ _SOURCES = {
     "data": ("ShardError", "TokenShards", "WindowSampler"),
     "model": ("GPT",),
     "report": ("metrics", "write_loss_plot", "write_metrics"),
-    "sample": ("sample",),
-    "train": ("TrainResult", "bits_per_byte", "evaluate", "lr_at", "train"),
+    "sampling": ("sample",),
+    "trainer": ("TrainResult", "bits_per_byte", "evaluate", "lr_at", "train"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 
@@ -53,17 +53,6 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_MODULE_OF))
 
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value) -> None:
-        # Importing submodule `train` (or `sample`) binds it here under the name of the
-        # function this package exports: keep `pipeline_lib.lm.train` the function.
-        if isinstance(value, types.ModuleType) and _MODULE_OF.get(name) == name:
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "GPT",

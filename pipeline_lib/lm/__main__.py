@@ -131,7 +131,7 @@ def _load_tokenizer(path: str):  # noqa: ANN202 - imported lazily: only text I/O
 def _cmd_train(args: argparse.Namespace) -> int:
     from pipeline_lib.lm.config import preset
     from pipeline_lib.lm.report import write_loss_plot, write_metrics
-    from pipeline_lib.lm.train import train
+    from pipeline_lib.lm.trainer import train
 
     overrides = {field: getattr(args, flag) for flag, field in _OVERRIDES.items() if getattr(args, flag) is not None}
     if args.compile is not None:
@@ -155,8 +155,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_sample(args: argparse.Namespace) -> int:
     from pipeline_lib.lm.checkpoint import latest_checkpoint, load_model, open_checkpoint
-    from pipeline_lib.lm.sample import documents_text, sample
-    from pipeline_lib.lm.train import resolve_device
+    from pipeline_lib.lm.sampling import documents_text, sample
+    from pipeline_lib.lm.trainer import resolve_device
 
     model = load_model(args.ckpt, device=resolve_device(args.device))
     tok = None
@@ -194,23 +194,37 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     flags = {"batch_size": "batch_size", "grad_accum": "grad_accum_steps", "block_size": "block_size", "dtype": "dtype"}
     overrides = {field: getattr(args, flag) for flag, field in flags.items() if getattr(args, flag) is not None}
-    try:
-        cfg = preset(args.preset, **overrides)
-        plan = memory_plan(cfg, args.vocab_size, args.device, args.world_size, bf16=not args.no_bf16)
-    except ValueError as e:
-        raise SystemExit(f"tokenmill: error: {e}") from None
+    cfg = preset(args.preset, **overrides)
+    plan = memory_plan(cfg, args.vocab_size, args.device, args.world_size, bf16=not args.no_bf16)
     print(f"preset {args.preset}, vocabulary {args.vocab_size:,}")
     print("\n".join(plan.lines()))
     return 0
 
 
+def _with_flag(msg: str) -> str:
+    """The message of a config error, with the flag that sets the field it names."""
+    for flag, field in _OVERRIDES.items():
+        if f"Config.{field} " in msg:
+            return f"{msg} (set with --{flag.replace('_', '-')})"
+    return msg
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The pipeline's error style: a bad input is one ``error:`` line naming it (and the
+    flag that fixes it), exit 2; a run that fails (a damaged checkpoint or shard, a disk
+    error) one line, exit 1. No traceback either way."""
+    from pipeline_lib.errors import InputError, TokenmillError
+
     args = _parser().parse_args(argv)
-    if args.cmd == "train":
-        return _cmd_train(args)
-    if args.cmd == "plan":
-        return _cmd_plan(args)
-    return _cmd_sample(args)
+    commands = {"train": _cmd_train, "plan": _cmd_plan, "sample": _cmd_sample}
+    try:
+        return commands[args.cmd](args)
+    except (InputError, ValueError) as e:
+        print(f"python -m pipeline_lib.lm {args.cmd}: error: {_with_flag(str(e))}", file=sys.stderr)
+        return 2
+    except (TokenmillError, OSError) as e:
+        print(f"python -m pipeline_lib.lm {args.cmd}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

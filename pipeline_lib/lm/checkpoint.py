@@ -125,9 +125,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def model_state_tensors(model: GPT) -> dict[str, torch.Tensor]:
-    """The model's state dict for safetensors: tied weights once, contiguous, on CPU."""
-    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in _TIED_KEYS}
+def model_state_tensors(model: GPT, to_cpu: bool = True) -> dict[str, torch.Tensor]:
+    """The model's state dict for safetensors: tied weights once, contiguous, on CPU
+    (`to_cpu` False: where they are, for a caller that copies them itself)."""
+    return {k: (v.detach().contiguous().cpu() if to_cpu else v.detach()) for k, v in model.state_dict().items() if k not in _TIED_KEYS}
 
 
 def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
@@ -148,23 +149,34 @@ def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]
 
 
 def weights_bytes(model: GPT) -> bytes:
-    meta = {"format": WEIGHTS_FORMAT, "gpt_config": json.dumps(model.config.to_dict(), sort_keys=True)}
-    return safetensors_bytes(model_state_tensors(model), metadata=meta)
+    return weights_file_bytes(model_state_tensors(model), model.config)
 
 
-def optimizer_files(optimizer: torch.optim.Optimizer) -> tuple[bytes, bytes]:
-    """(optimizer.safetensors, optimizer.json) contents."""
+def weights_file_bytes(tensors: dict[str, torch.Tensor], config: GPTConfig) -> bytes:
+    """model.safetensors from CPU tensors (`model_state_tensors`) and the model's config."""
+    meta = {"format": WEIGHTS_FORMAT, "gpt_config": json.dumps(config.to_dict(), sort_keys=True)}
+    return safetensors_bytes(tensors, metadata=meta)
+
+
+def optimizer_snapshot(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], bytes]:
+    """The optimizer's state tensors (where they are, detached) and optimizer.json."""
     sd = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, Any] = {}
     for idx, st in sd["state"].items():
         for k, v in st.items():
             if torch.is_tensor(v):
-                tensors[f"state.{idx}.{k}"] = v.detach().contiguous().cpu()
+                tensors[f"state.{idx}.{k}"] = v.detach()
             else:
                 scalars[f"{idx}.{k}"] = v
     meta = {"type": type(optimizer).__name__, "param_groups": sd["param_groups"], "scalars": scalars}
-    return safetensors_bytes(tensors), _json_bytes(meta)
+    return tensors, _json_bytes(meta)
+
+
+def optimizer_files(optimizer: torch.optim.Optimizer) -> tuple[bytes, bytes]:
+    """(optimizer.safetensors, optimizer.json) contents."""
+    tensors, meta = optimizer_snapshot(optimizer)
+    return safetensors_bytes({k: v.contiguous().cpu() for k, v in tensors.items()}), meta
 
 
 def write_checkpoint(

@@ -89,6 +89,7 @@ class GPTConfig:
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,12 @@ class TrainConfig:
     # -- hardware
     device: str = "auto"  # auto: cuda, else mps, else cpu; or "cuda:1" etc.
     dtype: str = "auto"  # autocast dtype; auto: bfloat16 on cuda (float16 + GradScaler without bf16), float32 elsewhere
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile the model (training only: evaluation runs it uncompiled)
+    # torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs
+    compile_mode: str = "default"
+    # On a GPU: the micro-batch (windows per forward pass) is the largest that the memory plan
+    # fits in the free memory, the tokens per optimizer step unchanged (batch_size elsewhere).
+    fit_micro_batch: bool = False
     peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None: look up the GPU
     verify_shards: bool = True  # sha256 every shard file against its manifest at start (False: sizes only)
 
@@ -146,6 +152,8 @@ class TrainConfig:
         "resume",
         "verify_shards",
         "compile",
+        "compile_mode",
+        "fit_micro_batch",
         "peak_flops",
         "ckpt_interval",
         "ckpt_every_s",
@@ -214,6 +222,8 @@ class TrainConfig:
         _check(dev in DEVICES, f"TrainConfig.device must be one of {DEVICES} (optionally 'cuda:N'), got {self.device!r}")
         _check(self.dtype in DTYPES, f"TrainConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check(isinstance(self.compile, bool), "TrainConfig.compile must be a bool")
+        _check(self.compile_mode in COMPILE_MODES, f"TrainConfig.compile_mode must be one of {COMPILE_MODES}, got {self.compile_mode!r}")
+        _check(isinstance(self.fit_micro_batch, bool), "TrainConfig.fit_micro_batch must be a bool")
         _check(isinstance(self.resume, bool), "TrainConfig.resume must be a bool")
         _check(
             self.peak_flops is None or self.peak_flops > 0,
@@ -327,6 +337,7 @@ PRESETS: dict[str, TrainConfig] = {
         ckpt_interval=1000,
         ckpt_every_s=600.0,  # a checkpoint is ~1.5 GB here: every 10 min, not every minute
         compile=True,
+        fit_micro_batch=True,
     ),
 }
 
@@ -338,64 +349,5 @@ def preset(name: str, **overrides: Any) -> TrainConfig:
     return PRESETS[name].replace(**overrides)
 
 
-# --------------------------------------------------------------------------- the LM stage
-# What the pipeline's LM stage takes: a preset, the run length and a few overrides. It is
-# the one place their defaults live (CLI options, flow parameters and deployments derive
-# from these fields); `train_config()` turns it into the full `TrainConfig`.
-# The run length is a cap and a time budget: `steps` at most, planned down to what fits in
-# `minutes` (see `plan_steps` in train.py). The default, 1 minute of the "small" model, keeps
-# `tokenmill run` (everything, fixed costs included) well within 90 s on an idle 2-core
-# machine: ~200 steps there, the preset's whole 600 on a faster one. `steps` None keeps the
-# preset's own count (and its schedule); a number replaces it.
-from typing import Annotated, Literal  # noqa: E402
-
-from pipeline_lib.config import STRICT, doc  # noqa: E402
-from pipeline_lib.errors import ConfigError  # noqa: E402
-
-MODEL_OVERRIDES = ("n_layer", "n_head", "n_embd", "block_size", "batch_size")
-
-
-@dataclass(frozen=True)
-class LMConfig:
-    __pydantic_config__ = STRICT
-
-    preset: Annotated[Literal["tiny", "small", "gpt2-124m"], doc("model size and recipe")] = "small"
-    steps: Annotated[int | None, doc("optimizer steps, at most (none: the preset's own: 600 for small, 19073 for gpt2-124m)")] = None
-    minutes: Annotated[
-        float | None,
-        doc(
-            "time budget of the LM training: after a few measured steps the run is planned to the step count "
-            "that fits (at most --lm-steps) and the LR schedule completes there (none: all the steps)"
-        ),
-    ] = 1.0
-    device: Annotated[str, doc("auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N, mps")] = "auto"
-    seed: Annotated[int, doc("seed for model init, dropout and data order")] = 1337
-    n_layer: Annotated[int | None, doc("override the preset's n_layer (transformer blocks)")] = None
-    n_head: Annotated[int | None, doc("override the preset's n_head (attention heads per block)")] = None
-    n_embd: Annotated[int | None, doc("override the preset's n_embd (residual stream width)")] = None
-    block_size: Annotated[int | None, doc("override the preset's block_size (context length in tokens)")] = None
-    batch_size: Annotated[int | None, doc("override the preset's batch_size (windows per micro-batch)")] = None
-
-    def __post_init__(self) -> None:
-        if self.steps is not None and (not _is_int(self.steps) or self.steps < 1):
-            raise ConfigError(f"steps={self.steps!r}: the LM needs at least 1 optimizer step")
-        if self.minutes is not None and not (isinstance(self.minutes, (int, float)) and self.minutes > 0):
-            raise ConfigError(f"minutes={self.minutes!r}: the LM time budget must be > 0 minutes (or none)")
-        try:
-            self.train_config()
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
-
-    def train_config(self) -> TrainConfig:
-        """The full training config: the preset with these overrides. A short run gets a
-        proportionate eval/checkpoint cadence and warmup."""
-        overrides = {k: getattr(self, k) for k in MODEL_OVERRIDES if getattr(self, k) is not None}
-        overrides["time_budget_s"] = None if self.minutes is None else float(self.minutes) * 60.0
-        if self.steps is None:
-            return preset(self.preset, device=self.device, seed=self.seed, **overrides)
-        steps = self.steps
-        cfg = preset(self.preset, device=self.device, seed=self.seed, max_steps=steps, **overrides)
-        interval = max(1, min(cfg.eval_interval, steps // 4 or 1))
-        return cfg.replace(
-            eval_interval=interval, ckpt_interval=max(interval, min(cfg.ckpt_interval, steps)), warmup_steps=min(cfg.warmup_steps, max(0, steps // 10))
-        )
+# The pipeline's LM stage parameters (`LMConfig`) live in `pipeline_lib.lm.stage_config`: they
+# are pydantic-checked, and this module must import where only torch, numpy and safetensors are.

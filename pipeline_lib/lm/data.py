@@ -47,7 +47,7 @@ import numpy as np
 from pipeline_lib.errors import ShardError, StoreError  # ShardError re-exported
 from pipeline_lib.fsio import check_local_file
 from pipeline_lib.store import MAX_MANIFEST_BYTES
-from pipeline_lib.token_shards import DEFAULT_VAL_FRACTION, check_version_file, published_files, val_start
+from pipeline_lib.token_files import DEFAULT_VAL_FRACTION, check_version_file, published_files, val_start
 
 TOKENS_FORMAT = "tokenmill.tokens/1"
 _DTYPES: dict[str, np.dtype[np.unsignedinteger[Any]]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4"), "<u2": np.dtype("<u2"), "<u4": np.dtype("<u4")}

@@ -11,6 +11,11 @@
   so they take no part in either.
 * Generation passes a `KVCache`: the keys and values of the positions seen so far are
   kept per block, so each new token costs one position's forward pass, not the context's.
+* The training loss never holds the full logits: `linear_cross_entropy` takes the final
+  hidden states and the output table and goes through the rows a chunk at a time,
+  computing each chunk's logits, its loss and its gradients in the forward pass (so no
+  B*T*V float32 tensor exists, 3.3 GB at GPT-2 124M with 16 x 1024 windows); the
+  backward pass only scales them. `forward(..., return_logits=False)` takes that path.
 * GPT-2 initialisation: N(0, 0.02) everywhere, zero biases, and the residual output
   projections (`c_proj`) scaled by 1/sqrt(2 * n_layer).
 """
@@ -128,6 +133,74 @@ class Block(nn.Module):
         return x
 
 
+LOSS_CHUNK_ROWS = 4096  # rows (tokens) of logits alive at once in `linear_cross_entropy`
+
+
+def _matmul_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype autocast would run `hidden @ weight.T` in (the weight's own without autocast)."""
+    dev = weight.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Cross entropy of ``hidden @ weight[:vocab].T`` against `targets`, mean or sum over
+    the rows, computed `chunk` rows at a time. The forward pass also computes the
+    gradients (softmax - one_hot of each chunk, times the chunk's rows / the table) and
+    keeps them, instead of the logits, for the backward pass."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, vocab: int, chunk: int, mean: bool):  # type: ignore[override]
+        cdt = _matmul_dtype(weight)
+        n = hidden.size(0)
+        scale = 1.0 / n if mean else 1.0
+        w = weight[:vocab].to(cdt)
+        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if need_grad else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_grad else None
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            for a in range(0, n, chunk):
+                h = hidden[a : a + chunk].to(cdt)
+                t = targets[a : a + chunk]
+                logits = (h @ w.T).float()
+                lse = torch.logsumexp(logits, dim=-1)
+                total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+                if need_grad:
+                    g = torch.softmax(logits, dim=-1)  # the chunk's logits become its gradient
+                    g[torch.arange(g.size(0), device=g.device), t] -= 1.0
+                    g = (g * scale).to(cdt)
+                    assert grad_hidden is not None and grad_w is not None
+                    grad_hidden[a : a + chunk] = (g @ w).to(hidden.dtype)
+                    grad_w[:vocab] += (g.T @ h).float()
+        ctx.save_for_backward(grad_hidden, grad_w.to(weight.dtype) if grad_w is not None else None)
+        return total * scale
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        grad_hidden, grad_w = ctx.saved_tensors
+        gh = grad_hidden * grad_out.to(grad_hidden.dtype) if ctx.needs_input_grad[0] else None
+        gw = grad_w * grad_out.to(grad_w.dtype) if ctx.needs_input_grad[1] else None
+        return gh, gw, None, None, None, None
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab: int, reduction: str = "mean", chunk: int = LOSS_CHUNK_ROWS
+) -> torch.Tensor:
+    """`F.cross_entropy(hidden @ weight[:vocab].T, targets, reduction)` in float32, for
+    (N, C) rows, without the (N, vocab) logits: at most `chunk` rows of them at a time.
+    reduction "mean" / "sum" are differentiable; "none" (per row) is for evaluation only."""
+    if reduction == "none":
+        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+            raise ValueError("linear_cross_entropy: reduction='none' has no gradient; use it under torch.no_grad()")
+        w = weight[:vocab]
+        out = [F.cross_entropy((hidden[a : a + chunk] @ w.T).float(), targets[a : a + chunk], reduction="none") for a in range(0, hidden.size(0), chunk)]
+        return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"linear_cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    result = _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, vocab, chunk, reduction == "mean")
+    return result  # type: ignore[no-any-return]
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -168,11 +241,14 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         reduction: str = "mean",
         cache: KVCache | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return_logits: bool = True,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx, targets: (B, T) int64. Returns (logits, loss).
 
         With targets: logits for every position, (B, T, vocab), and the cross entropy
-        (fp32) with `reduction` ("mean", "sum" or "none"). Without: logits for the last
+        (fp32) with `reduction` ("mean", "sum" or "none"); with `return_logits` False the
+        logits are None and the loss is computed a chunk of rows at a time
+        (`linear_cross_entropy`: what training uses). Without targets: logits for the last
         position only, (B, 1, vocab) — all that sampling needs — and loss None.
         With a `cache`, idx holds the tokens that follow the cached ones (see `KVCache`).
         """
@@ -187,6 +263,9 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :])[..., : self.vocab_size], None
+        if not return_logits:
+            flat = x.reshape(-1, x.size(-1))
+            return None, linear_cross_entropy(flat, self.lm_head.weight, targets.reshape(-1), self.vocab_size, reduction, LOSS_CHUNK_ROWS)
         logits = self.lm_head(x)[..., : self.vocab_size]  # the padded ids' logits: never in the loss
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
         return logits, loss

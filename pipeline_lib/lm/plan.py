@@ -27,7 +27,23 @@ from dataclasses import dataclass
 import torch
 
 from pipeline_lib.lm.config import TrainConfig
-from pipeline_lib.lm.model import GPT
+from pipeline_lib.lm.model import GPT, LOSS_CHUNK_ROWS
+
+# How each autocast dtype is named in the logs and the plan.
+PRECISION_NAMES = {None: "fp32", torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast + GradScaler"}
+
+
+def autocast_dtype(dtype: str, device_type: str, bf16_supported: bool) -> torch.dtype | None:
+    """The autocast dtype of `TrainConfig.dtype` on a device (None: float32, no autocast).
+
+    auto: bfloat16 on CUDA when the GPU supports it, else float16 (with a GradScaler);
+    float32 on the CPU and MPS."""
+    if dtype == "auto":
+        if device_type != "cuda":
+            return None
+        return torch.bfloat16 if bf16_supported else torch.float16
+    return {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
 
 GIB = 1 << 30
 
@@ -43,6 +59,7 @@ class MemoryPlan:
     grads_bytes: int
     optimizer_bytes: int
     activations_bytes: int  # per micro-batch, kept for its backward pass
+    loss_chunk_bytes: int  # the loss's logits, one chunk of rows at a time (transient)
     micro_batch: int  # windows per micro-step
     micro_steps_per_rank: int
     tokens_per_step: int  # all ranks together
@@ -50,7 +67,7 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.loss_chunk_bytes
 
     def lines(self) -> list[str]:
         def gib(n: int) -> str:
@@ -62,6 +79,7 @@ class MemoryPlan:
             f"  gradients    {gib(self.grads_bytes)}",
             f"  AdamW state  {gib(self.optimizer_bytes)}  (two float32 moments)",
             f"  activations  {gib(self.activations_bytes)}  (one micro-batch of {self.micro_batch} windows, kept for backward)",
+            f"  loss chunk   {gib(self.loss_chunk_bytes)}  (logits of at most {LOSS_CHUNK_ROWS} tokens at a time)",
             f"  total        {gib(self.total_bytes)}  (+ CUDA context and allocator slack)"
             if self.device == "cuda"
             else f"  total        {gib(self.total_bytes)}",
@@ -80,8 +98,18 @@ def activation_bytes(cfg: TrainConfig, act_bytes: int, fused_attention: bool) ->
     if not fused_attention:
         block += 5 * m.n_head * t * t * b * per_value
     embed = 2 * t * b * c * 4  # token + position embeddings and their sum (float32)
-    head = b * t * m.vocab_size * (act_bytes + 4)  # logits, and the loss's float32 log-softmax
+    # The loss (`linear_cross_entropy`) keeps the gradients of the hidden states and of the
+    # output table for backward, not the logits (their chunk is `loss_chunk_bytes`).
+    head = b * t * c * 4 + m.padded_vocab_size * c * 4
     return int(m.n_layer * block + embed + head)
+
+
+def loss_chunk_bytes(cfg: TrainConfig, act_bytes: int) -> int:
+    """The loss's transient peak: one chunk of LOSS_CHUNK_ROWS rows of logits in the matmul
+    dtype, in float32, and their softmax (turned gradient) in float32."""
+    m = cfg.model
+    assert m.vocab_size is not None
+    return min(cfg.batch_size * m.block_size, LOSS_CHUNK_ROWS) * m.vocab_size * (act_bytes + 8)
 
 
 def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "cuda", world_size: int = 1, bf16: bool = True) -> MemoryPlan:
@@ -90,8 +118,6 @@ def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "
     `vocab_size` fills a config that leaves it to the data; `bf16`: the GPU supports
     bfloat16 (else "auto" means float16 with a GradScaler).
     """
-    from pipeline_lib.lm.train import _PRECISION, autocast_dtype
-
     if cfg.model.vocab_size is None:
         if vocab_size is None:
             raise ValueError("the config leaves vocab_size to the data: give one (GPT-2's is 50257)")
@@ -104,7 +130,7 @@ def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "
     micro = cfg.micro_steps_per_rank(world_size)
     return MemoryPlan(
         device=device,
-        precision=_PRECISION[amp],
+        precision=PRECISION_NAMES[amp],
         world_size=world_size,
         n_params=gpt.num_params(non_embedding=False),
         n_tensor_values=values,
@@ -112,8 +138,28 @@ def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "
         grads_bytes=4 * values,
         optimizer_bytes=8 * values,
         activations_bytes=activation_bytes(cfg, act, fused_attention=device == "cuda"),
+        loss_chunk_bytes=loss_chunk_bytes(cfg, act),
         micro_batch=cfg.batch_size,
         micro_steps_per_rank=micro,
         tokens_per_step=cfg.tokens_per_step,
         flops_per_step=gpt.flops_per_token() * cfg.tokens_per_step,
     )
+
+
+def fit_micro_batch(cfg: TrainConfig, memory_bytes: int, world_size: int = 1, bf16: bool = True, use: float = 0.75) -> int:
+    """The largest micro-batch (windows per forward pass) whose memory plan fits in `use` of
+    `memory_bytes`, among those that divide a rank's windows per optimizer step (so the
+    tokens per step stay the same); cfg.batch_size when none larger fits.
+
+    >>> fit_micro_batch(preset("gpt2-124m", vocab_size=50257), 80 << 30)  # doctest: +SKIP
+    64
+    """
+    rows = cfg.micro_steps_per_rank(world_size) * cfg.batch_size
+    best = cfg.batch_size
+    for b in range(cfg.batch_size + 1, rows + 1):
+        if rows % b:
+            continue
+        trial = cfg.replace(batch_size=b, grad_accum_steps=rows * world_size // b)
+        if memory_plan(trial, device="cuda", world_size=world_size, bf16=bf16).total_bytes <= use * memory_bytes:
+            best = b
+    return best

@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline_lib.lm.train import TrainResult
+from pipeline_lib.lm.trainer import TrainResult
 
 # Metrics that describe one invocation (how fast, where, what was resumed), not the model.
-RUN_METRICS = ("tokens_per_s", "mfu", "device", "checkpoint_dir", "run_messages")
+RUN_METRICS = ("tokens_per_s", "mfu", "mfu_measured", "wall_s", "device", "checkpoint_dir", "run_messages")
 
 
 def write_loss_plot(history: list[dict[str, Any]], path_png: str | os.PathLike[str], title: str = "GPT training") -> Path:
@@ -71,8 +71,11 @@ def metrics(result: TrainResult) -> dict[str, Any]:
         "steps": result.steps,  # reached
         "planned_steps": result.max_steps,  # the run's length: max_steps, or the time budget's plan
         "planned_by_time_budget": result.planned_by_budget,
+        "stopped_by_time_budget": result.stopped_by_budget,  # before the plan's end: the machine slowed down
         "tokens_per_s": _num(result.tokens_per_s),
         "mfu": _num(result.mfu),
+        "mfu_measured": _num(result.mfu_measured),
+        "wall_s": _num(result.wall_s),
         "n_params": result.n_params,
         "device": result.device,
         "checkpoint_dir": result.checkpoint_dir,

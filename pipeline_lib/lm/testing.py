@@ -16,12 +16,30 @@ from typing import Any
 
 import numpy as np
 
-from pipeline_lib.corpus import shard_name
 from pipeline_lib.lm.data import TOKENS_FORMAT
-from pipeline_lib.token_shards import split_record, val_start
+from pipeline_lib.token_files import split_record, val_start
 
 BYTE_SEPARATOR_ID = 256
 BYTE_VOCAB_SIZE = 257
+
+
+TEST_DEVICE_ENV = "TOKENMILL_TEST_DEVICE"  # the device the LM tests run on: cpu (default), cuda, cuda:N
+
+
+def test_device() -> str:
+    """The LM tests' device, from TOKENMILL_TEST_DEVICE (default cpu)."""
+    return os.environ.get(TEST_DEVICE_ENV, "cpu")
+
+
+test_device.__test__ = False  # type: ignore[attr-defined]  # not a test, whatever its name
+
+
+def _shard_name(i: int) -> str:
+    try:  # the pipeline's naming rule, where the corpus stage's dependencies are installed
+        from pipeline_lib.corpus import shard_name
+    except ImportError:  # a torch-only install (the GPU check): the same rule
+        return f"shard_{i:06d}"
+    return shard_name(i)
 
 
 def write_token_dir(
@@ -45,7 +63,7 @@ def write_token_dir(
     dtype = np.dtype("<u2") if vocab_size <= 65536 else np.dtype("<u4")
     metas: list[dict[str, Any]] = []
     for i, docs in enumerate(shards):
-        name = shard_name(i)
+        name = _shard_name(i)
         parts, ends, total = [], [], 0
         for doc in docs:
             doc = np.asarray(doc, dtype=np.int64)

@@ -675,7 +675,6 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
 # --------------------------------------------------------------------------- the split
 
 
-
 def split_points(directory: str, meta: Mapping[str, Any], val_fraction: float | None = None, verify: bool = True) -> list[int]:
     """Each shard's ``val_start``: tokens before it are training, from it on validation.
 

@@ -215,7 +215,15 @@ def test_export_nanogpt_meta_pkl_as_train_py_reads_it(tmp_path):
     with open(tmp_path / "out" / "meta.pkl", "rb") as f:
         nano = pickle.load(f)
     assert nano["unpadded_vocab_size"] == tok.vocab_size == 301 and nano["vocab_size"] == 320  # padded to a multiple of 64
-    assert nano == {"vocab_size": 320, "unpadded_vocab_size": 301, "dtype": "uint16", "separator": EOT, "separator_id": 300, "placement": "append", "tokenizer": "tokenizer/test"}
+    assert nano == {
+        "vocab_size": 320,
+        "unpadded_vocab_size": 301,
+        "dtype": "uint16",
+        "separator": EOT,
+        "separator_id": 300,
+        "placement": "append",
+        "tokenizer": "tokenizer/test",
+    }
     assert type(nano) is dict and all(type(v) in (int, str) for v in nano.values())
     train = np.memmap(tmp_path / "out" / "train.bin", dtype=np.uint16, mode="r")
     val = np.memmap(tmp_path / "out" / "val.bin", dtype=np.uint16, mode="r")

@@ -8,8 +8,8 @@ fastest runs, never a limit in seconds. What the ratio can be:
   piece: 3 MB at the small size, 24 MB at the big one) and its fresh buffers cost page
   faults that the small size's recycled ones do not. That per-byte cost step is why the old
   check (4x the input, at most 5x the time) failed on clean machines at 5.2-5.8x: the core
-  executes the same instructions per byte at both sizes (an instruction count under
-  cachegrind grows 8.0x; see CONTRIBUTING.md), the memory under them does not cost the same.
+  executes about as many instructions per byte at both sizes (counted by cachegrind: 8.1x
+  for 'x', 9.0x for 'a'; see CONTRIBUTING.md), but they do not cost the same time.
 * n log n: about 9; quadratic: 64, four times over the limit (a quadratic step that is only a
   sixth of the small size's work still crosses it). `test_the_check_flags_a_quadratic_encoder`
   runs this check on a real quadratic encoder and asserts that it fails.

@@ -22,6 +22,47 @@ SHAKESPEARE = ROOT / "pipeline_lib" / "data" / "tinyshakespeare.txt"
 MULTILINGUAL = ROOT / "tests" / "data" / "multilingual.txt"
 
 
+# The test tiers. `integration`: a Prefect server, a moto S3 server, Dask, worker processes or
+# a subprocess (a CLI, a worker to kill, a compiler); `pytest -m "not integration"` runs the
+# rest, the unit tier. Whole modules by name, single tests by node id, any other test by the
+# fixtures it uses.
+INTEGRATION_MODULES = {
+    "test_browser",
+    "test_cli",
+    "test_cli_startup",
+    "test_cluster",
+    "test_core_build",
+    "test_crash_safety",
+    "test_dask",
+    "test_ddp",
+    "test_deploy_clean_worker",
+    "test_deployments",
+    "test_failures",
+    "test_interrupt",
+    "test_store_s3",
+    "test_warm",
+}
+INTEGRATION_TESTS = {
+    "test_bad_inputs.py::test_one_100mb_line",
+    "test_tiktoken_api.py::test_pure_python_backend_gives_the_same_ids",
+    "test_tiktoken_suite.py::test_no_download_client_or_tiktoken_is_imported",
+    "test_shard_fast.py::test_a_100_mb_line_takes_a_few_times_its_size",
+    "test_store_safety.py::test_cli_gc_on_a_folder_that_is_not_a_store",
+    "test_growth.py::test_cli_tokenizer_train_on_one_repeated_character",
+}
+INTEGRATION_FIXTURES = {"prefect_harness", "api_url", "flows_ready", "s3_options", "s3_bucket"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.stem
+        test = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+        params = getattr(item, "callspec", None)
+        on_s3 = params is not None and "s3" in params.params.values()  # the store tests' moto backend
+        if module in INTEGRATION_MODULES or test in INTEGRATION_TESTS or on_s3 or INTEGRATION_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _stop_local_server():
     yield

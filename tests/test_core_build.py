@@ -10,9 +10,8 @@ import sysconfig
 
 import pytest
 
+from pipeline_lib import _tokcore as tokcore
 from pipeline_lib import tokenizer, version
-
-tokcore = pytest.importorskip("pipeline_lib._tokcore")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORE = ROOT / "pipeline_lib" / "_core"

@@ -13,9 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline_lib import _tokcore as tokcore
 from pipeline_lib import bpe_reference as ref
-
-tokcore = pytest.importorskip("pipeline_lib._tokcore")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTILINGUAL = os.path.join(ROOT, "tests", "data", "multilingual.txt")

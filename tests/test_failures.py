@@ -118,7 +118,8 @@ def test_describe_failure(exc, code, words):
 
 
 def test_botocore_errors_name_the_endpoint():
-    botocore = pytest.importorskip("botocore.exceptions")
+    from botocore import exceptions as botocore
+
     refused = botocore.EndpointConnectionError(endpoint_url="http://127.0.0.1:9/bucket?list-type=2", error=ConnectionRefusedError(111, "Connection refused"))
     failure = describe_failure(refused, store="s3://bucket/tm")
     assert failure.exit_code == 1 and "connection refused" in failure.message and "http://127.0.0.1:9/bucket" in failure.message
@@ -159,7 +160,8 @@ def test_s3_defaults_bound_every_request():
 
 
 def test_http_defaults_and_refused_connection_is_not_a_missing_file():
-    pytest.importorskip("aiohttp")
+    import aiohttp  # noqa: F401
+
     from pipeline_lib.corpus import expand_sources
     from pipeline_lib.fsio import HTTP_TIMEOUT_DEFAULTS, filesystem
 
@@ -200,7 +202,7 @@ def test_s3_refused_through_the_cli(capsys, log_dir):
 
 def test_paused_s3_endpoint_fails_in_bounded_time(capsys, log_dir):
     """A hung server (the moto process SIGSTOPped) ends reads and writes with one clear error."""
-    pytest.importorskip("s3fs")
+    import s3fs  # noqa: F401
     from s3_server import MotoProcess
 
     fast = {"connect_timeout": 1, "read_timeout": 0.5, "retries": {"total_max_attempts": 1}}

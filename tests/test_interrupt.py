@@ -22,10 +22,9 @@ import numpy as np
 import pytest
 
 from pipeline_lib import Tokenizer
+from pipeline_lib import _tokcore as tokcore
 from pipeline_lib.errors import CancelledError
 from pipeline_lib.tokenizer import PieceCounts
-
-tokcore = pytest.importorskip("pipeline_lib._tokcore")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKED_S = 0.5  # CPU seconds the script spends in its native call before the signal

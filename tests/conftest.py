@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHAKESPEARE = ROOT / "pipeline_lib" / "data" / "tinyshakespeare.txt"
-MULTILINGUAL = ROOT / "tests" / "data" / "multilingual.txt"
+MULTILINGUAL = ROOT / "pipeline_lib" / "data" / "multilingual.txt"
 
 
 # The test tiers. `integration`: a Prefect server, a moto S3 server, Dask, worker processes or

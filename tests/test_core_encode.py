@@ -24,7 +24,7 @@ from pipeline_lib import bpe_reference as ref
 from pipeline_lib.patterns import PATTERNS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MULTILINGUAL = os.path.join(ROOT, "tests", "data", "multilingual.txt")
+MULTILINGUAL = os.path.join(ROOT, "pipeline_lib", "data", "multilingual.txt")
 SHAKESPEARE = os.path.join(ROOT, "pipeline_lib", "data", "tinyshakespeare.txt")
 NAMES = ["gpt2", "cl100k", "o200k"]
 PROP = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -38,7 +38,7 @@ from pipeline_lib.patterns import PATTERNS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL_FILES = [
-    os.path.join(ROOT, "tests", "data", "multilingual.txt"),
+    os.path.join(ROOT, "pipeline_lib", "data", "multilingual.txt"),
     os.path.join(ROOT, "pipeline_lib", "data", "tinyshakespeare.txt"),
 ]
 HEADER = os.path.join(ROOT, "pipeline_lib", "_core", "unicode_tables.h")

@@ -17,7 +17,7 @@ from pipeline_lib import _tokcore as tokcore
 from pipeline_lib import bpe_reference as ref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MULTILINGUAL = os.path.join(ROOT, "tests", "data", "multilingual.txt")
+MULTILINGUAL = os.path.join(ROOT, "pipeline_lib", "data", "multilingual.txt")
 SHAKESPEARE = os.path.join(ROOT, "pipeline_lib", "data", "tinyshakespeare.txt")
 NAMES = ["gpt2", "cl100k", "o200k"]
 PROP = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

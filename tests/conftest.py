@@ -37,7 +37,6 @@ INTEGRATION_MODULES = {
     "test_ddp",
     "test_deploy_clean_worker",
     "test_deployments",
-    "test_failures",
     "test_interrupt",
     "test_store_s3",
     "test_warm",
@@ -48,9 +47,19 @@ INTEGRATION_TESTS = {
     "test_tiktoken_suite.py::test_no_download_client_or_tiktoken_is_imported",
     "test_shard_fast.py::test_a_100_mb_line_takes_a_few_times_its_size",
     "test_store_safety.py::test_cli_gc_on_a_folder_that_is_not_a_store",
+    "test_failures.py::test_paused_s3_endpoint_fails_in_bounded_time",
     "test_growth.py::test_cli_tokenizer_train_on_one_repeated_character",
 }
 INTEGRATION_FIXTURES = {"prefect_harness", "api_url", "flows_ready", "s3_options", "s3_bucket"}
+
+# pyproject.toml gives each test 120 s; these wait on longer things by design.
+LONGER_TIMEOUTS = {
+    "test_deploy_clean_worker": 900,  # a worker clones the repository and pip-installs it (compiling the core): RUN_TIMEOUT 480 s
+    "test_deployments": 600,  # triggered runs on a real server and worker, up to RUN_TIMEOUT 240 s each
+    "test_cluster": 600,  # a Dask cluster and the CLI against it, a 600 s subprocess limit
+    "test_cli_startup": 300,  # starts and stops tokenmill's local Prefect server (~90 s under load), 300 s subprocess limits
+    "test_bad_inputs.py::test_one_100mb_line": 300,  # a 100 MB line through the CLI, a 300 s subprocess limit
+}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -61,6 +70,9 @@ def pytest_collection_modifyitems(config, items):
         on_s3 = params is not None and "s3" in params.params.values()  # the store tests' moto backend
         if module in INTEGRATION_MODULES or test in INTEGRATION_TESTS or on_s3 or INTEGRATION_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.integration)
+        longer = LONGER_TIMEOUTS.get(test, LONGER_TIMEOUTS.get(module))
+        if longer is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(longer))
 
 
 @pytest.fixture(scope="session", autouse=True)

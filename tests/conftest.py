@@ -67,7 +67,7 @@ def pytest_collection_modifyitems(config, items):
         module = item.path.stem
         test = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
         params = getattr(item, "callspec", None)
-        on_s3 = params is not None and "s3" in params.params.values()  # the store tests' moto backend
+        on_s3 = params is not None and any(isinstance(v, str) and v == "s3" for v in params.params.values())  # the store tests' moto backend
         if module in INTEGRATION_MODULES or test in INTEGRATION_TESTS or on_s3 or INTEGRATION_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.integration)
         longer = LONGER_TIMEOUTS.get(test, LONGER_TIMEOUTS.get(module))

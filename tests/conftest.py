@@ -62,7 +62,19 @@ LONGER_TIMEOUTS = {
 }
 
 
+# Left out of every run whose -m expression does not name them (so `pytest` and
+# `pytest -m "not integration"` leave them out, `pytest -m slow` runs the slow ones): an -m
+# on the command line replaces one in addopts, so they cannot be left out there.
+BY_HAND = ("slow", "benchmark")
+
+
 def pytest_collection_modifyitems(config, items):
+    named = config.getoption("markexpr") or ""
+    by_hand = [m for m in BY_HAND if m not in named]
+    left_out = [item for item in items if any(item.get_closest_marker(m) for m in by_hand)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not any(item.get_closest_marker(m) for m in by_hand)]
     for item in items:
         module = item.path.stem
         test = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"

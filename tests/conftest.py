@@ -48,6 +48,8 @@ INTEGRATION_TESTS = {
     "test_shard_fast.py::test_a_100_mb_line_takes_a_few_times_its_size",
     "test_store_safety.py::test_cli_gc_on_a_folder_that_is_not_a_store",
     "test_failures.py::test_paused_s3_endpoint_fails_in_bounded_time",
+    "test_corpus.py::test_reference_mode_reads_s3_sources_in_place",
+    "test_corpus.py::test_reference_mode_refuses_a_source_that_changed",
     "test_growth.py::test_cli_tokenizer_train_on_one_repeated_character",
 }
 INTEGRATION_FIXTURES = {"prefect_harness", "api_url", "flows_ready", "s3_options", "s3_bucket"}

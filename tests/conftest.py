@@ -19,7 +19,80 @@ import pytest  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHAKESPEARE = ROOT / "pipeline_lib" / "data" / "tinyshakespeare.txt"
-MULTILINGUAL = ROOT / "tests" / "data" / "multilingual.txt"
+MULTILINGUAL = ROOT / "pipeline_lib" / "data" / "multilingual.txt"
+
+
+# The test tiers. `integration`: a Prefect server, a moto S3 server, Dask, worker processes or
+# a subprocess (a CLI, a worker to kill, a compiler); `pytest -m "not integration"` runs the
+# rest, the unit tier. Whole modules by name, single tests by node id, any other test by the
+# fixtures it uses.
+INTEGRATION_MODULES = {
+    "test_browser",
+    "test_cli",
+    "test_cli_startup",
+    "test_cluster",
+    "test_core_build",
+    "test_crash_safety",
+    "test_dask",
+    "test_ddp",
+    "test_deploy_clean_worker",
+    "test_deployments",
+    "test_golden",
+    "test_lm_gpu_check",
+    "test_lm_torch_only",
+    "test_interrupt",
+    "test_store_gc_foreign",
+    "test_store_readonly",
+    "test_store_s3",
+    "test_store_verify_rm",
+    "test_warm",
+}
+INTEGRATION_TESTS = {
+    "test_bad_inputs.py::test_one_100mb_line",
+    "test_tiktoken_api.py::test_pure_python_backend_gives_the_same_ids",
+    "test_tiktoken_suite.py::test_no_download_client_or_tiktoken_is_imported",
+    "test_shard_fast.py::test_a_100_mb_line_takes_a_few_times_its_size",
+    "test_store_safety.py::test_cli_gc_on_a_folder_that_is_not_a_store",
+    "test_failures.py::test_paused_s3_endpoint_fails_in_bounded_time",
+    "test_corpus.py::test_reference_mode_reads_s3_sources_in_place",
+    "test_corpus.py::test_reference_mode_refuses_a_source_that_changed",
+    "test_growth.py::test_cli_tokenizer_train_on_one_repeated_character",
+}
+INTEGRATION_FIXTURES = {"prefect_harness", "api_url", "flows_ready", "s3_options", "s3_bucket"}
+
+# pyproject.toml gives each test 120 s; these wait on longer things by design.
+LONGER_TIMEOUTS = {
+    "test_deploy_clean_worker": 900,  # a worker clones the repository and pip-installs it (compiling the core): RUN_TIMEOUT 480 s
+    "test_deployments": 600,  # triggered runs on a real server and worker, up to RUN_TIMEOUT 240 s each
+    "test_cluster": 600,  # a Dask cluster and the CLI against it, a 600 s subprocess limit
+    "test_cli_startup": 300,  # starts and stops tokenmill's local Prefect server (~90 s under load), 300 s subprocess limits
+    "test_bad_inputs.py::test_one_100mb_line": 300,  # a 100 MB line through the CLI, a 300 s subprocess limit
+}
+
+
+# Left out of every run whose -m expression does not name them (so `pytest` and
+# `pytest -m "not integration"` leave them out, `pytest -m slow` runs the slow ones): an -m
+# on the command line replaces one in addopts, so they cannot be left out there.
+BY_HAND = ("slow", "benchmark")
+
+
+def pytest_collection_modifyitems(config, items):
+    named = config.getoption("markexpr") or ""
+    by_hand = [m for m in BY_HAND if m not in named]
+    left_out = [item for item in items if any(item.get_closest_marker(m) for m in by_hand)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not any(item.get_closest_marker(m) for m in by_hand)]
+    for item in items:
+        module = item.path.stem
+        test = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+        params = getattr(item, "callspec", None)
+        on_s3 = params is not None and any(isinstance(v, str) and v == "s3" for v in params.params.values())  # the store tests' moto backend
+        if module in INTEGRATION_MODULES or test in INTEGRATION_TESTS or on_s3 or INTEGRATION_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.integration)
+        longer = LONGER_TIMEOUTS.get(test, LONGER_TIMEOUTS.get(module))
+        if longer is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(longer))
 
 
 @pytest.fixture(scope="session", autouse=True)

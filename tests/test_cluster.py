@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-import s3_server  # noqa: E402
-from prefect_server import BIN, PrefectServer, free_port, task_states  # noqa: E402
+import prefect_dask  # noqa: F401
+import s3_server
+from prefect_server import BIN, PrefectServer, free_port, task_states
 
-pytest.importorskip("prefect_dask")
 pytestmark = pytest.mark.slow
 
 SHARDS = 4

@@ -11,9 +11,8 @@ import sysconfig
 
 import pytest
 
+from pipeline_lib import _tokcore as tokcore
 from pipeline_lib import tokenizer
-
-tokcore = pytest.importorskip("pipeline_lib._tokcore")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORE = ROOT / "pipeline_lib" / "_core"

@@ -9,22 +9,22 @@ import gzip
 import json
 import os
 import random
+import sys
 import threading
 import time
 
 import numpy as np
 import pytest
+import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline_lib import _tokcore as tokcore
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.patterns import PATTERNS
 
-tokcore = pytest.importorskip("pipeline_lib._tokcore")
-tiktoken = pytest.importorskip("tiktoken")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MULTILINGUAL = os.path.join(ROOT, "tests", "data", "multilingual.txt")
+MULTILINGUAL = os.path.join(ROOT, "pipeline_lib", "data", "multilingual.txt")
 SHAKESPEARE = os.path.join(ROOT, "pipeline_lib", "data", "tinyshakespeare.txt")
 NAMES = ["gpt2", "cl100k", "o200k"]
 PROP = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -202,25 +202,19 @@ def test_long_pieces_match_tiktoken(real, name):
 def test_ten_megabyte_single_char_line(real):
     _, enc, tk = real["cl100k"]
     data = b"x" * 10_000_000
-    t0 = time.perf_counter()
-    ids = enc.encode_ordinary(data)
-    elapsed = time.perf_counter() - t0
+    ids = enc.encode_ordinary(data)  # its growth with size: test_growth.py
     small = tk.encode_ordinary("x" * 80_000)
     assert len(set(small)) == 1  # "x" * 8 over and over
     assert len(ids) == len(data) // 8 and (ids == small[0]).all()
     assert enc.decode(ids) == data
-    assert elapsed < 20, elapsed  # about 1 s; generous for a loaded machine
 
 
 def test_ten_megabyte_random_letters(real):
     _, enc, tk = real["o200k"]
     rng = np.random.default_rng(3)
     data = bytes(rng.integers(ord("a"), ord("z") + 1, size=10_000_000, dtype=np.uint8))
-    t0 = time.perf_counter()
     ids = enc.encode_ordinary(data)
-    elapsed = time.perf_counter() - t0
     assert enc.decode(ids) == data
-    assert elapsed < 30, elapsed  # about 2 s
     head = data[:300_000].decode()  # the same path, checked against tiktoken
     assert enc.encode_ordinary(head.encode()).tolist() == tk.encode_ordinary(head)
 
@@ -462,28 +456,34 @@ def test_encoder_rejects_bad_vocabularies():
 
 
 def test_encode_releases_the_gil(real):
-    """While a long encode runs on another thread, this thread keeps running Python code."""
+    """While a long encode runs on another thread, this thread keeps running Python code.
+
+    The switch interval is set far beyond the test, so the GIL changes hands only where a
+    thread gives it up: if the native call held it, this thread could not take a step
+    between the worker's two readings of the step count."""
     _, enc, _ = real["cl100k"]
     data = b"x" * 8_000_000
     done = threading.Event()
-    span = {}
+    steps, span = [0], {}
 
     def work():
-        span["start"] = time.perf_counter()
+        span["start"] = steps[0]
         enc.encode_ordinary(data)
-        span["end"] = time.perf_counter()
+        span["end"] = steps[0]
         done.set()
 
-    th = threading.Thread(target=work)
-    stamps = []
-    th.start()
-    while not done.is_set():
-        stamps.append(time.perf_counter())
-    th.join()
-    inside = [t for t in stamps if span["start"] <= t <= span["end"]]
-    duration = span["end"] - span["start"]
-    gaps = np.diff([span["start"]] + inside + [span["end"]])
-    assert gaps.max() < 0.5 * duration, (gaps.max(), duration)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        th = threading.Thread(target=work)
+        th.start()
+        while not done.is_set():
+            steps[0] += 1
+            time.sleep(0)  # gives the GIL up, so that the worker gets it back after its call
+        th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert span["end"] > span["start"], span
 
 
 # ---- character-level vocabularies: BPE from characters, <unk> or byte fallback; no split --------------

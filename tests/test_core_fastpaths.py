@@ -16,14 +16,13 @@ import random
 
 import numpy as np
 import pytest
+import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline_lib import _tokcore as tokcore
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.patterns import PATTERNS
-
-tokcore = pytest.importorskip("pipeline_lib._tokcore")
-tiktoken = pytest.importorskip("tiktoken")
 
 NAMES = list(PATTERNS)
 # Bytes around the ASCII letters' edges ('@' 'A' 'Z' '[' '`' 'a' 'z' '{', DEL), the other

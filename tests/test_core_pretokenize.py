@@ -28,18 +28,17 @@ import unicodedata
 import numpy as np
 import pytest
 import regex
+import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline_lib import _tokcore as tokcore
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.patterns import PATTERNS
 
-tokcore = pytest.importorskip("pipeline_lib._tokcore")
-tiktoken = pytest.importorskip("tiktoken")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL_FILES = [
-    os.path.join(ROOT, "tests", "data", "multilingual.txt"),
+    os.path.join(ROOT, "pipeline_lib", "data", "multilingual.txt"),
     os.path.join(ROOT, "pipeline_lib", "data", "tinyshakespeare.txt"),
 ]
 HEADER = os.path.join(ROOT, "pipeline_lib", "_core", "unicode_tables.h")

@@ -7,10 +7,15 @@ tokenizer, encode) on the bundled tiny Shakespeare is SIGKILLed at random points
 
 Kill points come two ways: at the N-th filesystem write of the worker (an audit hook on
 open-for-write / rename / link / unlink / mkdir / rmtree under the store root, SIGKILL
-right before the operation: this reaches the narrow publish window), and after a random
-delay. Two processes running the same stages at once must end with one valid version.
+right before the operation: this reaches the narrow publish window), and at a moment the
+worker does not choose: the test kills it from outside once it reports a random write done,
+so the kill lands wherever the worker has got to by then (inside a native write or a
+computation the hook cannot see). Both are decided by the worker's progress, never by the
+clock. Two processes running the same stages at once must end with one valid version.
 
-The worker is this file run as a script: ``python tests/test_crash_safety.py STORE [N]``.
+The worker is this file run as a script:
+``python tests/test_crash_safety.py STORE [KILL_AT [GO_FILE]]``; it reports on stderr
+``ready`` once imported and ``write N`` before its N-th write.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAKESPEARE = os.path.join(ROOT, "pipeline_lib", "data", "tinyshakespeare.txt")
@@ -76,6 +82,7 @@ def _install_kill_hook(root: str, kill_at: int) -> list[int]:
         if not os.path.realpath(path).startswith(root):
             return
         seen[0] += 1
+        print(f"write {seen[0]}", file=sys.stderr, flush=True)
         if seen[0] == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -127,9 +134,20 @@ def assert_same_as_reference(store_url: str, reference: str, versions: dict) -> 
                 assert fa.read() == fb.read(), f"{kind}/{version}/{name} differs from the uninterrupted run"
 
 
-def _worker(store_url: str, kill_at: int = 0, start_at: float = 0.0) -> subprocess.Popen:
-    args = [sys.executable, os.path.abspath(__file__), store_url, str(kill_at), str(start_at)]
+def _worker(store_url: str, kill_at: int = 0, go_file: str = "") -> subprocess.Popen:
+    args = [sys.executable, os.path.abspath(__file__), store_url, str(kill_at), go_file]
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(p: subprocess.Popen, line: str) -> list[str]:
+    """Read the worker's stderr up to `line`; fail if it exits first. Returns the lines read."""
+    seen = []
+    for got in p.stderr:
+        seen.append(got)
+        if got.strip() == line:
+            return seen
+    p.wait()
+    raise AssertionError(f"worker exited (rc={p.returncode}) before {line!r}: {''.join(seen)[-3000:]}")
 
 
 # --------------------------------------------------------------------------- tests
@@ -186,20 +204,34 @@ def test_sigkill_while_publishing(tmp_path, reference):
 
 
 @pytest.mark.parametrize("seed", [11, 12])
-def test_sigkill_after_a_random_delay(tmp_path, reference, seed):
+def test_sigkill_from_outside_after_a_random_write(tmp_path, reference, seed):
+    """The worker runs on; the test kills it once it reports write K (K in the first half,
+    so that stages are left to run), wherever it is by then."""
+    _, _, n_events = reference
+    kill_after = random.Random(seed).randint(1, n_events // 2)
     url = str(tmp_path / "store")
     p = _worker(url)
-    time.sleep(random.Random(seed).uniform(0.8, 3.0))  # imports take ~1 s, the chain ~1-2 s
-    p.send_signal(signal.SIGKILL)
-    p.communicate(timeout=300)
+    try:
+        _wait_for(p, f"write {kill_after}")
+        p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == -signal.SIGKILL, f"the worker finished before the kill after write {kill_after}/{n_events}"
     _check_after_kill_and_rerun(url, reference)
 
 
 def test_two_processes_run_the_same_stages(tmp_path, reference):
+    """Both workers start the stages together: each waits, imported, for a go file the test
+    creates once both are ready."""
     ref_url, versions, _ = reference
     url = str(tmp_path / "store")
-    start = time.time() + 2.5
-    procs = [_worker(url, start_at=start) for _ in range(2)]
+    go = tmp_path / "go"
+    procs = [_worker(url, go_file=str(go)) for _ in range(2)]
+    for p in procs:
+        _wait_for(p, "ready")
+    go.touch()
     results = []
     for p in procs:
         out, err = p.communicate(timeout=300)
@@ -213,13 +245,14 @@ def test_two_processes_run_the_same_stages(tmp_path, reference):
 
 if __name__ == "__main__":
     store_url, kill_at = sys.argv[1], int(sys.argv[2])
-    start_at = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+    go_file = sys.argv[3] if len(sys.argv) > 3 else ""
     sys.path.insert(0, ROOT)
     import pipeline_lib.stages  # noqa: F401  (import before the hook: count only the stages' writes)
 
     os.makedirs(store_url, exist_ok=True)
     seen = _install_kill_hook(store_url, kill_at)
-    while time.time() < start_at:
+    print("ready", file=sys.stderr, flush=True)
+    while go_file and not Path(go_file).exists():
         time.sleep(0.005)
     versions = run_chain(store_url)
     print(json.dumps({"versions": versions, "events": seen[0]}))

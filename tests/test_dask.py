@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from prefect_server import task_states  # noqa: E402
+import prefect_dask  # noqa: F401
+from prefect_server import task_states
 
-pytest.importorskip("prefect_dask")
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 PARAMS = {"tokenizer": {"vocab_size": 300}, "train_model": False}

@@ -16,7 +16,7 @@ from flows.cli import main
 from pipeline_lib import Tokenizer, get_encoding
 from pipeline_lib.errors import InputError
 
-tokenizers = pytest.importorskip("tokenizers")
+import tokenizers
 
 # The split regexes of Llama 3's and Qwen 2's tokenizer.json files (cl100k's before tiktoken
 # made it possessive; Qwen 2 splits digits one by one).

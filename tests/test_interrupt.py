@@ -22,13 +22,19 @@ import numpy as np
 import pytest
 
 from pipeline_lib import Tokenizer
+from pipeline_lib import _tokcore as tokcore
 from pipeline_lib.errors import CancelledError
 from pipeline_lib.tokenizer import PieceCounts
 
-tokcore = pytest.importorskip("pipeline_lib._tokcore")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROMPT_S = 10  # the signal must end the process within this (it takes well under a second)
+WORKED_S = 0.5  # CPU seconds the script spends in its native call before the signal
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) that process `pid` has used so far."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
 
 PRELUDE = textwrap.dedent("""
     import signal, sys, threading, time, warnings
@@ -51,16 +57,21 @@ PRELUDE = textwrap.dedent("""
 
 
 def run_and_signal(body: str, signum: int) -> tuple[subprocess.CompletedProcess, float]:
-    """Run PRELUDE + body; once it prints READY and has worked for a moment, send `signum`.
-    Returns the process and the seconds from the signal to its exit."""
+    """Run PRELUDE + body; once it prints READY and has used WORKED_S more CPU seconds (by its
+    progress, not the clock: a loaded machine only delays it), send `signum`. Returns the
+    process and the seconds from the signal to its exit, for the log: the work would take
+    minutes, so a process that ignored the signal prints FINISHED or runs into the per-test
+    timeout."""
     proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "READY", proc.stderr.read()[-3000:]
-        time.sleep(1.0)  # well inside the native call
+        ready = _cpu_s(proc.pid)
+        while proc.poll() is None and _cpu_s(proc.pid) - ready < WORKED_S:
+            time.sleep(0.01)
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         sent = time.monotonic()
         proc.send_signal(signum)
-        out, err = proc.communicate(timeout=PROMPT_S)
+        out, err = proc.communicate()
         elapsed = time.monotonic() - sent
     except BaseException:
         proc.kill()
@@ -155,13 +166,13 @@ def test_cancel_all_stops_running_calls_and_the_next_call_works(threads):
     big = open(os.path.join(ROOT, "pipeline_lib", "data", "tinyshakespeare.txt"), "rb").read() * 8
     counter = PieceCounts("cl100k")
     jobs = [_in_thread(lambda: tok.encode_ordinary_batch_to_numpy([doc] * 100_000, threads)), _in_thread(lambda: counter.add_documents([big] * 4096))]
-    time.sleep(0.5)
-    t0 = time.monotonic()
-    tokcore.cancel_all()
+    # cancel_all() stops the calls that started before it: repeat it until both calls have
+    # started and stopped (their work takes minutes; a call that ignored it would run on,
+    # and the per-test timeout would fail the test).
     for th, _ in jobs:
-        th.join(PROMPT_S)
-        assert not th.is_alive()
-    assert time.monotonic() - t0 < PROMPT_S
+        while th.is_alive():
+            tokcore.cancel_all()
+            th.join(0.05)
     for _, result in jobs:
         assert isinstance(result.get("error"), CancelledError), result
     # the counter stopped half-way and says so; everything else works as before

@@ -19,7 +19,7 @@ from pipeline_lib import bpe_reference as ref
 from pipeline_lib.errors import InputError
 from pipeline_lib.tokenizer import Tokenizer
 
-tokcore = pytest.importorskip("pipeline_lib._tokcore")
+from pipeline_lib import _tokcore as tokcore
 
 PROP = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -21,14 +21,13 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
+import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline_lib import Tokenizer, encoding_for_model, get_encoding
 from pipeline_lib.errors import InputError
 from pipeline_lib.tokenizer import core, encoding_name_for_model, list_encoding_names, registry
-
-tiktoken = pytest.importorskip("tiktoken")
 
 NAMES = ["gpt2", "r50k_base", "cl100k_base", "o200k_base", "o200k_harmony"]
 TEXTS = [

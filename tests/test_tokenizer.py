@@ -234,7 +234,8 @@ def test_non_byte_level_vocabulary_refused(tmp_path):
 
 # ---------------------------------------------------------------- real vocabularies
 def test_gpt2_ids_equal_tiktoken(gpt2, multilingual_text, shakespeare_text):
-    tiktoken = pytest.importorskip("tiktoken")
+    import tiktoken
+
     enc = tiktoken.Encoding("gpt2-oracle", pat_str=gpt2.pattern_str, mergeable_ranks=gpt2.mergeable_ranks, special_tokens={"<|endoftext|>": 50256})
     assert gpt2.vocab_size == 50257
     for text in [multilingual_text, shakespeare_text[:200_000], _code_text(), *NASTY]:
@@ -255,14 +256,16 @@ def _code_text() -> str:
 
 
 def test_openai_vocabularies_equal_tiktoken(openai_tok, multilingual_text):
-    pytest.importorskip("tiktoken")
+    import tiktoken  # noqa: F401
+
     enc = openai_tok.to_tiktoken()
     for text in [multilingual_text, _code_text(), *NASTY]:
         assert openai_tok.encode_ordinary(text) == enc.encode_ordinary(text)
 
 
 def test_hf_export_gives_same_ids(tmp_path, trained, multilingual_text):
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers
+
     path = tmp_path / "tokenizer.json"
     trained.to_hf_json(str(path))
     hf = tokenizers.Tokenizer.from_file(str(path))
@@ -276,7 +279,8 @@ def test_hf_export_gives_same_ids(tmp_path, trained, multilingual_text):
 @pytest.mark.parametrize("pattern", ["gpt2", "cl100k", "o200k"])
 def test_hf_export_with_digit_and_space_merges(tmp_path, pattern):
     """Numbers and whitespace runs are where regex dialects differ: hold HF to our ids there."""
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers
+
     rng = np.random.default_rng(0)
     lines = [f"In {y} there were {n:,} people,  and {d}  days.\n\n   " for y, n, d in rng.integers(1000, 99999, size=(400, 3))]
     tok = Tokenizer.train(lines * 3, vocab_size=600, pattern=pattern)
@@ -289,7 +293,8 @@ def test_hf_export_with_digit_and_space_merges(tmp_path, pattern):
 
 
 def test_hf_export_of_loaded_vocabulary(tmp_path, gpt2):
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers
+
     path = tmp_path / "gpt2.json"
     gpt2.to_hf_json(str(path))
     hf = tokenizers.Tokenizer.from_file(str(path))
@@ -298,7 +303,8 @@ def test_hf_export_of_loaded_vocabulary(tmp_path, gpt2):
 
 
 def test_tiktoken_export(trained, multilingual_text):
-    pytest.importorskip("tiktoken")
+    import tiktoken  # noqa: F401
+
     enc = trained.to_tiktoken()
     assert enc.encode_ordinary(multilingual_text) == trained.encode_ordinary(multilingual_text)
 
@@ -399,7 +405,8 @@ def test_load_checks_special_token_ids(tmp_path, trained, value):
 
 def test_native_core_refuses_oversized_vocabularies_with_valueerror():
     """Checked again in C++ (a caller may skip the Python checks): ValueError, never bad_alloc."""
-    tokcore = pytest.importorskip("pipeline_lib._tokcore")
+    from pipeline_lib import _tokcore as tokcore
+
     base = [bytes([i]) for i in range(256)]
     ranks = np.arange(256, dtype=np.uint32)
     for rank in (tokcore.MAX_VOCAB_SIZE, 4_000_000_000, 2**32 - 2):

@@ -13,14 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline_lib import _tokcore as tokcore
 from pipeline_lib import stages
 from pipeline_lib.corpus import CorpusConfig, DocBatch, iter_shard_batches, iter_shard_buffers
 from pipeline_lib.counting import BoundedCounts, CountConfig, count_shard
 from pipeline_lib.store import ArtifactStore
 from pipeline_lib.token_shards import EncodeConfig, encode_documents, encode_shard_file, sha256_documents
 from pipeline_lib.tokenizer import PieceCounts, Tokenizer, core
-
-tokcore = pytest.importorskip("pipeline_lib._tokcore")
 
 PROP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 # Documents: ASCII, multi-byte characters, invalid UTF-8 bytes, empty ones.

@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import tokenizers
 
 from flows.cli import main
 from pipeline_lib import Tokenizer, get_encoding
 from pipeline_lib.errors import InputError
-
-import tokenizers
 
 # The split regexes of Llama 3's and Qwen 2's tokenizer.json files (cl100k's before tiktoken
 # made it possessive; Qwen 2 splits digits one by one).

@@ -15,11 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline_lib import _tokcore as tokcore
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.errors import InputError
 from pipeline_lib.tokenizer import Tokenizer
-
-from pipeline_lib import _tokcore as tokcore
 
 PROP = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

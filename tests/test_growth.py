@@ -35,26 +35,10 @@ import time
 import warnings
 
 import pytest
+from growth_check import FACTOR, LIMIT, growth
 
 from pipeline_lib import Tokenizer
 from pipeline_lib import bpe_reference as ref
-
-FACTOR = 8  # the big input is FACTOR times the small one
-LIMIT = 16.0  # twice linear growth: the margin for cache and page-fault effects (see above)
-
-
-def growth(small_fn, big_fn, what: str, repeats: int = 5, clock=time.thread_time) -> float:
-    """Fastest time of big_fn over fastest time of small_fn, the two run alternately."""
-    small_fn(), big_fn()
-    small, big = [], []
-    for _ in range(repeats):
-        for fn, times in ((small_fn, small), (big_fn, big)):
-            t0 = clock()
-            fn()
-            times.append(clock() - t0)
-    s, b = min(small), min(big)
-    print(f"{what}: {s:.4f} s -> {b:.4f} s, x{b / s:.2f} (limit {LIMIT})")
-    return b / s
 
 
 def _train_on(text: str, vocab_size: int) -> Tokenizer:

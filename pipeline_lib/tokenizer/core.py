@@ -530,6 +530,11 @@ class Tokenizer:
 
         The same as ``encode(text, disallowed_special=())``.
         """
+        if self._encoder is not None and not self._split_in_python:
+            try:
+                return self._encoder.encode_ordinary_list(text)
+            except UnicodeEncodeError:  # lone surrogates: replaced below, as tiktoken does
+                pass
         return self._ordinary_array(ref.utf8(text)).tolist()
 
     def encode(self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all") -> list[int]:
@@ -667,6 +672,11 @@ class Tokenizer:
 
     def encode_ordinary_batch(self, text: Sequence[str], *, num_threads: int = DEFAULT_THREADS) -> list[list[int]]:
         """`encode_ordinary` for many texts, on `num_threads` native threads."""
+        if self._encoder is not None and not self._split_in_python:
+            try:
+                return self._encoder.encode_ordinary_batch_lists(text, num_threads)
+            except UnicodeEncodeError:  # lone surrogates: replaced below, as tiktoken does
+                pass
         flat, offsets = self._ordinary_batch([ref.utf8(t) for t in text], num_threads)
         ids, ends = flat.tolist(), offsets.tolist()
         return [ids[a:b] for a, b in zip(ends, ends[1:])]

@@ -25,6 +25,8 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cancel.h"
@@ -495,6 +497,24 @@ std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep) 
     return {reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(keep.ptr())), size_t(PyBytes_GET_SIZE(keep.ptr()))};
 }
 
+// Documents as bytes or str: an ASCII str is read in place, so a batch of text needs no
+// serial UTF-8 pass before the threads start.
+nb::tuple encoder_encode_texts(Encoder& self, nb::handle docs, int num_threads) {
+    nb::object fast = nb::steal(PySequence_Fast(docs.ptr(), "expected a sequence of bytes or str"));
+    if (!fast.is_valid()) throw nb::python_error();
+    const size_t n_docs = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+    std::vector<nb::object> keep(n_docs);
+    std::vector<const uint8_t*> ptrs(n_docs);
+    std::vector<size_t> lens(n_docs);
+    for (size_t k = 0; k < n_docs; ++k) {
+        if (!PyBytes_Check(items[k]) && !PyUnicode_Check(items[k]))
+            throw nb::type_error(("docs[" + std::to_string(k) + "] is not bytes or str").c_str());
+        std::tie(ptrs[k], lens[k]) = text_bytes(items[k], keep[k]);
+    }
+    return encode_documents(self, ptrs, lens, num_threads);
+}
+
 // tiktoken's encode_ordinary: a list of Python ints straight from the core's ids.
 nb::object encoder_encode_list(Encoder& self, nb::handle text) {
     nb::object keep;
@@ -526,11 +546,7 @@ nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_t
     std::vector<nb::object> keep(static_cast<size_t>(n_docs));
     std::vector<const uint8_t*> ptrs(static_cast<size_t>(n_docs));
     std::vector<size_t> lens(static_cast<size_t>(n_docs));
-    for (Py_ssize_t k = 0; k < n_docs; ++k) {
-        const auto [p, n] = text_bytes(items[k], keep[size_t(k)]);
-        ptrs[size_t(k)] = p;
-        lens[size_t(k)] = n;
-    }
+    for (Py_ssize_t k = 0; k < n_docs; ++k) std::tie(ptrs[size_t(k)], lens[size_t(k)]) = text_bytes(items[k], keep[size_t(k)]);
     std::vector<uint32_t> ids;
     std::vector<uint64_t> offsets;
     CallScope scope;
@@ -831,6 +847,8 @@ NB_MODULE(_tokcore, m) {
         .def("encode_ordinary", &encoder_encode, nb::arg("data"), "Encode bytes (no special tokens).")
         .def("encode_ordinary_batch", &encoder_encode_batch, nb::arg("docs"), nb::arg("num_threads") = 0,
              "Encode documents on threads: (ids uint32, offsets uint64 of len(docs) + 1).")
+        .def("encode_ordinary_texts", &encoder_encode_texts, nb::arg("docs"), nb::arg("num_threads") = 0,
+             "encode_ordinary_batch() of str (UTF-8) or bytes documents: (ids uint32, offsets uint64).")
         .def("encode_ordinary_list", &encoder_encode_list, nb::arg("text"),
              "encode_ordinary() of a str (UTF-8) or bytes as a list of ints.")
         .def("encode_ordinary_batch_lists", &encoder_encode_batch_lists, nb::arg("texts"), nb::arg("num_threads") = 0,

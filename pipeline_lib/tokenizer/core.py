@@ -689,6 +689,11 @@ class Tokenizer:
         UTF-8 split as characters of their own (as counting and training split them), so
         on such bytes the ids can differ from `encode_bytes`, which follows tiktoken.
         """
+        if self._encoder is not None and not self._split_in_python:
+            try:  # str documents go to the core as they are (ASCII read in place, no serial pass)
+                return self._encoder.encode_ordinary_texts(docs, num_threads)
+            except UnicodeEncodeError:  # lone surrogates: replaced below, as tiktoken does
+                pass
         return self._ordinary_batch([ref.utf8(d) if isinstance(d, str) else d for d in docs], num_threads)
 
     def encode_ordinary_buffer_to_numpy(self, data: bytes | bytearray | memoryview, offsets: np.ndarray, num_threads: int = 0) -> tuple[np.ndarray, np.ndarray]:

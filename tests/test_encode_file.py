@@ -111,3 +111,14 @@ def test_peak_memory_does_not_grow_with_the_file(tmp_path, multilingual_text):
     small_bytes = 40 * len(block)
     # the large file is 3 x small_bytes longer; a whole-text read would add ~ 3 x small_bytes
     assert growth[1] - growth[0] < 0.1 * 3 * small_bytes / 1024, growth
+
+
+@pytest.mark.parametrize("window", [1, 3, 1 << 20])
+def test_utf8_is_checked_a_window_at_a_time(window):
+    from pipeline_lib.tokenizer.core import _is_utf8
+
+    good = "héllo\nwörld 🙂\nend\n".encode()
+    assert _is_utf8(good, window) and _is_utf8(b"ascii\nonly", window) and _is_utf8(b"", window)
+    assert not _is_utf8(good + b"tail \xff\n", window)
+    assert not _is_utf8(b"\xc3\nx", window)  # a sequence cut by the newline
+    assert not _is_utf8(good[:-3] + "🙂".encode()[:2], window)

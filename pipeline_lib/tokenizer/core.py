@@ -784,13 +784,12 @@ class Tokenizer:
 
     def _encode_block_to(self, out: Any, data: bytes, cut_pattern: regex.Pattern, threads: int, allowed: frozenset[str]) -> int:
         """Append the ids of `data` (whole lines, cut at a safe point) to the file `out`."""
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:  # as the whole-text path: each invalid byte becomes U+FFFD
+        text = None
+        if not _is_utf8(data):  # as the whole-text path: each invalid byte becomes U+FFFD
             text = data.decode("utf-8", "surrogateescape")
             data = ref.utf8(text)
         if allowed:
-            ids = self.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
+            ids = self.encode_to_numpy(data.decode("utf-8") if text is None else text, allowed_special=allowed, disallowed_special=())
         else:
             del text
             # blocks of about round_bytes / (2 * threads), so that the threads share the work evenly
@@ -994,6 +993,23 @@ def _last_safe_cut(data: bytes, cut: regex.Pattern) -> int:
             if start >= 0 and (m := cut.match(data, start, nl + 2)) is not None and m.end() == nl + 1:
                 return nl + 1
         end = nl
+
+
+def _is_utf8(data: bytes, window: int = 1 << 20) -> bool:
+    """Whether `data` is valid UTF-8, decoded a line-ended window at a time: a block's str can
+    take 4 bytes per character, its windows' only a few MB."""
+    if data.isascii():
+        return True
+    view, start = memoryview(data), 0
+    while start < len(data):
+        end = data.find(b"\n", start + window)
+        end = len(data) if end < 0 else end + 1
+        try:
+            str(view[start:end], "utf-8")
+        except UnicodeDecodeError:
+            return False
+        start = end
+    return True
 
 
 def _write_npy_header(out: Any, n: int) -> None:

@@ -259,6 +259,20 @@ def cmd_tokenizer_encode(args) -> int:
     allow = args.allow_special or []
     if args.input is not None and not args.special_as_text:
         _refuse_special_in_file(tok, args.input, lab.check_special_tokens(tok, "", allow, f"--input {args.input}"))
+    if args.input is not None and args.output and not args.show:
+        # streamed: the file is read in blocks and the ids written as they come
+        allowed = lab.check_special_tokens(tok, "", allow, f"--input {args.input}")
+        output = args.output if args.output.endswith(".npy") else args.output + ".npy"  # as np.save names it
+        try:
+            n = tok.encode_file_to_npy(args.input, output, allowed_special=allowed)
+        except IsADirectoryError as e:
+            flag = f"--input {args.input}" if e.filename == args.input else f"--output {output}"
+            raise InputError(f"{flag}: is a directory, not a file") from None
+        except FileNotFoundError as e:
+            flag = f"--input {args.input}: no such file" if e.filename == args.input else f"--output {output}: no such directory"
+            raise InputError(flag) from None
+        print(f"{n} tokens -> {output}")
+        return 0
     text = args.text if args.text is not None else _read_text(args.input, "--input")
     if args.special_as_text:  # tiktoken's encode(text, allowed_special=..., disallowed_special=())
         allowed = lab.check_special_tokens(tok, "", allow, "--text")

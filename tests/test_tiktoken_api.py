@@ -401,7 +401,8 @@ def test_special_token_regex_is_cached(cl100k):
         a.encode("hello <|endoftext|>", allowed_special="all")
         a.encode("hello")
     after = core._special_regex.cache_info()
-    assert after.misses == before.misses and after.hits >= before.hits + 100
+    # encode("hello") holds no "<|", the specials' common prefix: it needs no regex at all
+    assert after.misses == before.misses and after.hits >= before.hits + 50
 
 
 def test_pure_python_backend_gives_the_same_ids(ours):

@@ -118,7 +118,7 @@ import sys
 import pytest
 import tiktoken
 import tiktoken.load
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pipeline_lib import Tokenizer, encoding_for_model, get_encoding
@@ -336,6 +336,9 @@ def test_short_texts_round_trip(tokenizer, kind, name):
 @given(text=st.text())
 def test_any_text_round_trips(tokenizer, reference, kind, name, text):
     enc = tokenizer(name, kind)
+    # hypothesis also draws string constants of the code under test, special tokens among them;
+    # encode refuses those (test_special_token_policies_cl100k)
+    assume(not any(t in text for t in enc.special_tokens_set))
     ids = enc.encode(text)
     assert enc.decode(ids) == text
     assert ids == reference(name).encode(text)

@@ -25,6 +25,8 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cancel.h"
@@ -374,7 +376,50 @@ nb::tuple learn_symbol_merges_py(nb::handle alphabet, nb::handle symbols_obj, nb
 
 struct Encoder {
     std::unique_ptr<EncoderCore> core;
+    // The Python int of each id a list output has held, made once: a list of ids then takes one
+    // reference per element instead of one int allocation per element (ints above 256 are not
+    // cached by Python). Touched only with the GIL held.
+    std::vector<PyObject*> id_objects;
+    ~Encoder() {
+        if (!Py_IsInitialized()) return;
+        for (PyObject* o : id_objects) Py_XDECREF(o);
+    }
 };
+
+// A new Python list of ids[0:n], built in one pass (the GIL held).
+PyObject* ids_to_list(Encoder& self, const uint32_t* ids, size_t n) {
+    constexpr size_t kMaxCached = size_t{1} << 20;
+    if (self.id_objects.empty()) self.id_objects.assign(std::min(self.core->vocab_size(), kMaxCached), nullptr);
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(n));
+    if (!list) return nullptr;
+    PyObject** items = reinterpret_cast<PyListObject*>(list)->ob_item;
+    PyObject** table = self.id_objects.data();
+    const size_t table_size = self.id_objects.size();
+    for (size_t k = 0; k < n; ++k) {
+        const uint32_t id = ids[k];
+        PyObject* o;
+        if (id < table_size) {
+            o = table[id];
+            if (o == nullptr) {
+                o = PyLong_FromUnsignedLong(id);
+                if (!o) {
+                    Py_DECREF(list);
+                    return nullptr;
+                }
+                table[id] = o;
+            }
+            Py_INCREF(o);
+        } else {
+            o = PyLong_FromUnsignedLong(id);
+            if (!o) {
+                Py_DECREF(list);
+                return nullptr;
+            }
+        }
+        items[k] = o;
+    }
+    return list;
+}
 
 void encoder_init(Encoder* self, nb::handle tokens, nb::handle ranks_obj, int pattern, bool start_chars,
                   nb::object unknown) {
@@ -444,6 +489,90 @@ nb::tuple encoder_encode_batch(Encoder& self, nb::handle docs, int num_threads) 
     std::vector<size_t> lens;
     collect_bytes(docs, keep, ptrs, lens, "docs");
     return encode_documents(self, ptrs, lens, num_threads);
+}
+
+// UTF-8 of a str or the bytes of a bytes object, kept alive by `keep`. An ASCII str is read in
+// place; any other str is encoded to a temporary bytes object (PyUnicode_AsUTF8 would cache
+// the UTF-8 on the caller's string for its lifetime). A str with lone surrogates raises
+// UnicodeEncodeError (the Python caller replaces them as tiktoken does).
+std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep) {
+    PyObject* t = text.ptr();
+    if (PyBytes_Check(t)) return {reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(t)), size_t(PyBytes_GET_SIZE(t))};
+    if (!PyUnicode_Check(t)) throw nb::type_error("text must be str or bytes");
+    if (PyUnicode_IS_ASCII(t))
+        return {static_cast<const uint8_t*>(PyUnicode_DATA(t)), size_t(PyUnicode_GET_LENGTH(t))};
+    keep = nb::steal(PyUnicode_AsUTF8String(t));
+    if (!keep.is_valid()) throw nb::python_error();
+    return {reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(keep.ptr())), size_t(PyBytes_GET_SIZE(keep.ptr()))};
+}
+
+// Documents as bytes or str: an ASCII str is read in place, so a batch of text needs no
+// serial UTF-8 pass before the threads start.
+nb::tuple encoder_encode_texts(Encoder& self, nb::handle docs, int num_threads) {
+    nb::object fast = nb::steal(PySequence_Fast(docs.ptr(), "expected a sequence of bytes or str"));
+    if (!fast.is_valid()) throw nb::python_error();
+    const size_t n_docs = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+    std::vector<nb::object> keep(n_docs);
+    std::vector<const uint8_t*> ptrs(n_docs);
+    std::vector<size_t> lens(n_docs);
+    for (size_t k = 0; k < n_docs; ++k) {
+        if (!PyBytes_Check(items[k]) && !PyUnicode_Check(items[k]))
+            throw nb::type_error(("docs[" + std::to_string(k) + "] is not bytes or str").c_str());
+        std::tie(ptrs[k], lens[k]) = text_bytes(items[k], keep[k]);
+    }
+    return encode_documents(self, ptrs, lens, num_threads);
+}
+
+// tiktoken's encode_ordinary: a list of Python ints straight from the core's ids.
+nb::object encoder_encode_list(Encoder& self, nb::handle text) {
+    nb::object keep;
+    const auto [p, n] = text_bytes(text, keep);
+    std::vector<uint32_t> out;
+    out.reserve(n / 4 + 16);
+    CallScope scope;
+    auto cache = self.core->acquire_cache();
+    if (n < 4096) {  // a short text: the GIL round trip would cost more than it frees
+        cancel::Bind bind(&scope, true);
+        self.core->encode(p, n, out, cache.get());
+    } else {
+        nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
+        self.core->encode(p, n, out, cache.get());
+    }
+    self.core->release_cache(std::move(cache));
+    PyObject* list = ids_to_list(self, out.data(), out.size());
+    if (!list) throw nb::python_error();
+    return nb::steal(list);
+}
+
+// tiktoken's encode_ordinary_batch: one list of ints per text, encoded on `num_threads` threads.
+nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_threads) {
+    nb::object fast = nb::steal(PySequence_Fast(texts.ptr(), "expected a sequence of str or bytes"));
+    if (!fast.is_valid()) throw nb::python_error();
+    const Py_ssize_t n_docs = PySequence_Fast_GET_SIZE(fast.ptr());
+    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+    std::vector<nb::object> keep(static_cast<size_t>(n_docs));
+    std::vector<const uint8_t*> ptrs(static_cast<size_t>(n_docs));
+    std::vector<size_t> lens(static_cast<size_t>(n_docs));
+    for (Py_ssize_t k = 0; k < n_docs; ++k) std::tie(ptrs[size_t(k)], lens[size_t(k)]) = text_bytes(items[k], keep[size_t(k)]);
+    std::vector<uint32_t> ids;
+    std::vector<uint64_t> offsets;
+    CallScope scope;
+    {
+        nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
+        self.core->encode_batch(ptrs, lens, num_threads, ids, offsets);
+    }
+    PyObject* outer = PyList_New(n_docs);
+    if (!outer) throw nb::python_error();
+    nb::object result = nb::steal(outer);
+    for (Py_ssize_t k = 0; k < n_docs; ++k) {
+        PyObject* doc = ids_to_list(self, ids.data() + offsets[size_t(k)], offsets[size_t(k) + 1] - offsets[size_t(k)]);
+        if (!doc) throw nb::python_error();
+        PyList_SET_ITEM(outer, k, doc);
+    }
+    return result;
 }
 
 nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode_piece(Encoder& self, nb::bytes piece) {
@@ -728,6 +857,12 @@ NB_MODULE(_tokcore, m) {
         .def("encode_ordinary", &encoder_encode, nb::arg("data"), "Encode bytes (no special tokens).")
         .def("encode_ordinary_batch", &encoder_encode_batch, nb::arg("docs"), nb::arg("num_threads") = 0,
              "Encode documents on threads: (ids uint32, offsets uint64 of len(docs) + 1).")
+        .def("encode_ordinary_texts", &encoder_encode_texts, nb::arg("docs"), nb::arg("num_threads") = 0,
+             "encode_ordinary_batch() of str (UTF-8) or bytes documents: (ids uint32, offsets uint64).")
+        .def("encode_ordinary_list", &encoder_encode_list, nb::arg("text"),
+             "encode_ordinary() of a str (UTF-8) or bytes as a list of ints.")
+        .def("encode_ordinary_batch_lists", &encoder_encode_batch_lists, nb::arg("texts"), nb::arg("num_threads") = 0,
+             "encode_ordinary_batch() of str (UTF-8) or bytes texts as lists of ints, on threads.")
         .def("encode_piece", &encoder_encode_piece, nb::arg("piece"), "BPE of one piece (no splitting).")
         .def("decode", &encoder_decode, nb::arg("ids"), "Bytes of the ids; ValueError on an unknown id.")
         .def_prop_ro("vocab_size", [](Encoder& self) { return self.core->vocab_size(); });

@@ -159,6 +159,13 @@ def _special_regex(tokens: frozenset[str]) -> regex.Pattern:
     return regex.compile("|".join(regex.escape(t) for t in sorted(tokens, key=lambda t: (-len(t), t))))
 
 
+@functools.lru_cache(maxsize=128)
+def _common_prefix(tokens: frozenset[str]) -> str:
+    """The prefix every one of `tokens` starts with ("<|" for tiktoken's): a text without it
+    holds none of them, which one substring search tells faster than the regex."""
+    return os.path.commonprefix(sorted(tokens))
+
+
 def _disallowed_error(token: str, offset: int) -> ValueError:
     return ValueError(
         f"the text contains the special token {token!r} (at offset {offset}), which this call does not allow."
@@ -511,6 +518,11 @@ class Tokenizer:
     # ------------------------------------------------------------------ special tokens
     def _allowed(self, text_or_texts: str | Sequence[str], allowed_special: SpecialSet, disallowed_special: SpecialSet) -> frozenset[str]:
         """The special tokens to encode as such; raises if a text holds a disallowed one."""
+        if isinstance(text_or_texts, str) and disallowed_special == "all" and isinstance(allowed_special, (frozenset, set)) and not allowed_special:
+            # encode(text) with the defaults: no set arithmetic, often no regex search
+            prefix = _common_prefix(self._special_names) if self._special_names else None
+            if prefix is None or (prefix and prefix not in text_or_texts):
+                return frozenset()
         if allowed_special == "all":
             allowed = self._special_names
         elif isinstance(allowed_special, str):
@@ -524,8 +536,10 @@ class Tokenizer:
         else:
             disallowed = frozenset(disallowed_special)
         if disallowed:
-            pattern = _special_regex(disallowed)
+            pattern, prefix = _special_regex(disallowed), _common_prefix(disallowed)
             for text in [text_or_texts] if isinstance(text_or_texts, str) else text_or_texts:
+                if prefix and prefix not in text:
+                    continue
                 if found := pattern.search(text):
                     raise _disallowed_error(found.group(), found.start())
         return allowed
@@ -547,6 +561,11 @@ class Tokenizer:
 
         The same as ``encode(text, disallowed_special=())``.
         """
+        if self._encoder is not None and not self._split_in_python:
+            try:
+                return self._encoder.encode_ordinary_list(text)
+            except UnicodeEncodeError:  # lone surrogates: replaced below, as tiktoken does
+                pass
         return self._ordinary_array(ref.utf8(text)).tolist()
 
     def encode(self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all") -> list[int]:
@@ -684,6 +703,11 @@ class Tokenizer:
 
     def encode_ordinary_batch(self, text: Sequence[str], *, num_threads: int = DEFAULT_THREADS) -> list[list[int]]:
         """`encode_ordinary` for many texts, on `num_threads` native threads."""
+        if self._encoder is not None and not self._split_in_python:
+            try:
+                return self._encoder.encode_ordinary_batch_lists(text, num_threads)
+            except UnicodeEncodeError:  # lone surrogates: replaced below, as tiktoken does
+                pass
         flat, offsets = self._ordinary_batch([ref.utf8(t) for t in text], num_threads)
         ids, ends = flat.tolist(), offsets.tolist()
         return [ids[a:b] for a, b in zip(ends, ends[1:])]
@@ -696,6 +720,11 @@ class Tokenizer:
         UTF-8 split as characters of their own (as counting and training split them), so
         on such bytes the ids can differ from `encode_bytes`, which follows tiktoken.
         """
+        if self._encoder is not None and not self._split_in_python:
+            try:  # str documents go to the core as they are (ASCII read in place, no serial pass)
+                return self._encoder.encode_ordinary_texts(docs, num_threads)
+            except UnicodeEncodeError:  # lone surrogates: replaced below, as tiktoken does
+                pass
         return self._ordinary_batch([ref.utf8(d) if isinstance(d, str) else d for d in docs], num_threads)
 
     def encode_ordinary_buffer_to_numpy(self, data: bytes | bytearray | memoryview, offsets: np.ndarray, num_threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -712,6 +741,86 @@ class Tokenizer:
         if not bounds or bounds[0] < 0 or bounds[-1] > len(view) or any(a > b for a, b in zip(bounds, bounds[1:])):
             raise ValueError(f"offsets must be len(documents) + 1 non-decreasing indices into data ({len(view)} bytes)")
         return self._ordinary_batch([bytes(view[a:b]) for a, b in zip(bounds, bounds[1:])], num_threads)
+
+    def streams_files(self) -> bool:
+        """Whether `encode_file_to_npy` can cut a file into blocks (a built-in split pattern
+        encoded by the core); otherwise it encodes the file as one text."""
+        return self._encoder is not None and not self._split_in_python and self.pattern in PATTERNS
+
+    def encode_file_to_npy(
+        self,
+        path: str,
+        out_path: str,
+        *,
+        allowed_special: SpecialSet = frozenset(),
+        num_threads: int = 0,
+        round_bytes: int = 16 << 20,
+    ) -> int:
+        """Encode the text file `path` into the uint32 .npy `out_path`; returns the number of ids.
+
+        The ids equal ``encode_to_numpy(text, allowed_special=..., disallowed_special=())`` of
+        the file read with ``errors="surrogateescape"`` (bytes that are not UTF-8 become U+FFFD).
+        Special tokens that are not allowed are encoded as text: refuse them before calling.
+        Where `streams_files`, the file is read `round_bytes` at a time, cut at safe points
+        (`safe_cut`), the blocks encoded on `num_threads` threads (0 = all cores) and their
+        ids appended to the file as they come, so memory stays flat with the file's size (a
+        stretch with no safe point, e.g. one long line, is held whole). The .npy header's
+        length is written last.
+        """
+        allowed = self._special_names if allowed_special == "all" else frozenset(allowed_special) & self._special_names
+        if not self.streams_files() or any("\n" in t for t in allowed):
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:
+                ids = self.encode_to_numpy(f.read(), allowed_special=allowed, disallowed_special=())
+            with open(out_path, "wb") as out:
+                _write_npy_header(out, len(ids))
+                ids.astype("<u4", copy=False).tofile(out)
+            return len(ids)
+        cut_pattern = _SAFE_CUT_GPT2 if self.pattern == "gpt2" else _SAFE_CUT
+        threads = num_threads if num_threads > 0 else (os.cpu_count() or 1)
+        n_ids = 0
+        with open(path, "rb") as f, open(out_path, "wb") as out:
+            _write_npy_header(out, 0)
+            carry = b""
+            while True:
+                chunk = f.read(round_bytes)
+                data = carry + chunk if carry else chunk
+                if chunk:
+                    end = _last_safe_cut(data, cut_pattern)
+                    if end <= 0:  # no safe point yet: read on
+                        carry = data
+                        continue
+                    data, carry = data[:end], data[end:]
+                if not data:
+                    break
+                n_ids += self._encode_block_to(out, data, cut_pattern, threads, allowed)
+                if not chunk:
+                    break
+            out.seek(0)
+            _write_npy_header(out, n_ids)
+        return n_ids
+
+    def _encode_block_to(self, out: Any, data: bytes, cut_pattern: regex.Pattern, threads: int, allowed: frozenset[str]) -> int:
+        """Append the ids of `data` (whole lines, cut at a safe point) to the file `out`."""
+        text = None
+        if not _is_utf8(data):  # as the whole-text path: each invalid byte becomes U+FFFD
+            text = data.decode("utf-8", "surrogateescape")
+            data = ref.utf8(text)
+        if allowed:
+            ids = self.encode_to_numpy(data.decode("utf-8") if text is None else text, allowed_special=allowed, disallowed_special=())
+        else:
+            del text
+            # blocks of about round_bytes / (2 * threads), so that the threads share the work evenly
+            step = max(1 << 16, len(data) // (2 * threads))
+            bounds = [0]
+            while bounds[-1] + step < len(data):
+                m = cut_pattern.search(data, bounds[-1] + step)
+                if m is None:
+                    break
+                bounds.append(m.start() + len(m.group()))
+            bounds.append(len(data))
+            ids, _ = self.encode_ordinary_buffer_to_numpy(data, np.array(bounds, dtype=np.int64), num_threads=threads)
+        ids.astype("<u4", copy=False).tofile(out)
+        return len(ids)
 
     def encode_bytes(self, data: bytes) -> list[int]:
         """Encode any bytes, valid UTF-8 or not, losslessly: tiktoken's ``_encode_bytes`` ids.
@@ -872,6 +981,59 @@ class Tokenizer:
         special = names if len(names) <= 8 else [*names[:4], f"... {len(names)} in all"]
         unit = f", unit={self.unit!r}" if self.unit != "byte" else ""
         return f"Tokenizer(name={self.name!r}{unit}, pattern={self.pattern!r}, vocab_size={self.vocab_size}, special={special})"
+
+
+# Safe cuts for the built-in split patterns: after a newline that lies between two printable
+# ASCII characters other than space. No piece of these patterns holds a newline followed by a
+# non-space character, and the piece before the cut ends at the newline whether or not the text
+# goes on, so the text encodes as its two sides do (tests/test_encode_file.py checks it on any
+# text). cl100k and o200k also end a piece at "\r\n" ("\s*[\r\n]+"); GPT-2's pattern does not
+# ("\s+(?!\S)" gives "\r" and "\n" in the whole text, "\r\n" at its end).
+_SAFE_CUT = regex.compile(rb"[\x21-\x7e]\r?\n(?=[\x21-\x7e])")
+_SAFE_CUT_GPT2 = regex.compile(rb"[\x21-\x7e]\n(?=[\x21-\x7e])")
+
+
+def safe_cuts(data: bytes, pattern: str) -> list[int]:
+    """Every offset at which `data` may be cut and its halves encoded apart with `pattern`."""
+    cut = _SAFE_CUT_GPT2 if pattern == "gpt2" else _SAFE_CUT
+    return [m.end() for m in cut.finditer(data)]
+
+
+def _last_safe_cut(data: bytes, cut: regex.Pattern) -> int:
+    """The last safe cut in `data`, or -1; scans back from the end a line at a time."""
+    end = len(data)
+    while True:
+        nl = data.rfind(b"\n", 0, end)
+        if nl < 0:
+            return -1
+        for start in (nl - 1, nl - 2):  # "x\n" or "x\r\n"
+            if start >= 0 and (m := cut.match(data, start, nl + 2)) is not None and m.end() == nl + 1:
+                return nl + 1
+        end = nl
+
+
+def _is_utf8(data: bytes, window: int = 1 << 20) -> bool:
+    """Whether `data` is valid UTF-8, decoded a line-ended window at a time: a block's str can
+    take 4 bytes per character, its windows' only a few MB."""
+    if data.isascii():
+        return True
+    view, start = memoryview(data), 0
+    while start < len(data):
+        end = data.find(b"\n", start + window)
+        end = len(data) if end < 0 else end + 1
+        try:
+            str(view[start:end], "utf-8")
+        except UnicodeDecodeError:
+            return False
+        start = end
+    return True
+
+
+def _write_npy_header(out: Any, n: int) -> None:
+    """A .npy (version 1.0) header of a 1-d little-endian uint32 array of `n` ids, always 128
+    bytes long: the ids can be written after it before `n` is known."""
+    header = "{'descr': '<u4', 'fortran_order': False, 'shape': (%d,), }" % n
+    out.write(b"\x93NUMPY\x01\x00" + (118).to_bytes(2, "little") + header.ljust(117).encode("ascii") + b"\n")
 
 
 def _last_utf8_char(data: bytes) -> bytes | None:

@@ -1,0 +1,124 @@
+"""`Tokenizer.encode_file_to_npy` and `tokenmill tokenizer encode --input --output`: the file
+is cut at safe points and encoded in blocks, with the ids of the whole text, in flat memory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flows.cli import main
+from pipeline_lib import bpe_reference as ref
+from pipeline_lib.tokenizer import get_encoding
+from pipeline_lib.tokenizer.core import safe_cuts
+
+ENCODINGS = {"gpt2": "gpt2", "cl100k": "cl100k_base", "o200k": "o200k_base"}
+# the characters the split patterns treat apart: newlines, other spaces, letters of each case,
+# digits, punctuation, marks, contractions
+ALPHABET = st.sampled_from(["\n", "\r", " ", "\t", "\u00a0", "\u2028", "a", "B", "é", "Ω", "日", "1", "7", ".", "'", "s", "<", "\u0301", "🙂"])
+TEXTS = st.lists(ALPHABET, max_size=60).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=TEXTS, pattern=st.sampled_from(sorted(ENCODINGS)))
+def test_the_pieces_of_a_text_are_those_of_its_blocks(text, pattern):
+    """Cut at every safe point, the blocks split (with the core and the regex) into exactly
+    the whole text's pieces: so they encode to its ids."""
+    data = text.encode()
+    bounds = [0, *safe_cuts(data, pattern), len(data)]
+    blocks = [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    whole = ref.split_bytes(data, pattern)
+    assert [p for b in blocks for p in ref.split_bytes(b, pattern)] == whole
+    tok = get_encoding(ENCODINGS[pattern])
+    assert [p for b in blocks for p in tok._split(b)] == tok._split(data) == whole
+
+
+def test_a_crlf_is_a_cut_for_cl100k_and_o200k_but_not_gpt2():
+    assert safe_cuts(b"ab\r\ncd\nef", "cl100k") == [4, 7]
+    assert safe_cuts(b"ab\r\ncd\nef", "gpt2") == [7]
+    assert safe_cuts(b"a\n\nb a\n b", "o200k") == []
+
+
+@pytest.mark.parametrize("name", ["cl100k_base", "o200k_base", "gpt2"])
+@pytest.mark.parametrize("round_bytes", [100, 4096, 16 << 20])
+def test_the_file_encodes_as_the_whole_text(tmp_path, multilingual_text, name, round_bytes):
+    tok = get_encoding(name)
+    raw = (multilingual_text[:30_000] + "\r\nbad \xff\xfe bytes\nend <|endoftext|> x\n" + "y" * 5000).encode("utf-8", "surrogateescape")
+    raw = raw.replace("\xff\xfe".encode(), b"\xff\xfe")
+    path, out = tmp_path / "in.txt", tmp_path / "ids.npy"
+    path.write_bytes(raw)
+    text = raw.decode("utf-8", "surrogateescape")
+    n = tok.encode_file_to_npy(str(path), str(out), round_bytes=round_bytes, num_threads=2)
+    expected = tok.encode_to_numpy(text, disallowed_special=())
+    got = np.load(out, allow_pickle=False)
+    assert got.dtype == np.uint32 and n == len(got)
+    assert np.array_equal(got, expected)
+    n = tok.encode_file_to_npy(str(path), str(out), allowed_special="all", round_bytes=round_bytes, num_threads=2)
+    assert np.array_equal(np.load(out), tok.encode_to_numpy(text, allowed_special="all"))
+    assert tok.special_tokens["<|endoftext|>"] in np.load(out)
+
+
+def test_an_empty_file_gives_an_empty_array(tmp_path):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    assert get_encoding("cl100k_base").encode_file_to_npy(str(tmp_path / "empty.txt"), str(tmp_path / "ids.npy")) == 0
+    assert np.load(tmp_path / "ids.npy").shape == (0,)
+
+
+def test_the_command_streams_and_keeps_its_errors(tmp_path, multilingual_text, capsys):
+    saved = str(tmp_path / "tok")
+    get_encoding("cl100k_base").save(saved)
+    path = tmp_path / "in.txt"
+    path.write_text(multilingual_text + "a <|endoftext|> b\n", encoding="utf-8")
+    assert main(["tokenizer", "encode", "--tokenizer", saved, "--input", str(path), "--output", str(tmp_path / "ids"), "--allow-special", "all"]) == 0
+    tok = get_encoding("cl100k_base")
+    assert np.load(tmp_path / "ids.npy").tolist() == tok.encode(path.read_text(encoding="utf-8"), allowed_special="all")
+    assert main(["tokenizer", "encode", "--tokenizer", saved, "--input", str(path), "--output", str(tmp_path / "ids.npy")]) == 2
+    assert "--special-as-text" in capsys.readouterr().err
+    assert main(["tokenizer", "encode", "--tokenizer", saved, "--input", str(path), "--special-as-text", "--output", str(tmp_path / "no" / "ids.npy")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--output" in err[0] and "no such directory" in err[0], err
+
+
+PEAK_RSS = """
+import resource, sys
+from pipeline_lib.tokenizer import get_encoding
+tok = get_encoding("cl100k_base")
+tok.encode_ordinary("warm up")
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+tok.encode_file_to_npy(sys.argv[1], sys.argv[2], round_bytes=1 << 20, num_threads=2)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def test_peak_memory_does_not_grow_with_the_file(tmp_path, multilingual_text):
+    """Peak RSS (KiB) over the tokenizer's own, for a file and one four times as large."""
+    block = multilingual_text.encode()
+    growth = []
+    for copies in (40, 160):  # ~9 MB and ~35 MB
+        path = tmp_path / f"in{copies}.txt"
+        with open(path, "wb") as f:
+            for _ in range(copies):
+                f.write(block)
+        result = subprocess.run(
+            [sys.executable, "-c", PEAK_RSS, str(path), str(tmp_path / "ids.npy")], capture_output=True, text=True, check=True, env=os.environ
+        )
+        growth.append(int(result.stdout.strip()))
+    small_bytes = 40 * len(block)
+    # the large file is 3 x small_bytes longer; a whole-text read would add ~ 3 x small_bytes
+    assert growth[1] - growth[0] < 0.1 * 3 * small_bytes / 1024, growth
+
+
+@pytest.mark.parametrize("window", [1, 3, 1 << 20])
+def test_utf8_is_checked_a_window_at_a_time(window):
+    from pipeline_lib.tokenizer.core import _is_utf8
+
+    good = "héllo\nwörld 🙂\nend\n".encode()
+    assert _is_utf8(good, window) and _is_utf8(b"ascii\nonly", window) and _is_utf8(b"", window)
+    assert not _is_utf8(good + b"tail \xff\n", window)
+    assert not _is_utf8(b"\xc3\nx", window)  # a sequence cut by the newline
+    assert not _is_utf8(good[:-3] + "🙂".encode()[:2], window)

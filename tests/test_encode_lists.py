@@ -1,0 +1,77 @@
+"""The tiktoken-signature list paths built in the core (`encode_ordinary`, `encode`,
+`encode_ordinary_batch`, `encode_batch`): the same ids as the NumPy paths, which the
+tiktoken suites check against tiktoken, on the inputs where the list builder branches."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline_lib.tokenizer import get_encoding
+
+TEXTS = [
+    "",
+    "hello world",
+    "héllo wörld, 日本語のテキスト 🙂",
+    "lone surrogate \ud800 in the middle",
+    "x" * 5000,  # long enough that the core releases the GIL
+    "naïve " * 2000,
+    " " * 10_000,
+]
+
+
+@pytest.fixture(scope="module", params=["cl100k_base", "o200k_base"])
+def enc(request):
+    return get_encoding(request.param)
+
+
+def numpy_ids(enc, text: str) -> list[int]:
+    return enc.encode_to_numpy(text, disallowed_special=()).tolist()
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_list_paths_equal_the_numpy_path(enc, text):
+    expected = numpy_ids(enc, text)
+    assert enc.encode_ordinary(text) == expected
+    assert enc.encode(text) == expected
+    assert enc.encode_ordinary_batch([text, text[:7]], num_threads=2) == [expected, numpy_ids(enc, text[:7])]
+    assert enc.encode_batch([text], num_threads=1) == [expected]
+
+
+def test_the_lists_hold_plain_ints_above_the_small_int_cache(enc):
+    ids = enc.encode_ordinary("Tokenization of a sentence with rare words: anthropomorphization")
+    assert all(type(i) is int for i in ids) and max(ids) > 256
+    again = enc.encode_ordinary("Tokenization of a sentence with rare words: anthropomorphization")
+    assert again == ids
+    ids.append(-1)  # the caller owns its list: a later call is not affected
+    assert enc.encode_ordinary("Tokenization of a sentence with rare words: anthropomorphization") == again
+
+
+def test_the_shared_ints_are_not_leaked_or_freed(enc):
+    token = enc.encode_ordinary(" anthropomorphization")[0]
+    one = enc.encode_ordinary(" anthropomorphization")[0]
+    before = sys.getrefcount(one)
+    lists = [enc.encode_ordinary(" anthropomorphization") for _ in range(1000)]
+    assert sys.getrefcount(one) >= before + 1000
+    del lists
+    assert sys.getrefcount(one) == before
+    assert one == token
+
+
+def test_batch_accepts_a_tuple_and_refuses_other_items(enc):
+    assert enc.encode_ordinary_batch(("a b", "c"), num_threads=1) == [numpy_ids(enc, "a b"), numpy_ids(enc, "c")]
+    with pytest.raises(TypeError):
+        enc.encode_ordinary_batch(["ok", 3], num_threads=1)  # type: ignore[list-item]
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=st.lists(st.text(), max_size=5))
+def test_any_batch_equals_the_numpy_path(texts):
+    enc = get_encoding("cl100k_base")
+    assert enc.encode_ordinary_batch(texts, num_threads=2) == [numpy_ids(enc, t) for t in texts]
+    flat, offsets = enc.encode_ordinary_batch_to_numpy(texts, num_threads=1)
+    assert np.array_equal(flat, np.array([i for t in texts for i in numpy_ids(enc, t)], dtype=np.uint32))

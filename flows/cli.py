@@ -259,7 +259,7 @@ def cmd_tokenizer_encode(args) -> int:
     allow = args.allow_special or []
     if args.input is not None and not args.special_as_text:
         _refuse_special_in_file(tok, args.input, lab.check_special_tokens(tok, "", allow, f"--input {args.input}"))
-    if args.input is not None and args.output and not args.show:
+    if args.input is not None and args.output and not args.show and not args.trace:
         # streamed: the file is read in blocks and the ids written as they come
         allowed = lab.check_special_tokens(tok, "", allow, f"--input {args.input}")
         output = args.output if args.output.endswith(".npy") else args.output + ".npy"  # as np.save names it
@@ -271,7 +271,9 @@ def cmd_tokenizer_encode(args) -> int:
         except FileNotFoundError as e:
             flag = f"--input {args.input}: no such file" if e.filename == args.input else f"--output {output}: no such directory"
             raise InputError(flag) from None
-        print(f"{n} tokens -> {output}")
+        n_bytes, n_chars = _utf8_extent(args.input)
+        per_token = f": {n_chars / n:.2f} chars/token, {n_bytes / n:.2f} bytes/token" if n else ""
+        print(f"{n} tokens -> {output} ({n_chars:,} characters, {n_bytes:,} bytes{per_token})")
         return 0
     text = args.text if args.text is not None else _read_text(args.input, "--input")
     if args.special_as_text:  # tiktoken's encode(text, allowed_special=..., disallowed_special=())
@@ -305,6 +307,20 @@ def cmd_tokenizer_encode(args) -> int:
     elif not args.show and not args.trace:
         print(" ".join(map(str, ids.tolist())))
     return 0
+
+
+def _utf8_extent(path: str, block: int = 16 << 20) -> tuple[int, int]:
+    """(bytes, characters) of a UTF-8 file, read a block at a time: every byte that does not
+    continue a character (10xxxxxx) starts one."""
+    import numpy as np
+
+    n_bytes = n_chars = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            data = np.frombuffer(chunk, dtype=np.uint8)
+            n_bytes += len(data)
+            n_chars += len(data) - int(np.count_nonzero((data & 0xC0) == 0x80))
+    return n_bytes, n_chars
 
 
 def cmd_tokenizer_merges(args) -> int:

@@ -2,17 +2,22 @@
 
 A flow-run process that dies without reporting (SIGKILL, OOM killer, a lost machine)
 leaves its run `Running` in the UI forever: nothing is left to report the end. Prefect's
-answer is heartbeats plus an automation: flow runs started with
-PREFECT_FLOWS_HEARTBEAT_FREQUENCY=N (N >= 30) emit a `prefect.flow-run.heartbeat` event
-every N seconds, and this automation marks a run Crashed when, after a heartbeat, neither
-another heartbeat nor a final state arrives within `within` seconds. A crashed encode is
-then safe to rerun: finished shards come back Cached (see docs/operations.md).
+answer is heartbeats plus an automation: a flow run emits a `prefect.flow-run.heartbeat`
+event every PREFECT_FLOWS_HEARTBEAT_FREQUENCY seconds (Prefect's default: 180), and this
+automation marks a run Crashed when, after a heartbeat, neither another heartbeat nor a
+final state arrives within `within` seconds. A crashed encode is then safe to rerun:
+finished shards come back Cached (see docs/operations.md).
 
-    PREFECT_API_URL=http://127.0.0.1:4200/api python -m deployments.automations --within 90
+    PREFECT_API_URL=http://127.0.0.1:4200/api python -m deployments.automations
 
-Idempotent: an automation of the same name is replaced. Set the heartbeat on whatever
-starts flow runs: the worker's or `tokenmill serve`'s environment
-(PREFECT_FLOWS_HEARTBEAT_FREQUENCY=30), or a deployment's job_variables.env.
+Scoped to tokenmill's own flow runs (flows named `tokenmill-*`): a shared server's other
+flows, whose heartbeats may be Prefect's 180 s, are never touched. tokenmill's runs send a
+heartbeat every HEARTBEAT_S seconds (the deployments' job_variables.env, `tokenmill serve`
+and `tokenmill run` against a server set PREFECT_FLOWS_HEARTBEAT_FREQUENCY, unless it is
+already set), and the window (`--within`, default WITHIN_S) is several heartbeats long, so
+a heartbeat late on a loaded machine does not crash a healthy run. `--within` below
+MIN_HEARTBEATS x the heartbeat is refused. Idempotent: an automation of the same name is
+replaced.
 
 The second automation sends a notification through a notification block you name
 (`custom-webhook/NAME`, `slack-webhook/NAME`, ...; create it in the UI under Blocks or with
@@ -28,9 +33,14 @@ import argparse
 import sys
 from datetime import timedelta
 
+from flows.prefect_api import HEARTBEAT_S  # what tokenmill's flow runs send
+
 NAME = "tokenmill: crash zombie flow runs"
 FAILURE_NAME = "tokenmill: notify on failed flow runs"
 FLOW_NAMES = "tokenmill-*"  # the flows of flows.pipeline (tokenmill-pipeline, tokenmill-corpus ...)
+HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
+MIN_HEARTBEATS = 3  # the window spans at least this many heartbeats
+WITHIN_S = 150.0  # five heartbeats: one or two late ones on a loaded machine are no crash
 SUBJECT = "tokenmill: {{ flow.name }} run {{ flow_run.name }} {{ flow_run.state.name }}"
 BODY = (
     "Flow run {{ flow_run.name }} of {{ flow.name }}"
@@ -41,8 +51,25 @@ BODY = (
 )
 
 
-def zombie_automation(within: float = 90.0):
-    """The automation object (not yet saved)."""
+def heartbeat_env() -> dict[str, str]:
+    """The environment that makes a flow run send tokenmill's heartbeats."""
+    return {HEARTBEAT_ENV: str(HEARTBEAT_S)}
+
+
+def check_within(within: float, heartbeat: float = HEARTBEAT_S) -> float:
+    """`within`, refused (InputError) when shorter than MIN_HEARTBEATS heartbeats."""
+    from pipeline_lib.errors import InputError
+
+    if within < MIN_HEARTBEATS * heartbeat:
+        raise InputError(
+            f"--within {within:g}: shorter than {MIN_HEARTBEATS} heartbeats of {heartbeat:g} s ({HEARTBEAT_ENV}); "
+            f"healthy runs would be marked Crashed: use --within {MIN_HEARTBEATS * heartbeat:g} or more (default {WITHIN_S:g})"
+        )
+    return within
+
+
+def zombie_automation(within: float = WITHIN_S, flows: str = FLOW_NAMES):
+    """The automation object (not yet saved), for the flow runs of flows named `flows`."""
     from prefect.automations import Automation
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
@@ -51,7 +78,7 @@ def zombie_automation(within: float = 90.0):
 
     return Automation(
         name=NAME,
-        description="Mark a flow run Crashed when its heartbeats stop without a final state.",
+        description=f"Mark a flow run of {flows} Crashed when its heartbeats stop for {within:.0f} s without a final state.",
         trigger=EventTrigger(
             after={"prefect.flow-run.heartbeat"},
             expect={
@@ -62,6 +89,8 @@ def zombie_automation(within: float = 90.0):
                 "prefect.flow-run.Crashed",
             },
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            # the heartbeat and state events of a flow run name its flow as a related resource
+            match_related=ResourceSpecification({"prefect.resource.role": "flow", "prefect.resource.name": flows}),
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
@@ -86,9 +115,13 @@ def _replace(automation):
     return automation.create()
 
 
-def install(within: float = 90.0):
-    """Create (or replace) the zombie automation on the server PREFECT_API_URL points at."""
-    return _replace(zombie_automation(within))
+def install(within: float = WITHIN_S, flows: str = FLOW_NAMES):
+    """Create (or replace) the zombie automation on the server PREFECT_API_URL points at.
+
+    Raises:
+        InputError: `within` shorter than MIN_HEARTBEATS heartbeats.
+    """
+    return _replace(zombie_automation(check_within(within), flows))
 
 
 def failure_automation(block_document_id, flows: str = FLOW_NAMES):
@@ -136,20 +169,26 @@ def install_failure_notification(block: str, flows: str = FLOW_NAMES):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m deployments.automations", description=__doc__.split("\n\n")[0])
-    p.add_argument("--within", type=float, default=90.0, help="seconds without a heartbeat before a run counts as crashed (default 90; >= 2x the heartbeat)")
+    p.add_argument(
+        "--within",
+        type=float,
+        default=WITHIN_S,
+        help=f"seconds without a heartbeat before a tokenmill run counts as crashed (default {WITHIN_S:g}; >= {MIN_HEARTBEATS} x the {HEARTBEAT_S} s heartbeat)",
+    )
     p.add_argument("--notify", metavar="BLOCK", help="also notify through this notification block (e.g. custom-webhook/ops-alerts) when a run fails or crashes")
     args = p.parse_args(argv)
     from pipeline_lib.errors import TokenmillError
 
     try:
+        check_within(args.within)
         if args.notify:
             notify = install_failure_notification(args.notify)
             print(f"automation {notify.name!r} ({notify.id}): failed or crashed {FLOW_NAMES} runs notify through {args.notify}")
+        automation = install(args.within)
     except TokenmillError as e:
         print(f"python -m deployments.automations: error: {e}", file=sys.stderr)
         return 2
-    automation = install(args.within)
-    print(f"automation {automation.name!r} ({automation.id}): runs without a heartbeat for {args.within:.0f} s become Crashed")
+    print(f"automation {automation.name!r} ({automation.id}): {FLOW_NAMES} runs without a heartbeat for {args.within:.0f} s become Crashed")
     return 0
 
 

@@ -4,7 +4,8 @@ The deployments of deployments/serve.py (`deployment_specs`: names, parameters, 
 concurrency limits), on a `process` work pool, with the pull steps of
 deployments/steps.py: before each flow run the worker clones the repository (`--repo`,
 `--branch`; default: this checkout's `origin` and branch), runs `--install-command` in the
-clone (default `python -m pip install .`, which builds the compiled core), and imports the
+clone (default `python -m deployments.wheel_cache`, which builds the compiled core once per
+code version into a wheel cache; `none` for workers that have tokenmill installed), and imports the
 flows from the installed package. The same as `prefect deploy --all --prefect-file
 deployments/prefect.yaml` with TOKENMILL_* variables, from flags:
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.serve import DEFAULT_STORE, NIGHTLY_CRON, SCHEDULED_QUEUE, TIMEZONE, WEEKLY_CRON, WORK_POOL, deployment_specs
-from deployments.steps import DEFAULT_INSTALL, job_env, load_block, local_checkout, pull_steps, source_settings
+from deployments.steps import DEFAULT_INSTALL, PREINSTALLED, job_env, load_block, local_checkout, pull_steps, source_settings
 from pipeline_lib.errors import InputError, TokenmillError
 
 
@@ -95,6 +96,7 @@ def deploy(
     install_command: str | None = None,
     result_storage: str | None = None,
     notify: str | None = None,
+    image: str | None = None,
     paused: bool = False,
     create_pool: bool = False,
     cwd: str | None = None,
@@ -111,6 +113,8 @@ def deploy(
             to the flow runs as PREFECT_DEFAULT_RESULT_STORAGE_BLOCK (job variables).
         notify: notification block ("custom-webhook/NAME" ...) that the failure automation
             sends through (deployments/automations.py); None installs none.
+        image: the container image of a docker work pool's flow runs (job variable `image`),
+            one with tokenmill installed (the repository's Dockerfile); None: the pool's.
         paused: create the schedules paused.
 
     Returns:
@@ -149,7 +153,7 @@ def deploy(
             concurrency_limit=spec.concurrency(),
             work_pool_name=pool,
             work_queue_name=spec.work_queue,
-            job_variables={"env": job_env(result_storage, spec.runner)},
+            job_variables={"env": job_env(result_storage, spec.runner), **({"image": image} if image else {})},
             entrypoint_type=EntrypointType.MODULE_PATH,
         )
         deployment.entrypoint = spec.entrypoint
@@ -179,13 +183,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--install-command",
         metavar="CMD",
         help=f"run in the clone before each flow run (default: {DEFAULT_INSTALL!r}; "
-        "e.g. 'python -m pip install --no-deps .' where the worker's environment has the dependencies)",
+        "'none': the worker's Python has tokenmill installed, no clone and no install; "
+        "'python -m deployments.wheel_cache --no-deps' where the worker's environment has the dependencies)",
     )
     parser.add_argument(
         "--result-storage", metavar="BLOCK", help="Prefect block for task results, shared by all workers (e.g. remote-file-system/tokenmill-results)"
     )
     parser.add_argument(
         "--notify", metavar="BLOCK", help="notification block (e.g. custom-webhook/ops-alerts): notify when a tokenmill flow run fails or crashes"
+    )
+    parser.add_argument(
+        "--image",
+        help="container image for a docker work pool's flow runs, with tokenmill installed (see the Dockerfile); use with --install-command none",
     )
     parser.add_argument("--paused", action="store_true", help="create the schedules paused")
     return parser
@@ -215,13 +224,15 @@ def run(args: argparse.Namespace) -> int:
         install_command=args.install_command,
         result_storage=args.result_storage,
         notify=args.notify,
+        image=args.image,
         paused=args.paused,
         create_pool=args.create_pool,
     )
-    print(
-        f"tokenmill deploy: {len(result['deployments'])} deployments on work pool {args.pool!r}; workers clone {result['repo']} "
-        f"({result['branch'] or 'default branch'}) and run {result['install']!r}"
-    )
+    if result["install"].strip().lower() == PREINSTALLED:
+        how = "workers run the tokenmill installed in their Python (no clone, no install)"
+    else:
+        how = f"workers clone {result['repo']} ({result['branch'] or 'default branch'}) and run {result['install']!r}"
+    print(f"tokenmill deploy: {len(result['deployments'])} deployments on work pool {args.pool!r}; {how}")
     for name, deployment_id in result["deployments"]:
         print(f"  {name}  {deployment_id}")
     checkout = local_checkout()

@@ -56,7 +56,8 @@ WEEKLY_CRON = "0 3 * * 0"
 # Config dicts: `deployment_specs` validates them against the configs (pipeline_lib.config),
 # and Prefect's server refuses a triggered run whose dict names an unknown field or choice.
 TOKENIZE_PARAMETERS: dict[str, dict[str, Any]] = {"corpus": {"n_shards": 8, "documents": "paragraph"}, "tokenizer": {"vocab_size": 32768}}
-RETRAIN_PARAMETERS: dict[str, dict[str, Any]] = {"lm": {"steps": 600}}
+# All 600 steps: LMConfig's default time budget (1 minute) would re-plan the run to what fits in it.
+RETRAIN_PARAMETERS: dict[str, dict[str, Any]] = {"lm": {"steps": 600, "minutes": None}}
 
 
 def merge_parameters(*layers: dict[str, Any]) -> dict[str, Any]:
@@ -364,6 +365,10 @@ def serve(
     if result_storage:
         load_block(result_storage, "--result-storage")
         os.environ[RESULT_STORAGE_ENV] = result_storage  # the flow-run subprocesses inherit it
+    from deployments.automations import heartbeat_env
+
+    for name, value in heartbeat_env().items():  # the zombie automation's heartbeat, unless set
+        os.environ.setdefault(name, value)
     prefect_runner = _serve_runner(name="tokenmill-serve", limit=limit, pause_on_shutdown=False, query_seconds=poll_seconds)
     names, ids = [], []
     try:

@@ -15,8 +15,10 @@ values as flags. From the deploying process's environment:
     TOKENMILL_BRANCH           branch to clone (default: the checkout's current branch when
                                TOKENMILL_REPO is unset; else the repository's default branch)
     TOKENMILL_INSTALL          command run in the clone before each flow run (default
-                               `python -m pip install .`: builds the compiled core with the
-                               worker's compiler, installs the dependencies)
+                               `python -m deployments.wheel_cache`: installs the wheel of
+                               this code version from the wheel cache, building it with the
+                               worker's compiler the first time); `none`: the worker's Python
+                               already has tokenmill installed, no clone and no install
     TOKENMILL_RESULT_STORAGE   Prefect block (`remote-file-system/NAME`, `s3-bucket/NAME` ...)
                                for task results, so cache hits and per-shard resume work across
                                machines (default: each worker's PREFECT_LOCAL_STORAGE_PATH)
@@ -36,7 +38,9 @@ from typing import Any
 
 from pipeline_lib.fsio import InputError
 
-DEFAULT_INSTALL = "python -m pip install ."
+# Builds the wheel once per code version, into the wheel cache (deployments/wheel_cache.py).
+DEFAULT_INSTALL = "python -m deployments.wheel_cache"
+PREINSTALLED = "none"  # TOKENMILL_INSTALL / --install-command: the worker's Python has tokenmill; no clone, no install
 RESULT_STORAGE_ENV = "PREFECT_DEFAULT_RESULT_STORAGE_BLOCK"
 
 
@@ -110,6 +114,9 @@ def pull_steps(repo: str, branch: str | None, install: str) -> list[dict[str, An
     (``deployments.entrypoints.FLOW``) is then imported from the installed package, with its
     compiled core, not from the bare clone (which has no built core).
     """
+    if install.strip().lower() == PREINSTALLED:
+        # The entrypoint is imported from the worker's own installation; nothing to fetch.
+        return [{"prefect.deployments.steps.set_working_directory": {"directory": "."}}]
     return [
         {"prefect.deployments.steps.git_clone": {"id": "clone", "repository": repo, "branch": branch}},
         {"prefect.deployments.steps.run_shell_script": {"directory": "{{ clone.directory }}", "script": install}},
@@ -118,8 +125,12 @@ def pull_steps(repo: str, branch: str | None, install: str) -> list[dict[str, An
 
 
 def job_env(result_storage: str | None = None, runner: str | None = None) -> dict[str, str]:
-    """`job_variables.env` of a deployment: result storage block and task runner, when set."""
-    env: dict[str, str] = {}
+    """`job_variables.env` of a deployment: tokenmill's flow-run heartbeat (for the zombie
+    automation, deployments/automations.py), and the result storage block and task runner
+    when set."""
+    from deployments.automations import heartbeat_env
+
+    env: dict[str, str] = heartbeat_env()
     if result_storage:
         env[RESULT_STORAGE_ENV] = check_block_slug(result_storage, "TOKENMILL_RESULT_STORAGE (tokenmill deploy --result-storage)")
     if runner:

@@ -22,10 +22,11 @@ TOKENMILL_PREFECT_SERVER=temporary still selects it (with a start-up timeout of
 TOKENMILL_SERVER_STARTUP_TIMEOUT seconds).
 
 What a command's flows cost the API, whichever it is: a task run asks for concurrency slots
-only for tags that have a limit (`TagLimits`). With the local server, flow runs send no
-heartbeats unless PREFECT_FLOWS_HEARTBEAT_FREQUENCY is set (they feed the zombie-run
-automation, docs/operations.md), and clients fetch no CSRF token from a server that wants
-none (`local_client_settings`). Measured on `tokenmill tokenizer train`: 41 API requests
+only for tags that have a limit (`TagLimits`; Prefect 3.9's task engine still asks for
+every set of tags). Against a server (PREFECT_API_URL), flow runs send tokenmill's
+heartbeat (every 30 s, for the zombie-run automation, deployments/automations.py) unless
+PREFECT_FLOWS_HEARTBEAT_FREQUENCY is set; with the local server they send none unless it is
+set, and clients fetch no CSRF token from a server that wants none (`local_client_settings`). Measured on `tokenmill tokenizer train`: 41 API requests
 before, 15 after (benchmarks/bench_cli.py has the timings).
 
 This module imports nothing heavy: `tokenmill server status` and the CLI's parsing use it.
@@ -443,15 +444,12 @@ def flow_api() -> Iterator[str | None]:
         ServerError: the local server did not start (one line naming its log and the fix).
         InputError: a bad TOKENMILL_* setting.
     """
-    if os.environ.get("PREFECT_API_URL"):
-        with TagLimits.installed(), SlotWaitLog.installed():
-            yield None
-        return
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, get_current_settings, temporary_settings
 
     settings = get_current_settings()
-    if settings.api.url:  # from a profile or prefect.toml
-        with TagLimits.installed(), SlotWaitLog.installed():
+    if os.environ.get("PREFECT_API_URL") or settings.api.url:  # the environment, a profile or prefect.toml
+        # A shared server may run the zombie automation: tokenmill's heartbeat, unless set.
+        with temporary_settings(set_defaults=_heartbeat_default()), TagLimits.installed(), SlotWaitLog.installed():
             yield None
         return
     startup_timeout = read_float_env(ENV_STARTUP_TIMEOUT, DEFAULT_STARTUP_TIMEOUT_S)
@@ -519,6 +517,15 @@ class ServerWatchdog:
                 with contextlib.suppress(OSError):
                     os.write(2, f"tokenmill's local Prefect server stopped (pid {self.pid}); run the command again to restart it\n".encode())
                 warm.exit_now(1)
+
+
+HEARTBEAT_S = 30  # seconds between tokenmill's flow-run heartbeats (Prefect's minimum)
+
+
+def _heartbeat_default() -> dict[Any, Any]:
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+
+    return {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: HEARTBEAT_S}
 
 
 def local_client_settings(local: LocalServer, api_url: str, settings: Any) -> tuple[dict[str, str], dict[Any, Any], dict[Any, Any]]:

@@ -66,7 +66,7 @@ def make_task_runner(kind: str = "threads", workers: int = 0, dask_address: str 
         raise InputError(f"workers={workers}: expected 0 (one per core) or a positive count")
     workers = workers or os.cpu_count() or 1
     if kind == "threads":
-        from prefect.task_runners import ThreadPoolTaskRunner
+        from flows.cancellable import ThreadPoolTaskRunner  # Prefect's, whose cancel stops the compiled core
 
         return ThreadPoolTaskRunner(max_workers=workers)
     if kind == "processes":

@@ -233,6 +233,8 @@ def expand_sources(sources: tuple[str, ...], **storage_options: Any) -> list[str
                 info = fs.info(path)
             except FileNotFoundError:
                 raise InputError(f"corpus source {_redact(src)!r}: no such file") from None
+            except PermissionError as e:  # an HTTP 401/403 (pipeline_lib.fsio.http_status_error)
+                raise InputError(f"corpus source {_redact(src)!r}: {e}") from e
             except OSError as e:
                 raise InputError(f"corpus source {_redact(src)!r}: cannot reach it ({e})") from e
             if info.get("type") == "directory":
@@ -371,6 +373,8 @@ def _source_info(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]
         return fs.info(path)
     except FileNotFoundError:
         raise InputError(f"corpus source {_redact(url)!r}: no such file") from None
+    except PermissionError as e:
+        raise InputError(f"corpus source {_redact(url)!r}: {e}") from e
     except OSError as e:
         raise InputError(f"corpus source {_redact(url)!r}: cannot reach it ({e})") from e
 

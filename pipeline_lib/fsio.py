@@ -132,7 +132,8 @@ def _http_filesystem_class() -> type:
     class _HTTPFileSystem(HTTPFileSystem):
         async def _info(self, url, **kwargs):
             # fsspec turns every failure of its HEAD/GET probe into FileNotFoundError, so a
-            # refused connection would read "no such file": keep the network errors.
+            # refused connection or an HTTP 503 would read "no such file": keep the network
+            # errors and classify the status codes (`http_status_error`).
             try:
                 return await super()._info(url, **kwargs)
             except FileNotFoundError as e:
@@ -146,6 +147,8 @@ def _http_filesystem_class() -> type:
 
         parts = urllib.parse.urlsplit(url)
         host = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"  # no credentials
+        if isinstance(cause, aiohttp.ClientResponseError):
+            return http_status_error(cause.status, cause.message, host)
         if isinstance(cause, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
             return TimeoutError(f"no response from {host} in time (connect/read timeout)")
         os_error = getattr(cause, "os_error", None)
@@ -157,6 +160,27 @@ def _http_filesystem_class() -> type:
         return None
 
     return _HTTPFileSystem
+
+
+class HTTPStatusTransient(ConnectionError):
+    """An HTTP 5xx or 429 answer: the server is failing or busy, a later try may succeed
+    (a ConnectionError, so the download task's retries take it)."""
+
+
+def http_status_error(status: int, reason: str | None, host: str) -> OSError | None:
+    """The exception for an HTTP error `status` from `host`, one per class of cause:
+    5xx / 429 transient (`HTTPStatusTransient`), 404 / 410 `FileNotFoundError`, 401 / 403
+    `PermissionError`; None for the other codes (fsspec's "no such file" stands)."""
+    said = f"HTTP {status}" + (f" {reason}" if reason else "") + f" from {host}"
+    if status == 429:
+        return HTTPStatusTransient(f"{said}: too many requests (transient, retried with backoff)")
+    if 500 <= status <= 599:
+        return HTTPStatusTransient(f"{said}: the server failed or is unavailable (transient, retried with backoff)")
+    if status in (404, 410):
+        return FileNotFoundError(f"{said}: no such file")
+    if status in (401, 403):
+        return PermissionError(f"{said}: no permission to read it (give credentials in the URL or --storage-option client_kwargs='{{\"headers\": {{...}}}}')")
+    return None
 
 
 def _unpickle_http_filesystem(args: tuple, options: dict[str, Any]) -> fsspec.AbstractFileSystem:

@@ -31,6 +31,7 @@ from prefect import Task, get_run_logger, task, unmapped
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import CachePolicy
 
+from pipeline_lib.errors import CancelledError
 from pipeline_lib.stages import spec as engine
 from pipeline_lib.stages.spec import Stage
 from pipeline_lib.store import ArtifactStore, VersionRef
@@ -147,15 +148,33 @@ def _follow(futures, sizes: list[int], units_name: str, store_url: str, parents:
     artifact = cast(UUID, create_progress_artifact(progress=0.0, key=key, description=f"{units_name}: 0 / {total:,} shards done"))
     done = 0
     for future, n in zip(futures, sizes):
-        future.wait()
+        _wait_awake(future)
         done += n
         update_progress_artifact(artifact, progress=100.0 * done / total if total else 100.0, description=f"{units_name}: {done:,} / {total:,} shards done")
+
+
+# How often the flow's main thread wakes while it waits for mapped tasks. A signal (the
+# SIGTERM of a cancel, flows.cancellable) may be delivered to a worker thread that is in the
+# compiled core; Python runs its handler only in the main thread, and only once that thread
+# runs again: a wait without a timeout would hold it until the task ends.
+WAKE_S = 0.2
+
+
+def _wait_awake(future) -> None:
+    """`future.wait()`, in short waits, so that the main thread runs signal handlers."""
+    done = getattr(getattr(future, "wrapped_future", None), "done", None)
+    if not callable(done):
+        future.wait()
+        return
+    while not done():
+        future.wait(timeout=WAKE_S)
 
 
 def _task_options(retries: int) -> dict[str, Any]:
     options: dict[str, Any] = {"persist_result": True, "result_serializer": "json"}
     if retries:
-        options.update(retries=retries, retry_delay_seconds=2, retry_condition_fn=retry_if_transient)
+        # Backoff (2 s, 8 s, 32 s ...): a server that answered 429 or 503 needs more than a moment.
+        options.update(retries=retries, retry_delay_seconds=[2 * 4**i for i in range(retries)], retry_condition_fn=retry_if_transient)
     return options
 
 
@@ -196,6 +215,9 @@ class StageTasks:
                 store_url, unmapped(parents), unmapped(config), [g.start for g in groups], unmapped(storage_options), unmapped(n), [g.stop - 1 for g in groups]
             )
             _follow(futures, [g.stop - g.start for g in groups], self.stage.units.name, store_url, parents)  # type: ignore[union-attr]
+            cancelled = next((f.state for f in futures if f.state.is_cancelled()), None)
+            if cancelled is not None:  # a unit task stopped in the core (flows.cancellable): the stage is cancelled
+                raise CancelledError(cancelled.message or f"{self.stage.name}: cancelled")
             # A unit task returns its group's records (a record alone: a result cached before groups).
             records = [record for group in futures.result() for record in (group if isinstance(group, list) else [group])]
             ref = cast(dict, self.task(store_url, parents, config, records, storage_options))
@@ -263,7 +285,10 @@ def stage_tasks(
         total = n_units if n_units is not None else engine.unit_count(stage, store, refs)  # the flow passes the count it mapped
         records = []
         for index in range(unit, (unit if last is None else last) + 1):
-            record = engine.run_unit(stage, store, refs, config, index)
+            try:
+                record = engine.run_unit(stage, store, refs, config, index)
+            except CancelledError as e:
+                return cast(list, cancelled_state(f"{units_name} shard {index}", e))
             if unit_after is not None:
                 unit_after(record, get_run_logger())
             progress(f"{units_name} (shards)", advance=1, total=total)
@@ -278,6 +303,16 @@ def stage_tasks(
         **_task_options(0),
     )(_named(run_units, units_name))
     return StageTasks(stage, publish, unit_task, after=after)
+
+
+def cancelled_state(what: str, error: CancelledError):
+    """The state a task returns when its native call was cancelled (the flow run is being
+    cancelled, flows.cancellable): Cancelled, not Failed, and never cached."""
+    from prefect.states import Cancelled
+
+    message = f"{what}: cancelled in the compiled core ({error}); its partial output stays in the staging area for `tokenmill gc`"
+    get_run_logger().warning(message)
+    return Cancelled(message=message)
 
 
 def artifact_key(base: str, store: ArtifactStore, ref: VersionRef) -> str:

@@ -67,10 +67,12 @@ class PrefectServer:
         home: directory for PREFECT_HOME (database, logs); created if missing.
         ui: serve the UI too (the browser test needs it; ~5 s more to start).
         startup_timeout: seconds to wait for ``/api/health``.
+        server_env: more environment for the server process (its database URL ...).
     """
 
-    def __init__(self, home: str | os.PathLike, ui: bool = False, startup_timeout: float = 150.0):
+    def __init__(self, home: str | os.PathLike, ui: bool = False, startup_timeout: float = 150.0, server_env: dict[str, str] | None = None):
         self.home = Path(home)
+        self.server_env = dict(server_env or {})  # e.g. PREFECT_API_DATABASE_CONNECTION_URL
         self.ui = ui
         self.startup_timeout = startup_timeout
         self.port = free_port()
@@ -123,6 +125,7 @@ class PrefectServer:
         # API URL comes from these settings (or PREFECT_UI_API_URL), not from the flags.
         env["PREFECT_SERVER_API_HOST"] = "127.0.0.1"
         env["PREFECT_SERVER_API_PORT"] = str(self.port)
+        env.update(self.server_env)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],

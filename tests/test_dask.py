@@ -82,6 +82,21 @@ def test_dask_local_cluster_matches_default_runner(threads_run, corpus, tmp_path
     assert set(snap_t) == set(snap_d)
     assert {k.split("/")[0] for k in snap_d} == {"raw", "corpus", "counts", "tokenizer", "tokens"}
     assert snap_d == snap_t
+    # The manifests: no runner-specific bytes; only the publish time (`created`) differs, and
+    # the parents' manifest hashes that follow from it (docs/operations.md, section 6).
+    manifests_t, manifests_d = _manifests(store_t), _manifests(store_d)
+    assert set(manifests_t) == set(manifests_d)
+    for key, mt in manifests_t.items():
+        md = manifests_d[key]
+        differ = {k for k in set(mt) | set(md) if mt.get(k) != md.get(k)}
+        assert differ <= {"created", "parent_manifests"}, (key, {k: (mt.get(k), md.get(k)) for k in differ})
+
+
+def _manifests(store_url: str) -> dict[str, dict]:
+    from pipeline_lib import ArtifactStore
+
+    store = ArtifactStore(store_url)
+    return {f"{m['kind']}/{m['version']}": store.manifest(m["kind"], m["version"]) for m in store.list()}
 
 
 @pytest.mark.slow

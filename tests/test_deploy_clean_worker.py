@@ -178,7 +178,10 @@ def test_tokenmill_deploy_matches_prefect_yaml(server, checkout, pool, small_cor
     assert from_yaml["tokenmill-pipeline/weekly-retrain"]["concurrency"] == (1, "ENQUEUE")
     assert from_yaml["tokenmill-pipeline/on-demand"]["concurrency"] is None
     assert nightly["schedules"] == [("0 2 * * *", "UTC")]
-    assert from_yaml["tokenmill-pipeline/on-demand-dask"]["job_variables"] == {"env": {"TOKENMILL_RUNNER": "dask"}}
+    from deployments.automations import heartbeat_env
+
+    assert from_yaml["tokenmill-pipeline/on-demand-dask"]["job_variables"] == {"env": {**heartbeat_env(), "TOKENMILL_RUNNER": "dask"}}
+    assert from_yaml["tokenmill-pipeline/on-demand"]["job_variables"] == {"env": heartbeat_env()}  # the zombie automation's heartbeat
     with get_client(sync_client=True) as client:
         assert client.read_work_queue_by_name("scheduled", work_pool_name=pool).concurrency_limit == 1
     _delete(NAMES)  # start from nothing: `tokenmill deploy` must create, not inherit
@@ -406,3 +409,71 @@ def test_clean_worker_runs_a_deployment(server, checkout, pool, small_corpus, tm
     assert list((site / "pipeline_lib").glob("_tokcore*.so")), "the pull step did not install the compiled core into the worker's venv"
     assert not (workdir / "deployments").exists()  # the clone lives in the run's own temporary directory
     assert any(p.is_file() for p in results.rglob("*")), "no task result written to the result storage block"
+
+
+def _first_task_latency(run_id) -> float:
+    """Seconds from the flow run's creation (the trigger) to its first task run's start."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        created = client.read_flow_run(run_id).created
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    starts = [t.start_time for t in tasks if t.start_time is not None]
+    assert created is not None and starts, tasks
+    return (min(starts) - created).total_seconds()
+
+
+@pytest.mark.slow
+def test_start_latency_of_the_worker_setups(server, checkout, pool, small_corpus, tmp_path):
+    """Trigger -> first task for the process-pool setups (docs/operations.md, "Worker
+    setups"): the wheel cache's first run of a version (builds the wheel), a later run
+    (already installed), another worker on the same cache (installs the cached wheel), and
+    a preinstalled environment (no pull steps). Prints the figures."""
+    from prefect.deployments import run_deployment
+
+    from deployments.deploy import main as deploy_main
+
+    _delete(NAMES)
+    store = str(tmp_path / "store")
+    cache = tmp_path / "wheels"
+    params = {"corpus": {"sources": [small_corpus], "n_shards": 2}, "tokenizer": {"vocab_size": 300}, "train_model": False}
+    figures: dict[str, float] = {}
+
+    def deploy(install: str) -> None:
+        cwd = os.getcwd()
+        os.chdir(checkout)
+        try:
+            assert deploy_main(["--store", store, "--corpus", small_corpus, "--pool", pool, "--install-command", install]) == 0
+        finally:
+            os.chdir(cwd)
+
+    def run_with_worker(venv: Path, key: str, label: str) -> None:
+        workdir = tmp_path / f"work-{key}"
+        workdir.mkdir()
+        env = server.client_env(PREFECT_WORKER_QUERY_SECONDS="1", TOKENMILL_WHEEL_CACHE=str(cache))
+        env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
+        env.pop("PYTHONPATH", None)
+        worker = server.spawn(
+            [str(venv / "bin" / "python"), "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"], f"w-{key}", env=env, cwd=str(workdir)
+        )
+        try:
+            run = run_deployment("tokenmill-pipeline/on-demand", timeout=RUN_TIMEOUT, poll_interval=1, as_subflow=False, parameters=params)
+            assert run.state is not None and run.state.is_completed(), f"{label}: {run.state}\n{server.log_tail(f'w-{key}', 12000)}"
+        finally:
+            stop_process(worker)
+        figures[label] = _first_task_latency(run.id)
+
+    first = _worker_venv(tmp_path / "venv-a")
+    deploy("python -m deployments.wheel_cache --no-deps")
+    run_with_worker(first, "build", "wheel cache, first run of the version (build)")
+    run_with_worker(first, "installed", "wheel cache, later run (already installed)")
+    run_with_worker(_worker_venv(tmp_path / "venv-b"), "cached", "wheel cache, another worker (cached wheel)")
+    deploy("none")
+    run_with_worker(first, "preinstalled", "preinstalled environment (no pull steps)")
+    print()
+    for label, seconds in figures.items():
+        print(f"trigger -> first task: {seconds:6.1f} s  {label}")
+    assert len(list(cache.glob("*/tokenmill-*.whl"))) == 1  # built once
+    build, *later = figures.values()
+    assert max(later) < build

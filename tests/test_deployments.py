@@ -90,6 +90,20 @@ def test_prefect_yaml_mirrors_serve_specs():
     assert {"deployments.steps.work_queue": {"pool": WORK_POOL, "name": "scheduled", "concurrency_limit": 1}} in raw["build"]
 
 
+def test_deployed_lm_budget_trains_the_promised_steps():
+    """A deployment that names LM steps trains that many: no time budget re-plans it to fewer
+    (LMConfig's default budget of 1 minute planned 62 of the weekly retrain's 600)."""
+    from deployments.serve import deployment_specs
+    from pipeline_lib.config import validate
+    from pipeline_lib.lm.config import LMConfig
+
+    promised = {s.name: s.parameters["lm"] for s in deployment_specs("/s", ["/c.txt"]) if "lm" in s.parameters}
+    assert "weekly-retrain" in promised
+    for name, lm in promised.items():
+        cfg = validate(LMConfig, lm, "lm").train_config()
+        assert cfg.max_steps == lm["steps"] and cfg.time_budget_s is None, (name, cfg.max_steps, cfg.time_budget_s)
+
+
 def _render(value, settings: dict):
     """prefect.yaml's ``{{ settings.X }}`` placeholders replaced (nested dicts too)."""
     if isinstance(value, dict):
@@ -102,6 +116,7 @@ def _render(value, settings: dict):
 
 
 def test_deploy_settings_step(monkeypatch, tmp_path):
+    from deployments.automations import heartbeat_env
     from deployments.steps import DEFAULT_INSTALL, settings
     from pipeline_lib.fsio import InputError
 
@@ -126,8 +141,8 @@ def test_deploy_settings_step(monkeypatch, tmp_path):
         "repo": "https://git.example.org/tokenmill.git",
         "branch": None,
         "install": DEFAULT_INSTALL,
-        "env": {},
-        "dask_env": {"TOKENMILL_RUNNER": "dask"},
+        "env": heartbeat_env(),
+        "dask_env": {**heartbeat_env(), "TOKENMILL_RUNNER": "dask"},
     }
     monkeypatch.setenv("TOKENMILL_STORE", "s3://bucket/tm")
     monkeypatch.setenv("TOKENMILL_CORPUS", "a.txt 'https://example.org/b c.txt'")
@@ -140,8 +155,8 @@ def test_deploy_settings_step(monkeypatch, tmp_path):
     assert out["corpus"] == [str(tmp_path / "a.txt"), "https://example.org/b c.txt"]
     assert out["storage_options"] == {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}
     assert (out["branch"], out["install"]) == ("release", "python -m pip install --no-deps .")
-    assert out["env"] == {"PREFECT_DEFAULT_RESULT_STORAGE_BLOCK": "remote-file-system/results"}
-    assert out["dask_env"] == {"PREFECT_DEFAULT_RESULT_STORAGE_BLOCK": "remote-file-system/results", "TOKENMILL_RUNNER": "dask"}
+    assert out["env"] == {**heartbeat_env(), "PREFECT_DEFAULT_RESULT_STORAGE_BLOCK": "remote-file-system/results"}
+    assert out["dask_env"] == {**heartbeat_env(), "PREFECT_DEFAULT_RESULT_STORAGE_BLOCK": "remote-file-system/results", "TOKENMILL_RUNNER": "dask"}
     monkeypatch.setenv("TOKENMILL_RESULT_STORAGE", "results")
     with pytest.raises(InputError, match="BLOCK-TYPE/NAME"):
         settings()
@@ -150,7 +165,7 @@ def test_deploy_settings_step(monkeypatch, tmp_path):
 def test_deploy_source_defaults_from_the_checkout(tmp_path):
     """Unset repo/branch come from the deploying checkout: its origin remote (a relative
     path made absolute) and branch; without a remote, the checkout itself."""
-    from deployments.steps import source_settings
+    from deployments.steps import DEFAULT_INSTALL, source_settings
 
     def git(*args, cwd):
         subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
@@ -161,7 +176,7 @@ def test_deploy_source_defaults_from_the_checkout(tmp_path):
     (origin / "f.txt").write_text("x")
     git("add", "f.txt", cwd=origin)
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c", cwd=origin)
-    assert source_settings(cwd=str(origin)) == {"repo": str(origin), "branch": "dev", "install": "python -m pip install ."}
+    assert source_settings(cwd=str(origin)) == {"repo": str(origin), "branch": "dev", "install": DEFAULT_INSTALL}
     git("clone", "-q", "origin", "checkout", cwd=tmp_path)
     git("remote", "set-url", "origin", "../origin", cwd=tmp_path / "checkout")  # relative to the checkout
     assert source_settings(cwd=str(tmp_path / "checkout"), install="make install")["repo"] == str(origin)
@@ -169,8 +184,19 @@ def test_deploy_source_defaults_from_the_checkout(tmp_path):
     assert source_settings(repo="git@host:org/tm.git", cwd=str(tmp_path)) == {
         "repo": "git@host:org/tm.git",
         "branch": None,
-        "install": "python -m pip install .",
+        "install": DEFAULT_INSTALL,
     }
+
+
+def test_preinstalled_workers_get_no_clone_and_no_install():
+    from deployments.steps import PREINSTALLED, pull_steps
+
+    assert pull_steps("/r", "b", PREINSTALLED) == [{"prefect.deployments.steps.set_working_directory": {"directory": "."}}]
+    assert [next(iter(s)) for s in pull_steps("/r", "b", "python -m deployments.wheel_cache")] == [
+        "prefect.deployments.steps.git_clone",
+        "prefect.deployments.steps.run_shell_script",
+        "prefect.deployments.steps.set_working_directory",
+    ]
 
 
 def test_serve_refuses_without_server(monkeypatch):
@@ -208,6 +234,41 @@ def test_runner_from_env():
         runner_from_env({"TOKENMILL_DASK_ADDRESS": "tcp://10.0.0.5:8786"})
     with pytest.raises(InputError, match="expected an integer"):
         runner_from_env({"TOKENMILL_WORKERS": "many"})
+
+
+def test_zombie_automation_scope_window_and_heartbeat(monkeypatch, capsys):
+    """The automation matches only tokenmill's flows, its window spans several of the
+    heartbeats tokenmill's runs are given, and a window too short for them is refused."""
+    from deployments.automations import FLOW_NAMES, HEARTBEAT_ENV, HEARTBEAT_S, MIN_HEARTBEATS, WITHIN_S, main, zombie_automation
+    from deployments.steps import job_env
+
+    trigger = zombie_automation().trigger
+    assert trigger.match_related.root == {"prefect.resource.role": "flow", "prefect.resource.name": FLOW_NAMES}
+    assert trigger.within.total_seconds() == WITHIN_S >= MIN_HEARTBEATS * HEARTBEAT_S
+    assert job_env()[HEARTBEAT_ENV] == str(HEARTBEAT_S) and job_env(runner="dask")[HEARTBEAT_ENV] == str(HEARTBEAT_S)
+    assert main(["--within", str(HEARTBEAT_S * 2)]) == 2  # refused before any server is asked
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--within" in err and HEARTBEAT_ENV in err and "Traceback" not in err
+
+
+def test_runs_against_a_server_send_tokenmill_heartbeats(monkeypatch):
+    """`tokenmill run` against a server (PREFECT_API_URL) sends the automation's heartbeat;
+    a heartbeat the user set is kept."""
+    from prefect.settings import get_current_settings
+
+    from deployments.automations import HEARTBEAT_ENV, HEARTBEAT_S
+    from flows.prefect_api import flow_api
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:1/api")
+    monkeypatch.delenv(HEARTBEAT_ENV, raising=False)
+    monkeypatch.delenv("PREFECT_RUNNER_HEARTBEAT_FREQUENCY", raising=False)
+    with flow_api():
+        assert get_current_settings().flows.heartbeat_frequency == HEARTBEAT_S
+    monkeypatch.setenv(HEARTBEAT_ENV, "60")
+    from prefect.settings import Settings, temporary_settings
+
+    with temporary_settings(updates={"flows.heartbeat_frequency": Settings().flows.heartbeat_frequency}), flow_api():
+        assert get_current_settings().flows.heartbeat_frequency == 60
 
 
 # ----------------------------------------------------------------------------- server
@@ -411,14 +472,104 @@ def test_crash_mid_encoding_resumes_from_finished_shards(server, small_corpus, t
         assert client.read_flow_run(crashed.id).state.name == "Running"
 
 
-@pytest.mark.slow
-def test_zombie_automation_marks_killed_run_crashed(server, small_corpus, tmp_path):
-    """With heartbeats on and deployments/automations.py installed, a SIGKILLed run becomes Crashed (~1 min)."""
-    from deployments.automations import NAME, install
+_SLEEP_FLOW = textwrap.dedent("""
+    import os, signal, sys, time
+    from prefect import flow
 
-    install(within=45)
-    env = server.client_env(PREFECT_FLOWS_HEARTBEAT_FREQUENCY="30")
-    done = subprocess.run(
+    name, seconds, then_kill = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "kill"
+
+    @flow(name=name)
+    def sleeper() -> None:
+        time.sleep(seconds)
+        if then_kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    sleeper()
+""")
+
+
+def _final_or_crashed(run_id, deadline: float):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        while True:
+            state = client.read_flow_run(run_id).state
+            if (state is not None and state.is_final()) or time.monotonic() > deadline:
+                return state
+            time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def big_corpus(tmp_path_factory) -> str:
+    """~300 MB of text: counting its one shard takes seconds, time to cancel mid-task."""
+    path = tmp_path_factory.mktemp("big-corpus") / "big.txt"
+    text = SHAKESPEARE.read_text(encoding="utf-8")
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(270):
+            f.write(text.replace("the ", f"the{i % 7} "))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_cancel_stops_the_compiled_core_mid_task(served, server, big_corpus, tmp_path):
+    """A deployment run (`tokenmill serve`'s runner) cancelled through the API while its
+    count_words task is inside the compiled core: the task stops within seconds and is
+    recorded Cancelled, the flow run Cancelled, the partial output stays in staging."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    store = tmp_path / "store"
+    parameters = {"corpus": {"sources": [big_corpus], "n_shards": 1}, "store": str(store), "train_model": False}
+    run = run_deployment("tokenmill-pipeline/on-demand", parameters=parameters, timeout=0, as_subflow=False)
+    deadline = time.monotonic() + RUN_TIMEOUT
+    counting = None
+    with get_client(sync_client=True) as client:
+        while counting is None:
+            assert time.monotonic() < deadline, "count_words never started"
+            from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+            for t in client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))):
+                if t.name.startswith("count_words") and t.state is not None and t.state.name == "Running":
+                    counting = t
+            time.sleep(0.2)
+        # At once: counting the shard takes a few seconds when the machine is idle. Were the
+        # task not yet in the core, its first native call would be refused all the same.
+        cancel_at = time.monotonic()
+        client.set_flow_run_state(run.id, Cancelling(message="test: cancel mid-count"))
+        while not (task_state := client.read_task_run(counting.id).state).is_final():
+            assert time.monotonic() - cancel_at < 120, task_state
+            time.sleep(0.2)
+        stopped_s = time.monotonic() - cancel_at
+        while not (flow_state := client.read_flow_run(run.id).state).is_final():
+            assert time.monotonic() - cancel_at < 120, flow_state
+            time.sleep(0.5)
+        cancelled_s = time.monotonic() - cancel_at
+    print(f"\ncancel -> count_words stopped {stopped_s:.1f} s, flow run {flow_state.name} {cancelled_s:.1f} s (incl. API polling)")
+    assert task_state.name == "Cancelled", task_state
+    assert "compiled core" in (task_state.message or ""), task_state.message
+    assert flow_state.name == "Cancelled", flow_state
+    assert (store / "counts" / ".staging").is_dir(), "the stage's staging area stays, for gc"
+    assert not [p for p in (store / "counts").iterdir() if not p.name.startswith(".")], "nothing published"
+
+
+@pytest.mark.slow
+def test_zombie_automation_is_scoped_and_spares_long_healthy_runs(server, small_corpus, tmp_path):
+    """With the automation installed at its shortest window (3 heartbeats of 30 s): a
+    tokenmill run killed mid-encoding becomes Crashed within the window; a healthy tokenmill
+    flow run longer than the window completes without ever being Crashed; another team's
+    flow killed without a final state is left alone (out of scope)."""
+    from prefect.client.orchestration import get_client
+
+    from deployments.automations import HEARTBEAT_S, MIN_HEARTBEATS, NAME, heartbeat_env, install
+
+    within = MIN_HEARTBEATS * HEARTBEAT_S
+    install(within=within)
+    env = server.client_env(**heartbeat_env())
+    long_s = within + 40
+    healthy = server.spawn([sys.executable, "-c", _SLEEP_FLOW, "tokenmill-heartbeat-check", str(long_s), "live"], "healthy", env=env, cwd=str(ROOT))
+    other = server.spawn([sys.executable, "-c", _SLEEP_FLOW, "other-team-etl", "5", "kill"], "other", env=env, cwd=str(ROOT))
+    crash = subprocess.run(
         [sys.executable, "-c", _CRASH_SCRIPT, small_corpus, str(tmp_path / "store"), "1"],
         env=env,
         cwd=str(ROOT),
@@ -426,16 +577,24 @@ def test_zombie_automation_marks_killed_run_crashed(server, small_corpus, tmp_pa
         text=True,
         timeout=RUN_TIMEOUT,
     )
-    assert done.returncode == -9, done.stderr[-3000:]
+    killed_at = time.time()
+    assert crash.returncode == -9, crash.stderr[-3000:]
     killed = next(r for r in flow_runs("tokenmill-pipeline") if r.parameters.get("store") == str(tmp_path / "store"))
-    from prefect.client.orchestration import get_client
+    state = _final_or_crashed(killed.id, time.monotonic() + within + 120)
+    assert state.name == "Crashed" and NAME in (state.message or ""), state
+    detected_s = state.timestamp.timestamp() - killed_at
+    print(f"\nzombie automation: killed tokenmill run Crashed {detected_s:.0f} s after the kill (window {within} s, heartbeat {HEARTBEAT_S} s)")
+    assert detected_s <= within + 60, detected_s  # the window plus the triggers service's own pace
 
-    deadline = time.monotonic() + 150
+    assert healthy.wait(timeout=long_s + 240) == 0, server.log_tail("healthy")
+    assert other.wait(timeout=60) == -9
+    (healthy_run,) = flow_runs("tokenmill-heartbeat-check")
+    (other_run,) = flow_runs("other-team-etl")
     with get_client(sync_client=True) as client:
-        while (state := client.read_flow_run(killed.id).state).name == "Running" and time.monotonic() < deadline:
-            time.sleep(3)
-    assert state.name == "Crashed", state
-    assert NAME in (state.message or ""), state.message
+        history = [s.name for s in client.read_flow_run_states(healthy_run.id)]
+        assert "Crashed" not in history and history[-1] == "Completed", history
+        # killed ~long_s seconds ago, more than the window: still Running, nobody's business here
+        assert client.read_flow_run(other_run.id).state.name == "Running"
 
 
 # ----------------------------------------------------------------------------- prefect deploy

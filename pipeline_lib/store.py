@@ -69,11 +69,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO
 
 from pipeline_lib.errors import StoreError  # re-exported
-from pipeline_lib.fsio import (
-    InputError,
-    filesystem,
-    is_local,
-)
+from pipeline_lib.fsio import InputError, filesystem, is_local
 from pipeline_lib.store_backend import StorageBackend
 from pipeline_lib.store_layout import (
     _NAME_RE,

@@ -12,10 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from pipeline_lib.fsio import (
-    InputError,
-    hash_stream,
-)
+from pipeline_lib.fsio import InputError, hash_stream
 
 try:  # POSIX advisory locks; without them (Windows) local publishes are not serialised
     import fcntl

@@ -18,14 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from pipeline_lib.errors import StoreError
-from pipeline_lib.fsio import (
-    InputError,
-    _umask,
-    check_local_file,
-    fsync_dir,
-    fsync_file,
-    write_bytes_atomic,
-)
+from pipeline_lib.fsio import InputError, _umask, check_local_file, fsync_dir, fsync_file, write_bytes_atomic
 from pipeline_lib.store_backend import StorageBackend
 from pipeline_lib.store_layout import (
     _MARKER_BYTES,

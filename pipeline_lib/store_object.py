@@ -20,11 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from pipeline_lib.errors import StoreError
-from pipeline_lib.fsio import (
-    hash_stream,
-    protocol_of,
-    write_bytes_create_only,
-)
+from pipeline_lib.fsio import hash_stream, protocol_of, write_bytes_create_only
 from pipeline_lib.store_backend import StorageBackend
 from pipeline_lib.store_layout import (
     _CHUNK,

@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from pipeline_lib import fsio, token_shards  # noqa: E402
+from pipeline_lib import fsio, token_reads  # noqa: E402
 from pipeline_lib.lm.data import TokenShards  # noqa: E402
 from pipeline_lib.store import ArtifactStore, FileInfo  # noqa: E402
 from pipeline_lib.token_shards import (  # noqa: E402
@@ -84,7 +84,7 @@ def build_version(root: str, total_bytes: int, n_shards: int, seed: int = 0) -> 
 def forget_verified() -> None:
     """A fresh process as far as verification goes (the memo and the manifest cache)."""
     fsio._VERIFIED.clear()
-    token_shards._MANIFESTS.clear()
+    token_reads._MANIFESTS.clear()
 
 
 def evict(directory: str) -> bool:

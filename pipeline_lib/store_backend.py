@@ -2,9 +2,10 @@
 
 `ArtifactStore` owns the protocol (names, ids, manifests, verification, the reuse / claim /
 gc / quarantine decisions); a backend does each step on one kind of storage. Two implement
-it, in `pipeline_lib.store`: `LocalBackend` (local disk: renames and `flock`) and
-`ObjectBackend` (object stores: create-only PUTs and lease objects). Both declare this
-Protocol as their base, so mypy checks every method's signature against it.
+it: `LocalBackend` in `pipeline_lib.store_local` (local disk: renames and `flock`) and
+`ObjectBackend` in `pipeline_lib.store_object` (object stores: create-only PUTs and lease
+objects). Both declare this Protocol as their base, so mypy checks every method's
+signature against it.
 
 Paths are the backend's own (absolute local paths, or bucket keys); `Staging` is the
 version's staging area (`pipeline_lib.store.Staging`).

@@ -19,6 +19,10 @@ used by the LM trainer and every export), and totals. `check_shards` is the one 
 first); `export_nanogpt` / `export_llmc` write the flat ``.bin`` files those trainers read
 (and nanoGPT's ``meta.pkl``), with the separator on either side of each document.
 
+This module writes shards (`encode_documents`, `encode_shard_file`, `build_meta`) and is
+where the whole API is imported from; the reads and the split are in `token_reads`, the
+checker in `token_checks`, the exports in `token_exports`.
+
 Verified reads: a directory holding the store's ``manifest.json`` is a published version
 (or a hash-checked cache copy of one), and every reader here checks each file it reads
 against that manifest's size and sha256 before using it (`verify_file`), hashing a file
@@ -29,13 +33,8 @@ for `check_shards`) skips the hash, for callers that verified already.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
-import pickle  # nanoGPT's meta.pkl, written only (export_nanogpt)
-import tempfile
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Literal
@@ -45,34 +44,63 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline_lib.config import STRICT, doc
-from pipeline_lib.errors import StoreError
-from pipeline_lib.fsio import InputError, fsync_dir, hash_file, user_file_mode
-from pipeline_lib.store import MANIFEST, MAX_MANIFEST_BYTES
-from pipeline_lib.token_files import (  # re-exported: the LM reads token files without pyarrow or pydantic
-    DEFAULT_VAL_FRACTION,
-    _search,
-    check_version_file,
-    published_files,
-    split_record,
-    val_start,
+from pipeline_lib.fsio import InputError
+from pipeline_lib.token_checks import check_shards
+from pipeline_lib.token_exports import LLMC_MAGIC, LLMC_VERSION, NANOGPT_META, NANOGPT_VOCAB_MULTIPLE, Placement, export_llmc, export_nanogpt, nanogpt_meta
+from pipeline_lib.token_files import DEFAULT_VAL_FRACTION, _search, check_version_file, published_files, split_record, val_start
+from pipeline_lib.token_reads import (
+    _CHECK_CHUNK,
+    _HEADER_LEN,
+    DOC_TABLE_SCHEMA,
+    MAX_SHARD_TOKENS,
+    TOKENS_FORMAT,
+    TOKENS_KIND,
+    open_index,
+    open_tokens,
+    read_doc_table,
+    split_points,
+    token_dtype,
+    verify_file,
+    version_files,
 )
 
-TOKENS_KIND = "tokens"
-TOKENS_FORMAT = "tokenmill.tokens/1"
-MAX_SHARD_TOKENS = (1 << 31) - 1  # int32-indexable loaders (and the DESIGN's limit)
-_HEADER_LEN = 128  # fixed .npy header size, so the shape can be filled in after streaming
-_MAX_HEADER_LEN = 1 << 16
-_CHECK_CHUNK = 1 << 24
-DOC_TABLE_SCHEMA = pa.schema(
-    [
-        ("shard", pa.int32()),
-        ("start", pa.int64()),  # token offset of the document (its separator included) in the shard
-        ("n_tokens", pa.int64()),  # tokens of the document, its separator included
-        ("n_bytes", pa.int64()),  # UTF-8 bytes of its text
-        ("source", pa.string()),  # the raw source file it came from
-        ("text_sha256", pa.binary(32)),
-    ]
-)
+# The token-shard API, whichever module below implements it (the LM reads token files
+# through token_files alone, without pyarrow or pydantic).
+__all__ = [
+    "DEFAULT_VAL_FRACTION",
+    "DOC_TABLE_SCHEMA",
+    "EncodeConfig",
+    "LLMC_MAGIC",
+    "LLMC_VERSION",
+    "MAX_SHARD_TOKENS",
+    "NANOGPT_META",
+    "NANOGPT_VOCAB_MULTIPLE",
+    "NpyStreamWriter",
+    "Placement",
+    "ShardStats",
+    "TOKENS_FORMAT",
+    "TOKENS_KIND",
+    "build_meta",
+    "check_shards",
+    "check_version_file",
+    "encode_documents",
+    "encode_shard_file",
+    "export_llmc",
+    "export_nanogpt",
+    "nanogpt_meta",
+    "open_index",
+    "open_tokens",
+    "published_files",
+    "read_doc_table",
+    "sha256_documents",
+    "split_points",
+    "split_record",
+    "token_dtype",
+    "val_start",
+    "verify_file",
+    "version_files",
+]
+
 _DOC_ROWS = 1 << 16
 
 
@@ -105,13 +133,6 @@ class EncodeConfig:
         p = asdict(self)
         del p["workers"]  # does not change the output
         return p
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    """uint16 when every id fits, else uint32 (the payload nanoGPT / llm.c / datatrove load)."""
-    if vocab_size < 1 or vocab_size > 1 << 32:
-        raise InputError(f"vocab_size={vocab_size}: must be between 1 and 2**32")
-    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 
 
 def _npy_header(dtype: np.dtype, n: int) -> bytes:
@@ -358,579 +379,3 @@ def build_meta(
         "totals": {k: int(sum(r[k] for r in records)) for k in ("n_tokens", "n_docs", "n_bytes")},
         **({"split": split_record(config.val_fraction)} if all(r.get("val_start") is not None for r in records) else {}),
     }
-
-
-# --------------------------------------------------------------------------- verified reads
-# The fix a corrupt published file asks for: `store.usable` (which every stage calls before
-# reusing a version) finds the mismatch too, moves the version aside and lets it be recomputed.
-# manifest.json stat key -> its file list (None: not a store manifest). Manifests are
-# write-once, so a reader opening shard after shard parses a big one once, not per shard.
-_MANIFESTS: dict[tuple[str, int, int, int, int], dict[str, tuple[int, str]] | None] = {}
-_MANIFESTS_LOCK = threading.Lock()
-
-
-def version_files(directory: str) -> dict[str, tuple[int, str]] | None:
-    """The file list of the published version at `directory`, from the store's
-    ``manifest.json`` there; None when there is none (or it is not the store's).
-
-    Raises:
-        StoreError: ``manifest.json`` is there but unreadable, too large or corrupt (a
-            damaged manifest must not silently turn verification off).
-    """
-    path = os.path.join(directory, MANIFEST)
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    with _MANIFESTS_LOCK:
-        if key in _MANIFESTS:
-            return _MANIFESTS[key]
-    if st.st_size > MAX_MANIFEST_BYTES:
-        raise StoreError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES:,} bytes: refusing to parse it")
-    try:
-        with open(path, "rb") as f:
-            manifest = json.loads(f.read(MAX_MANIFEST_BYTES + 1))
-    except OSError as e:
-        raise StoreError(f"{path}: cannot read ({e})") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise StoreError(f"{path}: corrupt manifest ({e}); pass verify=False to read the files beside it unchecked") from e
-    files = published_files(manifest, path)
-    with _MANIFESTS_LOCK:
-        _MANIFESTS[key] = files
-    return files
-
-
-def verify_file(path: str, verify: bool = True) -> bool:
-    """If `path` belongs to a published version (the store's ``manifest.json`` beside it),
-    check its size and sha256 against that manifest; True when it was checked, False when
-    there is no store manifest beside it or `verify` is False.
-
-    >>> verify_file("artifacts/tokens/<version>/shard_000000.npy")  # doctest: +SKIP
-    True
-
-    Raises:
-        StoreError: naming the file, as `check_version_file`.
-    """
-    if not verify:
-        return False
-    directory, name = os.path.split(os.path.abspath(path))
-    files = version_files(directory)
-    if files is None:
-        return False
-    check_version_file(directory, name, files)
-    return True
-
-
-# --------------------------------------------------------------------------- reading
-def _npy_layout(path: str) -> tuple[tuple[int, ...], np.dtype, int, bool]:
-    """(shape, dtype, data offset, fortran) from a .npy header, without trusting it."""
-    try:
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f, max_header_size=_MAX_HEADER_LEN)
-            elif version in ((2, 0), (3, 0)):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f, max_header_size=_MAX_HEADER_LEN)
-            else:
-                raise ValueError(f"unsupported .npy version {version}")
-            offset = f.tell()
-    except FileNotFoundError:
-        raise InputError(f"{path}: missing") from None
-    except (ValueError, OSError, SyntaxError, TypeError) as e:
-        raise InputError(f"{path}: not a valid .npy file ({e})") from e
-    return shape, dtype, offset, fortran
-
-
-def _checked_npy(path: str, dtypes: Sequence[np.dtype], what: str) -> tuple[int, np.dtype, int]:
-    """(length, dtype, data offset) of a 1-D .npy whose file size agrees with its header."""
-    shape, dtype, offset, fortran = _npy_layout(path)
-    if len(shape) != 1 or fortran or dtype not in dtypes or dtype.hasobject:
-        raise InputError(f"{path}: expected a 1-D {' or '.join(d.str for d in dtypes)} array of {what}, found shape {shape} dtype {dtype}")
-    expected = offset + shape[0] * dtype.itemsize
-    actual = os.path.getsize(path)
-    if actual != expected:
-        raise InputError(
-            f"{path}: header says {shape[0]:,} {what} ({expected:,} bytes) but the file has {actual:,} bytes: "
-            f"{'truncated' if actual < expected else 'trailing data'} or corrupt"
-        )
-    return int(shape[0]), dtype, offset
-
-
-def _open_npy(path: str, dtypes: Sequence[np.dtype], what: str, verify: bool) -> np.ndarray:
-    n, dtype, offset = _checked_npy(path, dtypes, what)
-    verify_file(path, verify)
-    if n == 0:
-        return np.zeros(0, dtype=dtype)  # an empty file region cannot be mapped
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n,))
-
-
-def _read_chunks(path: str, dtype: np.dtype, offset: int, start: int, stop: int, hasher=None):
-    """Yield (position, array) for elements [start, stop) of a .npy, read (not mapped) in
-    bounded chunks, so a full scan does not leave the file resident in this process."""
-    with open(path, "rb") as f:
-        if hasher is not None:
-            hasher.update(f.read(offset))
-        f.seek(offset + start * dtype.itemsize)
-        pos = start
-        while pos < stop:
-            data = f.read(min(_CHECK_CHUNK, stop - pos) * dtype.itemsize)
-            if hasher is not None:
-                hasher.update(data)
-            chunk = np.frombuffer(data, dtype=dtype)
-            if not len(chunk):
-                raise InputError(f"{path}: ended early at element {pos:,}")
-            yield pos, chunk
-            pos += len(chunk)
-
-
-def open_tokens(path: str, verify: bool = True) -> np.ndarray:
-    """Memory-map a token `.npy`, after checking that its size agrees with its header.
-
-    When the file belongs to a published version (the store's ``manifest.json`` beside
-    it), its size and sha256 are checked against that manifest first, hashing it once per
-    process while it is unchanged. A file with no store manifest beside it (your own
-    files) gets the size check only. `verify=False` skips the hash, for callers that
-    verified the version already (e.g. ``ArtifactStore.local_dir(..., verify="full")``).
-
-    >>> tokens = open_tokens("artifacts/tokens/<version>/shard_000000.npy")  # doctest: +SKIP
-
-    Raises:
-        InputError: not a 1-D ``<u2``/``<u4`` ``.npy`` whose size agrees with its header.
-        StoreError: a published file that does not match its manifest.
-    """
-    return _open_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens", verify)
-
-
-def open_index(path: str, verify: bool = True) -> np.ndarray:
-    """Memory-map a document index (`<u8` cumulative document ends), size-checked, and
-    hash-checked against its version's manifest as `open_tokens` (opt out: `verify=False`)."""
-    return _open_npy(path, (np.dtype("<u8"),), "document ends", verify)
-
-
-def read_doc_table(path: str, verify: bool = True) -> pa.Table:
-    """Read a document table, hash-checked against its version's manifest as `open_tokens`
-    (opt out: `verify=False`)."""
-    verify_file(path, verify)
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise InputError(f"{path}: not a readable document table ({e})") from e
-    if table.schema.names != DOC_TABLE_SCHEMA.names:
-        raise InputError(f"{path}: expected columns {DOC_TABLE_SCHEMA.names}, found {table.schema.names}")
-    return table
-
-
-_INDEX_CHUNK = 1 << 20
-
-
-def _strictly_increasing_from_one(index: np.ndarray) -> bool:
-    """Document ends > 0 and strictly increasing, checked a chunk at a time."""
-    previous = 0
-    for a in range(0, len(index), _INDEX_CHUNK):
-        chunk = np.asarray(index[a : a + _INDEX_CHUNK], dtype=np.int64)
-        if chunk[0] <= previous or np.any(np.diff(chunk) <= 0):
-            return False
-        previous = int(chunk[-1])
-    return True
-
-
-def _separator_positions(index: np.ndarray, placement: str, start: int, stop: int) -> np.ndarray:
-    """Where the separators of documents ending at `index` are, among tokens [start, stop):
-    the last token of each document ("append"), or the first ("prepend")."""
-    if placement == "append":  # a document ending at e has its separator at e - 1
-        lo, hi = _search(index, start + 1), _search(index, stop + 1)
-        return np.asarray(index[lo:hi], dtype=np.int64) - 1
-    lo, hi = _search(index[:-1], start), _search(index[:-1], stop)  # documents start at 0 and at every end but the last
-    starts = np.asarray(index[lo:hi], dtype=np.int64)
-    return np.concatenate([[0], starts]) if start == 0 < stop else starts
-
-
-def _check_doc_table(path: str, index: np.ndarray, shard: int, index_path: str) -> None:
-    """The document table agrees with the index, row for row (streamed by batches)."""
-    try:
-        pf = pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise InputError(f"{path}: not a readable document table ({e})") from e
-    if pf.schema_arrow.names != DOC_TABLE_SCHEMA.names:
-        raise InputError(f"{path}: expected columns {DOC_TABLE_SCHEMA.names}, found {pf.schema_arrow.names}")
-    if pf.metadata.num_rows != len(index):
-        raise InputError(f"{path}: {pf.metadata.num_rows:,} rows for {len(index):,} documents")
-    pos = 0
-    try:
-        for batch in pf.iter_batches(columns=["shard", "start", "n_tokens"], batch_size=1 << 16):
-            sh, st, ln = (batch.column(k).to_numpy(zero_copy_only=False) for k in range(3))
-            ends = index[pos : pos + len(st)]
-            starts = np.concatenate([[index[pos - 1] if pos else 0], ends[:-1]])
-            if len(ends) != len(st) or not np.array_equal(st + ln, ends) or not np.array_equal(st, starts) or np.any(sh != shard):
-                raise InputError(f"{path}: document rows disagree with {index_path} (near row {pos:,})")
-            pos += len(st)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise InputError(f"{path}: corrupt document table ({e})") from e
-
-
-def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dict[str, int]:
-    """Check a token-shard version on local disk against its manifest `meta`.
-
-    Checks file sizes against headers, token and document counts, the document index
-    (increasing, ending at the token count), ids below the vocabulary size, separators
-    exactly at the document boundaries the index gives (and nowhere else), the document
-    table if there is one, and the totals. With `deep`, checks each shard's files against
-    their sha256: in a published version (the store's ``manifest.json`` in `directory`)
-    against that manifest's file list, through `check_version_file` (hashed once per
-    process while unchanged, so after ``ArtifactStore.local_dir`` this costs no second
-    hash), elsewhere against the sha256 `meta` records, in the same pass as the scan.
-
-    Raises:
-        StoreError: a file of a published version that does not match its manifest.
-        InputError: naming the first file and problem found (content, counts, and the
-            hashes `meta` records for a directory that is not a published version).
-    """
-    if not isinstance(meta, dict) or meta.get("format") != TOKENS_FORMAT:
-        raise InputError(f"{directory}: not a token-shard manifest (format {meta.get('format') if isinstance(meta, dict) else None!r})")
-    try:
-        vocab_size = int(meta["vocab_size"])
-        expected_dtype = token_dtype(vocab_size)
-        sep = meta.get("separator") or None
-        shards = list(meta["shards"])
-        totals_meta = dict(meta["totals"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputError(f"{directory}: malformed token-shard manifest ({type(e).__name__}: {e})") from e
-    if meta.get("dtype") not in (expected_dtype.name, expected_dtype.str):
-        raise InputError(f"{directory}: manifest dtype {meta.get('dtype')!r}, but a vocabulary of {vocab_size} needs {expected_dtype.name}")
-    sep_id = None
-    if sep is not None:
-        sep_id = int(sep["id"])
-        if not 0 <= sep_id < vocab_size or sep.get("placement") not in ("append", "prepend"):
-            raise InputError(f"{directory}: bad separator {sep!r} for a vocabulary of {vocab_size}")
-    files = version_files(directory) if deep else None
-    totals = {"n_tokens": 0, "n_docs": 0}
-    for i, shard in enumerate(shards):
-        name = str(shard.get("name", ""))
-        if not name or "/" in name or "\\" in name or name.startswith("."):
-            raise InputError(f"{directory}: bad shard name {name!r}")
-        path = os.path.join(directory, f"{name}.npy")
-        index_path = os.path.join(directory, f"{name}.idx.npy")
-        if files is not None:  # a published version: its manifest's hashes, before any use
-            for fname in [f"{name}.npy", f"{name}.idx.npy"] + ([str(shard["doc_table"])] if shard.get("doc_table") else []):
-                check_version_file(directory, fname, files)
-            listed = files[f"{name}.npy"][1]
-            if shard.get("sha256") and shard["sha256"] != listed:
-                raise StoreError(f"{path}: the manifest's shard list says sha256 {shard['sha256']}, its file list {listed}: corrupt manifest")
-        n_tokens, dtype, offset = _checked_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens")
-        if dtype != expected_dtype:
-            raise InputError(f"{path}: dtype {dtype} but the manifest says {meta['dtype']}")
-        if n_tokens != shard["n_tokens"]:
-            raise InputError(f"{path}: {n_tokens:,} tokens, manifest says {shard['n_tokens']:,}")
-        if n_tokens > MAX_SHARD_TOKENS:
-            raise InputError(f"{path}: {n_tokens:,} tokens, more than {MAX_SHARD_TOKENS:,} in one shard")
-        index = open_index(index_path, verify=False)  # checked above; mapped, read a chunk at a time (never copied whole)
-        if len(index) != shard["n_docs"]:
-            raise InputError(f"{index_path}: {len(index):,} document ends, manifest says {shard['n_docs']:,}")
-        if len(index) and (int(index[-1]) != n_tokens or not _strictly_increasing_from_one(index)):
-            raise InputError(f"{index_path}: document ends are not strictly increasing from >0 up to the token count {n_tokens:,}")
-        if not len(index) and n_tokens:
-            raise InputError(f"{index_path}: no documents but {n_tokens:,} tokens")
-        if "val_start" in shard:  # the recorded split: at a document boundary, its document count right
-            vs, vd = shard.get("val_start"), shard.get("val_docs")
-            at = _search(index, vs, side="right") if isinstance(vs, int) and vs >= 0 else -1
-            if not (isinstance(vs, int) and 0 <= vs <= n_tokens and (vs == 0 or (at > 0 and index[at - 1] == vs)) and vd == len(index) - at):
-                raise InputError(f"{directory}: shard {name}'s split (val_start {vs!r}, val_docs {vd!r}) is not a document boundary of {index_path}")
-        # One sequential read: ids in range, separators where the index says and nowhere else, hash.
-        hasher = hashlib.sha256() if deep and files is None and shard.get("sha256") else None
-        n_sep = 0
-        for start, chunk in _read_chunks(path, dtype, offset, 0, n_tokens, hasher):
-            top = int(chunk.max())
-            if top >= vocab_size:
-                raise InputError(f"{path}: token id {top} is outside the vocabulary (size {vocab_size})")
-            if sep_id is not None:
-                n_sep += int(np.count_nonzero(chunk == sep_id))
-            if sep is not None and len(index):
-                separators = _separator_positions(index, sep["placement"], start, start + len(chunk))
-                if np.any(chunk[separators - start] != sep_id):
-                    raise InputError(f"{path}: a document boundary lacks the separator {sep.get('token')!r} (id {sep_id})")
-        if sep_id is not None and n_sep != len(index):
-            raise InputError(f"{path}: the separator id {sep_id} occurs {n_sep:,} times for {len(index):,} documents")
-        if hasher is not None and hasher.hexdigest() != shard["sha256"]:
-            raise InputError(f"{path}: sha256 does not match the manifest: corrupt or altered")
-        if shard.get("doc_table"):
-            _check_doc_table(os.path.join(directory, shard["doc_table"]), index, i, index_path)
-        if deep and files is None:
-            checks = []
-            if shard.get("index_sha256"):
-                checks.append((index_path, shard["index_sha256"]))
-            if shard.get("doc_table") and shard.get("doc_table_sha256"):
-                checks.append((os.path.join(directory, shard["doc_table"]), shard["doc_table_sha256"]))
-            for p, digest in checks:
-                if digest is not None and hash_file(p)[1] != digest:
-                    raise InputError(f"{p}: sha256 does not match the manifest: corrupt or altered")
-        totals["n_tokens"] += n_tokens
-        totals["n_docs"] += len(index)
-    for key, value in totals.items():
-        if totals_meta.get(key) != value:
-            raise InputError(f"{directory}: totals say {key}={totals_meta.get(key)}, shards hold {value}")
-    return totals
-
-
-# --------------------------------------------------------------------------- the split
-
-
-def split_points(directory: str, meta: Mapping[str, Any], val_fraction: float | None = None, verify: bool = True) -> list[int]:
-    """Each shard's ``val_start``: tokens before it are training, from it on validation.
-
-    The split the manifest records (decided at encoding, `EncodeConfig.val_fraction`); a
-    `val_fraction` given is checked against it, never used instead of it, so the trainer
-    and every export hold out the same documents. A manifest that records no split (one
-    written before the split was recorded, or by hand) gets the same rule, `val_start`,
-    applied to each shard's document index with `val_fraction` (None: 0.1).
-
-    Raises:
-        InputError: a `val_fraction` outside [0, 1) or other than the recorded one, or a
-            manifest whose split is malformed.
-    """
-    if val_fraction is not None and not (isinstance(val_fraction, (int, float)) and 0.0 <= val_fraction < 1.0):
-        raise InputError(f"val_fraction={val_fraction}: must be in [0, 1)")
-    recorded = meta.get("split")
-    if recorded is not None:
-        try:
-            fraction = float(recorded["val_fraction"])
-            points = [int(s["val_start"]) for s in meta["shards"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"{directory}: malformed split in the manifest ({type(e).__name__}: {e})") from e
-        if val_fraction is not None and abs(val_fraction - fraction) > 1e-12:
-            raise InputError(
-                f"val_fraction={val_fraction}, but these tokens were split at encoding with val_fraction={fraction:g} and every reader "
-                f"uses that split: leave the fraction out, or encode again with --val-fraction {val_fraction:g}"
-            )
-        return points
-    fraction = DEFAULT_VAL_FRACTION if val_fraction is None else float(val_fraction)
-    points = []
-    for shard in meta["shards"]:
-        n = int(shard["n_tokens"])
-        ends = open_index(os.path.join(directory, f"{shard['name']}.idx.npy"), verify) if n and fraction else np.zeros(0, np.int64)
-        points.append(val_start(ends, n, fraction))
-    return points
-
-
-# --------------------------------------------------------------------------- exports
-
-
-@contextlib.contextmanager
-def _atomic_out(path: str):
-    """A file written for the user (outside the store): temp name, fsync, rename, with
-    the mode `open` would give it (0o666 & ~umask), not mkstemp's 0o600."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            # fchmod before the rename rather than chmod after it: the name never shows a
-            # 0o600 file, and no path is looked up twice (nothing to swap in between).
-            os.fchmod(f.fileno(), user_file_mode())
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(directory)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
-Placement = Literal["append", "prepend"]
-
-
-def _separator_move(meta: Mapping[str, Any], separator_placement: Placement | None) -> tuple[int | None, Placement | None]:
-    """(separator id, placement to write) when the export asks for a placement other than
-    the shards': each split holds whole documents, each with one separator, so moving every
-    separator to the other side of its document is moving one token from one end of the
-    split to the other. (None, None) when there is nothing to move."""
-    if separator_placement is None:
-        return None, None
-    if separator_placement not in ("append", "prepend"):
-        raise InputError(f"separator_placement={separator_placement!r}: choose append or prepend")
-    sep = meta.get("separator")
-    if not sep:
-        raise InputError(f"separator_placement={separator_placement!r}, but these shards were encoded without a separator: encode them with one (separator)")
-    if sep.get("placement") == separator_placement:
-        return None, None
-    return int(sep["id"]), separator_placement
-
-
-def _export(
-    directory: str,
-    meta: dict[str, Any],
-    paths: tuple[str, str],
-    val_fraction: float | None,
-    dtype: np.dtype,
-    header,
-    verify: bool,
-    separator_placement: Placement | None = None,
-) -> dict[str, int]:
-    sep_id, move_to = _separator_move(meta, separator_placement)
-    files = version_files(directory) if verify else None
-    for shard in meta["shards"]:
-        name = str(shard.get("name", ""))
-        if not name or "/" in name or "\\" in name or name.startswith("."):
-            raise InputError(f"{directory}: bad shard name {name!r}")
-        if files is not None:  # every shard before any output: a corrupt one fails fast
-            check_version_file(directory, f"{name}.npy", files)
-    points = split_points(directory, meta, val_fraction, verify)
-    # (shard path, start, stop) pieces of each split, in order
-    splits: tuple[list[list[Any]], list[list[Any]]] = ([], [])
-    layouts = []
-    for i, shard in enumerate(meta["shards"]):
-        path = os.path.join(directory, f"{shard['name']}.npy")
-        n, file_dtype, offset = _checked_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens")
-        if n != int(shard["n_tokens"]):
-            raise InputError(f"{path}: {n:,} tokens, manifest says {shard['n_tokens']:,}")
-        layouts.append((file_dtype, offset))
-        split = points[i]
-        for pieces, a, b in ((splits[0], 0, split), (splits[1], split, n)):
-            if b > a:
-                pieces.append([i, path, a, b])
-    lead, trail = ([False, False], [False, False])
-    if sep_id is not None:
-        for k, pieces in enumerate(splits):
-            if not pieces:
-                continue
-            # append -> prepend: the split's last token (a separator) goes first; the reverse for prepend -> append
-            i, path, a, b = piece = pieces[-1] if move_to == "prepend" else pieces[0]
-            at = b - 1 if move_to == "prepend" else a
-            token = next(_read_chunks(path, layouts[i][0], layouts[i][1], at, at + 1))[1][0]
-            if int(token) != sep_id:
-                raise InputError(f"{path}: token {at:,} is {int(token)}, not the separator {sep_id} the manifest places there")
-            if move_to == "prepend":
-                piece[3] -= 1
-                lead[k] = True
-            else:
-                piece[2] += 1
-                trail[k] = True
-    counts = {"train": int(sum(p[3] - p[2] for p in splits[0])) + lead[0] + trail[0], "val": int(sum(p[3] - p[2] for p in splits[1])) + lead[1] + trail[1]}
-    sep_bytes = np.array([sep_id or 0], dtype=dtype).tobytes()
-    with _atomic_out(paths[0]) as train, _atomic_out(paths[1]) as val:
-        for k, (out, pieces) in enumerate(((train, splits[0]), (val, splits[1]))):
-            if header is not None:
-                out.write(header(counts["train" if k == 0 else "val"]))
-            if lead[k]:
-                out.write(sep_bytes)
-            for i, path, a, b in pieces:
-                for _, chunk in _read_chunks(path, layouts[i][0], layouts[i][1], a, b):
-                    out.write(chunk.astype(dtype, copy=False).tobytes())
-            if trail[k]:
-                out.write(sep_bytes)
-    return counts
-
-
-NANOGPT_META = "meta.pkl"
-NANOGPT_VOCAB_MULTIPLE = 64
-
-
-def nanogpt_meta(meta: Mapping[str, Any], separator_placement: Placement | None = None, token_bytes: Sequence[bytes | None] | None = None) -> dict[str, Any]:
-    """The dict `export_nanogpt` pickles as ``meta.pkl``, plain ints and strings: nanoGPT's
-    ``train.py`` reads ``vocab_size`` from it and sizes the model's embedding and output
-    table by it, so it is the vocabulary rounded up to a multiple of `NANOGPT_VOCAB_MULTIPLE`
-    (GPT-2's 50,257 ids -> 50,304, as nanoGPT pads its own default: the output matmul's width
-    suits the GPU's tiles; the padded ids never occur in the data). ``unpadded_vocab_size``
-    is the tokenizer's id count.
-
-    With `token_bytes` (each id's bytes, None for an unused id) it also holds ``itos`` (id ->
-    the token's text, invalid UTF-8 as U+FFFD) and ``stoi`` (each character that is a token of
-    its own -> the lowest such id): nanoGPT's ``sample.py`` decodes with
-    ``"".join(itos[i] for i in ids)`` and encodes a prompt character by character with
-    ``stoi`` whenever a ``meta.pkl`` is present, so without them it stops with a KeyError.
-    A prompt character that is no token of its own still does (most of ASCII and common
-    letters are)."""
-    n_ids = int(meta["vocab_size"])
-    padded = -(-n_ids // NANOGPT_VOCAB_MULTIPLE) * NANOGPT_VOCAB_MULTIPLE
-    out: dict[str, Any] = {"vocab_size": padded, "unpadded_vocab_size": n_ids, "dtype": "uint16"}
-    if token_bytes is not None:
-        itos = {i: b.decode("utf-8", "replace") for i, b in enumerate(token_bytes) if b is not None}
-        out["itos"] = itos
-        out["stoi"] = {text: i for i, text in sorted(itos.items(), reverse=True) if len(text) == 1 and text != "\ufffd"}
-    sep = meta.get("separator")
-    if sep:
-        out.update(separator=str(sep["token"]), separator_id=int(sep["id"]), placement=str(separator_placement or sep["placement"]))
-    tokenizer = (meta.get("tokenizer") or {}).get("version")
-    if tokenizer:
-        out["tokenizer"] = str(tokenizer)
-    return out
-
-
-def export_nanogpt(
-    directory: str,
-    meta: dict[str, Any],
-    out_dir: str,
-    val_fraction: float | None = None,
-    *,
-    separator_placement: Placement | None = None,
-    verify: bool = True,
-    token_bytes: Sequence[bytes | None] | None = None,
-) -> dict[str, int]:
-    """Write nanoGPT's ``train.bin`` / ``val.bin`` (raw uint16, no header, read with
-    ``np.memmap(path, dtype=np.uint16, mode="r")``) and the ``meta.pkl`` its ``train.py``
-    takes ``vocab_size`` from (`nanogpt_meta`; nanoGPT's format, the one pickle written
-    here, never read here). With `token_bytes` (the tokenizer's bytes per id, as the CLI
-    gives) it also carries the ``stoi``/``itos`` that nanoGPT's ``sample.py`` reads.
-
-    ``val.bin`` holds the validation documents of the split the manifest records
-    (`split_points`: each shard's last documents, the ones the trainer holds out), in
-    shard order, ``train.bin`` the rest; no document straddles the two files. A
-    `val_fraction` given is checked against the recorded one.
-    `separator_placement` (``append``, nanoGPT's, or ``prepend``) moves each separator to that side of its
-    document when the shards were encoded the other way; None keeps the shards' order.
-    Files are written to temp names and renamed into place, with the mode a plain ``open``
-    gives (0o666 & ~umask). In a published version every shard read is first checked
-    against the version's manifest (as `open_tokens`; `verify=False` skips the hash).
-    Returns token counts.
-
-    Raises:
-        StoreError: a shard that does not match its version's manifest (before any output).
-        InputError: a vocabulary that needs uint32, a placement for shards without a
-            separator, a `val_fraction` other than the recorded split's, or a shard that
-            disagrees with `meta`.
-    """
-    if token_dtype(int(meta["vocab_size"])) != np.dtype("<u2"):
-        raise InputError(f"nanoGPT's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}")
-    os.makedirs(out_dir, exist_ok=True)
-    paths = (os.path.join(out_dir, "train.bin"), os.path.join(out_dir, "val.bin"))
-    counts = _export(directory, meta, paths, val_fraction, np.dtype("<u2"), None, verify, separator_placement)
-    with _atomic_out(os.path.join(out_dir, NANOGPT_META)) as f:
-        pickle.dump(nanogpt_meta(meta, separator_placement, token_bytes), f, protocol=4)
-    return counts
-
-
-LLMC_MAGIC = 20240520
-LLMC_VERSION = 1
-
-
-def _llmc_header(n: int) -> bytes:
-    header = np.zeros(256, dtype="<i4")
-    header[0], header[1], header[2] = LLMC_MAGIC, LLMC_VERSION, n
-    return header.tobytes()
-
-
-def export_llmc(
-    directory: str,
-    meta: dict[str, Any],
-    out_dir: str,
-    val_fraction: float | None = None,
-    prefix: str = "tokens",
-    *,
-    separator_placement: Placement | None = None,
-    verify: bool = True,
-) -> dict[str, int]:
-    """Write llm.c's ``<prefix>_train.bin`` / ``<prefix>_val.bin``: a 256 x int32 header
-    (magic 20240520, version 1, token count) then uint16 tokens. llm.c's own data scripts
-    put the separator before each document: ``separator_placement="prepend"`` gives that from shards
-    encoded with ``append`` (None keeps the shards' order). Split, file modes and
-    verification as `export_nanogpt`."""
-    if token_dtype(int(meta["vocab_size"])) != np.dtype("<u2"):
-        raise InputError(f"llm.c's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}")
-    if int(meta["totals"]["n_tokens"]) >= 1 << 31:
-        raise InputError("llm.c's header counts tokens in an int32: too many tokens for one file")
-    if not prefix or "/" in prefix or "\\" in prefix or prefix.startswith("."):
-        raise InputError(f"prefix={prefix!r}: a plain file name prefix")
-    os.makedirs(out_dir, exist_ok=True)
-    paths = (os.path.join(out_dir, f"{prefix}_train.bin"), os.path.join(out_dir, f"{prefix}_val.bin"))
-    return _export(directory, meta, paths, val_fraction, np.dtype("<u2"), _llmc_header, verify, separator_placement)

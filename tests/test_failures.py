@@ -25,8 +25,9 @@ import time
 
 import pytest
 
-from flows import cli
-from flows.cli import describe_failure, main
+from flows import cli, failures
+from flows.cli import main
+from flows.failures import describe_failure
 from pipeline_lib.errors import CancelledError, CheckpointError, ConfigError, InputError, ShardError, StoreError
 from pipeline_lib.stages import spec as engine
 from pipeline_lib.store import ArtifactStore
@@ -103,7 +104,7 @@ def _free_port() -> int:
         (TimeoutError("timed out"), 1, ["in time", "read_timeout"]),
         (KeyboardInterrupt(), 130, ["interrupted", "rerun"]),
         (CancelledError("cancelled from the UI"), 130, ["cancelled from the UI"]),
-        (cli.Terminated(signal.SIGTERM), 143, ["SIGTERM"]),
+        (failures.Terminated(signal.SIGTERM), 143, ["SIGTERM"]),
         (KeyError("oops"), 1, ["unexpected KeyError"]),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else None,
@@ -133,7 +134,7 @@ def test_failure_log_is_private_and_redacted(log_dir):
     try:
         raise KeyError("boom")
     except KeyError as e:
-        path = cli.write_failure_log(e, ["versions", "--storage-option", "secret=hunter2", "--store", "s3://me:pw@host/b"], "unexpected KeyError")
+        path = failures.write_failure_log(e, ["versions", "--storage-option", "secret=hunter2", "--store", "s3://me:pw@host/b"], "unexpected KeyError")
     assert path and os.path.dirname(path) == str(log_dir)
     text = pathlib.Path(path).read_text()
     assert "Traceback" in text and "KeyError: 'boom'" in text

@@ -204,7 +204,7 @@ def test_object_store_gc_takes_only_its_own(backend, request, monkeypatch):
     the publishing marker) and a staging area go."""
     import uuid
 
-    from pipeline_lib import store as store_module
+    from pipeline_lib import store_object
 
     if backend == "memory":
         store = ArtifactStore(f"memory://gc-foreign-{uuid.uuid4().hex}")
@@ -221,7 +221,7 @@ def test_object_store_gc_takes_only_its_own(backend, request, monkeypatch):
     def killed_before_the_manifest(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(store_module, "write_bytes_create_only", killed_before_the_manifest)
+    monkeypatch.setattr(store_object, "write_bytes_create_only", killed_before_the_manifest)
     with pytest.raises(KeyboardInterrupt):
         store.publish(staging, files={"a.txt": info})
     monkeypatch.undo()

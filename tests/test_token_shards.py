@@ -323,7 +323,7 @@ def test_val_start_is_the_nearest_document_boundary(lengths, fraction):
 @settings(max_examples=300, deadline=None)
 @given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=20), data=st.data())
 def test_separator_positions_of_a_token_range(lengths, data):
-    from pipeline_lib.token_shards import _separator_positions
+    from pipeline_lib.token_checks import _separator_positions
 
     ends = np.cumsum(lengths, dtype=np.uint64)
     start = data.draw(st.integers(0, int(ends[-1])))
@@ -334,10 +334,10 @@ def test_separator_positions_of_a_token_range(lengths, data):
 
 @pytest.mark.parametrize("chunk", [1, 3, 1 << 20])
 def test_index_order_is_checked_across_chunks(monkeypatch, chunk):
-    from pipeline_lib import token_shards
+    from pipeline_lib import token_checks
 
-    monkeypatch.setattr(token_shards, "_INDEX_CHUNK", chunk)
-    check = token_shards._strictly_increasing_from_one
+    monkeypatch.setattr(token_checks, "_INDEX_CHUNK", chunk)
+    check = token_checks._strictly_increasing_from_one
     assert check(np.array([1, 2, 5, 9], dtype=np.uint64))
     assert not check(np.array([0, 2, 5], dtype=np.uint64))  # a first document of no tokens
     assert not check(np.array([1, 2, 2, 9], dtype=np.uint64))

@@ -190,7 +190,7 @@ class StageTasks:
             ref = cast(dict, self.task(store_url, parents, config, None, storage_options))
         else:
             refs = {name: to_ref(r) for name, r in parents.items()}
-            groups = engine.unit_groups(self.stage, store_of(store_url, storage_options), refs, bytes_per_task)
+            groups = engine.unit_groups(self.stage, store_of(store_url, storage_options), refs, bytes_per_task, config)
             n = sum(len(g) for g in groups)
             futures = self.unit_task.map(
                 store_url, unmapped(parents), unmapped(config), [g.start for g in groups], unmapped(storage_options), unmapped(n), [g.stop - 1 for g in groups]
@@ -260,7 +260,7 @@ def stage_tasks(
         skipped when already done, so a rerun after a crash redoes only the unfinished ones."""
         store = store_of(store_url, storage_options)
         refs = {name: to_ref(ref) for name, ref in parents.items()}
-        total = n_units if n_units is not None else engine.unit_count(stage, store, refs)  # the flow passes the count it mapped
+        total = n_units if n_units is not None else engine.unit_count(stage, store, refs, config)  # the flow passes the count it mapped
         records = []
         for index in range(unit, (unit if last is None else last) + 1):
             record = engine.run_unit(stage, store, refs, config, index)

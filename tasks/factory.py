@@ -179,6 +179,8 @@ class StageTasks:
     unit_task: Task | None = None
 
     after: Callable[[ArtifactStore, VersionRef, Any], None] | None = None
+    # Work between the units and the publish, in the flow (the counts tree's merges).
+    before_publish: Callable[[str, dict[str, dict[str, str]], Any, dict | None], None] | None = None
 
     def __call__(
         self, store_url: str, parents: dict[str, dict[str, str]], config: Any, storage_options: dict | None = None, bytes_per_task: int = 0
@@ -198,6 +200,8 @@ class StageTasks:
             _follow(futures, [g.stop - g.start for g in groups], self.stage.units.name, store_url, parents)  # type: ignore[union-attr]
             # A unit task returns its group's records (a record alone: a result cached before groups).
             records = [record for group in futures.result() for record in (group if isinstance(group, list) else [group])]
+            if self.before_publish is not None:
+                self.before_publish(store_url, parents, config, storage_options)
             ref = cast(dict, self.task(store_url, parents, config, records, storage_options))
         if self.after is not None:
             # In the flow, not in the task: a Cached task does not run, and a nightly run with

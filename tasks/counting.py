@@ -8,8 +8,8 @@ from prefect import get_run_logger, task, unmapped
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from pipeline_lib import stages
-from pipeline_lib.counting import CountConfig
+from pipeline_lib import counting, stages
+from pipeline_lib.counting import COUNTS_KIND, CountConfig
 from pipeline_lib.stages import counts as stage_counts
 from tasks.common import store_of, to_ref
 from tasks.factory import artifact_key, stage_tasks
@@ -73,10 +73,14 @@ def merge_counts(store_url: str, corpus: dict[str, str], config: CountConfig, le
 
 def _merge_tree(store_url: str, parents: dict[str, dict[str, str]], config: CountConfig, storage_options: dict | None) -> None:
     """The counts tree's merges, a level at a time, mapped on the flow's task runner (the
-    publish does the last merge)."""
-    corpus = parents["corpus"]
-    for level, n_merges in enumerate(stage_counts.tree_merges(store_of(store_url, storage_options), to_ref(corpus)), start=1):
-        merge_counts.map(store_url, unmapped(corpus), unmapped(config), level, list(range(n_merges)), unmapped(storage_options)).result()
+    publish does the last merge); none when the counts are published already, and no task
+    for a table that goes up a level alone."""
+    store, corpus = store_of(store_url, storage_options), to_ref(parents["corpus"])
+    if store.usable(COUNTS_KIND, stage_counts.counts_version(corpus, config)):
+        return
+    for level, merges in enumerate(counting.tree_levels(len(stages.corpus_shards(store, corpus))), start=1):
+        ks = [k for k, tables in enumerate(merges) if len(tables) > 1]
+        merge_counts.map(store_url, unmapped(parents["corpus"]), unmapped(config), level, ks, unmapped(storage_options)).result()
 
 
 COUNTS = dataclasses.replace(stage_tasks(stages.COUNTS, after=_reduced, unit_after=_counted), before_publish=_merge_tree)

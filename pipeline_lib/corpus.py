@@ -13,10 +13,12 @@ already on durable storage: s3, gs, https with an ETag) nothing is copied: the `
 version records each source's URL, size and ETag (or modification time), `shard_corpus`
 reads the sources in place, computing their sha256 as it streams them (recorded in the
 corpus manifest), and refuses a source whose size or ETag is no longer what was recorded
-(checked before and after each read, with the count of bytes read). `write_shards` (the
-shard stage, `pipeline_lib.stages.shard_corpus`) reads the raw version and
-writes ``n_shards`` Parquet text shards of about equal bytes (or of about ``shard_bytes``),
-split at document boundaries, as a ``corpus`` version.
+(checked before and after each read, with the count of bytes read). The shard stage
+(`pipeline_lib.stages.shard_corpus`) splits the raw version's sources into groups of up to
+``source_group_bytes`` (`source_groups`), shards each group in a unit of its own
+(`shard_group`: Parquet text shards of about equal bytes, or of about ``shard_bytes``, split
+at document boundaries, ``n_shards`` shared among the groups by their bytes), and publishes
+them as a ``corpus`` version (`publish_shards`); `write_shards` does all of it in one call.
 
 A document is a line, a paragraph or a whole file for text files (`CorpusConfig.documents`),
 a record for JSONL (`text_field`) and a row for Parquet (`text_field` column). Documents

@@ -30,6 +30,10 @@ It prints, section by section:
    measured wall time (the error), and its projection to 1 TB and 10 TB on a cluster.
 4. The cost of a task run: benchmarks/bench_granularity.py (1,000 small shards, one task per
    shard vs grouped), where it exists.
+5. With --many-files N: the smallest chain corpus cut into N files at line ends, its
+   sharding stage (one unit per source group, --many-group-bytes) on 1 and 2 worker
+   processes, against the same bytes in one file: wall, MB/s, groups, shards, the worst
+   group's shard spread, and the speedup on 2 workers.
 
 Targets (issue "large corpora"): CLI <= 0.5x rustbpe's wall at 20 MB and <= 0.3x at 139 MB;
 the 1 GB chain <= 60 s wall with peak RSS <= 1 GB, RSS flat (<= 1.2x) from 1 GB to 4 GB.
@@ -142,6 +146,77 @@ def chain(corpus: Path, store: Path, vocab_size: int, workers: int, env: dict[st
     return {"wall": wall, "peak_rss_mb": int(lines[-1]) / 1024, "spread": json.dumps(balance, sort_keys=True) if balance else "n/a"}
 
 
+def split_corpus(corpus: Path, n_files: int, out: Path) -> list[str]:
+    """`corpus` cut into `n_files` files of about equal bytes at line ends (in `out`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    size = corpus.stat().st_size
+    paths = []
+    with open(corpus, "rb") as src:
+        for i in range(n_files):
+            part = src.read(max(1, size // n_files)) + src.readline()
+            if i == n_files - 1:
+                part += src.read()
+            path = out / f"part-{i:05d}.txt"
+            path.write_bytes(part)
+            paths.append(str(path))
+    return paths
+
+
+def _shard_group(args: tuple[str, dict, dict, int]) -> None:
+    from pipeline_lib import stages
+    from pipeline_lib.store import ArtifactStore, VersionRef
+
+    store_url, raw, config, group = args
+    stages.shard_sources(ArtifactStore(store_url), VersionRef(**raw), group, stages.CorpusConfig(**config))
+
+
+def shard_stage(sources: list[str], store: Path, workers: int, group_bytes: int) -> dict[str, float | int | str]:
+    """The sharding stage alone on `sources` (downloaded first, not timed): its units (one
+    per source group) on `workers` processes, then the publish. Wall and the corpus version."""
+    from concurrent.futures import ProcessPoolExecutor
+    from dataclasses import asdict
+
+    sys.path.insert(0, str(ROOT))
+    from pipeline_lib import stages
+    from pipeline_lib.stages import spec
+    from pipeline_lib.store import ArtifactStore
+
+    shutil.rmtree(store, ignore_errors=True)
+    config = {"sources": tuple(sources), "n_shards": 2 * workers, "source_group_bytes": group_bytes}
+    cfg = stages.CorpusConfig(**config)
+    st = ArtifactStore(str(store))
+    raw = stages.download_corpus(st, cfg)
+    n_groups = spec.unit_count(stages.SHARD, st, {"raw": raw}, cfg)
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(workers) as pool:
+        list(pool.map(_shard_group, [(str(store), asdict(raw), config, g) for g in range(n_groups)]))
+    corpus = spec.produce(stages.SHARD, st, {"raw": raw}, cfg)
+    wall = time.perf_counter() - t0
+    meta = st.manifest(corpus.kind, corpus.version)["meta"]
+    worst = max((g["balance"]["max_over_mean"] or 1.0) for g in meta["groups"])
+    return {"wall": wall, "groups": n_groups, "shards": len(meta["shards"]), "bytes": meta["n_bytes"], "version": corpus.version, "worst_group_spread": worst}
+
+
+def many_files(corpus: Path, n_files: int, work: Path, group_bytes: int) -> None:
+    """Section 5: the corpus as `n_files` files, sharded on 1 and 2 workers, against the
+    same bytes in one file on 1 worker."""
+    sources = split_corpus(corpus, n_files, work / f"many-{n_files}")
+    one = shard_stage([str(corpus)], work / "store-one", 1, group_bytes)
+    print(f"  one file, 1 worker: {one['wall']:.1f} s ({one['bytes'] / one['wall'] / 1e6:.1f} MB/s), {one['shards']} shards ({load()})", flush=True)
+    walls = {}
+    for workers in (1, 2):
+        row = shard_stage(sources, work / f"store-many-{workers}", workers, group_bytes)
+        walls[workers] = float(row["wall"])
+        print(
+            f"  {n_files} files, {workers} worker(s): {row['wall']:.1f} s ({row['bytes'] / float(row['wall']) / 1e6:.1f} MB/s), "
+            f"{row['groups']} source groups, {row['shards']} shards, worst group max/mean {row['worst_group_spread']} ({load()})",
+            flush=True,
+        )
+    print(f"  sharding speedup on 2 workers: x{walls[1] / walls[2]:.2f} (target >= 1.7)")
+    for name in ("store-one", "store-many-1", "store-many-2"):
+        shutil.rmtree(work / name, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prose", help="English text for section 1 (prose_big.txt); leave out to skip it")
@@ -151,6 +226,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-granularity", action="store_true", help="skip section 4")
     ap.add_argument("--work-dir", help="for corpora, stores and logs (default: a temp dir, removed afterwards)")
+    ap.add_argument("--no-chain", action="store_true", help="skip sections 2 and 3 (the chain runs and the cost model)")
+    ap.add_argument("--many-files", type=int, default=0, help="section 5: the smallest chain corpus as this many files, sharded on 1 and 2 workers")
+    ap.add_argument("--many-group-bytes", type=int, default=0, help="section 5: --source-group-bytes of those runs (default 0: one task per file)")
     args = ap.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="tokenmill-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -161,7 +239,7 @@ def main() -> None:
             section(f"1. tokenizer train vs library vs rustbpe + tiktoken: {label} of {args.prose}")
             stream([sys.executable, str(BENCH / "bench_cli.py"), args.prose, "--vocab-size", str(args.vocab_size), "--workers", str(args.workers), *extra])
 
-    if args.chain_source and args.chain_gb:
+    if args.chain_source and args.chain_gb and not args.no_chain:
         home = work / "prefect-home"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_"))}
         # TOKENMILL_WARM=0: each run in its own process (imports included), so that its peak RSS is the command's.
@@ -201,6 +279,11 @@ def main() -> None:
                     f"error {100 * (known / measured - 1):+.0f}%"
                 )
             cost_model.print_clusters(model, [1, 10], [(32, 8), (128, 8)])
+
+    if args.many_files and args.chain_source and args.chain_gb:
+        gb = min(args.chain_gb)
+        section(f"5. the sharding stage on {gb:g} GB as {args.many_files} files, 1 and 2 workers")
+        many_files(build_corpus(args.chain_source, int(gb * 1e9), work / f"chain-{gb:g}GB.txt"), args.many_files, work, args.many_group_bytes)
 
     granularity = BENCH / "bench_granularity.py"
     if not args.no_granularity and granularity.exists():

@@ -184,27 +184,49 @@ class CostModel:
         return {k: self.bytes / 1e6 / v for k, v in self.busy_s.items() if v > 0}
 
 
-def cluster_plan(model: CostModel, nbytes: float, nodes: int, cores: int, task_bytes: int = 64 << 20, shard_bytes: int = 256 << 20) -> dict:
+def tree_reduce_seconds(model: CostModel, nbytes: float, shards: int, slots: int) -> float:
+    """Wall seconds of the counts tree (pairwise merges, `slots` merges at a time): each level's
+    merges run in parallel, each reading two tables of the distinct pieces of its share of the
+    corpus, at the calibration run's reduce rate (busy seconds per table row read)."""
+    per_row = model.busy_s.get("reduce", 0.0) / max(1.0, model.rows_at(model.bytes, model.shards))
+    wall, tables = 0.0, shards
+    while tables > 1:
+        merges = math.ceil(tables / 2)
+        rows_per_merge = 2 * model.pieces_at(nbytes / tables)  # two tables, each of its share's distinct pieces
+        wall += math.ceil(merges / slots) * rows_per_merge * per_row
+        tables = merges
+    return wall
+
+
+def cluster_plan(
+    model: CostModel, nbytes: float, nodes: int, cores: int, task_bytes: int = 64 << 20, shard_bytes: int = 256 << 20, group_bytes: int = 256 << 20
+) -> dict:
     """The chain on `nodes` workers of `cores` cores for a corpus of `nbytes`: time per stage,
-    task runs, object-store requests and bytes moved (reference mode: no copy of the sources)."""
+    task runs, object-store requests and bytes moved (reference mode: no copy of the sources).
+
+    The sharder runs one task per source group of `group_bytes` (at most as many at once as
+    cores), the counts are merged by a tree of pairwise merges (one task each), and
+    learn_merges stays one task on the (pruned) counts table."""
     shards = math.ceil(nbytes / shard_bytes)
+    groups = math.ceil(nbytes / group_bytes)
     seconds = model.stage_seconds(nbytes, shards)
     cores_all = nodes * cores
     tasks = max(64, math.ceil(nbytes / task_bytes))
+    tree_merges = max(0, shards - 2)
+    task_runs = 2 * tasks + groups + tree_merges + 4
     parquet = model.notes.get("parquet_ratio") or 0.35
     out = {
         "shards": shards,
-        "task_runs": 2 * tasks + 5,
-        # The sharder is one task: it reads every source and writes every shard on one core.
-        "shard_h": seconds.get("shard", 0.0) / 3600,
+        "task_runs": task_runs,
+        "shard_h": seconds.get("shard", 0.0) / (min(cores_all, groups) * model.efficiency) / 3600,
         "count_h": seconds.get("count", 0.0) / (cores_all * model.efficiency) / 3600,
         "encode_h": seconds.get("encode", 0.0) / (cores_all * model.efficiency) / 3600,
-        "reduce_merges_h": (seconds.get("reduce", 0.0) + seconds.get("merges", 0.0)) / 3600,
-        "orchestration_h": (2 * tasks + 5) / SERVER_TASK_RUNS_PER_S / 3600,
+        "reduce_merges_h": (tree_reduce_seconds(model, nbytes, shards, cores_all) + seconds.get("merges", 0.0)) / 3600,
+        "orchestration_h": task_runs / SERVER_TASK_RUNS_PER_S / 3600,
         "distinct_pieces": model.pieces_at(nbytes),
-        # GET the sources once (sharder), the shards twice (count, encode); PUT the shards, the
-        # per-shard counts, and three files per token shard; multipart parts of 64 MiB.
-        "requests": int(nbytes / (64 << 20) * 2 + shards * (1 + 2 + 1 + 3 + 4)),
+        # GET the sources once (sharders), the shards twice (count, encode); PUT the shards, the
+        # per-shard counts and the tree's tables, and three files per token shard; multipart parts of 64 MiB.
+        "requests": int(nbytes / (64 << 20) * 2 + shards * (1 + 2 + 1 + 3 + 4) + 3 * tree_merges),
         "bytes_read_tb": (nbytes + 2 * nbytes * parquet) / 1e12,
         "bytes_written_tb": (nbytes * parquet + nbytes / 4.2 * 4) / 1e12,  # shards + uint32 tokens (~4.2 bytes/token)
     }

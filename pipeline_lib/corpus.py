@@ -13,10 +13,12 @@ already on durable storage: s3, gs, https with an ETag) nothing is copied: the `
 version records each source's URL, size and ETag (or modification time), `shard_corpus`
 reads the sources in place, computing their sha256 as it streams them (recorded in the
 corpus manifest), and refuses a source whose size or ETag is no longer what was recorded
-(checked before and after each read, with the count of bytes read). `write_shards` (the
-shard stage, `pipeline_lib.stages.shard_corpus`) reads the raw version and
-writes ``n_shards`` Parquet text shards of about equal bytes (or of about ``shard_bytes``),
-split at document boundaries, as a ``corpus`` version.
+(checked before and after each read, with the count of bytes read). The shard stage
+(`pipeline_lib.stages.shard_corpus`) splits the raw version's sources into groups of up to
+``source_group_bytes`` (`source_groups`), shards each group in a unit of its own
+(`shard_group`: Parquet text shards of about equal bytes, or of about ``shard_bytes``, split
+at document boundaries, ``n_shards`` shared among the groups by their bytes), and publishes
+them as a ``corpus`` version (`publish_shards`); `write_shards` does all of it in one call.
 
 A document is a line, a paragraph or a whole file for text files (`CorpusConfig.documents`),
 a record for JSONL (`text_field`) and a row for Parquet (`text_field` column). Documents
@@ -81,6 +83,9 @@ MAX_SHARDS = 100_000
 MAX_DOCUMENT_BYTES = 256 << 20  # default cap on one document (--max-document-bytes)
 # ~1-2 s of counting or encoding per task on one core: an orchestrator's ~30 ms per task run is a few percent.
 DEFAULT_TASK_BYTES = 64 << 20
+# Sources per sharding task (one unit of the corpus stage): a corpus below this is one
+# group, sharded exactly as by a single sharder.
+DEFAULT_SOURCE_GROUP_BYTES = 256 << 20
 # Grouping never leaves fewer tasks than this (one per shard when there are fewer shards), so
 # that a small corpus keeps one task per shard and a cluster has work for its workers.
 MIN_TASKS = 64
@@ -141,6 +146,13 @@ class CorpusConfig:
             f"never fewer than {MIN_TASKS} tasks (one per shard below that); 0: one task per shard"
         ),
     ] = DEFAULT_TASK_BYTES
+    source_group_bytes: Annotated[
+        int,
+        doc(
+            "source bytes per sharding task: consecutive sources are grouped up to this size (a larger source alone), "
+            "each group sharded by a task of its own; 0: one task per source"
+        ),
+    ] = DEFAULT_SOURCE_GROUP_BYTES
     storage_options: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # fsspec options; given by the flow, not a stage parameter
 
     def __post_init__(self):
@@ -170,6 +182,8 @@ class CorpusConfig:
             raise InputError("max_document_bytes must be a positive number of bytes (--max-document-bytes)")
         if not isinstance(self.shard_bytes, int) or self.shard_bytes < 0:
             raise InputError(f"shard_bytes={self.shard_bytes}: give a positive number of bytes, or 0 to use n_shards")
+        if not isinstance(self.source_group_bytes, int) or self.source_group_bytes < 0:
+            raise InputError(f"source_group_bytes={self.source_group_bytes}: give a positive number of bytes, or 0 for one sharding task per source")
         if not isinstance(self.task_bytes, int) or self.task_bytes < 0:
             raise InputError(f"task_bytes={self.task_bytes}: give a positive number of bytes, or 0 for one task per shard")
 
@@ -1150,8 +1164,8 @@ class _ShardWriter:
     `_BIG_DOC` one of its own.
     """
 
-    def __init__(self, staging, index: int):
-        self.name = shard_name(index)
+    def __init__(self, staging, name: str):
+        self.name = name
         self.file = f"{self.name}.parquet"
         self.staging = staging
         self._ctx = staging.open_write(self.file)
@@ -1249,39 +1263,114 @@ def _in_place_sources(raw: VersionRef, records: list[dict[str, Any]], config: Co
     return [_InPlace(url, record, config.storage_options) for url, record in zip(urls, records)]
 
 
-def write_shards(store: ArtifactStore, staging: Staging, raw: VersionRef, config: CorpusConfig) -> tuple[dict[str, FileInfo], dict[str, Any]]:
-    """Split a `raw` version into up to `n_shards` Parquet shards of about equal bytes
-    (or shards of about `shard_bytes`) in `staging`: (files, meta) of the corpus version.
+def source_groups(sizes: Sequence[int], group_bytes: int) -> list[range]:
+    """Consecutive sources in groups of at most `group_bytes` bytes (a larger source alone);
+    `group_bytes` 0: one group per source.
 
-    Shard boundaries fall on document boundaries (`_ShardPlan`: each shard aims at the
-    bytes left over the shards left; a document larger than a shard's share gets a shard
-    of its own, flagged ``oversize``); the manifest's ``balance`` reports the spread. Two
-    streaming passes: the first measures (free for uncompressed sources), the second
-    writes; memory stays bounded by the largest document. Deterministic: the same raw
-    version and config give byte-identical shards.
+    >>> source_groups([10, 10, 10, 50, 5], 25)
+    [range(0, 2), range(2, 3), range(3, 4), range(4, 5)]
     """
+    groups: list[range] = []
+    start, current = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and (group_bytes == 0 or current + size > group_bytes):
+            groups.append(range(start, i))
+            start, current = i, 0
+        current += int(size)
+    if len(sizes):
+        groups.append(range(start, len(sizes)))
+    return groups
+
+
+def group_shard_counts(group_sizes: Sequence[int], n_shards: int) -> list[int]:
+    """`n_shards` shared among source groups in proportion to their bytes (largest
+    remainders, ties to the earlier group), at least one shard per group."""
+    total = sum(group_sizes)
+    if total == 0:
+        return [1] * len(group_sizes)
+    quotas = [n_shards * size / total for size in group_sizes]
+    counts = [max(1, math.floor(q)) for q in quotas]
+    order = sorted(range(len(quotas)), key=lambda g: (-(quotas[g] - math.floor(quotas[g])), g))
+    for g in order[: max(0, n_shards - sum(counts))]:
+        counts[g] += 1
+    return counts
+
+
+def group_shard_name(group: int, k: int, n_groups: int) -> str:
+    """Shard `k` of source group `group`: ``shard_<k>`` when the corpus is one group (as a
+    single sharder names them), else ``shard_<group>_<k>``."""
+    return shard_name(k) if n_groups == 1 else f"shard_{group:06d}_{k:06d}"
+
+
+@dataclass(frozen=True)
+class _RawSources:
+    """A raw version's sources as the sharder reads them: (path or in-place reader, stored name), their raw records and message labels."""
+
+    sources: list[tuple[str | _InPlace, str]]
+    records: list[dict[str, Any]]
+    labels: list[str]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [int(r["size"]) for r in self.records]
+
+
+def _raw_sources(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, group: range | None = None) -> _RawSources:
     raw_manifest = store.manifest(raw.kind, raw.version)
     raw_sources = raw_manifest["meta"]["sources"]
+    picked = range(len(raw_sources)) if group is None else group
     sources: list[tuple[str | _InPlace, str]]
     if raw_manifest["meta"].get("mode") == "reference":
-        sources = [(src, r["name"]) for src, r in zip(_in_place_sources(raw, raw_sources, config), raw_sources)]
+        in_place = _in_place_sources(raw, raw_sources, config)
+        sources = [(in_place[i], raw_sources[i]["name"]) for i in picked]
     else:
         raw_dir = store.local_dir(raw.kind, raw.version)
-        sources = [(os.path.join(raw_dir, "sources", s["name"]), s["name"]) for s in raw_sources]
-
+        sources = [(os.path.join(raw_dir, "sources", raw_sources[i]["name"]), raw_sources[i]["name"]) for i in picked]
+    records = [raw_sources[i] for i in picked]
     # Messages name the file the user gave, not the store's copy (`00000_x.txt`), where the
     # two agree on the format; the shards' source column keeps the copy's name.
-    labels = [_user_label(smeta, name) for (_, name), smeta in zip(sources, raw_sources)]
-    extents = [_source_extent(path, label, config) for (path, _), label in zip(sources, labels)]
-    total = sum(extents)
-    if total == 0:
-        raise InputError(f"the corpus {raw.key} is empty (sources: {[s['url'] for s in raw_sources][:5]})")
+    labels = [_user_label(smeta, name) for (_, name), smeta in zip(sources, records)]
+    return _RawSources(sources, records, labels)
 
-    files: dict[str, FileInfo] = {}
+
+def raw_source_sizes(store: ArtifactStore, raw: VersionRef) -> list[int]:
+    """The stored (or referenced) size of each source of a raw version, in source order."""
+    return [int(r["size"]) for r in store.manifest(raw.kind, raw.version)["meta"]["sources"]]
+
+
+def corpus_groups(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) -> list[range]:
+    """The source groups of a raw version (the units of the corpus stage), by `source_group_bytes`."""
+    return source_groups(raw_source_sizes(store, raw), config.source_group_bytes)
+
+
+def shard_group(store: ArtifactStore, staging: Staging, raw: VersionRef, config: CorpusConfig, group: int) -> dict[str, Any]:
+    """Shard source group `group` of a raw version into `staging`: its completion record
+    (the group's shards with their files, its sources, its decode counts).
+
+    The group's bytes are cut into shards of about equal bytes at document boundaries
+    (`_ShardPlan`: each shard aims at the bytes left over the shards left; a document
+    larger than a shard's share gets a shard of its own, flagged ``oversize``): `n_shards`
+    shared among the groups by their size (`group_shard_counts`), or shards of about
+    `shard_bytes`. Two streaming passes: the first measures (free for uncompressed
+    sources), the second writes; memory stays bounded by the largest document.
+    Deterministic: the same raw version and config give byte-identical shards.
+    """
+    sizes = raw_source_sizes(store, raw)
+    groups = source_groups(sizes, config.source_group_bytes)
+    if not 0 <= group < len(groups):
+        raise InputError(f"{raw.key}: source group {group} does not exist ({len(groups)} groups)")
+    src = _raw_sources(store, raw, config, groups[group])
+    extents = [_source_extent(path, label, config) for (path, _), label in zip(src.sources, src.labels)]
+    total = sum(extents)
+    if config.shard_bytes:
+        n_planned = config.planned_shards(total)
+    else:
+        n_planned = group_shard_counts([sum(sizes[i] for i in g) for g in groups], config.n_shards)[group]
+
     shards: list[dict[str, Any]] = []
     per_source: list[dict[str, Any]] = []
     stats = DecodeStats()
-    plan = _ShardPlan(total, config.planned_shards(total))
+    plan = _ShardPlan(max(total, 1), n_planned)
     writer: _ShardWriter | None = None
 
     def close(oversize: bool = False) -> None:
@@ -1290,7 +1379,7 @@ def write_shards(store: ArtifactStore, staging: Staging, raw: VersionRef, config
         record = writer.close()
         if oversize:
             record["oversize"] = True  # one document larger than a shard's share, alone
-        files[record["file"]] = writer.info
+        record["info"] = asdict(writer.info)
         writer = None
         shards.append(record)
 
@@ -1298,18 +1387,18 @@ def write_shards(store: ArtifactStore, staging: Staging, raw: VersionRef, config
         nonlocal writer
         if start < stop:
             if writer is None:
-                writer = _ShardWriter(staging, len(shards))
+                writer = _ShardWriter(staging, group_shard_name(group, len(shards), len(groups)))
             writer.add(batch, start, stop, source)
 
     try:
-        for (path, name), smeta, extent, label in zip(sources, raw_sources, extents, labels):
+        for (path, name), smeta, extent, label in zip(src.sources, src.records, extents, src.labels):
             sstats = DecodeStats()
             last = 0  # source bytes walked through in this source
             for batch in _iter_batches(path, label, config, sstats):
-                sizes = np.diff(batch.ends, prepend=last)
+                sizes_ = np.diff(batch.ends, prepend=last)
                 last = int(batch.ends[-1])
                 start = 0  # first document of the batch not written yet
-                for k, close_before, close_after, oversize in plan.place_batch(sizes):
+                for k, close_before, close_after, oversize in plan.place_batch(sizes_):
                     if close_before:
                         write(batch, start, k, name)
                         if writer is not None:
@@ -1343,10 +1432,39 @@ def write_shards(store: ArtifactStore, staging: Staging, raw: VersionRef, config
         if writer is not None:
             writer.abort()
         raise
+    return {"group": group, "extent": total, "shards": shards, "sources": per_source, "stats": asdict(stats)}
+
+
+def publish_shards(
+    raw: VersionRef, records: Sequence[Mapping[str, Any]], config: CorpusConfig, version: str = ""
+) -> tuple[dict[str, FileInfo], dict[str, Any]]:
+    """The corpus version's (files, meta) from its source groups' completion records, in group order."""
+    files: dict[str, FileInfo] = {}
+    shards: list[dict[str, Any]] = []
+    per_source: list[dict[str, Any]] = []
+    groups: list[dict[str, Any]] = []
+    stats = DecodeStats()
+    for record in records:
+        group_shards = [{k: v for k, v in s.items() if k != "info"} for s in record["shards"]]
+        for s in record["shards"]:
+            files[s["file"]] = FileInfo(**s["info"])
+        shards.extend(group_shards)
+        per_source.extend(record["sources"])
+        stats.add(DecodeStats(**record["stats"]))
+        groups.append(
+            {
+                "group": record["group"],
+                "sources": [s["name"] for s in record["sources"]],
+                "n_bytes": record["stats"]["bytes"],
+                "balance": shard_balance(group_shards),
+            }
+        )
+    urls = [s["url"] for s in per_source][:5]
+    if sum(int(r["extent"]) for r in records) == 0:
+        raise InputError(f"the corpus {raw.key} is empty (sources: {urls})")
     if stats.documents == 0:
         raise InputError(
-            f"the corpus {raw.key} has no documents ({stats.empty_documents} empty, "
-            f"{stats.skipped_documents} skipped for invalid UTF-8; sources: {[s['url'] for s in raw_sources][:5]})"
+            f"the corpus {raw.key} has no documents ({stats.empty_documents} empty, {stats.skipped_documents} skipped for invalid UTF-8; sources: {urls})"
         )
     meta: dict[str, Any] = {
         "shards": shards,
@@ -1360,9 +1478,17 @@ def write_shards(store: ArtifactStore, staging: Staging, raw: VersionRef, config
         "errors_policy": config.errors,
         "sources": per_source,
         "balance": shard_balance(shards),
+        "groups": groups,
     }
-    log.info("corpus %s: %d shards, %s", staging.version[:12], len(shards), format_balance(meta["balance"]))
+    log.info("corpus %s: %d shards from %d source group(s), %s", version[:12], len(shards), len(groups), format_balance(meta["balance"]))
     return files, meta
+
+
+def write_shards(store: ArtifactStore, staging: Staging, raw: VersionRef, config: CorpusConfig) -> tuple[dict[str, FileInfo], dict[str, Any]]:
+    """Every source group of a `raw` version sharded into `staging`, one after the other,
+    then the corpus version's (files, meta) (what the mapped corpus stage does in parallel)."""
+    records = [shard_group(store, staging, raw, config, g) for g in range(len(corpus_groups(store, raw, config)))]
+    return publish_shards(raw, records, config, staging.version)
 
 
 def _open_shard(path: str, with_source: bool) -> pq.ParquetFile:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -284,3 +284,74 @@ def reduce_counts(paths: Iterable[str], config: CountConfig) -> tuple[list[bytes
         total.add_counts(*read_counts(path))
     pieces, counts = total.to_arrays()
     return pieces, counts, total.record()
+
+
+# --------------------------------------------------------------------------- tree reduce
+TREE_FAN_IN = 2
+
+
+def tree_levels(n_tables: int, fan_in: int = TREE_FAN_IN) -> list[list[list[int]]]:
+    """The merges of a tree reduce of `n_tables` tables, level by level, until at most
+    `fan_in` tables are left (the last merge, which writes the result, is not listed): each
+    merge lists the tables of the level below it sums (consecutive, `fan_in` at a time; a
+    table left over alone goes up unmerged, as a one-table "merge" that is not run).
+
+    >>> tree_levels(5)
+    [[[0, 1], [2, 3], [4]], [[0, 1], [2]]]
+    >>> tree_levels(2), tree_levels(1)
+    ([], [])
+    """
+    if fan_in < 2:
+        raise InputError(f"fan_in={fan_in}: a tree merges at least 2 tables at a time")
+    levels: list[list[list[int]]] = []
+    n = n_tables
+    while n > fan_in:
+        merges = [list(range(i, min(i + fan_in, n))) for i in range(0, n, fan_in)]
+        levels.append(merges)
+        n = len(merges)
+    return levels
+
+
+def merge_record(record: dict[str, int], other: dict[str, int]) -> dict[str, int]:
+    """Two pruning records (`BoundedCounts.record`) as one: drops and prunes summed, the highest threshold."""
+    if not record:
+        return dict(other)
+    if not other:
+        return dict(record)
+    return {
+        "threshold": max(record["threshold"], other["threshold"]),
+        "pieces_dropped": record["pieces_dropped"] + other["pieces_dropped"],
+        "occurrences_dropped": record["occurrences_dropped"] + other["occurrences_dropped"],
+        "prunings": record["prunings"] + other["prunings"],
+    }
+
+
+def tree_reduce(
+    paths: Sequence[str],
+    workdir: str,
+    config: CountConfig,
+    fan_in: int = TREE_FAN_IN,
+    map_merges: Callable[[Callable[[int], dict[str, int]], range], Iterable[dict[str, int]]] = map,
+) -> tuple[list[bytes], np.ndarray, dict[str, int]]:
+    """`reduce_counts` as a tree: the tables summed `fan_in` at a time into tables in
+    `workdir`, level by level (`tree_levels`; `map_merges(fn, range)` runs a level's merges,
+    e.g. a thread pool's map), then the last merge. Each merge holds one table under
+    ``config.count_memory``, never the sum of all of them. In exact mode the result is
+    the one reduce's (a sum is a sum); in pruned mode a merge over the budget prunes its
+    own sum. Returns the table and the pruning of all merges together."""
+    current = list(paths)
+    record: dict[str, int] = {}
+    for level, merges in enumerate(tree_levels(len(current), fan_in), start=1):
+
+        def merge(k: int, level: int = level, merges: list[list[int]] = merges, inputs: list[str] = current) -> dict[str, int]:
+            if len(merges[k]) == 1:
+                return {}
+            pieces, counts, pruned = reduce_counts([inputs[i] for i in merges[k]], config)
+            write_counts(os.path.join(workdir, f"l{level:02d}_{k:06d}.parquet"), pieces, counts)
+            return pruned
+
+        for pruned in map_merges(merge, range(len(merges))):
+            record = merge_record(record, pruned)
+        current = [current[m[0]] if len(m) == 1 else os.path.join(workdir, f"l{level:02d}_{k:06d}.parquet") for k, m in enumerate(merges)]
+    pieces, counts, pruned = reduce_counts(current, config)
+    return pieces, counts, merge_record(record, pruned)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline_lib import corpus as corpus_lib
 from pipeline_lib import stages
 from tasks.factory import stage_tasks
 
@@ -23,7 +24,22 @@ def _sharded(store, ref, logger) -> None:
     )
 
 
+def _group_sharded(record, logger) -> None:
+    shards = [s for s in record.get("shards", []) if isinstance(s, dict)]
+    if not shards:  # a group already published (cached), or one without documents
+        return
+    balance = corpus_lib.shard_balance(shards)
+    logger.info(
+        "source group %d: %d source(s), %s bytes -> %d shards; %s",
+        record["group"],
+        len(record["sources"]),
+        f"{record['stats']['bytes']:,}",
+        len(shards),
+        corpus_lib.format_balance(balance),
+    )
+
+
 # Retries are for a flaky source (a dropped connection, a timeout), not a bad one.
 DOWNLOAD = stage_tasks(stages.DOWNLOAD, after=_downloaded, retries=2)
-SHARD = stage_tasks(stages.SHARD, after=_sharded)
-download_corpus, shard_corpus = DOWNLOAD.task, SHARD.task
+SHARD = stage_tasks(stages.SHARD, after=_sharded, unit_after=_group_sharded)
+download_corpus, shard_corpus, shard_sources = DOWNLOAD.task, SHARD.task, SHARD.unit_task

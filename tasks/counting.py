@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from prefect.artifacts import create_table_artifact
+import dataclasses
 
-from pipeline_lib import stages
+from prefect import get_run_logger, task, unmapped
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from pipeline_lib import counting, stages
+from pipeline_lib.counting import COUNTS_KIND, CountConfig
+from pipeline_lib.stages import counts as stage_counts
+from tasks.common import store_of, to_ref
 from tasks.factory import artifact_key, stage_tasks
 
 
@@ -55,5 +62,26 @@ def _reduced(store, ref, logger) -> None:
     )
 
 
-COUNTS = stage_tasks(stages.COUNTS, after=_reduced, unit_after=_counted)
+@task(name="merge_counts", cache_policy=NO_CACHE, tags=["tokenmill", "stage:merge_counts"], task_run_name="merge_counts[level={level}, merge={k}]")
+def merge_counts(store_url: str, corpus: dict[str, str], config: CountConfig, level: int, k: int, storage_options: dict | None = None) -> dict:
+    """One merge of the counts tree (skipped when done: the merges resume one by one)."""
+    record = stage_counts.merge_counts(store_of(store_url, storage_options), to_ref(corpus), config, level, k)
+    if record.get("pruned"):
+        get_run_logger().info("%s: pruned below %d", record["merge"], record["pruned"]["threshold"])
+    return record
+
+
+def _merge_tree(store_url: str, parents: dict[str, dict[str, str]], config: CountConfig, storage_options: dict | None) -> None:
+    """The counts tree's merges, a level at a time, mapped on the flow's task runner (the
+    publish does the last merge); none when the counts are published already, and no task
+    for a table that goes up a level alone."""
+    store, corpus = store_of(store_url, storage_options), to_ref(parents["corpus"])
+    if store.usable(COUNTS_KIND, stage_counts.counts_version(corpus, config)):
+        return
+    for level, merges in enumerate(counting.tree_levels(len(stages.corpus_shards(store, corpus))), start=1):
+        ks = [k for k, tables in enumerate(merges) if len(tables) > 1]
+        merge_counts.map(store_url, unmapped(parents["corpus"]), unmapped(config), level, ks, unmapped(storage_options)).result()
+
+
+COUNTS = dataclasses.replace(stage_tasks(stages.COUNTS, after=_reduced, unit_after=_counted), before_publish=_merge_tree)
 count_words, reduce_counts = COUNTS.unit_task, COUNTS.task

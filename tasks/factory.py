@@ -198,6 +198,8 @@ class StageTasks:
     unit_task: Task | None = None
 
     after: Callable[[ArtifactStore, VersionRef, Any], None] | None = None
+    # Work between the units and the publish, in the flow (the counts tree's merges).
+    before_publish: Callable[[str, dict[str, dict[str, str]], Any, dict | None], None] | None = None
 
     def __call__(
         self, store_url: str, parents: dict[str, dict[str, str]], config: Any, storage_options: dict | None = None, bytes_per_task: int = 0
@@ -209,7 +211,7 @@ class StageTasks:
             ref = cast(dict, self.task(store_url, parents, config, None, storage_options))
         else:
             refs = {name: to_ref(r) for name, r in parents.items()}
-            groups = engine.unit_groups(self.stage, store_of(store_url, storage_options), refs, bytes_per_task)
+            groups = engine.unit_groups(self.stage, store_of(store_url, storage_options), refs, bytes_per_task, config)
             n = sum(len(g) for g in groups)
             futures = self.unit_task.map(
                 store_url, unmapped(parents), unmapped(config), [g.start for g in groups], unmapped(storage_options), unmapped(n), [g.stop - 1 for g in groups]
@@ -220,6 +222,8 @@ class StageTasks:
                 raise CancelledError(cancelled.message or f"{self.stage.name}: cancelled")
             # A unit task returns its group's records (a record alone: a result cached before groups).
             records = [record for group in futures.result() for record in (group if isinstance(group, list) else [group])]
+            if self.before_publish is not None:
+                self.before_publish(store_url, parents, config, storage_options)
             ref = cast(dict, self.task(store_url, parents, config, records, storage_options))
         if self.after is not None:
             # In the flow, not in the task: a Cached task does not run, and a nightly run with
@@ -282,7 +286,7 @@ def stage_tasks(
         skipped when already done, so a rerun after a crash redoes only the unfinished ones."""
         store = store_of(store_url, storage_options)
         refs = {name: to_ref(ref) for name, ref in parents.items()}
-        total = n_units if n_units is not None else engine.unit_count(stage, store, refs)  # the flow passes the count it mapped
+        total = n_units if n_units is not None else engine.unit_count(stage, store, refs, config)  # the flow passes the count it mapped
         records = []
         for index in range(unit, (unit if last is None else last) + 1):
             try:

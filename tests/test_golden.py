@@ -77,7 +77,7 @@ def run_chain(root: Path, with_lm: bool = True) -> dict[str, tuple[Stage, Artifa
 
     def run(stage: Stage, parents: dict[str, VersionRef], config: Any) -> VersionRef:
         if stage.units is not None:
-            for i in range(engine.unit_count(stage, store, parents)):
+            for i in range(engine.unit_count(stage, store, parents, config)):
                 engine.run_unit(stage, store, parents, config, i)
         ref = engine.produce(stage, store, parents, config)
         out[stage.name] = (stage, store, ref)

@@ -33,6 +33,8 @@ def _chain(store: ArtifactStore, source: str) -> dict[str, VersionRef]:
     """The whole chain through the engine, the way the tasks run it (units, then publish)."""
     cfg = stages.CorpusConfig(sources=(source,), n_shards=3)
     raw = engine.produce(stages.DOWNLOAD, store, {}, cfg)
+    for i in range(engine.unit_count(stages.SHARD, store, {"raw": raw}, cfg)):
+        engine.run_unit(stages.SHARD, store, {"raw": raw}, cfg, i)
     corpus = engine.produce(stages.SHARD, store, {"raw": raw}, cfg)
     for i in range(engine.unit_count(stages.COUNTS, store, {"corpus": corpus})):
         engine.run_unit(stages.COUNTS, store, {"corpus": corpus}, stages.CountConfig(), i)
@@ -152,7 +154,7 @@ def test_an_output_version_is_a_positive_integer():
 def test_units_must_all_be_done_before_the_publish(tmp_path, corpus_file):
     store = ArtifactStore(str(tmp_path / "store"))
     cfg = stages.CorpusConfig(sources=(corpus_file,), n_shards=3)
-    corpus = engine.produce(stages.SHARD, store, {"raw": engine.produce(stages.DOWNLOAD, store, {}, cfg)}, cfg)
+    corpus = stages.shard_corpus(store, engine.produce(stages.DOWNLOAD, store, {}, cfg), cfg)
     engine.run_unit(stages.COUNTS, store, {"corpus": corpus}, stages.CountConfig(), 0)
     with pytest.raises(ValueError, match="shard 1 is not done yet: run count_words"):
         engine.produce(stages.COUNTS, store, {"corpus": corpus}, stages.CountConfig())

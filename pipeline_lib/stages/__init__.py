@@ -21,7 +21,7 @@ API for these stages; each is one call into the engine with its stage's spec.
 
 from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.counting import CountConfig
-from pipeline_lib.stages.corpus import DOWNLOAD, REPORT_CORPUS, SHARD, corpus_shards, download_corpus, shard_corpus
+from pipeline_lib.stages.corpus import DOWNLOAD, REPORT_CORPUS, SHARD, corpus_shards, download_corpus, shard_corpus, shard_sources
 from pipeline_lib.stages.counts import COUNTS, count_shard, counts_version, reduce_counts
 from pipeline_lib.stages.spec import Context, Identified, Output, Stage, Units, produce, run_unit
 from pipeline_lib.stages.tokenizer import (
@@ -66,6 +66,7 @@ __all__ = [
     "reduce_counts",
     "run_unit",
     "shard_corpus",
+    "shard_sources",
     "shard_table",
     "tokenizer_files",
     "tokenizer_version",

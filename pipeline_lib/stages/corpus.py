@@ -7,13 +7,13 @@ hand its staged files to the engine, which versions, claims and publishes them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pipeline_lib import corpus as corpus_lib
 from pipeline_lib.corpus import CORPUS_KIND, RAW_KIND, CorpusConfig
 from pipeline_lib.stages import spec
-from pipeline_lib.stages.spec import Context, Identified, Output, Stage, corpus_shards  # noqa: F401  (re-exported)
+from pipeline_lib.stages.spec import Context, Identified, Output, Stage, Units, corpus_shards  # noqa: F401  (re-exported)
 from pipeline_lib.store import ArtifactStore, VersionRef
 
 # The report's corpus: paragraphs, and more shards than the pipeline's, for a held-out part
@@ -50,9 +50,24 @@ def _shard_params(config: CorpusConfig) -> dict[str, Any]:
     return config.shard_params()
 
 
-def _shard(ctx: Context) -> Output:
+def _shard_group(ctx: Context) -> dict[str, Any]:
+    assert ctx.staging is not None and ctx.index is not None  # set for a unit of work
+    # "shard": the unit's index, as every unit record has it (the engine's done-record name).
+    return {"shard": ctx.index} | corpus_lib.shard_group(ctx.store, ctx.staging, ctx.inputs["raw"], ctx.config, ctx.index)
+
+
+def _group_count(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: CorpusConfig) -> int:
+    return len(corpus_lib.corpus_groups(store, inputs["raw"], config))
+
+
+def _group_bytes(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: CorpusConfig) -> list[int]:
+    sizes = corpus_lib.raw_source_sizes(store, inputs["raw"])
+    return [sum(sizes[i] for i in group) for group in corpus_lib.source_groups(sizes, config.source_group_bytes)]
+
+
+def _publish_shards(ctx: Context) -> Output:
     assert ctx.staging is not None  # the engine publishes this stage
-    files, meta = corpus_lib.write_shards(ctx.store, ctx.staging, ctx.inputs["raw"], ctx.config)
+    files, meta = corpus_lib.publish_shards(ctx.inputs["raw"], ctx.records, ctx.config, ctx.staging.version)
     return Output(files=files, meta=meta)
 
 
@@ -69,14 +84,17 @@ DOWNLOAD = Stage(
     fingerprint=_fingerprint,
 )
 
+# Mapped: one unit per source group (`CorpusConfig.source_group_bytes`), each writing its
+# own shards; the publish lists them in group order.
 SHARD = Stage(
     name="shard_corpus",
     kind=CORPUS_KIND,
     inputs=("raw",),
     config=CorpusConfig,
     output_version=1,
-    run=_shard,
+    run=_publish_shards,
     params=_shard_params,
+    units=Units(name="shard_sources", run=_shard_group, count=_group_count, sizes=_group_bytes),
 )
 
 
@@ -86,6 +104,15 @@ def download_corpus(store: ArtifactStore, config: CorpusConfig) -> VersionRef:
     return spec.produce(DOWNLOAD, store, {}, config)
 
 
+def shard_sources(store: ArtifactStore, raw: VersionRef, group: int, config: CorpusConfig) -> dict[str, Any]:
+    """Shard one source group into the corpus version's staging area (skips a finished group)."""
+    return spec.run_unit(SHARD, store, {"raw": raw}, config, group)
+
+
 def shard_corpus(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) -> VersionRef:
-    """Split a `raw` version into Parquet corpus shards (`pipeline_lib.corpus.write_shards`)."""
+    """Split a `raw` version into Parquet corpus shards: every source group not done yet
+    (`pipeline_lib.corpus.shard_group`, one after the other here; the flow maps them),
+    then the publish."""
+    for group in range(spec.unit_count(SHARD, store, {"raw": raw}, config)):
+        shard_sources(store, raw, group, config)
     return spec.produce(SHARD, store, {"raw": raw}, config)

@@ -93,11 +93,11 @@ def corpus_shards(store: ArtifactStore, corpus: VersionRef) -> list[dict[str, An
     return store.manifest(corpus.kind, corpus.version)["meta"]["shards"]
 
 
-def corpus_shard_count(store: ArtifactStore, inputs: Mapping[str, VersionRef]) -> int:
+def corpus_shard_count(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any = None) -> int:
     return len(corpus_shards(store, inputs["corpus"]))
 
 
-def corpus_shard_bytes(store: ArtifactStore, inputs: Mapping[str, VersionRef]) -> list[int]:
+def corpus_shard_bytes(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any = None) -> list[int]:
     return [int(s["n_bytes"]) for s in corpus_shards(store, inputs["corpus"])]
 
 
@@ -106,14 +106,14 @@ class Units:
     """The per-shard work of a mapped stage, done before its `run` publishes.
 
     `run(ctx)` writes unit `ctx.index` into `ctx.staging` and returns its completion record
-    (a JSON-able dict); `count(store, inputs)` is how many units there are, `sizes(store,
-    inputs)` their sizes in bytes (what `unit_groups` balances).
+    (a JSON-able dict); `count(store, inputs, config)` is how many units there are,
+    `sizes(store, inputs, config)` their sizes in bytes (what `unit_groups` balances).
     """
 
     name: str
     run: Callable[[Context], dict[str, Any]]
-    count: Callable[[ArtifactStore, Mapping[str, VersionRef]], int] = corpus_shard_count
-    sizes: Callable[[ArtifactStore, Mapping[str, VersionRef]], list[int]] = corpus_shard_bytes
+    count: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], int] = corpus_shard_count
+    sizes: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], list[int]] = corpus_shard_bytes
 
 
 @dataclass(frozen=True)
@@ -186,10 +186,10 @@ def unit_name(index: int) -> str:
     return shard_name(index)
 
 
-def unit_count(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef]) -> int:
+def unit_count(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any = None) -> int:
     if stage.units is None:
         raise InputError(f"stage {stage.name} is not a mapped stage")
-    return stage.units.count(store, check_inputs(stage, inputs))
+    return stage.units.count(store, check_inputs(stage, inputs), config)
 
 
 def group_units(sizes: Sequence[int], task_bytes: int) -> list[range]:
@@ -224,11 +224,11 @@ def group_units(sizes: Sequence[int], task_bytes: int) -> list[range]:
     return groups
 
 
-def unit_groups(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], task_bytes: int) -> list[range]:
+def unit_groups(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], task_bytes: int, config: Any = None) -> list[range]:
     """The units of a mapped stage in groups of about `task_bytes` (see `group_units`)."""
     if stage.units is None:
         raise InputError(f"stage {stage.name} is not a mapped stage")
-    return group_units(stage.units.sizes(store, check_inputs(stage, inputs)), task_bytes)
+    return group_units(stage.units.sizes(store, check_inputs(stage, inputs), config), task_bytes)
 
 
 # --------------------------------------------------------------------------- the engine
@@ -296,7 +296,7 @@ def _make(
 
     def make() -> VersionRef:
         staging = store.stage(stage.kind, version)
-        records = _unit_records(stage, store, inputs, staging) if stage.units is not None else ()
+        records = _unit_records(stage, store, inputs, staging, config) if stage.units is not None else ()
         try:
             out = stage.run(dataclasses.replace(context, staging=staging, records=records))
         finally:
@@ -320,11 +320,11 @@ def _make(
     return ref
 
 
-def _unit_records(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], staging: Staging) -> tuple[dict[str, Any], ...]:
+def _unit_records(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], staging: Staging, config: Any) -> tuple[dict[str, Any], ...]:
     units = stage.units
     assert units is not None  # only called for a mapped stage
     records = []
-    for i in range(units.count(store, inputs)):
+    for i in range(units.count(store, inputs, config)):
         record = staging.done(unit_name(i))
         if record is None:
             raise InputError(f"{stage.kind}/{staging.version}: shard {i} is not done yet: run {units.name} for every shard first")

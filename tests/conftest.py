@@ -110,6 +110,29 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+        _drain_prefect_services(timeout_s=60)
+
+
+def _drain_prefect_services(timeout_s: float) -> None:
+    """Drain Prefect's event and log workers with a bound, before the harness drains them
+    without one. Seen here with Prefect 3.9.1, now and then at the end of a session: a
+    worker's drain never completes while its thread idles, and the harness's unbounded
+    `drain_all()` hung the run for good. A worker still draining after `timeout_s` is
+    dropped from its service's registry (the harness then has nothing to wait for) and the
+    session says so; the test server stops either way."""
+    import warnings
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        _done, stuck = service.drain_all(timeout=timeout_s)
+        if stuck:
+            with service._instance_lock, service._instance_cache_lock:
+                for key, instance in list(service._instances.items()):
+                    if instance._done_event is not None and not instance._done_event.is_set():
+                        del service._instances[key]
+            warnings.warn(f"Prefect's {service.__name__} did not drain within {timeout_s:g} s at the end of the session", stacklevel=1)
 
 
 @pytest.fixture(scope="session")

@@ -49,6 +49,7 @@ INTEGRATION_MODULES = {
 }
 INTEGRATION_TESTS = {
     "test_bad_inputs.py::test_one_100mb_line",
+    "test_bad_inputs.py::test_document_cap_names_its_flag_from_the_cli",
     "test_tiktoken_api.py::test_pure_python_backend_gives_the_same_ids",
     "test_tiktoken_suite.py::test_no_download_client_or_tiktoken_is_imported",
     "test_shard_fast.py::test_a_100_mb_line_takes_a_few_times_its_size",

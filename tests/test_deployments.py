@@ -95,7 +95,7 @@ def test_deployed_lm_budget_trains_the_promised_steps():
     (LMConfig's default budget of 1 minute planned 62 of the weekly retrain's 600)."""
     from deployments.serve import deployment_specs
     from pipeline_lib.config import validate
-    from pipeline_lib.lm.config import LMConfig
+    from pipeline_lib.lm.stage_config import LMConfig
 
     promised = {s.name: s.parameters["lm"] for s in deployment_specs("/s", ["/c.txt"]) if "lm" in s.parameters}
     assert "weekly-retrain" in promised

@@ -68,6 +68,11 @@ LONGER_TIMEOUTS = {
     "test_cluster": 600,  # a Dask cluster and the CLI against it, a 600 s subprocess limit
     "test_cli_startup": 300,  # starts and stops tokenmill's local Prefect server (~90 s under load), 300 s subprocess limits
     "test_bad_inputs.py::test_one_100mb_line": 300,  # a 100 MB line through the CLI, a 300 s subprocess limit
+    "test_ddp": 600,  # two spawned interpreters import torch and train twice over gloo: 10-16 s here, over 120 s once in a loaded CI run
+    "test_parallel_shards": 300,  # 40 sharding tasks through a flow, a killed subprocess and its rerun
+    "test_store_gc_foreign": 300,  # CLI subprocesses with 300 s limits
+    "test_store_verify_rm": 300,  # CLI subprocesses with 300 s limits
+    "test_store_readonly": 300,  # a CLI run against a read-only mount, 300 s subprocess limits
 }
 
 

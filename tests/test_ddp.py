@@ -4,6 +4,7 @@ computes for the same total batch, and a 2-rank training run follows the 1-proce
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import socket
@@ -59,6 +60,7 @@ def _worker(rank: int, ports: tuple[int, int], data_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     cfg = tiny()
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    model = None
     try:
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(GPT(cfg.model.with_vocab(257)))
@@ -66,6 +68,10 @@ def _worker(rank: int, ports: tuple[int, int], data_dir: str, out: str) -> None:
         if rank == 0:
             save_file({n: p.grad.contiguous() for n, p in model.module.named_parameters()}, f"{out}/grad.safetensors")
     finally:
+        # The DDP wrapper holds the group: dropped first, the group dies inside
+        # destroy_process_group, not in a later collection that deadlocks with gloo's threads.
+        model = None
+        gc.collect()
         dist.destroy_process_group()
     os.environ["MASTER_PORT"] = str(ports[1])
     result = train(cfg, data_dir, f"{out}/run", log=lambda _m: None)

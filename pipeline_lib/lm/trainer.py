@@ -70,6 +70,7 @@ write the same bytes. Timings stay in `TrainResult` and the log.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -408,6 +409,7 @@ def train(
     """
     t_start = time_budget.clock()
     d = setup_dist(train_config)
+    run: _Run | None = None
     try:
         # small models on the CPU train on one intra-op thread, entered once the model is built
         with contextlib.ExitStack() as stack:
@@ -418,6 +420,11 @@ def train(
             return run.train(on_eval, on_step)
     finally:
         if d.owns_group:
+            # The DDP wrapper holds the process group: drop it first, so that the group is
+            # destroyed inside destroy_process_group (which lets go of the GIL) and not by a
+            # later collection that holds the GIL while gloo's threads need it (a deadlock).
+            run = None
+            gc.collect()
             dist.destroy_process_group()
 
 

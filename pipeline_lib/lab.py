@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from pipeline_lib import bpe_reference as ref
 from pipeline_lib.bpe_reference import END_OF_WORD
 from pipeline_lib.config import STRICT, check_vocab_sizes_limit, doc
 from pipeline_lib.errors import InputError
@@ -275,8 +276,6 @@ def merge_line(row: dict[str, Any]) -> str:
 def _start_parts(tok: Tokenizer, piece: bytes) -> list[bytes | None]:
     """A piece's parts before any merge, as the tokenizer's unit starts it: bytes, or
     characters (None: a character that is ``<unk>``; its bytes with byte fallback)."""
-    from pipeline_lib import bpe_reference as ref
-
     if tok.unit == "byte":
         return [piece[i : i + 1] for i in range(len(piece))]
     ranks = tok.mergeable_ranks
@@ -318,15 +317,8 @@ def encode_trace(tok: Tokenizer, text: str) -> list[dict[str, Any]]:
         parts = _start_parts(tok, piece)
         start = piece_texts(tok, parts)
         steps = []
-        while len(parts) > 1:
-            best, at = None, -1
-            for i in range(len(parts) - 1):
-                left, right = parts[i], parts[i + 1]
-                rank = None if left is None or right is None else ranks.get(left + right)
-                if rank is not None and (best is None or rank < best):
-                    best, at = rank, i
-            if best is None:
-                break
+        while len(parts) > 1 and (pair := ref.lowest_rank_pair(parts, ranks)) is not None:
+            best, at = pair
             left, right = parts[at], parts[at + 1]
             assert left is not None and right is not None
             parts[at : at + 2] = [left + right]
@@ -363,8 +355,6 @@ def train_trace(tok: Tokenizer, pieces: Sequence[bytes], counts: Counts, max_pie
     The merges are replayed from the tokenizer's merge list (each merge rewrites every
     occurrence of its pair, left to right), so the last state is how training left the pieces.
     """
-    from pipeline_lib import bpe_reference as ref
-
     merges = tok.merges or []
     if max_merges is not None:
         merges = merges[:max_merges]

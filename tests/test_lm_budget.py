@@ -66,11 +66,13 @@ def cfg(**kw):
 
 
 class FakeClock:
-    """The budget's clock: each optimizer step takes `step_s`, each evaluation `eval_s`."""
+    """The budget's clock: each optimizer step takes `step_s`, each evaluation `eval_s`,
+    checkpoints no time."""
 
     def __init__(self, monkeypatch, step_s=1.0, eval_s=1.0):
         self.t, self.step_s, self.eval_s = 0.0, step_s, eval_s
         monkeypatch.setattr(budget_mod, "clock", lambda: self.t)
+        monkeypatch.setattr(train_mod, "_write_clock", lambda: 0.0)  # checkpoint writes take no time
         real_step, real_eval = train_mod.accumulate_gradients, train_mod.evaluate
 
         def step(*a, **kw):

@@ -610,22 +610,22 @@ class TagLimits:
 
     @classmethod
     @contextlib.contextmanager
-    def installed(cls) -> Iterator[TagLimits]:
+    def installed(cls) -> Iterator[TagLimits | None]:
         """Route the task engine's slot requests through a `TagLimits` while inside."""
         import prefect.task_engine
 
         engine: Any = prefect.task_engine  # `_concurrency` is the name its run path calls
-        original = engine._concurrency
+        original = getattr(engine, "_concurrency", None)
         current = getattr(original, "__self__", None)
         if isinstance(current, cls):  # already inside one
             yield current
             return
+        if not callable(original):  # a Prefect that no longer has it: its own behaviour, more requests
+            yield None
+            return
         limits = cls(original)
-        engine._concurrency = limits.concurrency
-        try:
+        with _replaced(engine, "_concurrency", limits.concurrency):
             yield limits
-        finally:
-            engine._concurrency = original
 
 
 class SlotWaitLog:
@@ -678,12 +678,27 @@ class SlotWaitLog:
         import prefect.concurrency._sync as sync
 
         module: Any = sync
-        original = module.acquire_concurrency_slots_with_lease
-        module.acquire_concurrency_slots_with_lease = cls(original, read_float_env(ENV_SLOT_WAIT_LOG, DEFAULT_SLOT_WAIT_LOG_S)).acquire
-        try:
+        original = getattr(module, "acquire_concurrency_slots_with_lease", None)
+        if not callable(original):  # a Prefect without it: waits stay silent, nothing else changes
             yield
-        finally:
-            module.acquire_concurrency_slots_with_lease = original
+            return
+        with _replaced(module, "acquire_concurrency_slots_with_lease", cls(original, read_float_env(ENV_SLOT_WAIT_LOG, DEFAULT_SLOT_WAIT_LOG_S)).acquire):
+            yield
+
+
+@contextlib.contextmanager
+def _replaced(module: Any, name: str, replacement: Callable[..., Any]) -> Iterator[None]:
+    """`module.name` is `replacement` while inside. The two uses (`TagLimits`, `SlotWaitLog`)
+    replace private names of Prefect's task engine, the only places where a request it makes
+    per task run can be skipped or watched: each checks the name exists first and, where
+    Prefect no longer has it, leaves Prefect's own behaviour (correct, only slower or
+    silent), so a Prefect upgrade cannot break a run through them."""
+    original = getattr(module, name)
+    setattr(module, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
 
 
 def _describe_limits(names: list[str]) -> str:

@@ -254,6 +254,36 @@ def test_task_runs_take_concurrency_slots_only_for_tags_with_a_limit(prefect_har
     assert active_slots() == 0  # released
 
 
+def test_a_prefect_without_the_private_names_runs_flows_unpatched(prefect_harness, monkeypatch):
+    """The two private names `TagLimits` and `SlotWaitLog` replace are checked before use: a
+    Prefect that renamed them keeps its own behaviour (a request per task run), and the
+    flow still runs."""
+    import prefect.concurrency._sync as sync
+    import prefect.task_engine
+    from prefect import flow, task
+
+    from flows.prefect_api import SlotWaitLog
+
+    monkeypatch.delattr(prefect.task_engine, "_concurrency")
+    monkeypatch.delattr(sync, "acquire_concurrency_slots_with_lease")
+    with TagLimits.installed() as limits, SlotWaitLog.installed():
+        assert limits is None
+        assert not hasattr(prefect.task_engine, "_concurrency") and not hasattr(sync, "acquire_concurrency_slots_with_lease")
+    monkeypatch.undo()
+
+    @task
+    def one() -> int:
+        return 1
+
+    @flow
+    def a_flow() -> int:
+        return one()
+
+    with flow_api():
+        assert prefect.task_engine._concurrency.__self__.__class__ is TagLimits
+        assert a_flow() == 1
+
+
 def test_a_server_that_does_not_answer_in_time_is_one_error_line(tmp_path, corpus):
     home = tmp_path / "home"
     proc = _tokenmill(_train_args(corpus, tmp_path / "store"), _env(home, TOKENMILL_SERVER_STARTUP_TIMEOUT="0.01"))

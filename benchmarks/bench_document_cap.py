@@ -17,8 +17,9 @@ import tempfile
 import tracemalloc
 
 from pipeline_lib import corpus as corpus_module
-from pipeline_lib.corpus import CorpusConfig, download_corpus, shard_corpus
+from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.fsio import InputError
+from pipeline_lib.stages import download_corpus, shard_corpus
 from pipeline_lib.store import ArtifactStore
 
 

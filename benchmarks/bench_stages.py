@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline_lib.counting import BoundedCounts, CountConfig, count_shard
     from pipeline_lib.stages import TokenizerConfig
     from pipeline_lib.token_shards import EncodeConfig, encode_documents, encode_shard_file
-    from pipeline_lib.tokenizer import core
+    from pipeline_lib.tokenizer import native
     from pipeline_lib.tokenizer.train import native_pattern_id
 
     work = tempfile.mkdtemp(prefix="bench-stages-", dir=args.workdir)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             pattern = native_pattern_id(count_config.pattern)
 
             def count_core(_: str) -> None:
-                counter = core._CORE.PieceCounter(pattern)
+                counter = native._CORE.PieceCounter(pattern)
                 counter.add_buffer(data, offsets)
                 counter.to_arrays()
 

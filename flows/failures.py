@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass
 
 from flows.home import prefect_home
-from pipeline_lib.errors import CancelledError, InputError, TokenmillError
+from pipeline_lib.errors import CancelledError, InputError, TokenmillError, is_network_error
 
 EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_BROKEN_PIPE = 1, 2, 130, 143, 141  # 141: 128 + SIGPIPE, as a shell reports it
 ENV_DEBUG = "TOKENMILL_DEBUG"  # also read by flows.console (not imported here: it imports Prefect)
@@ -101,14 +101,6 @@ def _type_names(e: BaseException) -> set[str]:
     """``package.Class`` for the classes of `e` (matched by name: botocore, aiohttp and httpx
     are optional or Prefect's, and need not be importable here)."""
     return {c.__module__.split(".")[0] + "." + c.__name__ for c in type(e).__mro__}
-
-
-def _is_network(e: BaseException) -> bool:
-    return (
-        isinstance(e, (ConnectionError, TimeoutError))
-        or _errno_in(e, "ECONNREFUSED", "ECONNRESET", "EHOSTUNREACH", "ENETUNREACH", "ETIMEDOUT")
-        or bool(_type_names(e) & {"botocore.ConnectionError", "botocore.HTTPClientError", "aiohttp.ClientConnectionError", "httpx.TransportError"})
-    )
 
 
 def _url_of(chain: list[BaseException]) -> str | None:
@@ -220,7 +212,7 @@ def describe_failure(exc: BaseException, store: str | None = None, resumable: bo
                 f"tokenmill server status; restart it with tokenmill server stop), {rerun}",
                 EXIT_FAILURE,
             )
-    if net := next((e for e in chain if _is_network(e)), None):
+    if net := next((e for e in chain if is_network_error(e)), None):
         url = _url_of(chain) or store_part
         if any(_type_names(e) & {"httpx.TransportError"} for e in chain):
             return Failure(

@@ -14,6 +14,8 @@ traceback goes to the log only); messages name the file, URL or parameter and th
 
 from __future__ import annotations
 
+import errno
+
 
 class TokenmillError(Exception):
     """Base of every error tokenmill reports to a user as one line."""
@@ -46,3 +48,33 @@ class CancelledError(TokenmillError):
     (`cancel_native_calls`, or interpreter exit), in the thread that made the call; a call
     that a signal handler stopped raises the handler's exception instead (KeyboardInterrupt).
     """
+
+
+# Network failures of the clients under fsspec, matched by ``package.Class`` anywhere in an
+# exception's class hierarchy: botocore, aiohttp, httpx and urllib3 are optional (or
+# Prefect's) and need not be importable where this runs. Their subclasses (botocore's
+# EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError;
+# aiohttp's ClientConnectorError, ServerDisconnectedError, ServerTimeoutError) come with them.
+_NETWORK_CLASSES = frozenset(
+    {
+        "botocore.ConnectionError",
+        "botocore.HTTPClientError",
+        "aiohttp.ClientConnectionError",
+        "httpx.TransportError",
+        "urllib3.TimeoutError",
+        "urllib3.NewConnectionError",
+    }
+)
+_NETWORK_ERRNOS = ("ECONNREFUSED", "ECONNRESET", "EHOSTUNREACH", "ENETUNREACH", "ETIMEDOUT")
+
+
+def is_network_error(exc: BaseException) -> bool:
+    """Whether `exc` itself (not its causes) is a failure to reach or hear from a server: a
+    refused, reset or unreachable connection, or a timeout, from the standard library,
+    botocore, aiohttp or httpx. The CLI's failure line and the tasks' retries both decide by
+    it (each walks the exception's causes its own way)."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in {getattr(errno, name) for name in _NETWORK_ERRNOS if hasattr(errno, name)}:
+        return True
+    return any(f"{c.__module__.split('.')[0]}.{c.__name__}" in _NETWORK_CLASSES for c in type(exc).__mro__)

@@ -190,10 +190,10 @@ def _separator_id(tokenizer, config: EncodeConfig) -> int | None:
 def sha256_documents(batch: Any) -> bytes:
     """The sha256 digest of each document of a `DocBatch`, concatenated (32 bytes each):
     computed by the compiled core when it is built, no Python object per document."""
-    from pipeline_lib.tokenizer import core
+    from pipeline_lib.tokenizer import native
 
-    if core._CORE is not None:
-        return core._CORE.sha256_documents(batch.data, batch.offsets)
+    if native._CORE is not None:
+        return native._CORE.sha256_documents(batch.data, batch.offsets)
     bounds = batch.offsets.tolist()
     return b"".join([hashlib.sha256(batch.data[a:b]).digest() for a, b in zip(bounds, bounds[1:])])
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pipeline_lib.corpus import shard_name
-from pipeline_lib.errors import InputError, StoreError, TokenmillError
+from pipeline_lib.errors import InputError, StoreError, TokenmillError, is_network_error
 from pipeline_lib.store import ArtifactStore, VersionRef
 
 
@@ -50,27 +50,12 @@ def is_transient(exc: BaseException) -> bool:
     for _ in range(10):
         if cause is None:
             break
-        if isinstance(cause, (ConnectionError, TimeoutError)) or type(cause).__name__ in _NETWORK_ERRORS:
+        if is_network_error(cause):
             return True
         cause = cause.__cause__
     if isinstance(exc, (TokenmillError, MemoryError, OverflowError, PermissionError)):
         return False
     return not (isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS)
-
-
-# botocore's and aiohttp's connection errors, by name (neither need be installed).
-_NETWORK_ERRORS = frozenset(
-    {
-        "EndpointConnectionError",
-        "ConnectTimeoutError",
-        "ReadTimeoutError",
-        "ConnectionClosedError",
-        "ClientConnectorError",
-        "ServerDisconnectedError",
-        "ServerTimeoutError",
-        "SocketTimeoutError",
-    }
-)
 
 
 def retry_if_transient(task, task_run, state) -> bool:

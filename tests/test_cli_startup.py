@@ -262,11 +262,11 @@ def test_a_prefect_without_the_private_names_runs_flows_unpatched(prefect_harnes
     import prefect.task_engine
     from prefect import flow, task
 
-    from flows.prefect_api import SlotWaitLog
+    from flows.concurrency_slots import SlotWaitLog
 
     monkeypatch.delattr(prefect.task_engine, "_concurrency")
     monkeypatch.delattr(sync, "acquire_concurrency_slots_with_lease")
-    with TagLimits.installed() as limits, SlotWaitLog.installed():
+    with TagLimits.installed() as limits, SlotWaitLog.installed(30.0):
         assert limits is None
         assert not hasattr(prefect.task_engine, "_concurrency") and not hasattr(sync, "acquire_concurrency_slots_with_lease")
     monkeypatch.undo()

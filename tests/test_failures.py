@@ -361,9 +361,9 @@ def test_disk_full(tmp_path, shakespeare_text, monkeypatch, capsys, log_dir):
     corpus.write_text(shakespeare_text[:400_000], encoding="utf-8")
     with full_disk(tmp_path / "full") as mount:
         if mount is None:  # no tmpfs here: the copy into the store fails as a full disk would
-            import pipeline_lib.corpus
+            import pipeline_lib.corpus_sources
 
-            monkeypatch.setattr(pipeline_lib.corpus, "hash_stream", _raise(OSError(errno.ENOSPC, "No space left on device")))
+            monkeypatch.setattr(pipeline_lib.corpus_sources, "hash_stream", _raise(OSError(errno.ENOSPC, "No space left on device")))
         store = str(tmp_path / "full" / "store")
         assert main(run_args(str(corpus), store)) == 1
         captured = capsys.readouterr()

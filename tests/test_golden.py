@@ -218,7 +218,7 @@ def test_the_python_reference_makes_the_golden_output(tmp_path, monkeypatch):
     goldens pin both."""
     from pipeline_lib import corpus, tokenizer
 
-    monkeypatch.setattr(tokenizer.core, "_CORE", None)
+    monkeypatch.setattr(tokenizer.native, "_CORE", None)
     monkeypatch.setattr(corpus, "_SCAN", None)
     goldens = load_goldens()["stages"]
     problems = [golden_problem(name, goldens.get(name), now) for name, now in current(run_chain(tmp_path, with_lm=False)).items()]

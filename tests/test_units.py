@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.errors import InputError
-from pipeline_lib.tokenizer import Tokenizer, core
+from pipeline_lib.tokenizer import Tokenizer
+from pipeline_lib.tokenizer import native as compiled
 
 PROP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 CAT_RAT = [
@@ -38,7 +39,7 @@ def train_both(monkeypatch, *args, **kwargs) -> tuple[Tokenizer, Tokenizer]:
         warnings.simplefilter("ignore")
         native = Tokenizer.train(*args, **kwargs)
         with monkeypatch.context() as m:
-            m.setattr(core, "_CORE", None)
+            m.setattr(compiled, "_CORE", None)
             python = Tokenizer.train(*args, **kwargs)
     assert native._encoder is not None and python._encoder is None
     return native, python

@@ -19,7 +19,7 @@ from pipeline_lib.corpus import CorpusConfig, DocBatch, iter_shard_batches, iter
 from pipeline_lib.counting import BoundedCounts, CountConfig, count_shard
 from pipeline_lib.store import ArtifactStore
 from pipeline_lib.token_shards import EncodeConfig, encode_documents, encode_shard_file, sha256_documents
-from pipeline_lib.tokenizer import PieceCounts, Tokenizer, core
+from pipeline_lib.tokenizer import PieceCounts, Tokenizer, native
 
 PROP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 # Documents: ASCII, multi-byte characters, invalid UTF-8 bytes, empty ones.
@@ -143,7 +143,7 @@ def test_sha256_documents_equals_hashlib(docs, lead, monkeypatch):
     batch = DocBatch(memoryview(data), offsets)
     assert sha256_documents(batch) == expected
     with monkeypatch.context() as patch:
-        patch.setattr(core, "_CORE", None)
+        patch.setattr(native, "_CORE", None)
         assert sha256_documents(batch) == expected
 
 

@@ -5,10 +5,12 @@ split patterns from names, ``none`` or a regex share the same machinery and meth
 
 Laid out as tiktoken is:
 
-* `core`: the `Tokenizer` class (encoding, decoding; tiktoken's `Encoding` methods), no I/O;
-  which backend runs (`backend`, `backend_info`): the compiled core
-  (`pipeline_lib._tokcore`) when it is built, else the pure-Python `bpe_reference`
-  (``TOKENMILL_PURE_PYTHON=1`` forces it); both give the same ids.
+* `core`: the `Tokenizer` class (encoding, decoding; tiktoken's `Encoding` methods), no I/O.
+* `native`: which backend runs (`backend`, `backend_info`): the compiled core
+  (`pipeline_lib._tokcore`, ``native._CORE``) when it is built, else the pure-Python
+  `bpe_reference` (``TOKENMILL_PURE_PYTHON=1`` forces it); both give the same ids.
+* `limits`: the vocabulary's limits and checks (ids, token lengths, units, special tokens),
+  below every other module here.
 * `train`: counting pieces on threads (`PieceCounts`, `count_documents`) and learning merges
   (and each merge's count) for every unit.
 * `load`: ``save`` / ``load`` through fsspec (ranks, merges with their counts, metadata),
@@ -19,19 +21,9 @@ Laid out as tiktoken is:
   files only.
 """
 
-from pipeline_lib.tokenizer import core
-from pipeline_lib.tokenizer.core import (
-    ENDOFTEXT,
-    MAX_TOKEN_BYTES,
-    MAX_VOCAB_SIZE,
-    UNIT_DESCRIPTIONS,
-    UNITS,
-    UNK,
-    Tokenizer,
-    UnknownTokenError,
-    backend,
-    backend_info,
-)
+from pipeline_lib.tokenizer import core, native
+from pipeline_lib.tokenizer.core import Tokenizer
+from pipeline_lib.tokenizer.limits import ENDOFTEXT, MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, UNIT_DESCRIPTIONS, UNITS, UNK, UnknownTokenError
 from pipeline_lib.tokenizer.load import (
     FORMAT,
     MAX_META_FILE_BYTES,
@@ -41,6 +33,7 @@ from pipeline_lib.tokenizer.load import (
     RANKS_FILE,
     parse_tiktoken_ranks,
 )
+from pipeline_lib.tokenizer.native import backend, backend_info
 from pipeline_lib.tokenizer.registry import (
     UnknownModelError,
     encoding_for_model,
@@ -80,5 +73,6 @@ __all__ = [
     "encoding_name_for_model",
     "get_encoding",
     "list_encoding_names",
+    "native",
     "parse_tiktoken_ranks",
 ]

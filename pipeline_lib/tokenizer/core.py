@@ -21,112 +21,29 @@ import numpy as np
 import regex
 
 from pipeline_lib import bpe_reference as ref
-from pipeline_lib import cancel
 from pipeline_lib.errors import InputError
 from pipeline_lib.patterns import NO_SPLIT, PATTERNS, check_pattern, is_custom, pattern_string
+from pipeline_lib.tokenizer import native
+from pipeline_lib.tokenizer.limits import (  # noqa: F401  (re-exported: the package's names, as before)
+    ENDOFTEXT,
+    MAX_TOKEN_BYTES,
+    MAX_VOCAB_SIZE,
+    UNIT_DESCRIPTIONS,
+    UNITS,
+    UNK,
+    UnknownTokenError,
+    check_id,
+    check_special,
+    check_token_length,
+    check_unit,
+)
+from pipeline_lib.tokenizer.native import backend, backend_info  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from pipeline_lib.tokenizer.train import PieceTable
 
-# Every id (ordinary or special) is below MAX_VOCAB_SIZE: 4,194,304 ids, 20x o200k's. The
-# decoder's tables are per id, so this bounds what a file can make us allocate.
-MAX_VOCAB_SIZE = 1 << 22
-# Longest token: 1 MiB, far beyond any natural token (GPT-2/cl100k/o200k: 128 bytes or
-# less) and the default max_token_bytes of training. The compiled core checks both too.
-MAX_TOKEN_BYTES = 1 << 20
-ENDOFTEXT = "<|endoftext|>"
-# The unknown token of char- and word-level vocabularies trained with unknown="unk".
-UNK = "<unk>"
-UNITS = ref.UNITS
-# One line per unit, for --help and manifests.
-UNIT_DESCRIPTIONS = {
-    "byte": "byte-level BPE: 256 bytes + merges; lossless on any text (GPT-2, tiktoken)",
-    "char": "character-level BPE: the corpus's characters + merges; lossless on text made of them, unseen characters become <unk> or bytes",
-    "word": "word BPE with an end-of-word </w> (Sennrich): lossy, whitespace is not kept (nor case with --lowercase, nor what a --pattern regex does not match); decodes </w> as a space",
-}
-
-
-def check_unit(unit: str) -> str:
-    if unit not in UNITS:
-        raise InputError(f"unknown unit {unit!r}; choose one of {', '.join(UNITS)}")
-    return unit
-
-
 # tiktoken runs its threads in Rust; ours are the native core's. Same default count.
 DEFAULT_THREADS = 8
-
-
-def _native_core():
-    if os.environ.get("TOKENMILL_PURE_PYTHON"):
-        return None
-    try:
-        from pipeline_lib import _tokcore
-    except ImportError:
-        return None
-    return _tokcore if hasattr(_tokcore, "Encoder") else None
-
-
-# The other modules of the package read `core._CORE` at call time, so a test can swap it.
-_CORE = _native_core()
-if _CORE is not None:
-    cancel.watch(_CORE)
-
-
-def backend() -> Literal["native", "python"]:
-    """Which implementation encodes and trains: the compiled core or the reference."""
-    return "native" if _CORE is not None else "python"
-
-
-def backend_info() -> dict[str, str | None]:
-    """What trains and encodes here, for manifests.
-
-    Returns ``{"backend": "native" | "python", "core_source_hash": ...}``: the sha256 of
-    the C++ sources the compiled core was built from (``_tokcore.CORE_SOURCE_HASH``), or
-    None when the pure-Python reference runs.
-
-    >>> backend_info()["backend"] in ("native", "python")
-    True
-    """
-    if _CORE is None:
-        return {"backend": "python", "core_source_hash": None}
-    return {"backend": "native", "core_source_hash": _CORE.CORE_SOURCE_HASH}
-
-
-class UnknownTokenError(InputError, KeyError):
-    """A token id, or bytes, that the vocabulary does not have.
-
-    A `KeyError`, as tiktoken raises, and an `InputError` (a `ValueError`), as the rest of
-    tokenmill expects for bad input.
-    """
-
-    __str__ = Exception.__str__  # KeyError's own would quote the message
-
-
-def check_id(value: Any, what: str) -> int:
-    """`value` as an id: an int (a NumPy integer too, never a bool or a float) in [0, MAX_VOCAB_SIZE)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise InputError(f"{what}: ids must be integers, got {value!r} ({type(value).__name__})")
-    if not 0 <= value < MAX_VOCAB_SIZE:
-        raise InputError(f"{what}: id {value} is outside [0, {MAX_VOCAB_SIZE}) (MAX_VOCAB_SIZE)")
-    return int(value)
-
-
-def check_token_length(n: int, what: str) -> None:
-    if n > MAX_TOKEN_BYTES:
-        raise InputError(f"{what}: a token of {n} bytes is longer than MAX_TOKEN_BYTES ({MAX_TOKEN_BYTES})")
-
-
-def check_special(tok: Any, i: Any, where: str = "") -> int:
-    """The id of special token `tok`, checked; `where` prefixes messages (a file name)."""
-    what = f"{where}special_tokens[{str(tok)[:40]!r}]"
-    if not isinstance(tok, str) or not tok:
-        raise InputError(f"{what}: a special token must be a non-empty string, got {tok!r}")
-    try:
-        n = len(tok.encode("utf-8"))
-    except UnicodeEncodeError as e:
-        raise InputError(f"{what}: not encodable as UTF-8 ({e.reason})") from None
-    check_token_length(n, what)
-    return check_id(i, what)
 
 
 def _id_list(ids: Iterable[int] | np.ndarray) -> list[int]:
@@ -267,12 +184,12 @@ class Tokenizer:
         # Custom regexes and the word unit's words are split in Python; the core then encodes
         # each piece as a whole (NO_SPLIT).
         self._split_in_python = self.unit == "word" or is_custom(self.pattern)
-        self._core, self._encoder = _CORE, None
-        if _CORE is not None:
+        self._core, self._encoder = native._CORE, None
+        if native._CORE is not None:
             tokens = list(self.mergeable_ranks)
             ranks = np.fromiter(self.mergeable_ranks.values(), dtype=np.uint32, count=len(tokens))
-            pattern_id = _CORE.NO_SPLIT if self._split_in_python or self.pattern == NO_SPLIT else _CORE.PATTERN_IDS[self.pattern]
-            self._encoder = _CORE.Encoder(tokens, ranks, pattern_id, self.unit != "byte", self._unknown_id)
+            pattern_id = native._CORE.NO_SPLIT if self._split_in_python or self.pattern == NO_SPLIT else native._CORE.PATTERN_IDS[self.pattern]
+            self._encoder = native._CORE.Encoder(tokens, ranks, pattern_id, self.unit != "byte", self._unknown_id)
 
     def _validate(self) -> None:
         ranks = self.mergeable_ranks

@@ -17,7 +17,7 @@ from pipeline_lib import bpe_reference as ref
 from pipeline_lib.formats import gpt2_files, hf_added_tokens, hf_tokenizer_json, onig_pattern
 from pipeline_lib.fsio import InputError, filesystem, write_bytes_atomic
 from pipeline_lib.patterns import NO_SPLIT
-from pipeline_lib.tokenizer.core import ENDOFTEXT, UNK
+from pipeline_lib.tokenizer.limits import ENDOFTEXT, UNK
 
 if TYPE_CHECKING:
     import tiktoken

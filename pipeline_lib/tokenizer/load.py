@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline_lib.formats import gpt2_vocab
 from pipeline_lib.fsio import InputError, filesystem, read_bytes, write_bytes_atomic
 from pipeline_lib.patterns import check_pattern
-from pipeline_lib.tokenizer.core import MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, UNITS, check_special, check_token_length
+from pipeline_lib.tokenizer.limits import MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, UNITS, check_special, check_token_length
 
 if TYPE_CHECKING:
     from pipeline_lib.tokenizer.core import Tokenizer

@@ -1,6 +1,6 @@
 """Counting pieces (on threads) and learning merges: what `Tokenizer.train` runs.
 
-Native when the compiled core is built (`core._CORE`), else the pure-Python reference;
+Native when the compiled core is built (`native._CORE`), else the pure-Python reference;
 both give the same counts and the same merges. The compiled core splits the named patterns
 and ``none`` itself; a custom regex, and the word unit's words, are split in Python and
 counted there.
@@ -20,8 +20,8 @@ from pipeline_lib import bpe_reference as ref
 from pipeline_lib import cancel
 from pipeline_lib.errors import InputError
 from pipeline_lib.patterns import NO_SPLIT, check_pattern, is_custom
-from pipeline_lib.tokenizer import core
-from pipeline_lib.tokenizer.core import MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, UNK, check_unit
+from pipeline_lib.tokenizer import native as compiled
+from pipeline_lib.tokenizer.limits import ENDOFTEXT, MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, UNK, check_unit
 
 if TYPE_CHECKING:
     from pipeline_lib.tokenizer.core import Tokenizer
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def native_pattern_id(pattern: str) -> int | None:
     """The compiled core's id of a named pattern or ``none``; None for a custom regex."""
-    native = core._CORE
+    native = compiled._CORE
     if native is None or is_custom(pattern):
         return None
     return native.NO_SPLIT if pattern == NO_SPLIT else native.PATTERN_IDS[pattern]
@@ -50,7 +50,7 @@ class PieceCounts:
     def __init__(self, pattern: str = "cl100k"):
         self.pattern = check_pattern(pattern)
         pattern_id = native_pattern_id(pattern)
-        self._native = core._CORE.PieceCounter(pattern_id) if core._CORE is not None and pattern_id is not None else None
+        self._native = compiled._CORE.PieceCounter(pattern_id) if compiled._CORE is not None and pattern_id is not None else None
         self._counts: dict[bytes, int] = {}
         self._total = 0
 
@@ -207,7 +207,7 @@ def learn_merges(
     """``(merges, merge_counts)`` from byte pieces, or from `symbols` (`symbol_arrays` of
     char or word pieces): native when the core is built, else `bpe_reference.learn_symbol_merges`.
     `ties` as there; with ``first-seen`` the pieces' order is the text's."""
-    native = core._CORE
+    native = compiled._CORE
     counts = np.asarray(counts, dtype=np.int64)
     if symbols is None:
         if native is not None:
@@ -243,7 +243,7 @@ def train_tokenizer(
     counts_or_texts: PieceTable | Mapping[bytes, int] | Iterable[str | bytes],
     vocab_size: int,
     pattern: str | None = None,
-    special_tokens: Sequence[str] | Mapping[str, int] = (core.ENDOFTEXT,),
+    special_tokens: Sequence[str] | Mapping[str, int] = (ENDOFTEXT,),
     min_frequency: int = 1,
     progress: Callable[[int, int], None] | None = None,
     workers: int = 0,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import timedelta
+from typing import cast
 
 from flows.prefect_api import HEARTBEAT_S  # what tokenmill's flow runs send
 
@@ -109,7 +110,8 @@ def _replace(automation):
     from prefect.automations import Automation
 
     try:
-        Automation.read(name=automation.name).delete()
+        existing = cast(Automation, Automation.read(name=automation.name))  # sync here: `async_dispatch` picks by caller
+        existing.delete()
     except ValueError:  # none yet
         pass
     return automation.create()

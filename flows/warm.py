@@ -55,6 +55,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from flows.home import NotOwnError, check_own_dir, check_own_file, pid_alive, prefect_home, spawn_detached
 
@@ -72,6 +73,7 @@ _PYTHONPATH_KEPT = "_TOKENMILL_WARM_PYTHONPATH"  # the caller's PYTHONPATH while
 RACY_S = 2.0
 REPLY_TIMEOUT_S = 60.0  # for the runner's first answer, after the request is sent
 _HEADER = struct.Struct("!I")
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # from the command's process to the served one
 _ORIGINAL_ENV = dict(os.environ)  # before the CLI sets its own variables (flows.cli.main)
 
 
@@ -226,6 +228,28 @@ def run_warm(argv: list[str], directory: str | None = None) -> int | None:
         if "-" in argv:
             return None
         stdin = os.open(os.devnull, os.O_RDONLY)
+    # Ctrl-C, SIGTERM and hang-up are the command's from the handover on. Until its process
+    # says it is ready (its own handlers installed) they are held here, then forwarded; if it
+    # never starts, they are raised here again, as they would have been without the runner.
+    held: list[int] = []
+    child = 0
+
+    def forward(signum, frame):
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+        else:
+            held.append(signum)
+
+    previous: dict[int, Any] = {}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        previous.clear()
+        for held_signum in held:
+            signal.raise_signal(held_signum)
+
     try:
         try:
             info = read_info(directory)
@@ -249,8 +273,11 @@ def run_warm(argv: list[str], directory: str | None = None) -> int | None:
                 "context": info["context"],
                 "fingerprint": info["fingerprint"],
             }
+            for signum in _FORWARDED:
+                previous[signum] = signal.signal(signum, forward)
             _send(conn, request, [stdin, 1, 2])
         except (OSError, ValueError, KeyError, TypeError, NotOwnError):
+            restore()
             return None
         # Handed over: from here on the runner may have started the command, which must not
         # run a second time in this process.
@@ -264,22 +291,23 @@ def run_warm(argv: list[str], directory: str | None = None) -> int | None:
                 f"see {os.path.join(directory, LOG_FILE)}; run it again, or with {ENV_WARM}=0",
                 file=sys.stderr,
             )
+            restore()
             return 1
     finally:
         if stdin:
             os.close(stdin)
     if "pid" not in reply:
         conn.close()
+        restore()
+        if "status" in reply:  # its process failed before it was ready (its traceback is in the log)
+            return int(reply["status"])
         return None  # the runner refused before starting anything (its code or context changed)
     child = int(reply["pid"])
-    conn.settimeout(None)
-
-    def forward(signum, frame):
+    for held_signum in held:  # held during the handover: the command's now
         with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signum)
-
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, forward)
+            os.kill(child, held_signum)
+    held.clear()
+    conn.settimeout(None)
     try:
         status, _ = _recv(conn)
         return int(status["status"])
@@ -418,9 +446,12 @@ def _run_child(directory: str, conn: socket.socket, request: dict, fds: list[int
     """In the forked child: become the command's process, run it, report its status."""
     status = 1
     try:
-        _send(conn, {"pid": os.getpid()})  # from here on the command is this process's
+        # The signals the caller forwards, as in a fresh process, before the caller learns this
+        # pid (it holds them until then): forwarded earlier, they met the runner's handlers
+        # (SIGTERM: the runner's own exit) or a process not yet the command's.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -440,12 +471,18 @@ def _run_child(directory: str, conn: socket.socket, request: dict, fds: list[int
 
         tempfile.tempdir = None  # TMPDIR as the command's
         sys.argv = ["tokenmill", *request["argv"]]
+        _send(conn, {"pid": os.getpid()})  # ready: from here on the caller's signals are this process's
         _watch_client(conn)
         global _served
         _served = conn
         status = run(request["argv"])
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:  # before main could report it: as a fresh process, a traceback and 128 + SIGINT
+        import traceback
+
+        traceback.print_exc()
+        status = 128 + signal.SIGINT
     except BaseException:  # noqa: BLE001 - main reports every failure; this is the last resort
         import traceback
 

@@ -46,11 +46,14 @@ INTEGRATION_MODULES = {
     "test_store_s3",
     "test_store_verify_rm",
     "test_warm",
+    "test_wheel_cache",  # virtual environments, pip and git in subprocesses
 }
 INTEGRATION_TESTS = {
     "test_bad_inputs.py::test_one_100mb_line",
     "test_bad_inputs.py::test_document_cap_names_its_flag_from_the_cli",
     "test_tiktoken_api.py::test_pure_python_backend_gives_the_same_ids",
+    "test_tiktoken_api.py::test_a_process_pool_gets_the_same_tokenizer",
+    "test_parallel_shards.py::test_a_killed_group_is_the_only_one_redone",
     "test_tiktoken_suite.py::test_no_download_client_or_tiktoken_is_imported",
     "test_shard_fast.py::test_a_100_mb_line_takes_a_few_times_its_size",
     "test_store_safety.py::test_cli_gc_on_a_folder_that_is_not_a_store",
@@ -80,6 +83,18 @@ LONGER_TIMEOUTS = {
 # `pytest -m "not integration"` leave them out, `pytest -m slow` runs the slow ones): an -m
 # on the command line replaces one in addopts, so they cannot be left out there.
 BY_HAND = ("slow", "benchmark")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """`-m "not integration"` (the unit tier) does not import the integration modules at all:
+    their imports (Prefect, Dask, moto) are most of the tier's collection time otherwise."""
+    if collection_path.suffix == ".py" and collection_path.stem in INTEGRATION_MODULES and _unit_tier_only(config):
+        return True
+    return None
+
+
+def _unit_tier_only(config) -> bool:
+    return " ".join((config.getoption("markexpr") or "").split()) == "not integration"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -24,6 +24,22 @@ QWEN2_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^
 LLAMA3_SPECIALS = {"<|begin_of_text|>": 128000, "<|end_of_text|>": 128001, "<|eot_id|>": 128009}
 
 
+@pytest.fixture(scope="module")
+def hf_json_of(tmp_path_factory):
+    """The HF tokenizer.json text of an encoding, exported once per module (the export of
+    cl100k takes seconds and is not what these tests check: tests/test_exports.py does)."""
+    texts: dict[str, str] = {}
+
+    def hf_json(name: str) -> str:
+        if name not in texts:
+            path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
+            get_encoding(name).to_hf_json(str(path))
+            texts[name] = path.read_text(encoding="utf-8")
+        return texts[name]
+
+    return hf_json
+
+
 def _lines(text: str, n: int = 400) -> list[str]:
     return [line for line in text.splitlines() if line.strip()][:n]
 
@@ -54,13 +70,11 @@ def test_a_bpe_trained_by_hf_tokenizers_gpt2_style(tmp_path, multilingual_text, 
 
 @pytest.mark.parametrize(("regex", "expected_pattern"), [(LLAMA3_REGEX, LLAMA3_REGEX), (QWEN2_REGEX, QWEN2_REGEX), (None, "cl100k")])
 @pytest.mark.parametrize("in_vocab", [True, False])
-def test_llama3_and_qwen2_layouts(tmp_path, multilingual_text, regex, expected_pattern, in_vocab):
+def test_llama3_and_qwen2_layouts(tmp_path, hf_json_of, multilingual_text, regex, expected_pattern, in_vocab):
     """Added tokens in model.vocab keep their ids; others get HF's next free id, whatever
     the file's "id" says (cl100k's vocabulary has gaps, so they differ here)."""
-    cl100k = get_encoding("cl100k_base")
     path = tmp_path / "tokenizer.json"
-    cl100k.to_hf_json(str(path))
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc = json.loads(hf_json_of("cl100k_base"))
     if regex is not None:
         doc["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": regex}
     doc["model"]["ignore_merges"] = True  # as Llama 3's file has it
@@ -84,9 +98,9 @@ def test_llama3_and_qwen2_layouts(tmp_path, multilingual_text, regex, expected_p
     assert {t: ours.special_tokens[t] for t in LLAMA3_SPECIALS} == expected
 
 
-def test_the_cli_encodes_with_a_tokenizer_json(tmp_path, capsys):
+def test_the_cli_encodes_with_a_tokenizer_json(tmp_path, hf_json_of, capsys):
     path = tmp_path / "tokenizer.json"
-    get_encoding("gpt2").to_hf_json(str(path))
+    path.write_text(hf_json_of("gpt2"), encoding="utf-8")
     assert main(["tokenizer", "encode", "--tokenizer", str(path), "--text", "hello world"]) == 0
     assert capsys.readouterr().out.split() == ["31373", "995"]
     assert main(["tokenizer", "decode", "--tokenizer", str(path), "--ids", "31373 995"]) == 0
@@ -95,10 +109,9 @@ def test_the_cli_encodes_with_a_tokenizer_json(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)
 
 
-def _edited(tmp_path, edit) -> str:
+def _edited(tmp_path, gpt2_hf_json: str, edit) -> str:
     path = tmp_path / "tokenizer.json"
-    get_encoding("gpt2").to_hf_json(str(path))
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc = json.loads(gpt2_hf_json)
     edit(doc)
     path.write_text(json.dumps(doc), encoding="utf-8")
     return str(path)
@@ -118,8 +131,8 @@ def _edited(tmp_path, edit) -> str:
         (lambda d: d["model"]["merges"].reverse(), "merges must be in id order"),
     ],
 )
-def test_what_is_not_byte_level_bpe_is_refused_in_one_line(tmp_path, capsys, edit, message):
-    path = _edited(tmp_path, edit)
+def test_what_is_not_byte_level_bpe_is_refused_in_one_line(tmp_path, hf_json_of, capsys, edit, message):
+    path = _edited(tmp_path, hf_json_of("gpt2"), edit)
     with pytest.raises(InputError, match=message):
         Tokenizer.from_hf_json(path)
     assert main(["tokenizer", "encode", "--tokenizer", path, "--text", "hi"]) == 2

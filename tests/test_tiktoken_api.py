@@ -374,8 +374,13 @@ def _encode_in_worker(tok: Tokenizer, texts: list[str]) -> tuple[list[list[int]]
     return [tok.encode(t, allowed_special="all") for t in texts], tok.name, core.backend()
 
 
-def test_pickle_deepcopy_and_process_pool(ours, shakespeare_text):
-    trained = Tokenizer.train([shakespeare_text[:50_000]], vocab_size=400, pattern="o200k")
+@pytest.fixture(scope="module")
+def trained_o200k(shakespeare_text) -> Tokenizer:
+    return Tokenizer.train([shakespeare_text[:50_000]], vocab_size=400, pattern="o200k")
+
+
+def test_pickle_and_deepcopy(ours, trained_o200k):
+    trained = trained_o200k
     texts = [*TEXTS[:8], *WITH_SPECIALS]
     for tok in (trained, ours["cl100k_base"], ours["o200k_harmony"]):
         expect = [tok.encode(t, allowed_special="all") for t in texts]
@@ -384,7 +389,13 @@ def test_pickle_deepcopy_and_process_pool(ours, shakespeare_text):
             assert clone.merges == tok.merges and clone.name == tok.name
             assert [clone.encode(t, allowed_special="all") for t in texts] == expect
             assert (clone._encoder is None) == (tok._encoder is None)
-    # a fresh interpreter rebuilds the native encoder from the ranks
+
+
+def test_a_process_pool_gets_the_same_tokenizer(ours, trained_o200k):
+    """A fresh interpreter rebuilds the native encoder from the ranks (integration tier: a
+    spawned interpreter)."""
+    trained = trained_o200k
+    texts = [*TEXTS[:8], *WITH_SPECIALS]
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         for tok in (trained, ours["cl100k_base"]):
             ids, name, backend = pool.submit(_encode_in_worker, tok, texts).result()

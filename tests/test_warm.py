@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -132,11 +133,41 @@ def _start_blocked(env: dict[str, str], directory: Path) -> tuple[subprocess.Pop
     return proc, int(re.search(r"pid (\d+):", line).group(1))  # type: ignore[union-attr]
 
 
+def _reading_the_pipe(pid: int, pipe_fd: int) -> bool:
+    """Whether process `pid`'s main thread waits in a read of the pipe whose other end is our
+    `pipe_fd`: by its system call (read, and its first argument a descriptor on that pipe), or
+    where that is not readable (another process's, under Yama) by its wait channel."""
+    try:
+        fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    except PermissionError:
+        return "pipe_read" in Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return False
+    if len(fields) < 2 or fields[0] != str(_READ_SYSCALL.get(platform.machine(), 0)):
+        return False
+    try:  # both ends of a pipe link to the same "pipe:[inode]"
+        return os.readlink(f"/proc/{pid}/fd/{int(fields[1], 16)}") == os.readlink(f"/proc/self/fd/{pipe_fd}")
+    except OSError:
+        return False
+
+
+_READ_SYSCALL = {"x86_64": 0, "aarch64": 63, "arm64": 63}
+
+
 def test_ctrl_c_reaches_the_command(runner):
     directory, env = runner
     proc, child = _start_blocked(env, directory)
-    time.sleep(0.5)  # into its read
+    assert proc.stdin is not None
+    # Ctrl-C once the command waits in its read: earlier, it would meet the command's start-up
+    # (argument parsing), where a fresh process too ends with a traceback.
+    deadline = time.monotonic() + 120
+    while not _reading_the_pipe(child, proc.stdin.fileno()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the command never waited on its stdin"
+        time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
+    # Its stdin stays open until it has ended: closed earlier, the command could read the end
+    # of its input and finish (exit 0) before the caller, on a busy machine, forwards the signal.
+    proc.wait(timeout=120)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err and "Traceback" not in err

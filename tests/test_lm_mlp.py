@@ -5,7 +5,10 @@ its model versions are its own while the GPT's ids stay as they were."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -133,3 +136,15 @@ def test_its_versions_are_its_own_and_the_gpts_ids_stay():
     assert TrainConfig.from_dict(mlp.to_dict()) == mlp and TrainConfig.from_dict(gpt.to_dict()) == gpt
     ids = {model_version(tokens, tokenizer, c) for c in (gpt, mlp, LMConfig(preset="mlp", n_hidden=256).train_config())}
     assert len(ids) == 3
+
+
+def test_the_tutorial_page_prints_the_count_its_command_computes():
+    """docs/tutorial.md section 11: the command's output under it is what the command prints."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "tutorial.md").read_text(encoding="utf-8")
+    found = re.search(r"^\$ python -c '(from pipeline_lib\.lm import build_model[^']*)'\n(.+)$", doc, re.M)
+    assert found is not None
+    code, shown = found.groups()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code, {})
+    assert out.getvalue().strip() == shown == f"{tutorial_count(V, C, E, H):,}"

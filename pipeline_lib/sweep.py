@@ -161,14 +161,16 @@ def model_cost(train_config: Any, vocab_size: int) -> ModelCost:
     code on torch's meta device (no memory, no weights)."""
     import torch
 
-    from pipeline_lib.lm.model import GPT
+    from pipeline_lib.lm.model import GPT, build_model
 
     with torch.device("meta"):
-        gpt = GPT(train_config.model.with_vocab(vocab_size))
+        model = build_model(train_config.model.with_vocab(vocab_size))
     token_table = vocab_size * train_config.model.n_embd  # as the model counts it: rows padded for the GPU's tiles are not
-    return ModelCost(
-        gpt.num_params(non_embedding=False), token_table + gpt.transformer.wpe.weight.numel(), float(gpt.flops_per_token()), train_config.tokens_per_step
-    )
+    if isinstance(model, GPT):
+        embedding = token_table + model.transformer.wpe.weight.numel()
+    else:  # the MLP's output layer is its own, not the token table: count it too
+        embedding = token_table + model.output.weight.numel() + model.output.bias.numel()
+    return ModelCost(model.num_params(non_embedding=False), embedding, float(model.flops_per_token()), train_config.tokens_per_step)
 
 
 @dataclass(frozen=True)

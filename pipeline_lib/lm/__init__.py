@@ -1,4 +1,4 @@
-"""tokenmill language-model stage: a GPT trained on token shards.
+"""tokenmill language-model stage: a GPT (or the tutorial's MLP, preset "mlp") trained on token shards.
 
     from pipeline_lib.lm import GPTConfig, TrainConfig, train, load_model, sample
 
@@ -23,18 +23,20 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what __getattr__ below resolves at runtime, spelled out for type checkers
     from pipeline_lib.lm.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_model
-    from pipeline_lib.lm.config import PRESETS, GPTConfig, TrainConfig, preset
+    from pipeline_lib.lm.config import PRESETS, GPTConfig, MLPConfig, TrainConfig, preset
     from pipeline_lib.lm.data import ShardError, TokenShards, WindowSampler
-    from pipeline_lib.lm.model import GPT
+    from pipeline_lib.lm.mlp import MLPLanguageModel
+    from pipeline_lib.lm.model import GPT, build_model
     from pipeline_lib.lm.report import metrics, write_loss_plot, write_metrics
     from pipeline_lib.lm.sampling import sample
     from pipeline_lib.lm.trainer import TrainResult, bits_per_byte, evaluate, lr_at, train
 
 _SOURCES = {
     "checkpoint": ("CheckpointError", "latest_checkpoint", "list_checkpoints", "load_model"),
-    "config": ("PRESETS", "GPTConfig", "TrainConfig", "preset"),
+    "config": ("PRESETS", "GPTConfig", "MLPConfig", "TrainConfig", "preset"),
     "data": ("ShardError", "TokenShards", "WindowSampler"),
-    "model": ("GPT",),
+    "mlp": ("MLPLanguageModel",),
+    "model": ("GPT", "build_model"),
     "report": ("metrics", "write_loss_plot", "write_metrics"),
     "sampling": ("sample",),
     "trainer": ("TrainResult", "bits_per_byte", "evaluate", "lr_at", "train"),
@@ -59,12 +61,15 @@ __all__ = [
     "PRESETS",
     "CheckpointError",
     "GPTConfig",
+    "MLPConfig",
+    "MLPLanguageModel",
     "ShardError",
     "TokenShards",
     "TrainConfig",
     "TrainResult",
     "WindowSampler",
     "bits_per_byte",
+    "build_model",
     "evaluate",
     "latest_checkpoint",
     "list_checkpoints",

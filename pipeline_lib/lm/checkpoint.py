@@ -50,8 +50,8 @@ from safetensors.torch import save as st_save
 
 from pipeline_lib.errors import CheckpointError  # re-exported
 from pipeline_lib.fsio import hash_file
-from pipeline_lib.lm.config import GPTConfig
-from pipeline_lib.lm.model import GPT
+from pipeline_lib.lm.config import ModelConfig, model_config_from_dict
+from pipeline_lib.lm.model import LanguageModel, build_model
 
 CHECKPOINT_FORMAT = "tokenmill.lm-checkpoint/1"
 WEIGHTS_FORMAT = "tokenmill.gpt/1"
@@ -125,7 +125,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def model_state_tensors(model: GPT, to_cpu: bool = True) -> dict[str, torch.Tensor]:
+def model_state_tensors(model: LanguageModel, to_cpu: bool = True) -> dict[str, torch.Tensor]:
     """The model's state dict for safetensors: tied weights once, contiguous, on CPU
     (`to_cpu` False: where they are, for a caller that copies them itself)."""
     return {k: (v.detach().contiguous().cpu() if to_cpu else v.detach()) for k, v in model.state_dict().items() if k not in _TIED_KEYS}
@@ -148,11 +148,11 @@ def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]
     return len(text).to_bytes(8, "little") + text + blob[8 + n :]
 
 
-def weights_bytes(model: GPT) -> bytes:
+def weights_bytes(model: LanguageModel) -> bytes:
     return weights_file_bytes(model_state_tensors(model), model.config)
 
 
-def weights_file_bytes(tensors: dict[str, torch.Tensor], config: GPTConfig) -> bytes:
+def weights_file_bytes(tensors: dict[str, torch.Tensor], config: ModelConfig) -> bytes:
     """model.safetensors from CPU tensors (`model_state_tensors`) and the model's config."""
     meta = {"format": WEIGHTS_FORMAT, "gpt_config": json.dumps(config.to_dict(), sort_keys=True)}
     return safetensors_bytes(tensors, metadata=meta)
@@ -267,7 +267,7 @@ class Checkpoint:
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"{p}: cannot read safetensors ({e})") from e
 
-    def model_config(self) -> GPTConfig:
+    def model_config(self) -> ModelConfig:
         return read_weights_config(self.file("model.safetensors"))
 
 
@@ -290,15 +290,15 @@ def open_checkpoint(ckpt_dir: str | os.PathLike[str], verify: bool = True) -> Ch
     return Checkpoint(path=path, step=int(marker["step"]), marker=marker)
 
 
-def _config_from_header(header: Any) -> GPTConfig:
+def _config_from_header(header: Any) -> ModelConfig:
     meta = (header.get("__metadata__") if isinstance(header, dict) else None) or {}
     if meta.get("format") != WEIGHTS_FORMAT:
         raise ValueError(f"metadata format is {meta.get('format')!r}, expected {WEIGHTS_FORMAT!r}")
-    return GPTConfig.from_dict(json.loads(meta["gpt_config"]))
+    return model_config_from_dict(json.loads(meta["gpt_config"]))  # the key predates the MLP
 
 
-def read_weights_config(path: str | os.PathLike[str]) -> GPTConfig:
-    """The GPTConfig stored in a weights file's safetensors metadata (header only)."""
+def read_weights_config(path: str | os.PathLike[str]) -> ModelConfig:
+    """The model config stored in a weights file's safetensors metadata (header only)."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
@@ -312,7 +312,7 @@ def read_weights_config(path: str | os.PathLike[str]) -> GPTConfig:
         raise CheckpointError(f"{p}: not a {WEIGHTS_FORMAT} safetensors file ({e})") from e
 
 
-def load_state_into(model: GPT, state: dict[str, torch.Tensor], label: str | os.PathLike[str]) -> None:
+def load_state_into(model: LanguageModel, state: dict[str, torch.Tensor], label: str | os.PathLike[str]) -> None:
     """Copy a weights dict (as `model_state_tensors` gives) into `model`; `label` names the
     source in errors."""
     try:
@@ -324,7 +324,7 @@ def load_state_into(model: GPT, state: dict[str, torch.Tensor], label: str | os.
         raise CheckpointError(f"{label}: weights do not fit the model (missing {missing}, unexpected {unexpected})")
 
 
-def load_weights_into(model: GPT, path: str | os.PathLike[str]) -> None:
+def load_weights_into(model: LanguageModel, path: str | os.PathLike[str]) -> None:
     """Load a weights file into `model`. The file is not checked against any manifest:
     open it through `open_checkpoint` or the store first when that matters."""
     p = Path(path)
@@ -363,8 +363,8 @@ def load_optimizer_into(optimizer: torch.optim.Optimizer, ckpt: Checkpoint) -> N
     load_optimizer_state(optimizer, ckpt.json("optimizer.json"), ckpt.tensors("optimizer.safetensors"), ckpt.file("optimizer.json"))
 
 
-def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu", verify: bool = True) -> GPT:
-    """A GPT in eval mode from a checkpoint dir, an out_dir (its latest complete checkpoint)
+def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu", verify: bool = True) -> LanguageModel:
+    """A model (GPT or MLP) in eval mode from a checkpoint dir, an out_dir (its latest complete checkpoint)
     or a model.safetensors file.
 
     A checkpoint directory is checked against its ``checkpoint.json`` (sizes, and sha256
@@ -375,7 +375,7 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu",
 
     Raises:
         CheckpointError: missing, incomplete or corrupt checkpoint, or weights that do not
-            fit the stored GPTConfig.
+            fit the stored model config.
     """
     p = Path(path)
     if p.is_dir():
@@ -388,6 +388,6 @@ def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu",
         weights = ckpt.file("model.safetensors")
     else:
         weights = p
-    model = GPT(read_weights_config(weights))
+    model = build_model(read_weights_config(weights))
     load_weights_into(model, weights)
     return model.to(device).eval()

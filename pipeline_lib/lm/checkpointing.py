@@ -18,7 +18,7 @@ import torch
 
 from pipeline_lib.errors import CheckpointError
 from pipeline_lib.lm.checkpoint import list_checkpoints, open_checkpoint, quarantine_checkpoint, write_checkpoint
-from pipeline_lib.lm.config import GPTConfig
+from pipeline_lib.lm.config import ModelConfig
 from pipeline_lib.lm.data import WindowSampler
 from pipeline_lib.lm.distributed import Dist, broadcast_int
 
@@ -59,7 +59,7 @@ class Resume:
 
     path: Path
     step: int
-    model_config: GPTConfig
+    model_config: ModelConfig
     weights: dict[str, torch.Tensor]
     opt_meta: dict[str, Any]
     opt_tensors: dict[str, torch.Tensor]

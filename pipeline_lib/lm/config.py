@@ -1,6 +1,7 @@
-"""Configuration of the GPT language model and of its training run.
+"""Configuration of the language model (a GPT, or the MLP of Bengio et al.) and of its
+training run.
 
-Both are frozen dataclasses, validated on creation, and round-trip through plain
+All are frozen dataclasses, validated on creation, and round-trip through plain
 dicts (`to_dict` / `from_dict`) so they can live in JSON next to a checkpoint.
 
 `preset(name, **overrides)` gives a complete `TrainConfig`:
@@ -9,6 +10,8 @@ dicts (`to_dict` / `from_dict`) so they can live in JSON next to a checkpoint.
 * ``small``     — the CPU default: trains on tiny Shakespeare in a couple of minutes
   on 2 cores.
 * ``gpt2-124m`` — the GPT-2 small architecture with an llm.c-style schedule for one GPU.
+* ``mlp``       — not a GPT: the MLP language model of the first BPE tutorial (32 tokens of
+  context, 64-wide embeddings, 512 tanh units), with its optimizer and batch.
 
 `vocab_size` is normally left as None: `train` takes it from the token manifest.
 """
@@ -87,6 +90,59 @@ class GPTConfig:
         return cls(**{"pad_vocab_to": 1, **d})
 
 
+@dataclass(frozen=True)
+class MLPConfig:
+    """Bengio et al. (2003)'s language model: the embeddings of the last block_size tokens,
+    concatenated, through one tanh hidden layer to the logits (`pipeline_lib.lm.mlp`)."""
+
+    vocab_size: int | None = None  # None: taken from the token manifest when training
+    block_size: int = 32  # context: the tokens each prediction reads
+    n_embd: int = 64  # embedding width of one token
+    n_hidden: int = 512  # tanh units
+
+    # A model config's dict names its architecture; a GPT's has no "arch" key (its dicts,
+    # and the version ids hashed from them, predate this one).
+    ARCH: ClassVar[str] = "mlp"
+
+    def __post_init__(self) -> None:
+        _check(
+            self.vocab_size is None or (_is_int(self.vocab_size) and self.vocab_size >= 2),
+            f"MLPConfig.vocab_size must be None or an int >= 2, got {self.vocab_size!r}",
+        )
+        for name in ("block_size", "n_embd", "n_hidden"):
+            v = getattr(self, name)
+            _check(_is_int(v) and v >= 1, f"MLPConfig.{name} must be a positive int, got {v!r}")
+
+    def with_vocab(self, vocab_size: int) -> MLPConfig:
+        return dataclasses.replace(self, vocab_size=vocab_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arch": self.ARCH, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MLPConfig:
+        d = {k: v for k, v in d.items() if k != "arch"}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        _check(not unknown, f"unknown MLPConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+ModelConfig = GPTConfig | MLPConfig
+MODEL_CONFIGS: dict[str, type[GPTConfig] | type[MLPConfig]] = {"gpt": GPTConfig, MLPConfig.ARCH: MLPConfig}
+
+
+def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
+    """A model config from its `to_dict`: an MLP's carries ``"arch": "mlp"``, a GPT's no arch."""
+    arch = d.get("arch", "gpt")
+    _check(arch in MODEL_CONFIGS, f"unknown model arch {arch!r}; choose one of {sorted(MODEL_CONFIGS)}")
+    return MODEL_CONFIGS[arch].from_dict(d)
+
+
+def arch_of(config: ModelConfig) -> str:
+    return "gpt" if isinstance(config, GPTConfig) else config.ARCH
+
+
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -94,7 +150,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: GPTConfig = field(default_factory=GPTConfig)  # architecture
+    model: ModelConfig = field(default_factory=GPTConfig)  # architecture
     # -- batch: tokens per optimizer step = batch_size * block_size * grad_accum_steps, whatever
     # the world size: under DDP each of the N ranks runs grad_accum_steps / N micro-steps.
     batch_size: int = 12  # micro-batch of windows per rank
@@ -162,8 +218,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):  # convenience: accept a plain dict
-            object.__setattr__(self, "model", GPTConfig.from_dict(self.model))
-        _check(isinstance(self.model, GPTConfig), "TrainConfig.model must be a GPTConfig")
+            object.__setattr__(self, "model", model_config_from_dict(self.model))
+        _check(isinstance(self.model, (GPTConfig, MLPConfig)), "TrainConfig.model must be a GPTConfig or an MLPConfig")
         for name in ("batch_size", "grad_accum_steps", "max_steps", "eval_iters", "keep_last"):
             v = getattr(self, name)
             _check(_is_int(v) and v >= 1, f"TrainConfig.{name} must be a positive int, got {v!r}")
@@ -224,6 +280,10 @@ class TrainConfig:
         _check(isinstance(self.compile, bool), "TrainConfig.compile must be a bool")
         _check(self.compile_mode in COMPILE_MODES, f"TrainConfig.compile_mode must be one of {COMPILE_MODES}, got {self.compile_mode!r}")
         _check(isinstance(self.fit_micro_batch, bool), "TrainConfig.fit_micro_batch must be a bool")
+        _check(
+            not (self.fit_micro_batch and isinstance(self.model, MLPConfig)),
+            "TrainConfig.fit_micro_batch plans a GPT's memory; the MLP model takes its batch_size as given",
+        )
         _check(isinstance(self.resume, bool), "TrainConfig.resume must be a bool")
         _check(
             self.peak_flops is None or self.peak_flops > 0,
@@ -266,19 +326,23 @@ class TrainConfig:
         return {k: v for k, v in self.to_dict().items() if k not in self.RUN_ONLY_FIELDS}
 
     def replace(self, **overrides: Any) -> TrainConfig:
-        """Copy with overrides; GPTConfig field names (n_layer, dropout, ...) go to `model`."""
-        model_fields = {f.name for f in dataclasses.fields(GPTConfig)}
+        """Copy with overrides; the model config's field names (n_layer, dropout, ...) go to `model`."""
+        model = overrides.pop("model", self.model)
+        model_fields = {f.name for f in dataclasses.fields(model)}
         model_kw = {k: overrides.pop(k) for k in list(overrides) if k in model_fields}
         train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+        other_models = {f.name for c in MODEL_CONFIGS.values() for f in dataclasses.fields(c)} - model_fields
+        elsewhere = sorted(set(overrides) & other_models)
+        _check(not elsewhere, f"{', '.join(elsewhere)}: not a setting of the {arch_of(model)} model (its settings: {', '.join(sorted(model_fields))})")
         unknown = set(overrides) - train_fields
         _check(not unknown, f"unknown config fields: {sorted(unknown)}")
-        model = dataclasses.replace(overrides.pop("model", self.model), **model_kw)
+        model = dataclasses.replace(model, **model_kw)
         if "grad_accum_steps" in overrides:  # an explicit count replaces the preset's total batch
             overrides.setdefault("total_batch_tokens", None)
         return dataclasses.replace(self, model=model, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "model": self.model.to_dict()}  # an MLP's names its arch
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -287,7 +351,7 @@ class TrainConfig:
         unknown = set(d) - known
         _check(not unknown, f"unknown TrainConfig fields: {sorted(unknown)}")
         if "model" in d:
-            d["model"] = GPTConfig.from_dict(d["model"])
+            d["model"] = model_config_from_dict(d["model"])
         return cls(**d)
 
 
@@ -339,11 +403,31 @@ PRESETS: dict[str, TrainConfig] = {
         compile=True,
         fit_micro_batch=True,
     ),
+    # The first BPE tutorial's MLP on its 300-token vocabulary: 32 tokens of context, 64-wide
+    # embeddings, 512 tanh units (1,222,188 parameters at 300 ids), AdamW at a constant 1e-3
+    # with torch's default weight decay and betas, no clipping, 2,048 predictions a step
+    # (64 windows x 32 positions; the tutorial's batch of 2,048 examples). Its 500 epochs of
+    # 578,558 examples are 283 steps each: 141,500 steps, one epoch between evaluations.
+    "mlp": TrainConfig(
+        model=MLPConfig(block_size=32, n_embd=64, n_hidden=512),
+        batch_size=64,
+        max_steps=141_500,
+        learning_rate=1e-3,
+        min_lr=1e-3,
+        warmup_steps=0,
+        weight_decay=0.01,
+        beta1=0.9,
+        beta2=0.999,
+        grad_clip=0.0,
+        eval_interval=283,
+        eval_iters=20,
+        log_interval=25,
+    ),
 }
 
 
 def preset(name: str, **overrides: Any) -> TrainConfig:
-    """A named preset with overrides (TrainConfig or GPTConfig field names)."""
+    """A named preset with overrides (TrainConfig or model config field names)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[name].replace(**overrides)

@@ -28,7 +28,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from pipeline_lib.lm.config import GPTConfig
+from pipeline_lib.lm.config import GPTConfig, MLPConfig
+from pipeline_lib.lm.mlp import MLPLanguageModel
 
 
 class _Trunk(nn.ModuleDict):
@@ -299,3 +300,13 @@ class GPT(nn.Module):
         ]
         kwargs = {"fused": True} if fused else {}
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **kwargs)
+
+
+# -- any of the LM stage's models ----------------------------------------------------------
+
+LanguageModel = GPT | MLPLanguageModel
+
+
+def build_model(config: GPTConfig | MLPConfig) -> LanguageModel:
+    """The model a config describes: a GPT, or the MLP language model (`pipeline_lib.lm.mlp`)."""
+    return MLPLanguageModel(config) if isinstance(config, MLPConfig) else GPT(config)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline_lib.lm.config import TrainConfig
+from pipeline_lib.lm.config import GPTConfig, TrainConfig
 from pipeline_lib.lm.model import GPT, LOSS_CHUNK_ROWS
 
 # How each autocast dtype is named in the logs and the plan.
@@ -91,7 +91,7 @@ class MemoryPlan:
 def activation_bytes(cfg: TrainConfig, act_bytes: int, fused_attention: bool) -> int:
     """Bytes one micro-batch keeps for backward (see the module doc for the formula)."""
     m = cfg.model
-    assert m.vocab_size is not None
+    assert isinstance(m, GPTConfig) and m.vocab_size is not None  # memory_plan refuses another arch
     b, t, c = cfg.batch_size, m.block_size, m.n_embd
     per_value = act_bytes / 2  # the formula counts 2-byte values
     block = 34 * t * b * c * per_value
@@ -118,10 +118,13 @@ def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "
     `vocab_size` fills a config that leaves it to the data; `bf16`: the GPU supports
     bfloat16 (else "auto" means float16 with a GradScaler).
     """
+    if not isinstance(cfg.model, GPTConfig):
+        raise ValueError("the memory plan is a GPT's; the mlp preset's model is small enough to need none")
     if cfg.model.vocab_size is None:
         if vocab_size is None:
             raise ValueError("the config leaves vocab_size to the data: give one (GPT-2's is 50257)")
         cfg = cfg.replace(vocab_size=vocab_size)
+    assert isinstance(cfg.model, GPTConfig)  # checked above; replace() keeps the arch
     with torch.device("meta"):
         gpt = GPT(cfg.model)
     values = sum(p.numel() for p in gpt.parameters())

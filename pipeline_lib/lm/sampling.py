@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager, contextmanager
 import torch
 from torch.nn import functional as F
 
-from pipeline_lib.lm.model import GPT, KVCache
+from pipeline_lib.lm.model import GPT, KVCache, LanguageModel
 
 ONE_THREAD_BELOW = 20_000_000  # parameters: smaller models decode on one CPU thread
 
@@ -57,7 +57,7 @@ def one_thread(enabled: bool) -> Iterator[None]:
                 torch.set_num_threads(_threads_saved)
 
 
-def one_thread_for(model: GPT) -> AbstractContextManager[None]:
+def one_thread_for(model: LanguageModel) -> AbstractContextManager[None]:
     """`one_thread` for a small model on the CPU (under ONE_THREAD_BELOW parameters), else nothing."""
     device = next(model.parameters()).device
     return one_thread(device.type == "cpu" and model.num_params() < ONE_THREAD_BELOW)
@@ -65,7 +65,7 @@ def one_thread_for(model: GPT) -> AbstractContextManager[None]:
 
 @torch.no_grad()
 def sample(
-    model: GPT,
+    model: LanguageModel,
     prompt_ids: Sequence[int],
     max_new_tokens: int,
     temperature: float = 1.0,
@@ -115,7 +115,7 @@ def sample(
 
 
 def _decode(
-    model: GPT,
+    model: LanguageModel,
     ids: list[int],
     max_new_tokens: int,
     temperature: float,
@@ -126,7 +126,7 @@ def _decode(
 ) -> list[int]:
     device, block = gen.device, model.config.block_size
     out: list[int] = []
-    cache = KVCache(model.config.n_layer) if kv_cache else None
+    cache = KVCache(model.config.n_layer) if kv_cache and isinstance(model, GPT) else None  # the MLP keeps no state
     fed = 0  # tokens of `ids` already in the cache
     for _ in range(max_new_tokens):
         if cache is not None and len(ids) <= block:
@@ -134,7 +134,8 @@ def _decode(
             fed = len(ids)
         else:  # no cache, or the context outgrew block_size: run the cropped window
             cache, new = None, ids[-block:]
-        logits, _ = model(torch.tensor([new], dtype=torch.long, device=device), cache=cache)
+        x = torch.tensor([new], dtype=torch.long, device=device)
+        logits, _ = model(x) if cache is None else model(x, cache=cache)
         logits = logits[:, -1, :].float()
         if not bool(torch.isfinite(logits).all()):
             raise FloatingPointError(

@@ -21,15 +21,17 @@ from pipeline_lib.lm.config import TrainConfig, _is_int, preset
 # machine: ~200 steps there, the preset's whole 600 on a faster one. `steps` None keeps the
 # preset's own count (and its schedule); a number replaces it.
 
-MODEL_OVERRIDES = ("n_layer", "n_head", "n_embd", "block_size", "batch_size")
+MODEL_OVERRIDES = ("n_layer", "n_head", "n_embd", "n_hidden", "block_size", "batch_size")
 
 
 @dataclass(frozen=True)
 class LMConfig:
     __pydantic_config__ = STRICT
 
-    preset: Annotated[Literal["tiny", "small", "gpt2-124m"], doc("model size and recipe")] = "small"
-    steps: Annotated[int | None, doc("optimizer steps, at most (none: the preset's own: 600 for small, 19073 for gpt2-124m)")] = None
+    preset: Annotated[
+        Literal["tiny", "small", "gpt2-124m", "mlp"], doc("model size and recipe (mlp: not a GPT, the first BPE tutorial's MLP language model)")
+    ] = "small"
+    steps: Annotated[int | None, doc("optimizer steps, at most (none: the preset's own: 600 for small, 19073 for gpt2-124m, 141500 for mlp)")] = None
     minutes: Annotated[
         float | None,
         doc(
@@ -41,8 +43,9 @@ class LMConfig:
     seed: Annotated[int, doc("seed for model init, dropout and data order")] = 1337
     n_layer: Annotated[int | None, doc("override the preset's n_layer (transformer blocks)")] = None
     n_head: Annotated[int | None, doc("override the preset's n_head (attention heads per block)")] = None
-    n_embd: Annotated[int | None, doc("override the preset's n_embd (residual stream width)")] = None
-    block_size: Annotated[int | None, doc("override the preset's block_size (context length in tokens)")] = None
+    n_embd: Annotated[int | None, doc("override the preset's n_embd (residual stream width; the mlp's embedding width per token)")] = None
+    n_hidden: Annotated[int | None, doc("override the mlp preset's n_hidden (tanh units of its hidden layer)")] = None
+    block_size: Annotated[int | None, doc("override the preset's block_size (context length in tokens; the mlp reads this many)")] = None
     batch_size: Annotated[int | None, doc("override the preset's batch_size (windows per micro-batch)")] = None
 
     def __post_init__(self) -> None:

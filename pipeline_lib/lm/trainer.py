@@ -105,7 +105,7 @@ from pipeline_lib.lm.checkpointing import CheckpointWriter, Resume, pick_resume,
 from pipeline_lib.lm.config import TrainConfig
 from pipeline_lib.lm.data import Region, TokenShards, WindowSampler
 from pipeline_lib.lm.distributed import Dist, broadcast_int, gather_bytes, setup_dist
-from pipeline_lib.lm.model import GPT
+from pipeline_lib.lm.model import build_model
 from pipeline_lib.lm.perf import Peak, Throughput
 from pipeline_lib.lm.plan import PRECISION_NAMES, autocast_dtype, fit_micro_batch
 from pipeline_lib.lm.sampling import one_thread_for
@@ -401,7 +401,7 @@ def train(
     on_step: EventFn | None = None,
     resume: bool | None = None,
 ) -> TrainResult:
-    """Train a GPT on the token directory `data_dir`, checkpointing into `out_dir`.
+    """Train a GPT (or the MLP) on the token directory `data_dir`, checkpointing into `out_dir`.
 
     token_byte_lengths: optional (vocab_size,) array of UTF-8 byte lengths per token id
     (0 for the separator), for exact bits/byte; else the manifest's bytes/token is used.
@@ -485,7 +485,7 @@ class _Run:
         if mcfg.vocab_size is None:
             mcfg = mcfg.with_vocab(shards.vocab_size)
         elif mcfg.vocab_size < shards.vocab_size:
-            raise ValueError(f"GPTConfig.vocab_size {mcfg.vocab_size} is smaller than the data's vocab_size {shards.vocab_size}")
+            raise ValueError(f"{type(mcfg).__name__}.vocab_size {mcfg.vocab_size} is smaller than the data's vocab_size {shards.vocab_size}")
         self.mcfg = mcfg
         window = mcfg.block_size + 1
         self.split = split = shards.split(cfg.val_fraction, window)
@@ -532,7 +532,7 @@ class _Run:
             raise ValueError(f"{ckpt.path}: checkpoint model {ckpt.model_config} differs from the requested {self.mcfg}")
         # same init on every rank; DDP broadcasts rank 0's anyway
         torch.manual_seed(cfg.seed + d.rank)
-        self.raw_model = raw_model = GPT(self.mcfg).to(device)
+        self.raw_model = raw_model = build_model(self.mcfg).to(device)
         # One intra-op thread for a small model on the CPU, the rule sampling follows. A trade:
         # on an idle 2-core machine the "small" preset trained at 11,500 tokens/s on one thread
         # and 20,900 on two, but at load ~3 at 9,000 on one and 2,100 on two (every split op waits
@@ -626,7 +626,7 @@ class _Run:
         dev = self.device
         self.emit(
             f"device {dev} ({PRECISION_NAMES[self.amp_dtype]}{', compiled' if cfg.compile else ''}"
-            f"{f', DDP x{d.world_size}' if d.enabled else ''}) | {self.n_params / 1e6:.2f}M params | "
+            f"{f', DDP x{d.world_size}' if d.enabled else ''}) | {self.n_params:,} params | "
             f"data {self.shards.n_tokens:,} tokens: train {self.split.n_train_tokens:,} / val {self.split.n_val_tokens:,} | "
             f"{self.tokens_per_step:,} tokens/step" + (f" | resuming at step {self.start_step} from {ckpt.path}" if ckpt is not None else "")
         )

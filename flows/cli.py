@@ -489,7 +489,7 @@ def cmd_encode(args) -> int:
         from flows.pipeline import encode_corpus_flow
 
         flow = encode_corpus_flow.with_options(task_runner=_runner(args))
-        tokens = flow(configs["corpus"], _ref_dict(store, k, v), store=args.store, encode=configs["encode"], storage_options=so)
+        tokens = flow(configs["corpus"], _ref_dict(store, k, v), store=args.store, encode=configs["encode"], storage_options=so, documents=configs[DOCUMENTS])
     print(f"tokens {tokens['kind']}/{tokens['version']} -> {tokens['uri']}")
     return 0
 
@@ -926,10 +926,13 @@ def _config_classes() -> dict[str, Any]:
     return {**stage_configs(), "sweep": SweepConfig, "compare": CompareConfig}
 
 
-# The configs each command takes, by the flow parameter they go to.
-RUN_CONFIGS = ("corpus", "count", "tokenizer", "encode", "lm")
-TOKENIZER_CONFIGS = ("corpus", "count", "tokenizer")
-ENCODE_CONFIGS = ("corpus", "encode")
+# The configs each command takes, by the flow parameter they go to. "documents": one
+# config per document stage (pipeline_lib.stages.documents: --dedup ...), the flows'
+# `documents` parameter.
+DOCUMENTS = "documents"
+RUN_CONFIGS = ("corpus", DOCUMENTS, "count", "tokenizer", "encode", "lm")
+TOKENIZER_CONFIGS = ("corpus", DOCUMENTS, "count", "tokenizer")
+ENCODE_CONFIGS = ("corpus", DOCUMENTS, "encode")
 LM_CONFIGS = ("lm",)
 REPORT_CONFIGS = ("corpus", "report")
 SAMPLE_CONFIGS = ("sample",)
@@ -938,7 +941,9 @@ COMPARE_CONFIGS = ("compare",)
 
 
 def flag_of(cls: type, name: str) -> str:
-    return FLAG_ALIASES.get((cls.__name__, name), "--" + name.replace("_", "-"))
+    """A field's flag: an alias above, one the config declares (``__cli_flags__``), else --<field>."""
+    declared = getattr(cls, "__cli_flags__", {}).get(name)
+    return FLAG_ALIASES.get((cls.__name__, name)) or declared or "--" + name.replace("_", "-")
 
 
 def _dest(cls: type, name: str) -> str:
@@ -968,12 +973,12 @@ CONFIG_TITLES = {
 }
 
 
-def add_config_options(p: argparse.ArgumentParser, cls: type, defaults: Any = None) -> None:
+def add_config_options(p: argparse.ArgumentParser, cls: type, defaults: Any = None, title: str | None = None) -> None:
     """One option per described field of config `cls` (defaults from `defaults`, an instance,
     else from the class)."""
     from pipeline_lib.config import fields_of
 
-    group = p.add_argument_group(CONFIG_TITLES.get(cls.__name__, cls.__name__))
+    group = p.add_argument_group(title or CONFIG_TITLES.get(cls.__name__, cls.__name__))
     for f in fields_of(cls):
         default = getattr(defaults, f.name) if defaults is not None else f.default
         shown = ", ".join(map(str, default)) if f.repeated and default else default
@@ -1017,8 +1022,14 @@ def configs_from_args(args: argparse.Namespace, names: tuple[str, ...]) -> dict[
     from pipeline_lib.errors import ConfigError, InputError
 
     classes = _config_classes()
-    out = {}
+    out: dict[str, Any] = {}
     for name in names:
+        if name == DOCUMENTS:
+            from pipeline_lib.stages.documents import DocumentStages, document_stages
+
+            options = tuple(entry.option for entry in document_stages())
+            out[name] = DocumentStages(**configs_from_args(args, options))
+            continue
         cls = classes[name]
         defaults = getattr(args, f"_defaults.{cls.__name__}", None)
         values = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(cls)} if defaults is not None else {}
@@ -1042,6 +1053,12 @@ def configs_from_args(args: argparse.Namespace, names: tuple[str, ...]) -> dict[
 def _add_config_groups(p: argparse.ArgumentParser, names: tuple[str, ...], **defaults: Any) -> None:
     classes = _config_classes()
     for name in names:
+        if name == DOCUMENTS:
+            from pipeline_lib.stages.documents import document_stages
+
+            for entry in document_stages():
+                add_config_options(p, entry.stage.config, title=entry.title)
+            continue
         add_config_options(p, classes[name], defaults.get(name))
 
 

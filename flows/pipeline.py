@@ -28,10 +28,12 @@ from pipeline_lib.lm.stage_config import LMConfig
 from pipeline_lib.patterns import is_custom
 from pipeline_lib.stage_configs import stage_configs
 from pipeline_lib.stages import REPORT_CORPUS, TokenizerConfig, compression_summary
+from pipeline_lib.stages.documents import DocumentStages, document_stages, enabled
 from pipeline_lib.token_shards import EncodeConfig
 from tasks.common import store_of, to_ref
 from tasks.corpus import DOWNLOAD, SHARD
 from tasks.counting import COUNTS
+from tasks.documents import DOCUMENT_TASKS
 from tasks.encoding import TOKENS
 from tasks.factory import artifact_key
 from tasks.lm import TRAIN
@@ -139,10 +141,15 @@ def _with_storage(corpus: CorpusConfig, storage_options: dict | None) -> CorpusC
     return dataclasses.replace(validate(CorpusConfig, corpus, "corpus"), storage_options=storage_options or {})
 
 
-def _corpus(store: str, corpus: CorpusConfig, storage_options: dict | None) -> dict[str, str]:
+def _corpus(store: str, corpus: CorpusConfig, storage_options: dict | None, documents: DocumentStages | None = None) -> dict[str, str]:
+    """The corpus shards, then each document stage `documents` turns on (`--dedup exact`),
+    each reading the shards the one before wrote; counting and encoding read the last."""
     cfg = _with_storage(corpus, storage_options)
     raw = DOWNLOAD(store, {}, cfg, storage_options)
-    return SHARD(store, {"raw": raw}, cfg, storage_options)
+    ref = SHARD(store, {"raw": raw}, cfg, storage_options)
+    for entry, config in enabled(validate(DocumentStages, documents, "documents")):
+        ref = DOCUMENT_TASKS[entry.option](store, {"corpus": ref}, config, storage_options)
+    return ref
 
 
 def _bytes_per_task(corpus: CorpusConfig | dict | None) -> int:
@@ -170,10 +177,12 @@ def corpus_flow(
     corpus: CorpusConfig = CorpusConfig(),
     store: str = DEFAULT_STORE,
     storage_options: dict | None = None,
+    documents: DocumentStages = DocumentStages(),
 ) -> dict[str, str]:
-    """Download the corpus into the store and split it into Parquet shards."""
+    """Download the corpus into the store and split it into Parquet shards (then the
+    document stages `documents` turns on: the returned ref is their output)."""
     with tags(*_run_tags(store, corpus)):
-        return _corpus(store, corpus, storage_options)
+        return _corpus(store, corpus, storage_options, documents)
 
 
 @flow(name="tokenmill-tokenizer", flow_run_name=_run_name("tokenizer"))
@@ -209,11 +218,12 @@ def tokenizer_train_flow(
     storage_options: dict | None = None,
     log_merges: int = 0,
     trace: bool = False,
+    documents: DocumentStages = DocumentStages(),
 ) -> dict[str, str]:
     """`corpus_flow` then `tokenizer_flow` in one flow run (what `tokenmill tokenizer train`
     runs): the same tasks, tags and artifacts, without a second flow run's start and end."""
     with tags(*_run_tags(store, corpus)):
-        corpus_ref = _corpus(store, corpus, storage_options)
+        corpus_ref = _corpus(store, corpus, storage_options, documents)
     return tokenizer_flow.fn(corpus_ref, store, count, tokenizer, storage_options, corpus, log_merges, trace)
 
 
@@ -240,11 +250,12 @@ def encode_corpus_flow(
     store: str = DEFAULT_STORE,
     encode: EncodeConfig = EncodeConfig(),
     storage_options: dict | None = None,
+    documents: DocumentStages = DocumentStages(),
 ) -> dict[str, str]:
     """`corpus_flow` then `encode_flow` in one flow run (what `tokenmill encode` runs): a
     corpus encoded with an existing tokenizer, without a second flow run's start and end."""
     with tags(*_run_tags(store, corpus)):
-        corpus_ref = _corpus(store, corpus, storage_options)
+        corpus_ref = _corpus(store, corpus, storage_options, documents)
     return encode_flow.fn(corpus_ref, tokenizer_ref, store, encode, storage_options, corpus)
 
 
@@ -285,16 +296,19 @@ def tokenmill_pipeline(
     store: str = DEFAULT_STORE,
     train_model: bool = True,
     storage_options: dict | None = None,
+    documents: DocumentStages = DocumentStages(),
 ) -> dict[str, Any]:
-    """The whole chain: corpus -> shards -> counts -> tokenizer -> token shards -> GPT.
+    """The whole chain: corpus -> shards -> [document stages, e.g. dedup, when on] ->
+    counts -> tokenizer -> token shards -> GPT.
 
     Returns the references of every artifact and the headline figures.
     """
     logger = get_run_logger()
     lm = validate(LMConfig, lm, "lm")  # every config is checked before any stage runs
     corpus = validate(CorpusConfig, corpus, "corpus")
+    documents = validate(DocumentStages, documents, "documents")
     with tags(*_run_tags(store, corpus)):
-        corpus_ref = _corpus(store, corpus, storage_options)
+        corpus_ref = _corpus(store, corpus, storage_options, documents)
         tokenizer_ref = _tokenizer(store, corpus_ref, count, tokenizer, storage_options, corpus)
         tokens = _encode(store, corpus_ref, tokenizer_ref, encode, storage_options, corpus)
         model = TRAIN(store, {"tokens": tokens, "tokenizer": tokenizer_ref}, lm.train_config(), storage_options) if train_model else None
@@ -324,6 +338,7 @@ def summarize(store_url: str, corpus: dict, tokenizer: dict, tokens: dict, model
         "bytes_per_token": round(comp["bytes_per_token"], 3),
         "chars_per_token": round(cmeta["n_chars"] / max(1, n_text_tokens), 3) if cmeta.get("n_chars") else None,
     }
+    figures.update(_document_figures(store, corpus))
     artifacts = {k: store.uri(r["kind"], r["version"]) for k, r in (("corpus", corpus), ("tokenizer", tokenizer), ("tokens", tokens))}
     sample = None
     if model is not None:
@@ -341,6 +356,20 @@ def summarize(store_url: str, corpus: dict, tokenizer: dict, tokens: dict, model
         artifacts["loss_curve"] = store.uri(model["kind"], model["version"], "loss.png")
         sample = mm["samples"][0] if mm["samples"] else None
     return {"refs": {"corpus": corpus, "tokenizer": tokenizer, "tokens": tokens, "model": model}, "artifacts": artifacts, "figures": figures, "sample": sample}
+
+
+def _document_figures(store: Any, corpus: dict) -> dict[str, Any]:
+    """The figures of the document stages that made `corpus` (``dedup_documents_removed``
+    ...), walking from the last one back to the corpus."""
+    by_kind = {entry.stage.kind: entry for entry in document_stages()}
+    figures: dict[str, Any] = {}
+    ref = to_ref(corpus)
+    while ref.kind in by_kind:
+        entry = by_kind[ref.kind]
+        meta = store.manifest(ref.kind, ref.version)["meta"]
+        figures = {f"{entry.option}_{k}": v for k, v in entry.summary(meta).items() if isinstance(v, (int, float))} | figures
+        ref = store.parent(ref, "corpus")
+    return figures
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:

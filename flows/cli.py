@@ -98,12 +98,6 @@ def _resolve(store, ref: str, kind: str | None = None) -> tuple[str, str]:
     return k, v
 
 
-def _ref_dict(store, kind: str, version: str) -> dict[str, str]:
-    from tasks.common import ref_dict
-
-    return ref_dict(store.ref(kind, version))
-
-
 def _load_tokenizer(args):
     from pipeline_lib.tokenizer import Tokenizer, get_encoding
     from pipeline_lib.tokenizer.registry import ENCODINGS
@@ -239,12 +233,12 @@ def cmd_tokenizer_train(args) -> int:
         tok = tokenizer_train_flow.with_options(task_runner=_runner(args))(
             **configs, store=args.store, storage_options=so, log_merges=args.log_merges, trace=args.trace
         )
-    print(f"tokenizer {tok['kind']}/{tok['version']} -> {tok['uri']}")
+    print(f"tokenizer {tok.key} -> {tok.uri}")
     if args.out:
         from pipeline_lib.tokenizer import Tokenizer
 
         store = _store(args)
-        Tokenizer.load(store.local_dir(tok["kind"], tok["version"])).save(args.out)
+        Tokenizer.load(store.local_dir(tok.kind, tok.version)).save(args.out)
         print(f"saved to {args.out}")
     return 0
 
@@ -451,10 +445,9 @@ def cmd_tokenizer_inspect(args) -> int:
         store = _store(args)
         k, v = _resolve(store, args.tokenizer, "tokenizer")
         tok = Tokenizer.load(store.local_dir(k, v))
-        parent = store.manifest(k, v)["parents"].get("counts")
-        if parent:
-            ck, cv = parent.split("/", 1)
-            counts = read_counts(os.path.join(store.local_dir(ck, cv), COUNTS_FILE))
+        if store.manifest(k, v)["parents"].get("counts"):
+            parent = store.parent(store.ref(k, v), "counts")
+            counts = read_counts(os.path.join(store.local_dir(parent.kind, parent.version), COUNTS_FILE))
     report = lab.inspect_tokenizer(tok, args.top, counts)
     print(json.dumps(report, indent=2, ensure_ascii=False) if args.json else lab.inspect_text(report))
     return 0
@@ -489,8 +482,8 @@ def cmd_encode(args) -> int:
         from flows.pipeline import encode_corpus_flow
 
         flow = encode_corpus_flow.with_options(task_runner=_runner(args))
-        tokens = flow(configs["corpus"], _ref_dict(store, k, v), store=args.store, encode=configs["encode"], storage_options=so, documents=configs[DOCUMENTS])
-    print(f"tokens {tokens['kind']}/{tokens['version']} -> {tokens['uri']}")
+        tokens = flow(configs["corpus"], store.ref(k, v), store=args.store, encode=configs["encode"], storage_options=so, documents=configs[DOCUMENTS])
+    print(f"tokens {tokens.key} -> {tokens.uri}")
     return 0
 
 
@@ -498,19 +491,19 @@ def cmd_lm_train(args) -> int:
     configs = configs_from_args(args, LM_CONFIGS)
     store = _store(args)
     tk, tv = _resolve(store, args.tokens, "tokens")
-    parent = store.manifest(tk, tv)["parents"]["tokenizer"].split("/")
+    tokens = store.ref(tk, tv)
     with _flow_api():
         from flows.pipeline import lm_flow
 
         model = lm_flow(
-            _ref_dict(store, tk, tv),
-            _ref_dict(store, *parent),
+            tokens,
+            store.parent(tokens, "tokenizer"),
             store=args.store,
             **configs,
             storage_options=_storage_options(args.storage_option) or None,
         )
-    m = store.manifest(model["kind"], model["version"])["meta"]
-    print(f"model {model['kind']}/{model['version']} -> {model['uri']}")
+    m = store.manifest(model.kind, model.version)["meta"]
+    print(f"model {model.key} -> {model.uri}")
     print(json.dumps(m["metrics"], indent=2, default=str))
     return 0
 
@@ -589,14 +582,14 @@ def cmd_verify(args) -> int:
     if not store.is_store():
         raise InputError(f"{store.url} is not a tokenmill store: check --store")
     from pipeline_lib.errors import StoreError
+    from pipeline_lib.store import split_key
 
     faults = 0
     results = store.verify_all()
     for key, fault in results:
         if fault is None:
             try:
-                k, v = key.split("/", 1)
-                m = _verify_one(store, k, v)
+                m = _verify_one(store, *split_key(key))
                 print(f"{key}: {len(m['files'])} files OK")
                 continue
             except (StoreError, InputError, OSError) as e:
@@ -695,15 +688,14 @@ def _check_out_outside_store(store, out: str) -> None:
 
 def cmd_export_nanogpt(args) -> int:
     from pipeline_lib.stages import load_tokenizer
-    from pipeline_lib.store import VersionRef
+    from pipeline_lib.store import split_key
     from pipeline_lib.token_shards import export_nanogpt
 
     store = _store(args)
     _check_out_outside_store(store, args.out)
     k, v = _resolve(store, args.tokens, "tokens")
     meta = store.manifest(k, v)["meta"]
-    tk, tv = str(meta["tokenizer"]["version"]).split("/", 1)  # the tokens' tokenizer, "tokenizer/<id>"
-    tok = load_tokenizer(store, VersionRef(tk, tv, store.uri(tk, tv), ""))
+    tok = load_tokenizer(store, store.ref(*split_key(meta["tokenizer"]["version"])))  # the tokens' tokenizer, "tokenizer/<id>"
     token_bytes: list[bytes | None] = []
     for i in range(tok.vocab_size):
         try:
@@ -735,10 +727,10 @@ def cmd_report(args) -> int:
 
         ref = report_flow(**configs, store=args.store, storage_options=_storage_options(args.storage_option) or None)
     store = _store(args)
-    print(store.read_bytes(ref["kind"], ref["version"], "report.md").decode())
+    print(store.read_bytes(ref.kind, ref.version, "report.md").decode())
     if args.tokenizer:
         print(_yours_in_report(args, store, ref))
-    print(f"plot: {store.uri(ref['kind'], ref['version'], 'compression.png')}")
+    print(f"plot: {store.uri(ref.kind, ref.version, 'compression.png')}")
     return 0
 
 
@@ -750,9 +742,9 @@ def _yours_in_report(args, store, ref) -> str:
     from pipeline_lib.report import MULTILINGUAL, udhr_sections
 
     named = [(r, _load_tokenizer(argparse.Namespace(**{**vars(args), "tokenizer": r}))) for r in args.tokenizer]
-    kind, version = store.manifest(ref["kind"], ref["version"])["parents"]["corpus"].split("/", 1)
-    last = store.manifest(kind, version)["meta"]["shards"][-1]["file"]
-    heldout = "\n\n".join(d.decode("utf-8") for docs in iter_shard_batches(store.local_file(kind, version, last)) for d in docs)
+    corpus = store.parent(ref, "corpus")
+    last = store.manifest(corpus.kind, corpus.version)["meta"]["shards"][-1]["file"]
+    heldout = "\n\n".join(d.decode("utf-8") for docs in iter_shard_batches(store.local_file(corpus.kind, corpus.version, last)) for d in docs)
     with open(MULTILINGUAL, encoding="utf-8") as f:
         sections = udhr_sections(f.read())
     return lab.yours_markdown(named, heldout, sections)

@@ -50,10 +50,11 @@ CONFIG_PARAMETERS: dict[str, type] = {name: cls for name, cls in stage_configs()
 
 
 def config_parameters(fn) -> dict[str, type]:
-    """``{parameter: config class}`` of a flow (or its function): the configs it takes."""
+    """``{parameter: config class}`` of a flow (or its function): the configs it takes (not
+    the `VersionRef`s of its inputs)."""
     fn = getattr(fn, "fn", fn)
     hints = typing.get_type_hints(fn)
-    return {name: tp for name, tp in hints.items() if isinstance(tp, type) and dataclasses.is_dataclass(tp)}
+    return {name: tp for name, tp in hints.items() if isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp is not VersionRef}
 
 
 def check_parameters(fn, parameters: dict[str, Any]) -> dict[str, Any]:

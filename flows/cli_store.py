@@ -28,9 +28,11 @@ def cmd_versions(args) -> int:
     if not rows:
         print(f"no versions in {store.url}")
         return 0
+    from pipeline_lib.store import split_key
+
     print(f"{'kind':<10} {'version':<21} {'created':<26} parents / key figures")
     for m in rows:
-        parents = ",".join(f"{k}={v.split('/')[-1][:8]}" for k, v in m["parents"].items())
+        parents = ",".join(f"{k}={split_key(v)[1][:8]}" for k, v in m["parents"].items())
         print(f"{m['kind']:<10} {m['version']:<21} {m['created']:<26} {parents} {_headline(m)}")
     return 0
 

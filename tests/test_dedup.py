@@ -199,3 +199,15 @@ def test_the_cli_runs_dedup_in_the_chain_with_one_flag():
     for command in (["run"], ["tokenizer", "train"], ["encode"]):
         args = build_parser(command).parse_args([*command, "--dedup", "exact"])
         assert getattr(args, "DedupConfig.mode") == "exact"
+
+
+def test_deployment_parameters_turn_dedup_on_and_refuse_a_bad_mode():
+    """A deployment (or a run triggered in the UI) gives the flows' `documents` parameter as
+    a dict: it is validated against the registered configs like every stage config."""
+    from flows.pipeline import check_parameters, tokenmill_pipeline
+    from pipeline_lib.errors import ConfigError
+
+    checked = check_parameters(tokenmill_pipeline, {"documents": {"dedup": {"mode": "exact"}}})
+    assert checked["documents"].dedup == DedupConfig(mode="exact")
+    with pytest.raises(ConfigError, match=r"documents\.dedup\.mode"):
+        check_parameters(tokenmill_pipeline, {"documents": {"dedup": {"mode": "fuzzy"}}})

@@ -28,10 +28,13 @@ from pipeline_lib.lm.stage_config import LMConfig
 from pipeline_lib.patterns import is_custom
 from pipeline_lib.stage_configs import stage_configs
 from pipeline_lib.stages import REPORT_CORPUS, TokenizerConfig, compression_summary
+from pipeline_lib.stages.documents import DocumentStages, document_stages, enabled
+from pipeline_lib.store import VersionRef
 from pipeline_lib.token_shards import EncodeConfig
 from tasks.common import store_of, to_ref
 from tasks.corpus import DOWNLOAD, SHARD
 from tasks.counting import COUNTS
+from tasks.documents import DOCUMENT_TASKS
 from tasks.encoding import TOKENS
 from tasks.factory import artifact_key
 from tasks.lm import TRAIN
@@ -47,10 +50,11 @@ CONFIG_PARAMETERS: dict[str, type] = {name: cls for name, cls in stage_configs()
 
 
 def config_parameters(fn) -> dict[str, type]:
-    """``{parameter: config class}`` of a flow (or its function): the configs it takes."""
+    """``{parameter: config class}`` of a flow (or its function): the configs it takes (not
+    the `VersionRef`s of its inputs)."""
     fn = getattr(fn, "fn", fn)
     hints = typing.get_type_hints(fn)
-    return {name: tp for name, tp in hints.items() if isinstance(tp, type) and dataclasses.is_dataclass(tp)}
+    return {name: tp for name, tp in hints.items() if isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp is not VersionRef}
 
 
 def check_parameters(fn, parameters: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +129,7 @@ def _run_name(kind: str):
     return name
 
 
-def _run_tags(store: str, corpus: Any = None, corpus_ref: dict | None = None) -> list[str]:
+def _run_tags(store: str, corpus: Any = None, corpus_ref: VersionRef | None = None) -> list[str]:
     """Tags for the task runs of a flow run: the store and the corpus they work on."""
     out = ["tokenmill", f"store:{_short(store)}"]
     if corpus is not None:
@@ -139,10 +143,15 @@ def _with_storage(corpus: CorpusConfig, storage_options: dict | None) -> CorpusC
     return dataclasses.replace(validate(CorpusConfig, corpus, "corpus"), storage_options=storage_options or {})
 
 
-def _corpus(store: str, corpus: CorpusConfig, storage_options: dict | None) -> dict[str, str]:
+def _corpus(store: str, corpus: CorpusConfig, storage_options: dict | None, documents: DocumentStages | None = None) -> VersionRef:
+    """The corpus shards, then each document stage `documents` turns on (`--dedup exact`),
+    each reading the shards the one before wrote; counting and encoding read the last."""
     cfg = _with_storage(corpus, storage_options)
     raw = DOWNLOAD(store, {}, cfg, storage_options)
-    return SHARD(store, {"raw": raw}, cfg, storage_options)
+    ref = SHARD(store, {"raw": raw}, cfg, storage_options)
+    for entry, config in enabled(validate(DocumentStages, documents, "documents")):
+        ref = DOCUMENT_TASKS[entry.option](store, {"corpus": ref}, config, storage_options)
+    return ref
 
 
 def _bytes_per_task(corpus: CorpusConfig | dict | None) -> int:
@@ -151,16 +160,16 @@ def _bytes_per_task(corpus: CorpusConfig | dict | None) -> int:
 
 
 def _tokenizer(
-    store: str, corpus_ref: dict, count: CountConfig, tokenizer: TokenizerConfig, storage_options: dict | None, corpus: CorpusConfig | None
-) -> dict[str, str]:
+    store: str, corpus_ref: VersionRef, count: CountConfig, tokenizer: TokenizerConfig, storage_options: dict | None, corpus: CorpusConfig | None
+) -> VersionRef:
     count, tokenizer = validate(CountConfig, count, "count"), validate(TokenizerConfig, tokenizer, "tokenizer")
     counts = COUNTS(store, {"corpus": corpus_ref}, count, storage_options, _bytes_per_task(corpus))
     return TOKENIZER(store, {"counts": counts}, tokenizer, storage_options)
 
 
 def _encode(
-    store: str, corpus_ref: dict, tokenizer_ref: dict, encode: EncodeConfig, storage_options: dict | None, corpus: CorpusConfig | None
-) -> dict[str, str]:
+    store: str, corpus_ref: VersionRef, tokenizer_ref: VersionRef, encode: EncodeConfig, storage_options: dict | None, corpus: CorpusConfig | None
+) -> VersionRef:
     encode = validate(EncodeConfig, encode, "encode")
     return TOKENS(store, {"corpus": corpus_ref, "tokenizer": tokenizer_ref}, encode, storage_options, _bytes_per_task(corpus))
 
@@ -170,15 +179,17 @@ def corpus_flow(
     corpus: CorpusConfig = CorpusConfig(),
     store: str = DEFAULT_STORE,
     storage_options: dict | None = None,
-) -> dict[str, str]:
-    """Download the corpus into the store and split it into Parquet shards."""
+    documents: DocumentStages = DocumentStages(),
+) -> VersionRef:
+    """Download the corpus into the store and split it into Parquet shards (then the
+    document stages `documents` turns on: the returned ref is their output)."""
     with tags(*_run_tags(store, corpus)):
-        return _corpus(store, corpus, storage_options)
+        return _corpus(store, corpus, storage_options, documents)
 
 
 @flow(name="tokenmill-tokenizer", flow_run_name=_run_name("tokenizer"))
 def tokenizer_flow(
-    corpus_ref: dict[str, str],
+    corpus_ref: VersionRef,
     store: str = DEFAULT_STORE,
     count: CountConfig = CountConfig(),
     tokenizer: TokenizerConfig = TokenizerConfig(),
@@ -186,7 +197,7 @@ def tokenizer_flow(
     corpus: CorpusConfig | None = None,
     log_merges: int = 0,
     trace: bool = False,
-) -> dict[str, str]:
+) -> VersionRef:
     """Count pieces per shard in parallel, reduce, learn the merges (a tokenizer version).
     `corpus`: the config `corpus_ref` was made with, for its byte budget per counting task
     (none: the default); `log_merges` N: log every N-th merge and make a table artifact of
@@ -194,9 +205,9 @@ def tokenizer_flow(
     with tags(*_run_tags(store, corpus_ref=corpus_ref)):
         ref = _tokenizer(store, corpus_ref, count, tokenizer, storage_options, corpus)
         if log_merges:
-            show_merge_log(store_of(store, storage_options), to_ref(ref), log_merges, get_run_logger())
+            show_merge_log(store_of(store, storage_options), ref, log_merges, get_run_logger())
         if trace:
-            show_train_trace(store_of(store, storage_options), to_ref(ref), get_run_logger())
+            show_train_trace(store_of(store, storage_options), ref, get_run_logger())
         return ref
 
 
@@ -209,23 +220,24 @@ def tokenizer_train_flow(
     storage_options: dict | None = None,
     log_merges: int = 0,
     trace: bool = False,
-) -> dict[str, str]:
+    documents: DocumentStages = DocumentStages(),
+) -> VersionRef:
     """`corpus_flow` then `tokenizer_flow` in one flow run (what `tokenmill tokenizer train`
     runs): the same tasks, tags and artifacts, without a second flow run's start and end."""
     with tags(*_run_tags(store, corpus)):
-        corpus_ref = _corpus(store, corpus, storage_options)
+        corpus_ref = _corpus(store, corpus, storage_options, documents)
     return tokenizer_flow.fn(corpus_ref, store, count, tokenizer, storage_options, corpus, log_merges, trace)
 
 
 @flow(name="tokenmill-encode", flow_run_name=_run_name("encode"))
 def encode_flow(
-    corpus_ref: dict[str, str],
-    tokenizer_ref: dict[str, str],
+    corpus_ref: VersionRef,
+    tokenizer_ref: VersionRef,
     store: str = DEFAULT_STORE,
     encode: EncodeConfig = EncodeConfig(),
     storage_options: dict | None = None,
     corpus: CorpusConfig | None = None,
-) -> dict[str, str]:
+) -> VersionRef:
     """Encode every corpus shard in parallel and publish the token shards.
     `corpus`: the config `corpus_ref` was made with, for its byte budget per encoding task
     (none: the default)."""
@@ -236,26 +248,27 @@ def encode_flow(
 @flow(name="tokenmill-encode-corpus", flow_run_name=_run_name("encode"))
 def encode_corpus_flow(
     corpus: CorpusConfig,
-    tokenizer_ref: dict[str, str],
+    tokenizer_ref: VersionRef,
     store: str = DEFAULT_STORE,
     encode: EncodeConfig = EncodeConfig(),
     storage_options: dict | None = None,
-) -> dict[str, str]:
+    documents: DocumentStages = DocumentStages(),
+) -> VersionRef:
     """`corpus_flow` then `encode_flow` in one flow run (what `tokenmill encode` runs): a
     corpus encoded with an existing tokenizer, without a second flow run's start and end."""
     with tags(*_run_tags(store, corpus)):
-        corpus_ref = _corpus(store, corpus, storage_options)
+        corpus_ref = _corpus(store, corpus, storage_options, documents)
     return encode_flow.fn(corpus_ref, tokenizer_ref, store, encode, storage_options, corpus)
 
 
 @flow(name="tokenmill-lm", flow_run_name=_run_name("lm"))
 def lm_flow(
-    tokens_ref: dict[str, str],
-    tokenizer_ref: dict[str, str],
+    tokens_ref: VersionRef,
+    tokenizer_ref: VersionRef,
     store: str = DEFAULT_STORE,
     lm: LMConfig = LMConfig(),
     storage_options: dict | None = None,
-) -> dict[str, str]:
+) -> VersionRef:
     """Train the GPT on a tokens version."""
     cfg = validate(LMConfig, lm, "lm").train_config()
     with tags(*_run_tags(store)):
@@ -268,7 +281,7 @@ def report_flow(
     report: ReportConfig = ReportConfig(),
     store: str = DEFAULT_STORE,
     storage_options: dict | None = None,
-) -> dict[str, str]:
+) -> VersionRef:
     """The seeds' questions on any corpus: compression vs vocabulary size, fertility per language."""
     with tags(*_run_tags(store, corpus)):
         corpus_ref = _corpus(store, corpus, storage_options)
@@ -285,32 +298,39 @@ def tokenmill_pipeline(
     store: str = DEFAULT_STORE,
     train_model: bool = True,
     storage_options: dict | None = None,
+    documents: DocumentStages = DocumentStages(),
 ) -> dict[str, Any]:
-    """The whole chain: corpus -> shards -> counts -> tokenizer -> token shards -> GPT.
+    """The whole chain: corpus -> shards -> [document stages, e.g. dedup, when on] ->
+    counts -> tokenizer -> token shards -> GPT.
 
     Returns the references of every artifact and the headline figures.
     """
     logger = get_run_logger()
     lm = validate(LMConfig, lm, "lm")  # every config is checked before any stage runs
     corpus = validate(CorpusConfig, corpus, "corpus")
+    documents = validate(DocumentStages, documents, "documents")
     with tags(*_run_tags(store, corpus)):
-        corpus_ref = _corpus(store, corpus, storage_options)
+        corpus_ref = _corpus(store, corpus, storage_options, documents)
         tokenizer_ref = _tokenizer(store, corpus_ref, count, tokenizer, storage_options, corpus)
         tokens = _encode(store, corpus_ref, tokenizer_ref, encode, storage_options, corpus)
         model = TRAIN(store, {"tokens": tokens, "tokenizer": tokenizer_ref}, lm.train_config(), storage_options) if train_model else None
 
     summary = summarize(store, corpus_ref, tokenizer_ref, tokens, model, storage_options)
-    summary_key = artifact_key("tokenmill-summary", store_of(store, storage_options), to_ref(tokens))
+    summary_key = artifact_key("tokenmill-summary", store_of(store, storage_options), tokens)
     create_markdown_artifact(key=summary_key, markdown=summary_markdown(summary), description="tokenmill run: artifacts and headline figures")
     logger.info("done: %s", {k: v for k, v in summary["figures"].items()})
     return summary
 
 
-def summarize(store_url: str, corpus: dict, tokenizer: dict, tokens: dict, model: dict | None, storage_options: dict | None = None) -> dict[str, Any]:
+def summarize(
+    store_url: str, corpus: VersionRef, tokenizer: VersionRef, tokens: VersionRef, model: VersionRef | None, storage_options: dict | None = None
+) -> dict[str, Any]:
+    """The run's summary, a JSON document: its refs (in their JSON form), the artifacts'
+    URIs, the headline figures and a sample."""
     store = store_of(store_url, storage_options)
-    cmeta = store.manifest(corpus["kind"], corpus["version"])["meta"]
-    tmeta = store.manifest(tokenizer["kind"], tokenizer["version"])["meta"]
-    kmeta = store.manifest(tokens["kind"], tokens["version"])["meta"]
+    cmeta = store.manifest(corpus.kind, corpus.version)["meta"]
+    tmeta = store.manifest(tokenizer.kind, tokenizer.version)["meta"]
+    kmeta = store.manifest(tokens.kind, tokens.version)["meta"]
     comp = compression_summary(kmeta)
     n_text_tokens = comp["tokens"] - (kmeta["totals"]["n_docs"] if kmeta.get("separator") else 0)
     figures: dict[str, Any] = {
@@ -324,10 +344,11 @@ def summarize(store_url: str, corpus: dict, tokenizer: dict, tokens: dict, model
         "bytes_per_token": round(comp["bytes_per_token"], 3),
         "chars_per_token": round(cmeta["n_chars"] / max(1, n_text_tokens), 3) if cmeta.get("n_chars") else None,
     }
-    artifacts = {k: store.uri(r["kind"], r["version"]) for k, r in (("corpus", corpus), ("tokenizer", tokenizer), ("tokens", tokens))}
+    figures.update(_document_figures(store, corpus))
+    artifacts = {k: r.uri for k, r in (("corpus", corpus), ("tokenizer", tokenizer), ("tokens", tokens))}
     sample = None
     if model is not None:
-        mm = store.manifest(model["kind"], model["version"])["meta"]
+        mm = store.manifest(model.kind, model.version)["meta"]
         figures.update(
             {
                 "train_loss": mm["metrics"].get("final_train_loss"),
@@ -337,10 +358,30 @@ def summarize(store_url: str, corpus: dict, tokenizer: dict, tokens: dict, model
                 "lm_params": mm.get("n_params"),
             }
         )
-        artifacts["model"] = store.uri(model["kind"], model["version"])
-        artifacts["loss_curve"] = store.uri(model["kind"], model["version"], "loss.png")
+        artifacts["model"] = model.uri
+        artifacts["loss_curve"] = store.uri(model.kind, model.version, "loss.png")
         sample = mm["samples"][0] if mm["samples"] else None
-    return {"refs": {"corpus": corpus, "tokenizer": tokenizer, "tokens": tokens, "model": model}, "artifacts": artifacts, "figures": figures, "sample": sample}
+    refs = {"corpus": corpus, "tokenizer": tokenizer, "tokens": tokens, "model": model}
+    return {
+        "refs": {k: r.to_dict() if r is not None else None for k, r in refs.items()},
+        "artifacts": artifacts,
+        "figures": figures,
+        "sample": sample,
+    }
+
+
+def _document_figures(store: Any, corpus: VersionRef) -> dict[str, Any]:
+    """The figures of the document stages that made `corpus` (``dedup_documents_removed``
+    ...), walking from the last one back to the corpus."""
+    by_kind = {entry.stage.kind: entry for entry in document_stages()}
+    figures: dict[str, Any] = {}
+    ref = corpus
+    while ref.kind in by_kind:
+        entry = by_kind[ref.kind]
+        meta = store.manifest(ref.kind, ref.version)["meta"]
+        figures = {f"{entry.option}_{k}": v for k, v in entry.summary(meta).items() if isinstance(v, (int, float))} | figures
+        ref = store.parent(ref, "corpus")
+    return figures
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:

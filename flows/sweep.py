@@ -33,6 +33,7 @@ from pipeline_lib.counting import CountConfig
 from pipeline_lib.errors import ConfigError, InputError
 from pipeline_lib.lm.stage_config import LMConfig
 from pipeline_lib.stages import TokenizerConfig
+from pipeline_lib.store import VersionRef
 from pipeline_lib.sweep import SweepConfig
 from pipeline_lib.token_shards import EncodeConfig
 from tasks.common import store_of, to_ref
@@ -59,13 +60,13 @@ def arms_in_parallel() -> bool:
     return ctx is not None and not isinstance(ctx.task_runner, ThreadPoolTaskRunner)
 
 
-def _train_arms(store: str, data: dict[str, dict[str, dict[str, str]]], plan: sweep_lib.Plan, storage_options: dict | None) -> dict[str, dict[str, str]]:
+def _train_arms(store: str, data: dict[str, dict[str, VersionRef]], plan: sweep_lib.Plan, storage_options: dict | None) -> dict[str, VersionRef]:
     names = list(data)
     configs = [plan.lm[name].train_config() for name in names]
     if arms_in_parallel():
         futures = TRAIN.task.map(store, [data[n] for n in names], configs, unmapped(None), unmapped(storage_options))
-        return dict(zip(names, futures.result()))
-    return {name: cast(dict, TRAIN.task(store, data[name], cfg, None, storage_options)) for name, cfg in zip(names, configs)}
+        return {name: to_ref(ref) for name, ref in zip(names, futures.result())}
+    return {name: to_ref(cast(VersionRef, TRAIN.task(store, data[name], cfg, None, storage_options))) for name, cfg in zip(names, configs)}
 
 
 @flow(name="tokenmill-sweep", flow_run_name=_sweep_run_name)
@@ -90,13 +91,13 @@ def sweep_flow(
         raise ConfigError(f"sweep.{e}") from e
     with tags(*_run_tags(store, corpus), "sweep"):
         corpus_ref = _corpus(store, corpus, storage_options)
-        data: dict[str, dict[str, dict[str, str]]] = {}
+        data: dict[str, dict[str, VersionRef]] = {}
         for arm in arms:
             tokenizer_ref = _tokenizer(store, corpus_ref, count, arm.tokenizer, storage_options, corpus)
             tokens_ref = _encode(store, corpus_ref, tokenizer_ref, encode, storage_options, corpus)
             data[arm.name] = {"tokens": tokens_ref, "tokenizer": tokenizer_ref}
         st = store_of(store, storage_options)
-        ids = {name: st.manifest("tokens", refs["tokens"]["version"])["meta"]["vocab_size"] for name, refs in data.items()}
+        ids = {name: st.manifest("tokens", refs["tokens"].version)["meta"]["vocab_size"] for name, refs in data.items()}
         plan = sweep_lib.plan(sweep, lm, ids)
         where = "in parallel on the task runner" if arms_in_parallel() else "one at a time (thread runner)"
         logger.info("sweep: %d arms, %s, training %s", len(arms), plan.describe(), where)
@@ -105,19 +106,25 @@ def sweep_flow(
 
     # In the flow, not in a task: a Cached run shows the artifacts too.
     result, png = _read_result(st, ref)
-    key = artifact_key("tokenmill-sweep", st, to_ref(next(iter(models.values()))))
+    key = artifact_key("tokenmill-sweep", st, next(iter(models.values())))
     create_markdown_artifact(key=key, markdown=sweep_lib.summary_markdown(result, sweep_lib.plot_data_uri(png)), description="tokenizer sweep at equal compute")
     create_table_artifact(
         key=f"{key}-table",
         table=[{h: sweep_lib.format_cell(k, r.get(k)) for h, k in sweep_lib.TABLE_COLUMNS} for r in result["rows"]],
         description="tokenizer sweep: one row per arm",
     )
-    logger.info("sweep: %s", st.uri(ref["kind"], ref["version"], "sweep.md"))
-    return {"sweep": ref, "models": models, "tokens": {n: d["tokens"] for n, d in data.items()}, "result": result}
+    logger.info("sweep: %s", st.uri(ref.kind, ref.version, "sweep.md"))
+    # A JSON document, as the pipeline's summary: the refs in their JSON form.
+    return {
+        "sweep": ref.to_dict(),
+        "models": {n: r.to_dict() for n, r in models.items()},
+        "tokens": {n: d["tokens"].to_dict() for n, d in data.items()},
+        "result": result,
+    }
 
 
-def _read_result(st, ref: dict[str, str]) -> tuple[dict[str, Any], bytes]:
+def _read_result(st, ref: VersionRef) -> tuple[dict[str, Any], bytes]:
     import json
 
-    result = json.loads(st.read_bytes(ref["kind"], ref["version"], "sweep.json"))
-    return result, st.read_bytes(ref["kind"], ref["version"], "sweep.png")
+    result = json.loads(st.read_bytes(ref.kind, ref.version, "sweep.json"))
+    return result, st.read_bytes(ref.kind, ref.version, "sweep.png")

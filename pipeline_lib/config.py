@@ -7,7 +7,7 @@ default and its description:
     vocab_size: Annotated[int, doc("total ids: 256 bytes + merges + special tokens")] = 4096
     pattern: Annotated[Literal["gpt2", "cl100k", "o200k"], doc("pre-tokenization split pattern")] = "cl100k"
 
-and everything else is derived from it: the CLI's options (flows/cli.py walks `fields_of`),
+and everything else is derived from it: the CLI's options (flows/cli_options.py walks `fields_of`),
 the flows' parameter schema (pydantic reads the same `Annotated` descriptions and `Literal`
 choices, so Prefect's UI renders each config as a form), and the validation of deployment
 parameters (`validate`: an unknown field or choice is refused with the field's name).

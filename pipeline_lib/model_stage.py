@@ -47,7 +47,7 @@ from typing import Any
 from pipeline_lib.errors import CheckpointError
 from pipeline_lib.fsio import InputError
 from pipeline_lib.stages import load_tokenizer
-from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef
+from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef, split_key
 
 MODEL_KIND = "model"
 WEIGHTS_FILE = "model.safetensors"
@@ -214,10 +214,10 @@ def sample_text(store: ArtifactStore, model: VersionRef | str, config=None, devi
         raise InputError(f"--device {device}: {e}; choose auto, cpu, cuda, cuda:N or mps") from e
     version = model.version if isinstance(model, VersionRef) else model
     parents = store.manifest(MODEL_KIND, version)["parents"]
-    tok = load_tokenizer(store, store.ref(*parents["tokenizer"].split("/", 1)))
+    tok = load_tokenizer(store, store.ref(*split_key(parents["tokenizer"])))
     sep = tok.special_tokens.get("<|endoftext|>")
     if "tokens" in parents:
-        tsep = store.manifest(*parents["tokens"].split("/", 1))["meta"].get("separator")
+        tsep = store.manifest(*split_key(parents["tokens"]))["meta"].get("separator")
         sep = tsep["id"] if tsep else sep
     gpt = load_published_model(store, version, device=str(where))
     prompt = [int(i) for i in tok.encode_ordinary(cfg.prompt)] if cfg.prompt else [sep if sep is not None else 10]

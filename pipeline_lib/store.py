@@ -138,6 +138,19 @@ class VersionRef:
     def key(self) -> str:
         return f"{self.kind}/{self.version}"
 
+    def to_dict(self) -> dict[str, str]:
+        """Its JSON form (what a task result or a flow parameter stores)."""
+        return {"kind": self.kind, "version": self.version, "uri": self.uri, "manifest_sha256": self.manifest_sha256}
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(kind, version) of a version key ``kind/version`` (a manifest's parents, the CLI's
+    REF): the one place that text form is taken apart."""
+    kind, sep, version = str(key).partition("/")
+    if not sep or not kind or not version:
+        raise InputError(f"{key!r}: not a version key (kind/version)")
+    return kind, version
+
 
 class Staging:
     """A version being written: put files, mark units done, then `ArtifactStore.publish`.
@@ -503,6 +516,13 @@ class ArtifactStore:
         self._parse_manifest(raw, kind, version)
         return VersionRef(kind, version, self.uri(kind, version), hashlib.sha256(raw).hexdigest())
 
+    def parent(self, ref: VersionRef, role: str) -> VersionRef:
+        """The version `ref` was made from under the input name `role` ("corpus", ...)."""
+        parents = self.manifest(ref.kind, ref.version).get("parents") or {}
+        if role not in parents:
+            raise StoreError(f"{ref.key} has no {role!r} parent (its parents: {sorted(parents)})")
+        return self.ref(*split_key(parents[role]))
+
     def check_ref(self, ref: VersionRef) -> bool:
         """Whether `ref` still points at this exact published manifest."""
         try:
@@ -671,8 +691,7 @@ class ArtifactStore:
             return order
         self.ensure_store()
         for key in order:
-            k, v = key.split("/", 1)
-            self._backend.remove_version(k, v)
+            self._backend.remove_version(*split_key(key))
         return order
 
     def _relative_files(self, base: str) -> list[tuple[str, str]]:
@@ -733,7 +752,7 @@ class ArtifactStore:
         if not isinstance(version_prefix, str) or not version_prefix:
             raise InputError(f"{version_prefix!r}: give kind/version or a version id")
         if "/" in version_prefix:
-            kind, version = version_prefix.split("/", 1)
+            kind, version = split_key(version_prefix)
             return check_name(kind, "kind"), check_name(version, "version")
         check_name(version_prefix, "version")
         hits = [(m["kind"], m["version"]) for m in self.list() if m["version"].startswith(version_prefix)]

@@ -43,7 +43,7 @@ from typing import Annotated, Any, Literal
 from pipeline_lib.config import STRICT, check_vocab_sizes_limit, doc
 from pipeline_lib.errors import ConfigError, InputError
 from pipeline_lib.stages.spec import Context, Output, Stage
-from pipeline_lib.store import ArtifactStore, VersionRef
+from pipeline_lib.store import ArtifactStore, VersionRef, split_key
 
 SWEEP_KIND = "sweep"
 # Bump when the comparison files (sweep.json / .md / .png) change for the same models and config.
@@ -223,8 +223,7 @@ def arm_row(store: ArtifactStore, name: str, model: VersionRef) -> dict[str, Any
     from pipeline_lib.stages import compression_summary
 
     manifest = store.manifest(model.kind, model.version)
-    tokens_kind, tokens_version = manifest["parents"]["tokens"].split("/", 1)
-    tmeta = store.manifest(tokens_kind, tokens_version)["meta"]
+    tmeta = store.manifest(*split_key(manifest["parents"]["tokens"]))["meta"]
     metrics, run = manifest["meta"]["metrics"], manifest["meta"].get("run") or {}
     train_config = TrainConfig.from_dict(manifest["params"])
     cost = model_cost(train_config, tmeta["vocab_size"])

@@ -10,7 +10,7 @@ import contextlib
 import errno
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pipeline_lib.corpus import shard_name
@@ -28,12 +28,10 @@ def store_of(url: str, storage_options: dict[str, Any] | None = None) -> Artifac
     return _store(url, json.dumps(storage_options or {}, sort_keys=True, default=str))
 
 
-def to_ref(ref: dict[str, str] | VersionRef) -> VersionRef:
+def to_ref(ref: Mapping[str, str] | VersionRef) -> VersionRef:
+    """`ref` as a VersionRef: tasks hand each other VersionRefs; a mapping is its JSON form
+    (a result cached before tasks returned VersionRefs, a deployment's parameter)."""
     return ref if isinstance(ref, VersionRef) else VersionRef(**ref)
-
-
-def ref_dict(ref: VersionRef) -> dict[str, str]:
-    return {"kind": ref.kind, "version": ref.version, "uri": ref.uri, "manifest_sha256": ref.manifest_sha256}
 
 
 # Errors a retry cannot fix: the input, the configuration, the store's content, a full disk,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from prefect import get_run_logger, task, unmapped
 from prefect.artifacts import create_table_artifact
@@ -11,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from pipeline_lib import counting, stages
 from pipeline_lib.counting import COUNTS_KIND, CountConfig
 from pipeline_lib.stages import counts as stage_counts
+from pipeline_lib.store import VersionRef
 from tasks.common import store_of, to_ref
 from tasks.factory import artifact_key, stage_tasks
 
@@ -63,7 +65,7 @@ def _reduced(store, ref, logger) -> None:
 
 
 @task(name="merge_counts", cache_policy=NO_CACHE, tags=["tokenmill", "stage:merge_counts"], task_run_name="merge_counts[level={level}, merge={k}]")
-def merge_counts(store_url: str, corpus: dict[str, str], config: CountConfig, level: int, k: int, storage_options: dict | None = None) -> dict:
+def merge_counts(store_url: str, corpus: VersionRef, config: CountConfig, level: int, k: int, storage_options: dict | None = None) -> dict:
     """One merge of the counts tree (skipped when done: the merges resume one by one)."""
     record = stage_counts.merge_counts(store_of(store_url, storage_options), to_ref(corpus), config, level, k)
     if record.get("pruned"):
@@ -71,7 +73,7 @@ def merge_counts(store_url: str, corpus: dict[str, str], config: CountConfig, le
     return record
 
 
-def _merge_tree(store_url: str, parents: dict[str, dict[str, str]], config: CountConfig, storage_options: dict | None) -> None:
+def _merge_tree(store_url: str, parents: Mapping[str, VersionRef], config: CountConfig, storage_options: dict | None) -> None:
     """The counts tree's merges, a level at a time, mapped on the flow's task runner (the
     publish does the last merge); none when the counts are published already, and no task
     for a table that goes up a level alone."""

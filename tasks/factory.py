@@ -4,8 +4,8 @@
     ref = counts(store_url, {"corpus": corpus_ref}, CountConfig(), storage_options)
 
 A stage task calls the engine (`pipeline_lib.stages.spec.produce`, `run_unit`) and returns
-what tasks hand each other: ``{kind, version, uri, manifest_sha256}`` (a unit task: the
-unit's completion record). Retries, where a stage asks for them, are for transient failures
+what tasks hand each other: a `VersionRef` (kind, version, uri, manifest sha256; stored
+as JSON in the task's result) or, for a unit task, the unit's completion record. Retries, where a stage asks for them, are for transient failures
 only (`retry_if_transient`).
 
 Caching (`StoreCachePolicy`): the key is the output's identity (its version id, which
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 from uuid import UUID
@@ -35,7 +35,7 @@ from pipeline_lib.errors import CancelledError
 from pipeline_lib.stages import spec as engine
 from pipeline_lib.stages.spec import Stage
 from pipeline_lib.store import ArtifactStore, VersionRef
-from tasks.common import progress, ref_dict, retry_if_transient, staging_kept, store_of, to_ref
+from tasks.common import progress, retry_if_transient, staging_kept, store_of, to_ref
 
 # How many stale generations of one key to step over before giving up on caching that run
 # (each generation is one lost output: a store wiped this often is not worth caching).
@@ -135,7 +135,7 @@ class _Progress:
             update_progress_artifact(self.artifact, progress=100.0)
 
 
-def _follow(futures, sizes: list[int], units_name: str, store_url: str, parents: dict[str, dict[str, str]]) -> None:
+def _follow(futures, sizes: list[int], units_name: str, store_url: str, parents: Mapping[str, VersionRef]) -> None:
     """A live progress artifact of a mapped stage (shards done / total), keyed per stage, store
     and input as the other artifacts, updated in the flow as the groups of units finish.
 
@@ -143,7 +143,7 @@ def _follow(futures, sizes: list[int], units_name: str, store_url: str, parents:
     `as_completed`, whose done-callbacks hung a flow here: the count moves when the oldest
     unfinished group is done, a moment late where a later group finished first."""
     total = sum(sizes)
-    inputs = "|".join(f"{name}={to_ref(ref).version}" for name, ref in sorted(parents.items()))
+    inputs = "|".join(f"{name}={ref.version}" for name, ref in sorted(parents.items()))
     key = f"{units_name.replace('_', '-')}-progress-{hashlib.sha256(f'{store_url}|{inputs}'.encode()).hexdigest()[:8]}"
     artifact = cast(UUID, create_progress_artifact(progress=0.0, key=key, description=f"{units_name}: 0 / {total:,} shards done"))
     done = 0
@@ -199,19 +199,18 @@ class StageTasks:
 
     after: Callable[[ArtifactStore, VersionRef, Any], None] | None = None
     # Work between the units and the publish, in the flow (the counts tree's merges).
-    before_publish: Callable[[str, dict[str, dict[str, str]], Any, dict | None], None] | None = None
+    before_publish: Callable[[str, Mapping[str, VersionRef], Any, dict | None], None] | None = None
 
     def __call__(
-        self, store_url: str, parents: dict[str, dict[str, str]], config: Any, storage_options: dict | None = None, bytes_per_task: int = 0
-    ) -> dict[str, str]:
+        self, store_url: str, parents: Mapping[str, VersionRef], config: Any, storage_options: dict | None = None, bytes_per_task: int = 0
+    ) -> VersionRef:
         """Run the stage; a mapped stage's units go in groups of about `bytes_per_task`
         bytes (one task per group, `engine.unit_groups`; 0: one task per unit)."""
-        ref: dict[str, str]
+        parents = {name: to_ref(r) for name, r in parents.items()}
         if self.unit_task is None:
-            ref = cast(dict, self.task(store_url, parents, config, None, storage_options))
+            ref = to_ref(cast(VersionRef, self.task(store_url, parents, config, None, storage_options)))
         else:
-            refs = {name: to_ref(r) for name, r in parents.items()}
-            groups = engine.unit_groups(self.stage, store_of(store_url, storage_options), refs, bytes_per_task, config)
+            groups = engine.unit_groups(self.stage, store_of(store_url, storage_options), parents, bytes_per_task, config)
             n = sum(len(g) for g in groups)
             futures = self.unit_task.map(
                 store_url, unmapped(parents), unmapped(config), [g.start for g in groups], unmapped(storage_options), unmapped(n), [g.stop - 1 for g in groups]
@@ -224,11 +223,12 @@ class StageTasks:
             records = [record for group in futures.result() for record in (group if isinstance(group, list) else [group])]
             if self.before_publish is not None:
                 self.before_publish(store_url, parents, config, storage_options)
-            ref = cast(dict, self.task(store_url, parents, config, records, storage_options))
+            # A result cached before tasks returned VersionRefs is its JSON form: to_ref reads both.
+            ref = to_ref(cast(VersionRef, self.task(store_url, parents, config, records, storage_options)))
         if self.after is not None:
             # In the flow, not in the task: a Cached task does not run, and a nightly run with
             # nothing to do must still show (and link) the artifacts of the versions it reused.
-            self.after(store_of(store_url, storage_options), to_ref(ref), get_run_logger())
+            self.after(store_of(store_url, storage_options), ref, get_run_logger())
         return ref
 
 
@@ -250,8 +250,8 @@ def stage_tasks(
     """
 
     def run_stage(
-        store_url: str, parents: dict[str, dict[str, str]], config: Any, unit_records: list[dict] | None = None, storage_options: dict | None = None
-    ) -> dict[str, str]:
+        store_url: str, parents: Mapping[str, VersionRef], config: Any, unit_records: list[dict] | None = None, storage_options: dict | None = None
+    ) -> VersionRef:
         logger = get_run_logger()
         store = store_of(store_url, storage_options)
         refs = {name: to_ref(ref) for name, ref in parents.items()}
@@ -264,7 +264,7 @@ def stage_tasks(
             with staging_kept(store, stage.kind, version, unit_records):
                 ref = engine.produce(stage, store, refs, config, progress=report, log=logger.info)
         report.finish()
-        return ref_dict(ref)
+        return ref
 
     tags = ["tokenmill", f"stage:{stage.name}"]
     publish = task(name=stage.name, cache_policy=StoreCachePolicy(stage=stage), tags=tags, **_task_options(retries))(_named(run_stage, stage.name))
@@ -275,7 +275,7 @@ def stage_tasks(
 
     def run_units(
         store_url: str,
-        parents: dict[str, dict[str, str]],
+        parents: Mapping[str, VersionRef],
         config: Any,
         unit: int,
         storage_options: dict | None = None,
@@ -327,13 +327,12 @@ def artifact_key(base: str, store: ArtifactStore, ref: VersionRef) -> str:
 
 def corpus_of(store: ArtifactStore, ref: VersionRef) -> str:
     """The key (``corpus/<version>``) of the corpus `ref` descends from, or "" if none."""
-    key = f"{ref.kind}/{ref.version}"
-    for _ in range(8):  # raw -> corpus -> counts -> tokenizer -> tokens -> model
-        kind, version = key.split("/", 1)
-        if kind == "corpus":
-            return key
-        parents = store.manifest(kind, version).get("parents") or {}
-        key = parents.get("corpus") or parents.get("tokens") or parents.get("counts") or parents.get("tokenizer") or ""
-        if not key:
+    for _ in range(12):  # raw -> corpus -> [document stages] -> counts -> tokenizer -> tokens -> model
+        if ref.kind == "corpus":
+            return ref.key
+        parents = store.manifest(ref.kind, ref.version).get("parents") or {}
+        role = next((r for r in ("corpus", "tokens", "counts", "tokenizer") if parents.get(r)), None)
+        if role is None:
             return ""
+        ref = store.parent(ref, role)
     return ""

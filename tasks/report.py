@@ -10,11 +10,12 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from pipeline_lib import report as report_lib
 from pipeline_lib.config import ReportConfig
-from tasks.common import ref_dict, store_of, to_ref
+from pipeline_lib.store import VersionRef
+from tasks.common import store_of, to_ref
 
 
 @task(name="tokenizer_report")
-def tokenizer_report(store_url: str, corpus: dict[str, str], config: ReportConfig, storage_options: dict | None = None) -> dict[str, str]:
+def tokenizer_report(store_url: str, corpus: VersionRef, config: ReportConfig, storage_options: dict | None = None) -> VersionRef:
     store = store_of(store_url, storage_options)
     ref = report_lib.tokenizer_report(store, to_ref(corpus), config.pattern, list(config.vocab_sizes))
     report = json.loads(store.read_bytes(ref.kind, ref.version, "report.json"))
@@ -32,4 +33,4 @@ def tokenizer_report(store_url: str, corpus: dict[str, str], config: ReportConfi
         table=[{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
         description="Held-out compression per vocabulary size: byte-level BPE, and character-level BPE trained in the same run",
     )
-    return ref_dict(ref)
+    return ref

@@ -62,8 +62,8 @@ def training_pieces(store: ArtifactStore, ref: VersionRef, tok) -> tuple[list[by
     from pipeline_lib import bpe_reference
     from pipeline_lib.counting import COUNTS_FILE, read_counts
 
-    kind, version = store.manifest(ref.kind, ref.version)["parents"]["counts"].split("/", 1)
-    pieces, counts = read_counts(os.path.join(store.local_dir(kind, version), COUNTS_FILE))
+    parent = store.parent(ref, "counts")
+    pieces, counts = read_counts(os.path.join(store.local_dir(parent.kind, parent.version), COUNTS_FILE))
     if tok.unit == "word":
         words = bpe_reference.word_counts(dict(zip(pieces, counts.tolist())), tok.pattern, tok.lowercase)
         return list(words), list(words.values())

@@ -37,6 +37,7 @@ import pytest
 
 from pipeline_lib import stages
 from pipeline_lib.stages import spec as engine
+from pipeline_lib.stages.documents import document_stages
 from pipeline_lib.stages.spec import Stage
 from pipeline_lib.store import ArtifactStore, VersionRef
 
@@ -85,6 +86,10 @@ def run_chain(root: Path, with_lm: bool = True) -> dict[str, tuple[Stage, Artifa
 
     raw = run(stages.DOWNLOAD, {}, cfg)
     corpus = run(stages.SHARD, {"raw": raw}, cfg)
+    # Each document stage (optional, off by default) on the corpus, with its example config:
+    # a branch of its own, so the default chain below stays as it is without them.
+    for entry in document_stages():
+        run(entry.stage, {"corpus": corpus}, entry.example)
     counts = run(stages.COUNTS, {"corpus": corpus}, stages.CountConfig())
     tok = run(stages.TOKENIZER, {"counts": counts}, stages.TokenizerConfig(vocab_size=400))
     tokens = run(stages.TOKENS, {"corpus": corpus, "tokenizer": tok}, stages.EncodeConfig())
@@ -185,7 +190,9 @@ def torch_one_thread_module():
     torch.set_num_threads(n)
 
 
-STAGE_NAMES = ("download_corpus", "shard_corpus", "reduce_counts", "learn_merges", "write_token_manifest", "train_lm")
+STAGE_NAMES = ("download_corpus", "shard_corpus", "reduce_counts", "learn_merges", "write_token_manifest", "train_lm") + tuple(
+    entry.stage.name for entry in document_stages()
+)
 
 
 @pytest.mark.parametrize("stage", STAGE_NAMES)
@@ -205,7 +212,7 @@ def declared_stages() -> dict[str, Stage]:
     for info in pkgutil.iter_modules(package.__path__):
         module = importlib.import_module(f"{package.__name__}.{info.name}")
         found.update({v.name: v for v in vars(module).values() if isinstance(v, Stage)})
-    return found
+    return found | {entry.stage.name: entry.stage for entry in document_stages()}
 
 
 def test_every_stage_has_a_golden(chain):
@@ -269,6 +276,8 @@ ids = {
     "compare_arms": sweep_stage(["a", "b"]).version({"a": ref("model"), "b": ref("model")}, SweepConfig()),
     "backend": pipeline_lib.tokenizer.backend_info()["backend"],
 }
+from pipeline_lib.stages.documents import document_stages
+ids.update({e.stage.name: e.stage.version({"corpus": ref("corpus")}, e.example) for e in document_stages()})
 print(json.dumps(ids))
 """
 

@@ -244,7 +244,7 @@ def test_tokenizer_flow_logs_every_nth_merge_with_its_count(prefect_harness, tmp
         run_logger.removeHandler(handler)
         run_logger.setLevel(level)
     ref = state.result()
-    tok = Tokenizer.load(ArtifactStore(store).local_dir(ref["kind"], ref["version"]))
+    tok = Tokenizer.load(ArtifactStore(store).local_dir(ref.kind, ref.version))
     expected = lab.merge_log(tok, 40)
     assert [r["merge"] for r in expected] == [0, 40, 80, 120, len(tok.merges) - 1]
     assert expected[0]["count"] == shakespeare_text[:30_000].count("e ")  # 'e' + ' ', the most frequent pair, counted here
@@ -419,7 +419,7 @@ def test_report_measures_your_tokenizers_on_its_held_out_shard(tmp_path, saved, 
     corpus = stages.shard_corpus(store, stages.download_corpus(store, cfg), cfg)
     ref = tokenizer_report(store, corpus, "gpt2", [256, 300])
     args = argparse.Namespace(store=store.url, storage_option=None, tokenizer=[saved, "gpt2"])
-    section = _yours_in_report(args, store, {"kind": ref.kind, "version": ref.version})
+    section = _yours_in_report(args, store, ref)
     lines = section.splitlines()
     assert lines[0].startswith("## Your tokenizers (the same held-out ")
     mine = next(line for line in lines if line.startswith(f"| {saved} | {tok.vocab_size} |"))

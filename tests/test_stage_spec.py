@@ -195,7 +195,7 @@ def test_cache_holds_while_the_store_does(tmp_path, corpus_file):
     corpus_dict = {"kind": corpus.kind, "version": corpus.version, "uri": corpus.uri, "manifest_sha256": corpus.manifest_sha256}
 
     @flow(name="stage-spec-counts")
-    def counts_flow() -> dict:
+    def counts_flow() -> VersionRef:
         return COUNTS(store_url, {"corpus": corpus_dict}, stages.CountConfig(), None)
 
     def run():
@@ -205,7 +205,8 @@ def test_cache_holds_while_the_store_does(tmp_path, corpus_file):
 
     first, states = run()
     assert states == {"count_words": ["Completed"] * 2, "reduce_counts": ["Completed"]}, states
-    assert first["version"] == stages.counts_version(corpus, stages.CountConfig())
+    assert isinstance(first, VersionRef)  # what tasks hand each other
+    assert first.version == stages.counts_version(corpus, stages.CountConfig())
 
     again, states = run()
     assert states == {"count_words": ["Cached"] * 2, "reduce_counts": ["Cached"]}, states
@@ -216,11 +217,11 @@ def test_cache_holds_while_the_store_does(tmp_path, corpus_file):
     storage = str(PREFECT_LOCAL_STORAGE_PATH.value())
     before = _storage_files(storage)
     assert before
-    shutil.rmtree(os.path.join(store_url, "counts", first["version"]))
-    assert not store.exists("counts", first["version"])
+    shutil.rmtree(os.path.join(store_url, "counts", first.version))
+    assert not store.exists("counts", first.version)
     rerun, states = run()
     assert states == {"count_words": ["Completed"] * 2, "reduce_counts": ["Completed"]}, states
-    assert rerun["version"] == first["version"] and rerun["manifest_sha256"] != first["manifest_sha256"]
+    assert rerun.version == first.version and rerun.manifest_sha256 != first.manifest_sha256
     after = _storage_files(storage)
     assert {p: after.get(p) for p in before} == before  # every record still there, unchanged
     assert len(after) > len(before)  # the rerun's results went to new keys
@@ -229,4 +230,4 @@ def test_cache_holds_while_the_store_does(tmp_path, corpus_file):
     last, states = run()
     assert states == {"count_words": ["Cached"] * 2, "reduce_counts": ["Cached"]}, states
     assert last == rerun
-    assert store.check_ref(VersionRef(**last))
+    assert store.check_ref(last)

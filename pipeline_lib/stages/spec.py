@@ -93,12 +93,12 @@ def corpus_shards(store: ArtifactStore, corpus: VersionRef) -> list[dict[str, An
     return store.manifest(corpus.kind, corpus.version)["meta"]["shards"]
 
 
-def corpus_shard_count(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any = None) -> int:
-    return len(corpus_shards(store, inputs["corpus"]))
+def corpus_shard_count(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any = None, role: str = "corpus") -> int:
+    return len(corpus_shards(store, inputs[role]))
 
 
-def corpus_shard_bytes(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any = None) -> list[int]:
-    return [int(s["n_bytes"]) for s in corpus_shards(store, inputs["corpus"])]
+def corpus_shard_bytes(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any = None, role: str = "corpus") -> list[int]:
+    return [int(s["n_bytes"]) for s in corpus_shards(store, inputs[role])]
 
 
 @dataclass(frozen=True)
@@ -106,14 +106,23 @@ class Units:
     """The per-shard work of a mapped stage, done before its `run` publishes.
 
     `run(ctx)` writes unit `ctx.index` into `ctx.staging` and returns its completion record
-    (a JSON-able dict); `count(store, inputs, config)` is how many units there are,
-    `sizes(store, inputs, config)` their sizes in bytes (what `unit_groups` balances).
+    (a JSON-able dict). By default there is one unit per shard of the input named `over`
+    (a role: corpus shards, whichever stage wrote them); else `count(store, inputs, config)`
+    is how many units there are and `sizes(store, inputs, config)` their sizes in bytes
+    (what `unit_groups` balances).
     """
 
     name: str
     run: Callable[[Context], dict[str, Any]]
-    count: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], int] = corpus_shard_count
-    sizes: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], list[int]] = corpus_shard_bytes
+    count: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], int] | None = None
+    sizes: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], list[int]] | None = None
+    over: str = "corpus"
+
+    def n_units(self, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any) -> int:
+        return self.count(store, inputs, config) if self.count is not None else corpus_shard_count(store, inputs, config, self.over)
+
+    def unit_sizes(self, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any) -> list[int]:
+        return self.sizes(store, inputs, config) if self.sizes is not None else corpus_shard_bytes(store, inputs, config, self.over)
 
 
 @dataclass(frozen=True)
@@ -189,7 +198,7 @@ def unit_name(index: int) -> str:
 def unit_count(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any = None) -> int:
     if stage.units is None:
         raise InputError(f"stage {stage.name} is not a mapped stage")
-    return stage.units.count(store, check_inputs(stage, inputs), config)
+    return stage.units.n_units(store, check_inputs(stage, inputs), config)
 
 
 def group_units(sizes: Sequence[int], task_bytes: int) -> list[range]:
@@ -228,7 +237,7 @@ def unit_groups(stage: Stage, store: ArtifactStore, inputs: Mapping[str, Version
     """The units of a mapped stage in groups of about `task_bytes` (see `group_units`)."""
     if stage.units is None:
         raise InputError(f"stage {stage.name} is not a mapped stage")
-    return group_units(stage.units.sizes(store, check_inputs(stage, inputs), config), task_bytes)
+    return group_units(stage.units.unit_sizes(store, check_inputs(stage, inputs), config), task_bytes)
 
 
 # --------------------------------------------------------------------------- the engine
@@ -324,7 +333,7 @@ def _unit_records(stage: Stage, store: ArtifactStore, inputs: Mapping[str, Versi
     units = stage.units
     assert units is not None  # only called for a mapped stage
     records = []
-    for i in range(units.count(store, inputs, config)):
+    for i in range(units.n_units(store, inputs, config)):
         record = staging.done(unit_name(i))
         if record is None:
             raise InputError(f"{stage.kind}/{staging.version}: shard {i} is not done yet: run {units.name} for every shard first")

@@ -13,7 +13,7 @@ from pipeline_lib.fsio import InputError
 from pipeline_lib.report import notable_tokens
 from pipeline_lib.stages import spec
 from pipeline_lib.stages.spec import Context, Output, Stage
-from pipeline_lib.store import ArtifactStore, VersionRef
+from pipeline_lib.store import ArtifactStore, VersionRef, split_key
 from pipeline_lib.tokenizer import ENDOFTEXT, PieceTable, Tokenizer
 from pipeline_lib.tokenizer.core import MAX_VOCAB_SIZE, UNIT_DESCRIPTIONS
 from pipeline_lib.tokenizer.load import files as tokenizer_file_bytes
@@ -92,7 +92,7 @@ def pieces_in_corpus_order(store: ArtifactStore, counts_meta: dict[str, Any], pi
 
     count_of = dict(zip(pieces, counts.tolist()))
     pattern = counts_meta["meta"]["pattern"]
-    kind, version = counts_meta["parents"]["corpus"].split("/", 1)
+    kind, version = split_key(counts_meta["parents"]["corpus"])
     ordered: dict[bytes, int] = {}
     for info in store.manifest(kind, version)["meta"]["shards"]:  # in shard order
         for batch in iter_shard_buffers(store.local_file(kind, version, info["file"])):

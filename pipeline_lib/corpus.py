@@ -117,7 +117,7 @@ class CorpusConfig:
     __pydantic_config__ = STRICT
 
     sources: Annotated[
-        tuple[str, ...] | None, doc("corpus file URLs or globs (.txt, .jsonl, .parquet, plain or compressed); none: the bundled tiny Shakespeare")
+        tuple[str, ...] | None, doc("corpus file URLs, globs or directories (.txt, .jsonl, .parquet, plain or compressed); none: the bundled tiny Shakespeare")
     ] = (DEFAULT_CORPUS,)
     # "line" is the default everywhere (the CLI and tokenmill_pipeline used to say
     # "paragraph"): every text has lines, not every text has blank lines between documents,
@@ -149,7 +149,8 @@ class CorpusConfig:
     source_group_bytes: Annotated[
         int,
         doc(
-            "source bytes per sharding task: consecutive sources are grouped up to this size (a larger source alone), "
+            "source bytes per sharding task: consecutive sources are grouped up to this size; a larger source is split at document "
+            "boundaries into ranges of about this size (text and JSONL by bytes, Parquet by row groups; a compressed one stays whole), "
             "each group sharded by a task of its own; 0: one task per source"
         ),
     ] = DEFAULT_SOURCE_GROUP_BYTES
@@ -252,9 +253,24 @@ def expand_sources(sources: tuple[str, ...], **storage_options: Any) -> list[str
             except OSError as e:
                 raise InputError(f"corpus source {_redact(src)!r}: cannot reach it ({e})") from e
             if info.get("type") == "directory":
-                raise InputError(f"corpus source {_redact(src)!r} is a directory; give files or a glob like {src.rstrip('/')}/*.txt")
+                urls.extend(_directory_files(fs, path, src))
+                continue
             urls.append(src)
     return urls
+
+
+def _directory_files(fs: Any, path: str, src: str) -> list[str]:
+    """The files under a directory source, all levels down, in path order (a corpus layout like
+    FineWeb's ``data/<dump>/*.parquet``); names starting with "." or "_" (``_SUCCESS``, ``.crc``) are left out."""
+    try:
+        hits = sorted(h for h in fs.find(path) if not os.path.basename(h).startswith((".", "_")))
+    except OSError as e:
+        raise InputError(f"corpus source {_redact(src)!r}: cannot list it ({e})") from e
+    if not hits:
+        raise InputError(
+            f"corpus source {_redact(src)!r} is a directory with no files; give files, a glob like {src.rstrip('/')}/*.txt, or a directory holding them"
+        )
+    return [fs.unstrip_protocol(h) if "://" in src else h for h in hits]
 
 
 def _stamp(info: Mapping[str, Any]) -> str:
@@ -717,7 +733,8 @@ def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: Dec
     errors = config.errors
     pos = 0
     with open_source(path, name, config.max_source_bytes) as f:
-        _sniff_binary(f.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], name)
+        if not getattr(path, "offset", 0):  # a range inside a file starts at an arbitrary line
+            _sniff_binary(f.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], name)
         cap = config.max_document_bytes
         if fmt in (".jsonl", ".ndjson", ".json"):
             field = config.text_field
@@ -888,7 +905,8 @@ def _scan_text(scan: Any, path: str | _InPlace, name: str, config: CorpusConfig,
     lines = 0  # lines before it
     carry = np.empty(0, dtype=np.uint8)  # the end of the last block: an incomplete line or paragraph
     with open_source(path, name, config.max_source_bytes) as f:
-        _sniff_binary(f.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], name)
+        if not getattr(path, "offset", 0):  # a range inside a file starts at an arbitrary line
+            _sniff_binary(f.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], name)
         while True:
             # uninitialized (pages cost only once read into); doubles while one document goes on
             block = np.empty(len(carry) + max(_BLOCK_BYTES, len(carry)), dtype=np.uint8)
@@ -991,7 +1009,7 @@ def _iter_parquet(path: str | _InPlace, name: str, config: CorpusConfig, stats: 
     _text_column(pf, name, config.text_field)
     pos = row = 0
     try:
-        for batch in pf.iter_batches(columns=[config.text_field], batch_size=4096):
+        for batch in pf.iter_batches(columns=[config.text_field], batch_size=4096, row_groups=getattr(path, "row_groups", None)):
             off, buf, valid = _binary_values(batch.column(0))
             for i in range(len(off) - 1):
                 row += 1
@@ -1026,7 +1044,7 @@ def _source_extent(path: str | _InPlace, name: str, config: CorpusConfig) -> int
             pf = _parquet_file(path)
             _text_column(pf, name, config.text_field)
             total = 0
-            for batch in pf.iter_batches(columns=[config.text_field], batch_size=65536):
+            for batch in pf.iter_batches(columns=[config.text_field], batch_size=65536, row_groups=getattr(path, "row_groups", None)):
                 off, _, valid = _binary_values(batch.column(0))
                 lengths = np.diff(off)
                 total += int(lengths.sum() if valid is None else lengths[valid].sum())
@@ -1339,8 +1357,10 @@ def raw_source_sizes(store: ArtifactStore, raw: VersionRef) -> list[int]:
 
 
 def corpus_groups(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) -> list[range]:
-    """The source groups of a raw version (the units of the corpus stage), by `source_group_bytes`."""
-    return source_groups(raw_source_sizes(store, raw), config.source_group_bytes)
+    """The sources of each unit of the corpus stage (a source group, or one large source per range of it), by `source_group_bytes`."""
+    from pipeline_lib import source_ranges  # it builds on this module
+
+    return [unit.sources for unit in source_ranges.corpus_units(store, raw, config)]
 
 
 def shard_group(store: ArtifactStore, staging: Staging, raw: VersionRef, config: CorpusConfig, group: int) -> dict[str, Any]:
@@ -1355,17 +1375,18 @@ def shard_group(store: ArtifactStore, staging: Staging, raw: VersionRef, config:
     sources), the second writes; memory stays bounded by the largest document.
     Deterministic: the same raw version and config give byte-identical shards.
     """
-    sizes = raw_source_sizes(store, raw)
-    groups = source_groups(sizes, config.source_group_bytes)
-    if not 0 <= group < len(groups):
-        raise InputError(f"{raw.key}: source group {group} does not exist ({len(groups)} groups)")
-    src = _raw_sources(store, raw, config, groups[group])
+    from pipeline_lib import source_ranges  # it builds on this module
+
+    units = source_ranges.corpus_units(store, raw, config)  # source groups, and ranges of large sources
+    if not 0 <= group < len(units):
+        raise InputError(f"{raw.key}: source group {group} does not exist ({len(units)} groups)")
+    src = source_ranges.unit_sources(_raw_sources(store, raw, config, units[group].sources), units[group], config)
     extents = [_source_extent(path, label, config) for (path, _), label in zip(src.sources, src.labels)]
     total = sum(extents)
     if config.shard_bytes:
         n_planned = config.planned_shards(total)
     else:
-        n_planned = group_shard_counts([sum(sizes[i] for i in g) for g in groups], config.n_shards)[group]
+        n_planned = group_shard_counts([unit.n_bytes for unit in units], config.n_shards)[group]
 
     shards: list[dict[str, Any]] = []
     per_source: list[dict[str, Any]] = []
@@ -1387,7 +1408,7 @@ def shard_group(store: ArtifactStore, staging: Staging, raw: VersionRef, config:
         nonlocal writer
         if start < stop:
             if writer is None:
-                writer = _ShardWriter(staging, group_shard_name(group, len(shards), len(groups)))
+                writer = _ShardWriter(staging, group_shard_name(group, len(shards), len(units)))
             writer.add(batch, start, stop, source)
 
     try:
@@ -1424,6 +1445,7 @@ def shard_group(store: ArtifactStore, staging: Staging, raw: VersionRef, config:
                     "n_bytes": sstats.bytes,
                     "replaced_documents": sstats.replaced_documents,
                     "skipped_documents": sstats.skipped_documents,
+                    **(path.range_record() if isinstance(path, source_ranges.SourceRange) else {}),
                 }
             )
         if writer is not None:
@@ -1459,6 +1481,9 @@ def publish_shards(
                 "balance": shard_balance(group_shards),
             }
         )
+    from pipeline_lib import source_ranges  # it builds on this module
+
+    per_source = source_ranges.merge_ranges(per_source)  # a split source: one record
     urls = [s["url"] for s in per_source][:5]
     if sum(int(r["extent"]) for r in records) == 0:
         raise InputError(f"the corpus {raw.key} is empty (sources: {urls})")

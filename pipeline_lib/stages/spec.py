@@ -114,6 +114,8 @@ class Units:
     run: Callable[[Context], dict[str, Any]]
     count: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], int] = corpus_shard_count
     sizes: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], list[int]] = corpus_shard_bytes
+    # What each unit reads, for its task run's name (the corpus stage: its files); None: the unit's number alone.
+    labels: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], list[str]] | None = None
 
 
 @dataclass(frozen=True)

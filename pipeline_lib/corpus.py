@@ -744,7 +744,7 @@ def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: Dec
                 if len(line) > cap:
                     raise _document_too_big(name, f":{lineno}", cap)
                 pos += len(line)
-                if lineno == 1 and line.startswith(codecs.BOM_UTF8):
+                if lineno == 1 and line.startswith(codecs.BOM_UTF8) and not getattr(path, "offset", 0):  # the file's first line only
                     line = line[len(codecs.BOM_UTF8) :]
                 if not line.strip():
                     continue

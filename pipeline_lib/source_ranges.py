@@ -187,6 +187,8 @@ class SourceRange(_InPlace):
             except (pa.ArrowInvalid, OSError) as e:
                 raise InputError(f"{label}: not a readable Parquet file ({e})") from e
         else:
+            if self.stop > config.max_source_bytes:  # the cap is the file's, as when it is read whole
+                raise InputError(f"{label}: {self.stop:,} bytes, more than the {config.max_source_bytes:,}-byte cap; raise --max-source-bytes to allow it")
             paragraph = _split_name(label)[0] not in _LINE_FORMATS and config.documents == "paragraph"
             with self._open_source() as f:
                 a, b = unit.span

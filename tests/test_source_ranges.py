@@ -5,6 +5,7 @@ layouts (a directory of Parquet or .jsonl.zst files) read in place."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import tempfile
@@ -125,6 +126,23 @@ def test_boundaries_follow_the_split_rule(tmp_path):
     assert line == [0, 4, 4, 4, 4, 7, 7, 7, 8, 10, 10, 13, 13, 13, 15, 15]
     # after a blank line: 8 ("\n"), 10 (" \n"), and the end
     assert para == [0, 8, 8, 8, 8, 8, 8, 8, 8, 10, 10, 15, 15, 15, 15, 15]
+
+
+def test_a_bom_and_the_size_cap_are_the_whole_files(tmp_path):
+    lines = [json.dumps({"text": f"record {i}"}).encode() + b"\n" for i in range(6)]
+    first = tmp_path / "first.jsonl"  # a BOM opening the file is dropped, in the first range only
+    first.write_bytes(codecs.BOM_UTF8 + b"".join(lines))
+    _same_as_whole(str(first), 40, n_shards=2)
+    inner = tmp_path / "inner.jsonl"  # one inside the file is an error whole, and split where a range starts there
+    inner.write_bytes(b"".join(lines[:3]) + codecs.BOM_UTF8 + b"".join(lines[3:]))
+    for group_bytes in (0, len(b"".join(lines[:3])) + 1):
+        with pytest.raises(corpus_lib.InputError, match="inner.jsonl.*not valid JSON"):
+            _shard(tmp_path / f"inner-{group_bytes}", [str(inner)], n_shards=2, source_group_bytes=group_bytes)
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"line\n" * 100)
+    for split in (0, 100):  # read in place (a copy is refused when it is made)
+        with pytest.raises(corpus_lib.InputError, match="big.txt: 500 bytes, more than the 400-byte cap"):
+            _shard(tmp_path / f"capped-{split}", [str(big)], source_group_bytes=split, max_source_bytes=400, source_mode="reference")
 
 
 def test_small_files_and_compressed_ones_are_not_split():

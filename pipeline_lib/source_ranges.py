@@ -15,10 +15,10 @@ size, each sharded by a unit of its own, so one 10 GB file does not shard on one
 
 Compressed sources (no random access) and whole-file documents stay one unit. A source no
 larger than ``source_group_bytes`` is sharded as before, so a small corpus keeps its shards
-and version. The units are a function of the raw version's manifest (names, sizes, and the
-row groups of a split Parquet file) and the config: the same input and params give the
-same units and shard names (`corpus.group_shard_name`, by unit), and each unit is done,
-and Cached, on its own. Planning reads no source: it needs only the manifest's names and sizes.
+and version. The units are a function of the raw version's manifest (the sources' names and
+sizes: planning reads no source) and the config: the same input and params give the same
+units and shard names (`corpus.group_shard_name`, by unit), and each unit is done, and
+Cached, on its own.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ _WHITESPACE = b" \t\n\r\x0b\x0c"  # bytes.strip()'s, the paragraph scanner's bla
 @dataclass(frozen=True)
 class SourceUnit:
     """One unit of the corpus stage: the raw version's `sources` it reads (all of each, or,
-    for a split source, the `span` of it: nominal byte offsets or row group indices)."""
+    for a split source, the `span` of it: nominal byte offsets)."""
 
     sources: range
     n_bytes: int  # source bytes (a range's nominal share): what `n_shards` is shared by

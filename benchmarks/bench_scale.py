@@ -34,6 +34,17 @@ It prints, section by section:
    sharding stage (one unit per source group, --many-group-bytes) on 1 and 2 worker
    processes, against the same bytes in one file: wall, MB/s, groups, shards, the worst
    group's shard spread, and the speedup on 2 workers.
+6. With --big-file: the smallest chain corpus as one file, its sharding stage read whole (one
+   unit) on 1 worker, then split into ranges of --big-group-bytes (pipeline_lib.source_ranges)
+   on 1 and 2 workers: wall, CPU seconds (all processes), MB/s, units, shards, the speedup on 2
+   workers, and whether the split runs' documents are the whole run's (a digest, in order).
+
+Sections 5 and 6 print the CPU seconds beside the wall time and the load average: on a
+machine shared with other work, the wall speedup is bounded by the cores free, not by the code.
+Linux's autogroup scheduler (/proc/sys/kernel/sched_autogroup_enabled) shares the CPU between
+sessions, not processes: worker processes in the benchmark's session share one session's
+slice, so a second worker gains nothing while other sessions keep the cores busy.
+--worker-sessions starts each worker in a session of its own (as separate machines would be).
 
 Targets (issue "large corpora"): CLI <= 0.5x rustbpe's wall at 20 MB and <= 0.3x at 139 MB;
 the 1 GB chain <= 60 s wall with peak RSS <= 1 GB, RSS flat (<= 1.2x) from 1 GB to 4 GB.
@@ -170,9 +181,19 @@ def _shard_group(args: tuple[str, dict, dict, int]) -> None:
     stages.shard_sources(ArtifactStore(store_url), VersionRef(**raw), group, stages.CorpusConfig(**config))
 
 
-def shard_stage(sources: list[str], store: Path, workers: int, group_bytes: int) -> dict[str, float | int | str]:
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its reaped children."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def shard_stage(sources: list[str], store: Path, workers: int, group_bytes: int, n_shards: int = 8, own_sessions: bool = False) -> dict[str, float | int | str]:
     """The sharding stage alone on `sources` (downloaded first, not timed): its units (one
-    per source group) on `workers` processes, then the publish. Wall and the corpus version."""
+    per source group or range of a large source) on `workers` processes, then the publish.
+    Wall, CPU seconds (the workers' included: the pool is joined inside the timing) and the
+    corpus version."""
     from concurrent.futures import ProcessPoolExecutor
     from dataclasses import asdict
 
@@ -182,38 +203,86 @@ def shard_stage(sources: list[str], store: Path, workers: int, group_bytes: int)
     from pipeline_lib.store import ArtifactStore
 
     shutil.rmtree(store, ignore_errors=True)
-    config = {"sources": tuple(sources), "n_shards": 2 * workers, "source_group_bytes": group_bytes}
+    config = {"sources": tuple(sources), "n_shards": n_shards, "source_group_bytes": group_bytes}
     cfg = stages.CorpusConfig(**config)
     st = ArtifactStore(str(store))
     raw = stages.download_corpus(st, cfg)
     n_groups = spec.unit_count(stages.SHARD, st, {"raw": raw}, cfg)
-    t0 = time.perf_counter()
-    with ProcessPoolExecutor(workers) as pool:
+    t0, cpu0 = time.perf_counter(), cpu_seconds()
+    with ProcessPoolExecutor(workers, initializer=os.setsid if own_sessions else None) as pool:
         list(pool.map(_shard_group, [(str(store), asdict(raw), config, g) for g in range(n_groups)]))
     corpus = spec.produce(stages.SHARD, st, {"raw": raw}, cfg)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
     meta = st.manifest(corpus.kind, corpus.version)["meta"]
     worst = max((g["balance"]["max_over_mean"] or 1.0) for g in meta["groups"])
-    return {"wall": wall, "groups": n_groups, "shards": len(meta["shards"]), "bytes": meta["n_bytes"], "version": corpus.version, "worst_group_spread": worst}
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "groups": n_groups,
+        "shards": len(meta["shards"]),
+        "bytes": meta["n_bytes"],
+        "docs": meta["n_docs"],
+        "version": corpus.version,
+        "worst_group_spread": worst,
+        "digest": documents_digest(st, corpus),
+    }
 
 
-def many_files(corpus: Path, n_files: int, work: Path, group_bytes: int) -> None:
+def documents_digest(store, ref) -> str:
+    """sha256 over a corpus version's documents in order (each with its length): equal for two
+    versions holding the same documents in the same order, however they are sharded."""
+    import hashlib
+
+    from pipeline_lib.corpus import iter_shard_buffers
+
+    lengths, data = hashlib.sha256(), hashlib.sha256()  # two streams: batching does not change either
+    root = store.local_dir(ref.kind, ref.version)
+    for shard in store.manifest(ref.kind, ref.version)["meta"]["shards"]:
+        for batch in iter_shard_buffers(os.path.join(root, shard["file"])):
+            lengths.update(batch.lengths().tobytes())
+            data.update(batch.data[batch.offsets[0] : batch.offsets[-1]])
+    return lengths.hexdigest() + data.hexdigest()
+
+
+def _row(label: str, row: dict) -> str:
+    mb = float(row["bytes"]) / 1e6
+    return (
+        f"  {label}: wall {row['wall']:.1f} s, CPU {row['cpu']:.1f} s ({mb / float(row['wall']):.1f} MB/s wall, {mb / float(row['cpu']):.1f} MB/CPU-s), "
+        f"{row['groups']} units, {row['shards']} shards, worst unit max/mean {row['worst_group_spread']} ({load()})"
+    )
+
+
+def many_files(corpus: Path, n_files: int, work: Path, group_bytes: int, own_sessions: bool = False) -> None:
     """Section 5: the corpus as `n_files` files, sharded on 1 and 2 workers, against the
     same bytes in one file on 1 worker."""
     sources = split_corpus(corpus, n_files, work / f"many-{n_files}")
-    one = shard_stage([str(corpus)], work / "store-one", 1, group_bytes)
-    print(f"  one file, 1 worker: {one['wall']:.1f} s ({one['bytes'] / one['wall'] / 1e6:.1f} MB/s), {one['shards']} shards ({load()})", flush=True)
+    one = shard_stage([str(corpus)], work / "store-one", 1, 0, own_sessions=own_sessions)
+    print(_row("one file, 1 worker", one), flush=True)
     walls = {}
     for workers in (1, 2):
-        row = shard_stage(sources, work / f"store-many-{workers}", workers, group_bytes)
+        row = shard_stage(sources, work / f"store-many-{workers}", workers, group_bytes, own_sessions=own_sessions)
         walls[workers] = float(row["wall"])
-        print(
-            f"  {n_files} files, {workers} worker(s): {row['wall']:.1f} s ({row['bytes'] / float(row['wall']) / 1e6:.1f} MB/s), "
-            f"{row['groups']} source groups, {row['shards']} shards, worst group max/mean {row['worst_group_spread']} ({load()})",
-            flush=True,
-        )
+        print(_row(f"{n_files} files, {workers} worker(s)", row), flush=True)
     print(f"  sharding speedup on 2 workers: x{walls[1] / walls[2]:.2f} (target >= 1.7)")
     for name in ("store-one", "store-many-1", "store-many-2"):
+        shutil.rmtree(work / name, ignore_errors=True)
+
+
+def big_file(corpus: Path, work: Path, group_bytes: int, own_sessions: bool = False) -> None:
+    """Section 6: one file sharded whole on 1 worker, then in ranges of `group_bytes` on 1 and 2 workers."""
+    whole = shard_stage([str(corpus)], work / "store-whole", 1, 0, own_sessions=own_sessions)
+    print(_row("one file read whole, 1 worker", whole), flush=True)
+    walls = {}
+    for workers in (1, 2):
+        row = shard_stage([str(corpus)], work / f"store-ranges-{workers}", workers, group_bytes, own_sessions=own_sessions)
+        walls[workers] = float(row["wall"])
+        same = row["digest"] == whole["digest"] and row["docs"] == whole["docs"]
+        print(
+            _row(f"ranges of {group_bytes >> 20} MiB, {workers} worker(s)", row) + f"; documents {'identical to' if same else 'DIFFER FROM'} the whole run's",
+            flush=True,
+        )
+    print(f"  sharding speedup on 2 workers: x{walls[1] / walls[2]:.2f} (target >= 1.7); ranges vs whole on 1 worker: x{float(whole['wall']) / walls[1]:.2f}")
+    for name in ("store-whole", "store-ranges-1", "store-ranges-2"):
         shutil.rmtree(work / name, ignore_errors=True)
 
 
@@ -229,10 +298,15 @@ def main() -> None:
     ap.add_argument("--no-chain", action="store_true", help="skip sections 2 and 3 (the chain runs and the cost model)")
     ap.add_argument("--many-files", type=int, default=0, help="section 5: the smallest chain corpus as this many files, sharded on 1 and 2 workers")
     ap.add_argument("--many-group-bytes", type=int, default=0, help="section 5: --source-group-bytes of those runs (default 0: one task per file)")
+    ap.add_argument("--big-file", action="store_true", help="section 6: the smallest chain corpus as one file, sharded whole and in ranges on 1 and 2 workers")
+    ap.add_argument("--big-group-bytes", type=int, default=32 << 20, help="section 6: --source-group-bytes of the split runs (default 32 MiB)")
+    ap.add_argument("--worker-sessions", action="store_true", help="sections 5 and 6: each worker process in a session of its own (see the module doc)")
     args = ap.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="tokenmill-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"bench_scale: {os.cpu_count()} CPUs, {load()}, work dir {work}", flush=True)
+    autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    sessions = f", autogroup {autogroup.read_text().strip()}" if autogroup.exists() else ""
+    print(f"bench_scale: {os.cpu_count()} CPUs{sessions}, {load()}, work dir {work}", flush=True)
 
     if args.prose:
         for label, extra in (("20 MB", ["--head-mb", "20"]), ("the whole file", [])):
@@ -283,7 +357,14 @@ def main() -> None:
     if args.many_files and args.chain_source and args.chain_gb:
         gb = min(args.chain_gb)
         section(f"5. the sharding stage on {gb:g} GB as {args.many_files} files, 1 and 2 workers")
-        many_files(build_corpus(args.chain_source, int(gb * 1e9), work / f"chain-{gb:g}GB.txt"), args.many_files, work, args.many_group_bytes)
+        many_files(
+            build_corpus(args.chain_source, int(gb * 1e9), work / f"chain-{gb:g}GB.txt"), args.many_files, work, args.many_group_bytes, args.worker_sessions
+        )
+
+    if args.big_file and args.chain_source and args.chain_gb:
+        gb = min(args.chain_gb)
+        section(f"6. the sharding stage on {gb:g} GB in one file: read whole, and in ranges on 1 and 2 workers")
+        big_file(build_corpus(args.chain_source, int(gb * 1e9), work / f"chain-{gb:g}GB.txt"), work, args.big_group_bytes, args.worker_sessions)
 
     granularity = BENCH / "bench_granularity.py"
     if not args.no_granularity and granularity.exists():

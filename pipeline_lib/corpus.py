@@ -57,7 +57,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline_lib import cancel
+from pipeline_lib import cancel, source_ranges
 from pipeline_lib.corpus_config import (
     _BIG_DOC,
     CORPUS_KIND,
@@ -92,7 +92,7 @@ from pipeline_lib.corpus_plan import (
 )
 from pipeline_lib.corpus_reads import DOC_BATCH_BYTES, DocBatch, iter_shard_batches, iter_shard_buffers
 from pipeline_lib.corpus_sources import _user_label, expand_sources, fetch_sources, reference_sources, source_fingerprint, stage_sources
-from pipeline_lib.corpus_streams import _InPlace, _redact, open_source
+from pipeline_lib.corpus_streams import _InPlace, _RawSources, _redact, open_source
 from pipeline_lib.fsio import InputError
 from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef
 
@@ -224,7 +224,8 @@ def _scan_text(scan: Any, path: str | _InPlace, name: str, config: CorpusConfig,
     lines = 0  # lines before it
     carry = np.empty(0, dtype=np.uint8)  # the end of the last block: an incomplete line or paragraph
     with open_source(path, name, config.max_source_bytes) as f:
-        _sniff_binary(f.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], name)
+        if not getattr(path, "offset", 0):  # a range inside a file starts at an arbitrary line
+            _sniff_binary(f.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], name)
         while True:
             # uninitialized (pages cost only once read into); doubles while one document goes on
             block = np.empty(len(carry) + max(_BLOCK_BYTES, len(carry)), dtype=np.uint8)
@@ -385,19 +386,6 @@ def _in_place_sources(raw: VersionRef, records: list[dict[str, Any]], config: Co
     return [_InPlace(url, record, config.storage_options) for url, record in zip(urls, records)]
 
 
-@dataclass(frozen=True)
-class _RawSources:
-    """A raw version's sources as the sharder reads them: (path or in-place reader, stored name), their raw records and message labels."""
-
-    sources: list[tuple[str | _InPlace, str]]
-    records: list[dict[str, Any]]
-    labels: list[str]
-
-    @property
-    def sizes(self) -> list[int]:
-        return [int(r["size"]) for r in self.records]
-
-
 def _raw_sources(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, group: range | None = None) -> _RawSources:
     raw_manifest = store.manifest(raw.kind, raw.version)
     raw_sources = raw_manifest["meta"]["sources"]
@@ -422,8 +410,8 @@ def raw_source_sizes(store: ArtifactStore, raw: VersionRef) -> list[int]:
 
 
 def corpus_groups(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) -> list[range]:
-    """The source groups of a raw version (the units of the corpus stage), by `source_group_bytes`."""
-    return source_groups(raw_source_sizes(store, raw), config.source_group_bytes)
+    """The sources of each unit of the corpus stage (a source group, or one large source per range of it), by `source_group_bytes`."""
+    return [unit.sources for unit in source_ranges.corpus_units(store, raw, config)]
 
 
 def shard_group(store: ArtifactStore, staging: Staging, raw: VersionRef, config: CorpusConfig, group: int) -> dict[str, Any]:
@@ -438,17 +426,16 @@ def shard_group(store: ArtifactStore, staging: Staging, raw: VersionRef, config:
     sources), the second writes; memory stays bounded by the largest document.
     Deterministic: the same raw version and config give byte-identical shards.
     """
-    sizes = raw_source_sizes(store, raw)
-    groups = source_groups(sizes, config.source_group_bytes)
-    if not 0 <= group < len(groups):
-        raise InputError(f"{raw.key}: source group {group} does not exist ({len(groups)} groups)")
-    src = _raw_sources(store, raw, config, groups[group])
+    units = source_ranges.corpus_units(store, raw, config)  # source groups, and ranges of large sources
+    if not 0 <= group < len(units):
+        raise InputError(f"{raw.key}: source group {group} does not exist ({len(units)} groups)")
+    src = source_ranges.unit_sources(_raw_sources(store, raw, config, units[group].sources), units[group], config)
     extents = [_source_extent(path, label, config) for (path, _), label in zip(src.sources, src.labels)]
     total = sum(extents)
     if config.shard_bytes:
         n_planned = config.planned_shards(total)
     else:
-        n_planned = group_shard_counts([sum(sizes[i] for i in g) for g in groups], config.n_shards)[group]
+        n_planned = group_shard_counts([unit.n_bytes for unit in units], config.n_shards)[group]
 
     shards: list[dict[str, Any]] = []
     per_source: list[dict[str, Any]] = []
@@ -470,7 +457,7 @@ def shard_group(store: ArtifactStore, staging: Staging, raw: VersionRef, config:
         nonlocal writer
         if start < stop:
             if writer is None:
-                writer = _ShardWriter(staging, group_shard_name(group, len(shards), len(groups)))
+                writer = _ShardWriter(staging, group_shard_name(group, len(shards), len(units)))
             writer.add(batch, start, stop, source)
 
     try:
@@ -507,6 +494,7 @@ def shard_group(store: ArtifactStore, staging: Staging, raw: VersionRef, config:
                     "n_bytes": sstats.bytes,
                     "replaced_documents": sstats.replaced_documents,
                     "skipped_documents": sstats.skipped_documents,
+                    **(path.range_record() if isinstance(path, source_ranges.SourceRange) else {}),
                 }
             )
         if writer is not None:
@@ -542,6 +530,7 @@ def publish_shards(
                 "balance": shard_balance(group_shards),
             }
         )
+    per_source = source_ranges.merge_ranges(per_source)  # a split source: one record
     urls = [s["url"] for s in per_source][:5]
     if sum(int(r["extent"]) for r in records) == 0:
         raise InputError(f"the corpus {raw.key} is empty (sources: {urls})")

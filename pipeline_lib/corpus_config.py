@@ -37,7 +37,7 @@ class CorpusConfig:
     __pydantic_config__ = STRICT
 
     sources: Annotated[
-        tuple[str, ...] | None, doc("corpus file URLs or globs (.txt, .jsonl, .parquet, plain or compressed); none: the bundled tiny Shakespeare")
+        tuple[str, ...] | None, doc("corpus file URLs, globs or directories (.txt, .jsonl, .parquet, plain or compressed); none: the bundled tiny Shakespeare")
     ] = (DEFAULT_CORPUS,)
     # "line" is the default everywhere (the CLI and tokenmill_pipeline used to say
     # "paragraph"): every text has lines, not every text has blank lines between documents,
@@ -69,7 +69,8 @@ class CorpusConfig:
     source_group_bytes: Annotated[
         int,
         doc(
-            "source bytes per sharding task: consecutive sources are grouped up to this size (a larger source alone), "
+            "source bytes per sharding task: consecutive sources are grouped up to this size; a larger source is split at document "
+            "boundaries into ranges of about this size (text and JSONL by bytes, Parquet by row groups; a compressed one stays whole), "
             "each group sharded by a task of its own; 0: one task per source"
         ),
     ] = DEFAULT_SOURCE_GROUP_BYTES
@@ -122,6 +123,11 @@ class CorpusConfig:
         """
         p = asdict(self)
         del p["sources"], p["storage_options"], p["max_source_bytes"], p["max_document_bytes"], p["task_bytes"], p["source_mode"]
+        if self.source_group_bytes:
+            # A source above `source_group_bytes` is sharded in ranges (`pipeline_lib.source_ranges`);
+            # before, it was one unit with other shard names, under the same parameters. Naming
+            # the rule keeps an id from meaning two layouts (the same bytes under the same id).
+            p["large_sources"] = "ranges"
         return p
 
 

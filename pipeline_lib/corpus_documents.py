@@ -193,7 +193,8 @@ def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: Dec
     errors = config.errors
     pos = 0
     with open_source(path, name, config.max_source_bytes) as f:
-        _sniff_binary(f.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], name)
+        if not getattr(path, "offset", 0):  # a range inside a file starts at an arbitrary line
+            _sniff_binary(f.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], name)
         cap = config.max_document_bytes
         if fmt in (".jsonl", ".ndjson", ".json"):
             field = config.text_field
@@ -203,7 +204,7 @@ def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: Dec
                 if len(line) > cap:
                     raise _document_too_big(name, f":{lineno}", cap)
                 pos += len(line)
-                if lineno == 1 and line.startswith(codecs.BOM_UTF8):
+                if lineno == 1 and line.startswith(codecs.BOM_UTF8) and not getattr(path, "offset", 0):  # the file's first line only
                     line = line[len(codecs.BOM_UTF8) :]
                 if not line.strip():
                     continue
@@ -315,7 +316,7 @@ def _iter_parquet(path: str | _InPlace, name: str, config: CorpusConfig, stats: 
     _text_column(pf, name, config.text_field)
     pos = row = 0
     try:
-        for batch in pf.iter_batches(columns=[config.text_field], batch_size=4096):
+        for batch in pf.iter_batches(columns=[config.text_field], batch_size=4096, row_groups=getattr(path, "row_groups", None)):
             off, buf, valid = _binary_values(batch.column(0))
             for i in range(len(off) - 1):
                 row += 1
@@ -350,7 +351,7 @@ def _source_extent(path: str | _InPlace, name: str, config: CorpusConfig) -> int
             pf = _parquet_file(path)
             _text_column(pf, name, config.text_field)
             total = 0
-            for batch in pf.iter_batches(columns=[config.text_field], batch_size=65536):
+            for batch in pf.iter_batches(columns=[config.text_field], batch_size=65536, row_groups=getattr(path, "row_groups", None)):
                 off, _, valid = _binary_values(batch.column(0))
                 lengths = np.diff(off)
                 total += int(lengths.sum() if valid is None else lengths[valid].sum())

@@ -47,9 +47,24 @@ def expand_sources(sources: tuple[str, ...], **storage_options: Any) -> list[str
             except OSError as e:
                 raise InputError(f"corpus source {_redact(src)!r}: cannot reach it ({e})") from e
             if info.get("type") == "directory":
-                raise InputError(f"corpus source {_redact(src)!r} is a directory; give files or a glob like {src.rstrip('/')}/*.txt")
+                urls.extend(_directory_files(fs, path, src))
+                continue
             urls.append(src)
     return urls
+
+
+def _directory_files(fs: Any, path: str, src: str) -> list[str]:
+    """The files under a directory source, all levels down, in path order (a corpus layout like
+    FineWeb's ``data/<dump>/*.parquet``); names starting with "." or "_" (``_SUCCESS``, ``.crc``) are left out."""
+    try:
+        hits = sorted(h for h in fs.find(path) if not os.path.basename(h).startswith((".", "_")))
+    except OSError as e:
+        raise InputError(f"corpus source {_redact(src)!r}: cannot list it ({e})") from e
+    if not hits:
+        raise InputError(
+            f"corpus source {_redact(src)!r} is a directory with no files; give files, a glob like {src.rstrip('/')}/*.txt, or a directory holding them"
+        )
+    return [fs.unstrip_protocol(h) if "://" in src else h for h in hits]
 
 
 def source_fingerprint(sources: tuple[str, ...], **storage_options: Any) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ import io
 import lzma
 import urllib.parse
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, cast
 
 from pipeline_lib.corpus_config import _split_name
@@ -220,3 +221,16 @@ def open_source(path: str | _InPlace, name: str, cap: int) -> Iterator[io.Buffer
         else:
             inner = cast(_ByteSource, raw)  # typing.BinaryIO declares no readinto; every binary file has it
         yield io.BufferedReader(_CappedReader(inner, cap, name), buffer_size=1 << 20)
+
+
+@dataclass(frozen=True)
+class _RawSources:
+    """A raw version's sources as the sharder reads them: (path or in-place reader, stored name), their raw records and message labels."""
+
+    sources: list[tuple[str | _InPlace, str]]
+    records: list[dict[str, Any]]
+    labels: list[str]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [int(r["size"]) for r in self.records]

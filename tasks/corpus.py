@@ -29,9 +29,13 @@ def _group_sharded(record, logger) -> None:
     if not shards:  # a group already published (cached), or one without documents
         return
     balance = corpus_lib.shard_balance(shards)
+    names = [s["name"] for s in record["sources"]]
+    span = record["sources"][0].get("range") if len(names) == 1 else None  # a range of a large source
     logger.info(
-        "source group %d: %d source(s), %s bytes -> %d shards; %s",
+        "source group %d (%s%s): %d source(s), %s bytes -> %d shards; %s",
         record["group"],
+        names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}",
+        f", {span}" if span else "",
         len(record["sources"]),
         f"{record['stats']['bytes']:,}",
         len(shards),

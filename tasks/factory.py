@@ -105,7 +105,8 @@ def _unit_run_name(units_name: str):
     def name(parameters: dict[str, Any]) -> str:
         first, last = _unit_span(parameters)
         shards = f"shard={first}" if last == first else f"shards={first}-{last}"
-        return f"{units_name}[{shards}/{parameters.get('n_units')}]"
+        label = parameters.get("label")
+        return f"{units_name}[{shards}/{parameters.get('n_units')}]" + (f" {label}" if label else "")
 
     return name
 
@@ -151,6 +152,14 @@ def _follow(futures, sizes: list[int], units_name: str, store_url: str, parents:
         _wait_awake(future)
         done += n
         update_progress_artifact(artifact, progress=100.0 * done / total if total else 100.0, description=f"{units_name}: {done:,} / {total:,} shards done")
+
+
+def _group_labels(stage: Stage, store: ArtifactStore, refs: Mapping[str, VersionRef], config: Any, groups: list[range]) -> list[str | None]:
+    """What each group of units reads (its first and last unit's labels), for its task run's name."""
+    if stage.units is None or stage.units.labels is None:
+        return [None] * len(groups)
+    labels = stage.units.labels(store, refs, config)
+    return [labels[g.start] if len(g) == 1 else f"{labels[g.start]} .. {labels[g.stop - 1]}" for g in groups]
 
 
 # How often the flow's main thread wakes while it waits for mapped tasks. A signal (the
@@ -212,8 +221,16 @@ class StageTasks:
         else:
             groups = engine.unit_groups(self.stage, store_of(store_url, storage_options), parents, bytes_per_task, config)
             n = sum(len(g) for g in groups)
+            labels = _group_labels(self.stage, store_of(store_url, storage_options), parents, config, groups)
             futures = self.unit_task.map(
-                store_url, unmapped(parents), unmapped(config), [g.start for g in groups], unmapped(storage_options), unmapped(n), [g.stop - 1 for g in groups]
+                store_url,
+                unmapped(parents),
+                unmapped(config),
+                [g.start for g in groups],
+                unmapped(storage_options),
+                unmapped(n),
+                [g.stop - 1 for g in groups],
+                labels,
             )
             _follow(futures, [g.stop - g.start for g in groups], self.stage.units.name, store_url, parents)  # type: ignore[union-attr]
             cancelled = next((f.state for f in futures if f.state.is_cancelled()), None)
@@ -281,9 +298,11 @@ def stage_tasks(
         storage_options: dict | None = None,
         n_units: int | None = None,
         last: int | None = None,
+        label: str | None = None,
     ) -> list[dict[str, Any]]:
         """Units `unit`..`last` (one unit when `last` is None), one after the other; each is
-        skipped when already done, so a rerun after a crash redoes only the unfinished ones."""
+        skipped when already done, so a rerun after a crash redoes only the unfinished ones.
+        `label` (what the units read) only names the task run."""
         store = store_of(store_url, storage_options)
         refs = {name: to_ref(ref) for name, ref in parents.items()}
         total = n_units if n_units is not None else engine.unit_count(stage, store, refs, config)  # the flow passes the count it mapped

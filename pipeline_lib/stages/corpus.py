@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pipeline_lib import corpus as corpus_lib
+from pipeline_lib import source_ranges
 from pipeline_lib.corpus import CORPUS_KIND, RAW_KIND, CorpusConfig
 from pipeline_lib.stages import spec
 from pipeline_lib.stages.spec import Context, Identified, Output, Stage, Units, corpus_shards  # noqa: F401  (re-exported)
@@ -61,8 +62,11 @@ def _group_count(store: ArtifactStore, inputs: Mapping[str, VersionRef], config:
 
 
 def _group_bytes(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: CorpusConfig) -> list[int]:
-    sizes = corpus_lib.raw_source_sizes(store, inputs["raw"])
-    return [sum(sizes[i] for i in group) for group in corpus_lib.source_groups(sizes, config.source_group_bytes)]
+    return [unit.n_bytes for unit in source_ranges.corpus_units(store, inputs["raw"], config)]
+
+
+def _group_labels(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: CorpusConfig) -> list[str]:
+    return source_ranges.unit_labels(store, inputs["raw"], config)
 
 
 def _publish_shards(ctx: Context) -> Output:
@@ -84,8 +88,8 @@ DOWNLOAD = Stage(
     fingerprint=_fingerprint,
 )
 
-# Mapped: one unit per source group (`CorpusConfig.source_group_bytes`), each writing its
-# own shards; the publish lists them in group order.
+# Mapped: one unit per source group (`CorpusConfig.source_group_bytes`) or range of a large
+# source (`pipeline_lib.source_ranges`), each writing its own shards; the publish lists them in order.
 SHARD = Stage(
     name="shard_corpus",
     kind=CORPUS_KIND,
@@ -94,7 +98,7 @@ SHARD = Stage(
     output_version=1,
     run=_publish_shards,
     params=_shard_params,
-    units=Units(name="shard_sources", run=_shard_group, count=_group_count, sizes=_group_bytes),
+    units=Units(name="shard_sources", run=_shard_group, count=_group_count, sizes=_group_bytes, labels=_group_labels),
 )
 
 

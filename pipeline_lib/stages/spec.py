@@ -117,6 +117,8 @@ class Units:
     count: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], int] | None = None
     sizes: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], list[int]] | None = None
     over: str = "corpus"
+    # What each unit reads, for its task run's name (the corpus stage: its files); None: the unit's number alone.
+    labels: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], list[str]] | None = None
 
     def n_units(self, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any) -> int:
         return self.count(store, inputs, config) if self.count is not None else corpus_shard_count(store, inputs, config, self.over)

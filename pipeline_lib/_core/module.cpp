@@ -575,7 +575,7 @@ nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_t
     return result;
 }
 
-nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode_piece(Encoder& self, nb::bytes piece) {
+nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode_piece(Encoder& self, nb::bytes piece, bool periodic) {
     const uint8_t* p = bytes_ptr(piece);
     const size_t n = piece.size();
     std::vector<uint32_t> out;
@@ -583,7 +583,7 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode_piece(Encoder& self
     {
         nb::gil_scoped_release release;
         cancel::Bind bind(&scope, true);
-        self.core->encode_piece(p, n, out);
+        self.core->encode_piece(p, n, out, periodic);
     }
     return numpy_1d(std::move(out));
 }
@@ -863,7 +863,8 @@ NB_MODULE(_tokcore, m) {
              "encode_ordinary() of a str (UTF-8) or bytes as a list of ints.")
         .def("encode_ordinary_batch_lists", &encoder_encode_batch_lists, nb::arg("texts"), nb::arg("num_threads") = 0,
              "encode_ordinary_batch() of str (UTF-8) or bytes texts as lists of ints, on threads.")
-        .def("encode_piece", &encoder_encode_piece, nb::arg("piece"), "BPE of one piece (no splitting).")
+        .def("encode_piece", &encoder_encode_piece, nb::arg("piece"), nb::arg("periodic") = true,
+             "BPE of one piece (no splitting); periodic=False: without the shortcut for long repeating pieces.")
         .def("decode", &encoder_decode, nb::arg("ids"), "Bytes of the ids; ValueError on an unknown id.")
         .def_prop_ro("vocab_size", [](Encoder& self) { return self.core->vocab_size(); });
 

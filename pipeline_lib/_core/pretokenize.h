@@ -80,7 +80,7 @@ inline unsigned ascii_in_range(uint64_t w, uint8_t lo, uint8_t hi) {
             if (!(ascii_flags(b) & mask)) break;
             ++i;
         } else {
-            const Char c = decode_multibyte(s, n, i);
+            const Char c = char_at(s, n, i);
             if (!(c.flags & mask)) break;
             i += c.len;
         }

@@ -664,12 +664,13 @@ void EncoderCore::encode_merged(const Key& key, std::vector<uint32_t>& out, Piec
     cache->map.get_or_insert(key, span);
 }
 
-void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
-                               int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets) {
+bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
+                               int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets,
+                               const ChunkSink* take) {
     const size_t nd = docs.size();
     offsets.assign(nd + 1, 0);
     ids.clear();
-    if (nd == 0) return;
+    if (nd == 0) return false;
 
     // Chunks of consecutive documents of about kChunkBytes each, handed out dynamically.
     constexpr size_t kChunkBytes = size_t{1} << 18;
@@ -701,7 +702,7 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
             offsets[d + 1] = offsets[d] + (ids.size() - before);
         }
         release_cache(std::move(cache));
-        return;
+        return false;
     }
 
     std::vector<std::vector<uint32_t>> chunk_ids(nchunks);
@@ -710,6 +711,22 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     std::exception_ptr error;
     std::mutex error_mu;
     cancel::Scope* scope = cancel::current().scope();  // the caller's, shared with the helper threads
+    // With `take`: chunk c's ids are ready once done[c]; the calling thread hands them over
+    // between its own chunks, so that what `take` does (building Python lists under the GIL)
+    // overlaps the other threads' encoding instead of following it.
+    std::unique_ptr<std::atomic<bool>[]> done(new std::atomic<bool>[nchunks]);
+    for (size_t c = 0; c < nchunks; ++c) done[c].store(false, std::memory_order_relaxed);
+    std::vector<char> taken(take != nullptr ? nchunks : 0, 0);
+    size_t first_untaken = 0;
+    auto hand_over = [&]() {
+        for (size_t c = first_untaken; c < nchunks; ++c) {
+            if (taken[c] || !done[c].load(std::memory_order_acquire)) continue;
+            (*take)(chunk_start[c], chunk_start[c + 1], chunk_ids[c].data(), doc_count.data() + chunk_start[c]);
+            taken[c] = 1;
+            std::vector<uint32_t>().swap(chunk_ids[c]);
+        }
+        while (first_untaken < nchunks && taken[first_untaken]) ++first_untaken;
+    };
 
     auto worker = [&](bool helper) {
         std::unique_ptr<PieceCache> cache;
@@ -717,7 +734,9 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
             std::optional<cancel::Bind> bind;
             if (helper && scope != nullptr) bind.emplace(scope, false);
             cache = acquire_cache();
-            for (size_t c; (c = next.fetch_add(1)) < nchunks;) {
+            for (size_t c;;) {
+                if (!helper && take != nullptr) hand_over();
+                if ((c = next.fetch_add(1)) >= nchunks) break;
                 std::vector<uint32_t>& out = chunk_ids[c];
                 out.reserve(kChunkBytes / 4);
                 for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) {
@@ -725,6 +744,7 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
                     encode(docs[d], lens[d], out, cache.get());
                     doc_count[d] = out.size() - before;
                 }
+                done[c].store(true, std::memory_order_release);
             }
         } catch (...) {
             std::lock_guard<std::mutex> lock(error_mu);
@@ -747,6 +767,10 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     worker(false);
     for (auto& th : threads) th.join();
     if (error) std::rethrow_exception(error);
+    if (take != nullptr) {
+        hand_over();  // every chunk is done now
+        return true;
+    }
 
     size_t total = 0;
     for (const auto& v : chunk_ids) total += v.size();
@@ -756,6 +780,7 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
         std::vector<uint32_t>().swap(v);
     }
     for (size_t d = 0; d < nd; ++d) offsets[d + 1] = offsets[d] + doc_count[d];
+    return false;
 }
 
 bool EncoderCore::decode(const uint32_t* ids, size_t m, std::string& out, size_t* bad_index) const {

@@ -558,15 +558,27 @@ nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_t
     for (Py_ssize_t k = 0; k < n_docs; ++k) std::tie(ptrs[size_t(k)], lens[size_t(k)]) = text_bytes(items[k], keep[size_t(k)]);
     std::vector<uint32_t> ids;
     std::vector<uint64_t> offsets;
-    CallScope scope;
-    {
-        nb::gil_scoped_release release;
-        cancel::Bind bind(&scope, true);
-        self.core->encode_batch(ptrs, lens, num_threads, ids, offsets);
-    }
     PyObject* outer = PyList_New(n_docs);
     if (!outer) throw nb::python_error();
     nb::object result = nb::steal(outer);
+    // On threads, each chunk's lists are built (under the GIL) while the other threads encode.
+    const EncoderCore::ChunkSink take = [&](size_t first, size_t end, const uint32_t* chunk, const uint64_t* counts) {
+        nb::gil_scoped_acquire gil;
+        for (size_t d = first; d < end; ++d) {
+            PyObject* doc = ids_to_list(self, chunk, counts[d - first]);
+            if (!doc) throw nb::python_error();
+            PyList_SET_ITEM(outer, static_cast<Py_ssize_t>(d), doc);
+            chunk += counts[d - first];
+        }
+    };
+    CallScope scope;
+    bool taken;
+    {
+        nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
+        taken = self.core->encode_batch(ptrs, lens, num_threads, ids, offsets, &take);
+    }
+    if (taken) return result;
     for (Py_ssize_t k = 0; k < n_docs; ++k) {
         PyObject* doc = ids_to_list(self, ids.data() + offsets[size_t(k)], offsets[size_t(k) + 1] - offsets[size_t(k)]);
         if (!doc) throw nb::python_error();

@@ -232,8 +232,36 @@ inline size_t whitespace_piece(const uint8_t* s, size_t n, size_t i, bool crlf_a
 
 // o200k contraction suffix (?i:'s|'t|'re|'ve|'m|'ll|'d)? at position r.
 inline size_t o200k_suffix(const uint8_t* s, size_t n, size_t r) {
+    if (r >= n || s[r] != '\'') return r;  // most words: no call
     const size_t e = contraction_ci(s, n, r);
     return e == npos ? r : e;
+}
+
+inline bool ascii_upper(uint8_t b) { return static_cast<uint8_t>(b - 'A') < 26; }
+inline bool ascii_lower(uint8_t b) { return static_cast<uint8_t>(b - 'a') < 26; }
+
+// The letter alternatives of o200k_piece when the letters start with ASCII at j (j = i, or
+// i + 1 after an ASCII prefix character): the end of the piece, npos when s[j] is no ASCII
+// letter, or kAsk when a non-ASCII byte decides (o200k_piece then takes the general path).
+constexpr size_t kAsk = npos - 1;
+[[gnu::always_inline]] inline size_t o200k_ascii_letters(const uint8_t* s, size_t n, size_t j) {
+    if (j >= n) return npos;
+    const uint8_t b = s[j];
+    if (!ascii_upper(b) && !ascii_lower(b)) return b < 0x80 ? npos : kAsk;
+    // [Up]* over A-Z: ASCII capitals are Lu only (none is also Lo, so nothing to give back)
+    size_t q = j;
+    while (q + 8 <= n) {
+        uint64_t w;
+        std::memcpy(&w, s + q, 8);
+        const unsigned k = ascii_in_range(w, 'A', 'Z');
+        q += k;
+        if (k < 8) break;
+    }
+    while (q < n && ascii_upper(s[q])) ++q;
+    if (q < n && s[q] >= 0x80) return kAsk;  // a non-ASCII Up character may continue the run
+    if (q < n && ascii_lower(s[q])) return o200k_suffix(s, n, run_any(s, n, q, kFlagLo));  // [Lo]+
+    // no Lo after the capitals: [Up]*[Lo]+ fails, [Up]+[Lo]* takes the capitals (q > j here)
+    return o200k_suffix(s, n, q);
 }
 
 // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:...)? at p, with backtracking:
@@ -270,6 +298,20 @@ inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
 //  |[^\r\n\p{L}\p{N}]?[Up]+[Lo]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?
 //  |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
 [[gnu::always_inline]] inline size_t o200k_piece(const uint8_t* s, size_t n, size_t i) {
+    // ASCII fast path: a word, or a space / punctuation character and a word
+    {
+        const uint8_t b = s[i];
+        if (b < 0x80) {
+            const uint8_t f = ascii_flags(b);
+            size_t r = npos;
+            if (f & kFlagL) {
+                r = o200k_ascii_letters(s, n, i);
+            } else if (!(f & kFlagN) && b != '\r' && b != '\n') {
+                r = o200k_ascii_letters(s, n, i + 1);
+            }
+            if (r < kAsk) return r;
+        }
+    }
     const Char c = char_at(s, n, i);
     // The optional prefix is tried first (greedy), then without it.
     const bool prefix = !(c.flags & (kFlagL | kFlagN)) && !is_crlf(c.cp);

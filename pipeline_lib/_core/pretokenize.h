@@ -80,7 +80,7 @@ inline unsigned ascii_in_range(uint64_t w, uint8_t lo, uint8_t hi) {
             if (!(ascii_flags(b) & mask)) break;
             ++i;
         } else {
-            const Char c = char_at(s, n, i);
+            const Char c = char_at_wide(s, n, i);
             if (!(c.flags & mask)) break;
             i += c.len;
         }
@@ -271,13 +271,13 @@ constexpr size_t kAsk = npos - 1;
 inline size_t o200k_letters_lower(const uint8_t* s, size_t n, size_t p) {
     size_t q = p, last_lo_end = npos;
     while (q < n) {
-        const Char d = char_at(s, n, q);
+        const Char d = char_at_wide(s, n, q);
         if (!(d.flags & kFlagUp)) break;
         q += d.len;
         if (d.flags & kFlagLo) last_lo_end = q;
     }
     if (q < n) {
-        const Char d = char_at(s, n, q);
+        const Char d = char_at_wide(s, n, q);
         if (d.flags & kFlagLo) return o200k_suffix(s, n, run_any(s, n, q + d.len, kFlagLo));
     }
     if (last_lo_end != npos) return o200k_suffix(s, n, last_lo_end);
@@ -287,7 +287,7 @@ inline size_t o200k_letters_lower(const uint8_t* s, size_t n, size_t p) {
 // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:...)? at p.
 inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
     if (p >= n) return npos;
-    const Char d = char_at(s, n, p);
+    const Char d = char_at_wide(s, n, p);
     if (!(d.flags & kFlagUp)) return npos;
     const size_t q = run_any(s, n, p + d.len, kFlagUp);
     return o200k_suffix(s, n, run_any(s, n, q, kFlagLo));
@@ -312,7 +312,7 @@ inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
             if (r < kAsk) return r;
         }
     }
-    const Char c = char_at(s, n, i);
+    const Char c = char_at_wide(s, n, i);
     // The optional prefix is tried first (greedy), then without it.
     const bool prefix = !(c.flags & (kFlagL | kFlagN)) && !is_crlf(c.cp);
     const bool lettery = (c.flags & (kFlagUp | kFlagLo)) != 0;
@@ -325,7 +325,7 @@ inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
     if (c.flags & kFlagN) {
         size_t j = i + c.len;
         for (int k = 1; k < 3 && j < n; ++k) {
-            const Char d = char_at(s, n, j);
+            const Char d = char_at_wide(s, n, j);
             if (!(d.flags & kFlagN)) break;
             j += d.len;
         }
@@ -336,7 +336,7 @@ inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
         Char e = c;
         size_t j = i;
         if (c.cp == ' ' && i + 1 < n) {
-            const Char d = char_at(s, n, i + 1);
+            const Char d = char_at_wide(s, n, i + 1);
             if (is_other(d.flags)) {
                 e = d;
                 j = i + 1;

@@ -69,10 +69,17 @@ inline uint8_t ascii_flags(uint8_t b) { return tables::kStage2[b]; }
 
 // The character starting at s[i]; requires i < n. Inlined: pre-tokenizing calls it for
 // nearly every byte, and for ASCII it is a table load.
-// Two- and three-byte sequences (Latin, Greek, Cyrillic, Hebrew, Arabic, Indic, CJK: nearly
-// every non-ASCII character of most text) are decoded inline too: the out-of-line call cost
-// about as much as the decoding.
 [[gnu::always_inline]] inline Char char_at(const uint8_t* s, size_t n, size_t i) {
+    const uint8_t b = s[i];
+    if (b < 0x80) return {b, ascii_flags(b), 1};
+    return decode_multibyte(s, n, i);
+}
+
+// char_at with two- and three-byte sequences (Latin, Greek, Cyrillic, Hebrew, Arabic, Indic,
+// CJK: nearly every non-ASCII character of most text) decoded inline too, for the loops over
+// runs of characters, where the out-of-line call cost about as much as the decoding. (Inlined
+// at every char_at of the pre-tokenizers, it made the ASCII paths slower.)
+[[gnu::always_inline]] inline Char char_at_wide(const uint8_t* s, size_t n, size_t i) {
     const uint8_t b = s[i];
     if (b < 0x80) return {b, ascii_flags(b), 1};
     if (b >= 0xC2 && b <= 0xDF && i + 1 < n && (s[i + 1] & 0xC0) == 0x80) {

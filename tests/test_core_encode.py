@@ -197,6 +197,50 @@ def test_long_pieces_match_tiktoken(real, name):
         assert ids_native(enc, cjk) == tk.encode_ordinary(cjk)
 
 
+# Units whose long runs take the periodic shortcut (runs of one byte, of a UTF-8 character, of a
+# word, the 26-letter cycle of the benchmark's "1 MB line without spaces", mixed case for o200k).
+PERIODIC_UNITS = [" ", "a", "x", "-", "=", "\n", "0", "é", "中", "ab", "abc ", "apetixmbqfujyncrgvkzodshwl", "aA", "Ab", "\t", "  \n", "'s", "🙂"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_long_periodic_pieces_match_tiktoken(real, name):
+    """Lengths around the shortcut's threshold (4 KiB) and well past it."""
+    _, enc, tk = real[name]
+    for unit in PERIODIC_UNITS:
+        for n in [4095, 4096, 4097, 5000, 6001, 10007, 65537, 100003]:
+            text = (unit * (n // len(unit) + 1))[:n]
+            assert ids_native(enc, text) == tk.encode_ordinary(text), (unit, n)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_periodic_shortcut_matches_the_general_merge(real, name):
+    """Every byte value as a run, and runs with a 2-byte unit, through encode_piece with and
+    without the shortcut."""
+    _, enc, _ = real[name]
+    for b in range(256):
+        for piece in [bytes([b]) * 5000, bytes([b, (b * 7 + 1) % 256]) * 3001]:
+            assert enc.encode_piece(piece).tolist() == enc.encode_piece(piece, periodic=False).tolist(), piece[:4]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.binary(min_size=2, max_size=24).map(lambda b: bytes(x % 3 for x in b)), max_size=80, unique=True),
+    st.binary(min_size=1, max_size=9).map(lambda b: bytes(x % 3 for x in b)),
+    st.integers(4096, 9000),
+    st.randoms(use_true_random=False),
+)
+def test_periodic_shortcut_on_any_vocabulary(extra, unit, n, rnd):
+    """Ranks in any order (a merged token may rank before its parts) and tokens that are runs
+    of the unit or not: the shortcut gives the general merge's ids or steps aside."""
+    extra = extra + [unit * k for k in (2, 3, 4, 8, 16) if len(unit) * k > 1]
+    tokens = list(dict.fromkeys([bytes([i]) for i in range(256)] + extra))
+    ids = list(range(len(tokens)))
+    rnd.shuffle(ids)
+    enc = make_encoder(dict(zip(tokens, ids)), "gpt2")
+    piece = (unit * (n // len(unit) + 1))[:n]
+    assert enc.encode_piece(piece).tolist() == enc.encode_piece(piece, periodic=False).tolist()
+
+
 def test_ten_megabyte_single_char_line(real):
     _, enc, tk = real["cl100k"]
     data = b"x" * 10_000_000
@@ -456,7 +500,7 @@ def test_encoder_rejects_bad_vocabularies():
 def test_encode_releases_the_gil(real):
     """While a long encode runs on another thread, this thread keeps running Python code."""
     _, enc, _ = real["cl100k"]
-    data = b"x" * 8_000_000
+    data = bytes(np.random.default_rng(0).integers(ord("a"), ord("z") + 1, 8_000_000, dtype=np.uint8))  # not periodic: the slow path
     assert steps_taken_during(lambda: enc.encode_ordinary(data)) > 0
 
 

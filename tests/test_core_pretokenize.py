@@ -293,6 +293,18 @@ def test_split_letter_classes(text):
 
 @PROP
 @given(
+    st.lists(
+        st.tuples(st.sampled_from([" ", "a", "Z", "q", "K", "\n", "\t", "é", "É", "ʰ", "ǅ", "\u0301", "'", "s", "1", "!"]), st.integers(1, 30)), max_size=12
+    )
+)
+def test_split_long_runs(runs):
+    """Runs of spaces and of cased ASCII letters long enough for the 8-bytes-at-a-time scans, next
+    to letters that are both o200k classes (Lm, Lt, marks) and contractions."""
+    check_split("".join(ch * k for ch, k in runs).encode())
+
+
+@PROP
+@given(
     st.text(
         alphabet=st.characters(categories=["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Zs", "Po", "Cc"]),
         max_size=40,

@@ -75,3 +75,15 @@ def test_any_batch_equals_the_numpy_path(texts):
     assert enc.encode_ordinary_batch(texts, num_threads=2) == [numpy_ids(enc, t) for t in texts]
     flat, offsets = enc.encode_ordinary_batch_to_numpy(texts, num_threads=1)
     assert np.array_equal(flat, np.array([i for t in texts for i in numpy_ids(enc, t)], dtype=np.uint32))
+
+
+@pytest.mark.parametrize("num_threads", [2, 3])
+def test_threaded_batch_of_many_chunks_equals_the_numpy_path(enc, shakespeare_text, num_threads):
+    """Over a megabyte of documents: several chunks, whose lists the calling thread builds while
+    the other threads still encode."""
+    docs = [d for d in shakespeare_text.split("\n\n") if d] + ["héllo 日本語 🙂", "", " " * 9000]
+    lists = enc.encode_ordinary_batch(docs, num_threads=num_threads)
+    flat, offsets = enc.encode_ordinary_batch_to_numpy(docs, num_threads=1)
+    assert len(lists) == len(docs)
+    assert [len(x) for x in lists] == np.diff(offsets).tolist()
+    assert [i for x in lists for i in x] == flat.tolist()

@@ -86,7 +86,7 @@ def tok_a() -> Tokenizer:
 SMALL_RUN = 192 << 10  # bytes; the big run is FACTOR times longer (1.5 MiB)
 
 
-@pytest.mark.parametrize("char", ["x", " ", "7", "é", "!", "a"])
+@pytest.mark.parametrize("char", ["x", " ", "7", "é", "!", "a", "apetixmbqfujyncrgvkzodshwl"])
 def test_encode_one_long_run(tok, tok_a, char):
     """One piece (letters, spaces, punctuation) or millions of short ones (digits); with
     Shakespeare's vocabulary no pair of them merges; with `tok_a`, 'a' merges ~n times."""

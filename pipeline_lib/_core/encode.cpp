@@ -23,6 +23,11 @@ namespace {
 // initial token ids, so the same code serves pieces that start as bytes or as characters.
 constexpr size_t kSmallPiece = 64;
 constexpr size_t kHugePiece = size_t{1} << 16;
+// Pieces from kPeriodicPiece bytes on that repeat a unit of up to kMaxPeriod bytes (a run of
+// spaces, of one letter, a repeated pattern) take bpe_periodic; its windows stay below
+// kPeriodicPiece, so it never calls itself.
+constexpr size_t kPeriodicPiece = size_t{1} << 12;
+constexpr size_t kMaxPeriod = 64;
 }  // namespace
 
 namespace {
@@ -235,7 +240,7 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
         }
 }
 
-void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
+void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out, bool periodic) const {
     if (n == 0) return;
     if (n >= kNone) throw std::length_error("a piece of 4 GiB or more");  // node indices are 32-bit
     if (start_chars_) {
@@ -246,8 +251,93 @@ void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out) co
         out.push_back(byte_rank_[p[0]]);
         return;
     }
+    if (periodic && n >= kPeriodicPiece && bpe_periodic(p, n, out)) return;
     bpe_from(
         n, [&](size_t k) { return byte_rank_[p[k]]; }, [&](size_t k) { return merged_bytes(p[k], p[k + 1]); }, out);
+}
+
+bool EncoderCore::compatible(uint32_t a, uint32_t b) const {
+    const size_t la = tok_len_[a], lb = tok_len_[b];
+    if (la + lb >= kPeriodicPiece) return false;
+    uint8_t buf[kPeriodicPiece];
+    std::memcpy(buf, tok_bytes_.data() + tok_off_[a], la);
+    std::memcpy(buf + la, tok_bytes_.data() + tok_off_[b], lb);
+    thread_local std::vector<uint32_t> ids;
+    ids.clear();
+    bpe(buf, la + lb, ids);
+    return ids.size() == 2 && ids[0] == a && ids[1] == b;
+}
+
+// Exact by bpe-openai's corollaries on valid encodings (a sequence of tokens is valid when pure
+// BPE of its bytes gives it back; BPE's output is the one valid sequence for its text):
+//   - a contiguous part of a valid sequence is valid;
+//   - valid x..y and valid y..z (sharing the token y) join into a valid x..y..z.
+// The window's BPE W is valid, so is its part H (before b1) + S (b1 .. b1 + P, P a multiple of
+// the text's period: S's bytes repeat). If (last S, first S) is compatible, H S S ... S is valid
+// (join H S + first S with S, repeatedly), and with T = BPE of the rest, (last S, first T)
+// compatible, H S..S T is valid: it is the BPE of the whole piece. Any check that fails falls
+// back to the general merge, so the shortcut only decides speed.
+bool EncoderCore::bpe_periodic(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
+    // The smallest period of the first bytes, then checked over the whole piece (memcmp of
+    // the piece against itself shifted by d: equal iff p[i] == p[i + d] everywhere).
+    constexpr size_t kProbe = 512;
+    size_t d = 0;
+    for (size_t c = 1; c <= kMaxPeriod; ++c) {
+        if (std::memcmp(p, p + c, kProbe - c) == 0) {
+            d = c;
+            break;
+        }
+    }
+    if (d == 0 || std::memcmp(p, p + d, n - d) != 0) return false;
+
+    const size_t window = std::min(n, 1024 + 16 * d);
+    thread_local std::vector<uint32_t> head, tail;
+    head.clear();
+    bpe_from(
+        window, [&](size_t k) { return byte_rank_[p[k]]; }, [&](size_t k) { return merged_bytes(p[k], p[k + 1]); },
+        head);
+    // S: the tokens from the first boundary past a quarter of the window to the next boundary
+    // a multiple of d further, before three quarters (away from the window's edges).
+    size_t i1 = 0, b1 = 0, at = 0;
+    while (i1 < head.size() && at < window / 4) at += tok_len_[head[i1++]];
+    b1 = at;
+    size_t i2 = i1, period = 0;
+    while (i2 < head.size() && at < 3 * window / 4) {
+        at += tok_len_[head[i2++]];
+        if ((at - b1) % d == 0) {
+            period = at - b1;
+            break;
+        }
+    }
+    if (period == 0 || b1 + period > window) return false;
+    const uint32_t s_first = head[i1], s_last = head[i2 - 1];
+    if (!compatible(s_last, s_first)) return false;
+
+    // The rest: 256 bytes or more, so that its right end's merges settle inside it.
+    constexpr size_t kTail = 256;
+    if (n < b1 + kTail + period) return false;
+    const size_t max_q = (n - b1 - kTail) / period;
+    for (size_t tries = 0; tries < 4 && tries < max_q; ++tries) {
+        const size_t q = max_q - tries;
+        const size_t t = b1 + q * period;
+        if (n - t >= kPeriodicPiece) break;
+        tail.clear();
+        bpe(p + t, n - t, tail);
+        if (!compatible(s_last, tail[0])) continue;
+        const size_t s_len = i2 - i1;
+        out.reserve(out.size() + i1 + q * s_len + tail.size());
+        out.insert(out.end(), head.begin(), head.begin() + static_cast<std::ptrdiff_t>(i1));
+        if (s_len == 1) {
+            out.insert(out.end(), q, s_first);
+        } else {
+            for (size_t r = 0; r < q; ++r)
+                out.insert(out.end(), head.begin() + static_cast<std::ptrdiff_t>(i1),
+                           head.begin() + static_cast<std::ptrdiff_t>(i2));
+        }
+        out.insert(out.end(), tail.begin(), tail.end());
+        return true;
+    }
+    return false;
 }
 
 void EncoderCore::bpe_chars(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const {
@@ -503,17 +593,17 @@ void EncoderCore::bpe_from(size_t n, First first, Pair pair, std::vector<uint32_
     }
 }
 
-void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out) const {
+void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out, bool periodic) const {
     if (n == 0) return;
     if (n > max_token_len_) {
-        bpe(piece, n, out);
+        bpe(piece, n, out, periodic);
         return;
     }
     if (const uint32_t* r = vocab_.find(piece, n)) {
         out.push_back(*r);
         return;
     }
-    bpe(piece, n, out);
+    bpe(piece, n, out, periodic);
 }
 
 void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const {
@@ -574,12 +664,13 @@ void EncoderCore::encode_merged(const Key& key, std::vector<uint32_t>& out, Piec
     cache->map.get_or_insert(key, span);
 }
 
-void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
-                               int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets) {
+bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
+                               int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets,
+                               const ChunkSink* take) {
     const size_t nd = docs.size();
     offsets.assign(nd + 1, 0);
     ids.clear();
-    if (nd == 0) return;
+    if (nd == 0) return false;
 
     // Chunks of consecutive documents of about kChunkBytes each, handed out dynamically.
     constexpr size_t kChunkBytes = size_t{1} << 18;
@@ -611,7 +702,7 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
             offsets[d + 1] = offsets[d] + (ids.size() - before);
         }
         release_cache(std::move(cache));
-        return;
+        return false;
     }
 
     std::vector<std::vector<uint32_t>> chunk_ids(nchunks);
@@ -620,6 +711,22 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     std::exception_ptr error;
     std::mutex error_mu;
     cancel::Scope* scope = cancel::current().scope();  // the caller's, shared with the helper threads
+    // With `take`: chunk c's ids are ready once done[c]; the calling thread hands them over
+    // between its own chunks, so that what `take` does (building Python lists under the GIL)
+    // overlaps the other threads' encoding instead of following it.
+    std::unique_ptr<std::atomic<bool>[]> done(new std::atomic<bool>[nchunks]);
+    for (size_t c = 0; c < nchunks; ++c) done[c].store(false, std::memory_order_relaxed);
+    std::vector<char> taken(take != nullptr ? nchunks : 0, 0);
+    size_t first_untaken = 0;
+    auto hand_over = [&]() {
+        for (size_t c = first_untaken; c < nchunks; ++c) {
+            if (taken[c] || !done[c].load(std::memory_order_acquire)) continue;
+            (*take)(chunk_start[c], chunk_start[c + 1], chunk_ids[c].data(), doc_count.data() + chunk_start[c]);
+            taken[c] = 1;
+            std::vector<uint32_t>().swap(chunk_ids[c]);
+        }
+        while (first_untaken < nchunks && taken[first_untaken]) ++first_untaken;
+    };
 
     auto worker = [&](bool helper) {
         std::unique_ptr<PieceCache> cache;
@@ -627,7 +734,9 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
             std::optional<cancel::Bind> bind;
             if (helper && scope != nullptr) bind.emplace(scope, false);
             cache = acquire_cache();
-            for (size_t c; (c = next.fetch_add(1)) < nchunks;) {
+            for (size_t c;;) {
+                if (!helper && take != nullptr) hand_over();
+                if ((c = next.fetch_add(1)) >= nchunks) break;
                 std::vector<uint32_t>& out = chunk_ids[c];
                 out.reserve(kChunkBytes / 4);
                 for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) {
@@ -635,6 +744,7 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
                     encode(docs[d], lens[d], out, cache.get());
                     doc_count[d] = out.size() - before;
                 }
+                done[c].store(true, std::memory_order_release);
             }
         } catch (...) {
             std::lock_guard<std::mutex> lock(error_mu);
@@ -657,6 +767,10 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     worker(false);
     for (auto& th : threads) th.join();
     if (error) std::rethrow_exception(error);
+    if (take != nullptr) {
+        hand_over();  // every chunk is done now
+        return true;
+    }
 
     size_t total = 0;
     for (const auto& v : chunk_ids) total += v.size();
@@ -666,6 +780,7 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
         std::vector<uint32_t>().swap(v);
     }
     for (size_t d = 0; d < nd; ++d) offsets[d + 1] = offsets[d] + doc_count[d];
+    return false;
 }
 
 bool EncoderCore::decode(const uint32_t* ids, size_t m, std::string& out, size_t* bad_index) const {

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -79,11 +80,18 @@ public:
     // Append the ids of `data` (split + BPE) to `out`.
     void encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const;
     // Append the ids of a single piece (whole-piece lookup, then BPE; no splitting).
-    void encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out) const;
+    // periodic = false: never bpe_periodic (the tests compare the two).
+    void encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out, bool periodic = true) const;
     // Encode many documents with `num_threads` threads (0 = hardware concurrency).
     // ids are concatenated in document order; offsets has docs+1 cumulative entries.
-    void encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
-                      int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets);
+    // take(first_doc, end_doc, ids, counts): with more than one thread, given, the calling thread
+    // hands each finished chunk of documents to it (between chunks it encodes itself, while the
+    // other threads go on) instead of filling ids/offsets; counts[d - first_doc] ids per document.
+    using ChunkSink = std::function<void(size_t, size_t, const uint32_t*, const uint64_t*)>;
+    // Returns whether `take` had the ids (else they are in ids/offsets, as without it).
+    bool encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
+                      int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets,
+                      const ChunkSink* take = nullptr);
 
     // Bytes of the ids; returns false and the index of the first unknown id on failure.
     bool decode(const uint32_t* ids, size_t m, std::string& out, size_t* bad_index) const;
@@ -94,7 +102,12 @@ public:
 
 private:
     [[gnu::noinline]] void encode_merged(const Key& key, std::vector<uint32_t>& out, PieceCache* cache) const;
-    void bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
+    void bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out, bool periodic = true) const;
+    // BPE of a long piece that repeats a unit of <= kMaxPeriod bytes, from the BPE of a window
+    // and of its last bytes; false (nothing appended) when the shortcut does not apply.
+    bool bpe_periodic(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
+    // Whether pure BPE of the bytes of tokens a, b gives back a, b (bpe-openai's "compatible").
+    bool compatible(uint32_t a, uint32_t b) const;
     void bpe_chars(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
     // BPE from n initial tokens: first(k) is token k, pair(k) the merged rank of tokens k, k + 1.
     template <class First, class Pair>

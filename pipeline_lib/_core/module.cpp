@@ -558,15 +558,27 @@ nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_t
     for (Py_ssize_t k = 0; k < n_docs; ++k) std::tie(ptrs[size_t(k)], lens[size_t(k)]) = text_bytes(items[k], keep[size_t(k)]);
     std::vector<uint32_t> ids;
     std::vector<uint64_t> offsets;
-    CallScope scope;
-    {
-        nb::gil_scoped_release release;
-        cancel::Bind bind(&scope, true);
-        self.core->encode_batch(ptrs, lens, num_threads, ids, offsets);
-    }
     PyObject* outer = PyList_New(n_docs);
     if (!outer) throw nb::python_error();
     nb::object result = nb::steal(outer);
+    // On threads, each chunk's lists are built (under the GIL) while the other threads encode.
+    const EncoderCore::ChunkSink take = [&](size_t first, size_t end, const uint32_t* chunk, const uint64_t* counts) {
+        nb::gil_scoped_acquire gil;
+        for (size_t d = first; d < end; ++d) {
+            PyObject* doc = ids_to_list(self, chunk, counts[d - first]);
+            if (!doc) throw nb::python_error();
+            PyList_SET_ITEM(outer, static_cast<Py_ssize_t>(d), doc);
+            chunk += counts[d - first];
+        }
+    };
+    CallScope scope;
+    bool taken;
+    {
+        nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
+        taken = self.core->encode_batch(ptrs, lens, num_threads, ids, offsets, &take);
+    }
+    if (taken) return result;
     for (Py_ssize_t k = 0; k < n_docs; ++k) {
         PyObject* doc = ids_to_list(self, ids.data() + offsets[size_t(k)], offsets[size_t(k) + 1] - offsets[size_t(k)]);
         if (!doc) throw nb::python_error();
@@ -575,7 +587,7 @@ nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_t
     return result;
 }
 
-nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode_piece(Encoder& self, nb::bytes piece) {
+nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode_piece(Encoder& self, nb::bytes piece, bool periodic) {
     const uint8_t* p = bytes_ptr(piece);
     const size_t n = piece.size();
     std::vector<uint32_t> out;
@@ -583,7 +595,7 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode_piece(Encoder& self
     {
         nb::gil_scoped_release release;
         cancel::Bind bind(&scope, true);
-        self.core->encode_piece(p, n, out);
+        self.core->encode_piece(p, n, out, periodic);
     }
     return numpy_1d(std::move(out));
 }
@@ -863,7 +875,8 @@ NB_MODULE(_tokcore, m) {
              "encode_ordinary() of a str (UTF-8) or bytes as a list of ints.")
         .def("encode_ordinary_batch_lists", &encoder_encode_batch_lists, nb::arg("texts"), nb::arg("num_threads") = 0,
              "encode_ordinary_batch() of str (UTF-8) or bytes texts as lists of ints, on threads.")
-        .def("encode_piece", &encoder_encode_piece, nb::arg("piece"), "BPE of one piece (no splitting).")
+        .def("encode_piece", &encoder_encode_piece, nb::arg("piece"), nb::arg("periodic") = true,
+             "BPE of one piece (no splitting); periodic=False: without the shortcut for long repeating pieces.")
         .def("decode", &encoder_decode, nb::arg("ids"), "Bytes of the ids; ValueError on an unknown id.")
         .def_prop_ro("vocab_size", [](Encoder& self) { return self.core->vocab_size(); });
 

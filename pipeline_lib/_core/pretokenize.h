@@ -43,6 +43,16 @@ inline unsigned ascii_letters(uint64_t w) {
     return other ? static_cast<unsigned>(__builtin_ctzll(other)) / 8 : 8;
 }
 
+// Number of leading bytes of w in [lo, hi] (ASCII, hi - lo < 0x7F), first byte lowest: the
+// same carry-free comparisons as ascii_letters without the case fold.
+inline unsigned ascii_in_range(uint64_t w, uint8_t lo, uint8_t hi) {
+    constexpr uint64_t k01 = 0x0101010101010101ull, k80 = 0x80 * k01;
+    const uint64_t low7 = w & ~k80;
+    const uint64_t in = (low7 + (0x80 - lo) * k01) & ~(low7 + (0x80 - hi - 1) * k01) & ~w & k80;
+    const uint64_t other = ~in & k80;
+    return other ? static_cast<unsigned>(__builtin_ctzll(other)) / 8 : 8;
+}
+
 // End of the maximal run, starting at i, of characters whose flags have any bit of `mask`.
 [[gnu::always_inline]] inline size_t run_any(const uint8_t* s, size_t n, size_t i, uint8_t mask) {
     // Runs of ASCII letters -- most of the bytes of most text -- 8 bytes at a time.
@@ -54,6 +64,15 @@ inline unsigned ascii_letters(uint64_t w) {
             i += k;
             if (k < 8) break;
         }
+    } else if (mask == kFlagLo || mask == kFlagUp) {  // o200k's cased classes: a-z / A-Z
+        const uint8_t lo = mask == kFlagLo ? 'a' : 'A';
+        while (i + 8 <= n) {
+            uint64_t w;
+            std::memcpy(&w, s + i, 8);
+            const unsigned k = ascii_in_range(w, lo, static_cast<uint8_t>(lo + 25));
+            i += k;
+            if (k < 8) break;
+        }
     }
     while (i < n) {
         const uint8_t b = s[i];
@@ -61,7 +80,7 @@ inline unsigned ascii_letters(uint64_t w) {
             if (!(ascii_flags(b) & mask)) break;
             ++i;
         } else {
-            const Char c = decode_multibyte(s, n, i);
+            const Char c = char_at_wide(s, n, i);
             if (!(c.flags & mask)) break;
             i += c.len;
         }
@@ -90,6 +109,13 @@ struct WsRun {
 inline WsRun ws_run(const uint8_t* s, size_t n, size_t i) {
     WsRun r{i, i, npos, false};
     size_t count = 0;
+    // Long runs of spaces (indentation, padding) 8 bytes at a time.
+    constexpr uint64_t kSpaces = 0x2020202020202020ull;
+    for (uint64_t w; i + 8 <= n && (std::memcpy(&w, s + i, 8), w == kSpaces);) {
+        i += 8;
+        count += 8;
+        r.last_start = i - 1;
+    }
     while (i < n) {
         const Char c = char_at(s, n, i);
         if (!(c.flags & kFlagS)) break;
@@ -206,8 +232,36 @@ inline size_t whitespace_piece(const uint8_t* s, size_t n, size_t i, bool crlf_a
 
 // o200k contraction suffix (?i:'s|'t|'re|'ve|'m|'ll|'d)? at position r.
 inline size_t o200k_suffix(const uint8_t* s, size_t n, size_t r) {
+    if (r >= n || s[r] != '\'') return r;  // most words: no call
     const size_t e = contraction_ci(s, n, r);
     return e == npos ? r : e;
+}
+
+inline bool ascii_upper(uint8_t b) { return static_cast<uint8_t>(b - 'A') < 26; }
+inline bool ascii_lower(uint8_t b) { return static_cast<uint8_t>(b - 'a') < 26; }
+
+// The letter alternatives of o200k_piece when the letters start with ASCII at j (j = i, or
+// i + 1 after an ASCII prefix character): the end of the piece, npos when s[j] is no ASCII
+// letter, or kAsk when a non-ASCII byte decides (o200k_piece then takes the general path).
+constexpr size_t kAsk = npos - 1;
+[[gnu::always_inline]] inline size_t o200k_ascii_letters(const uint8_t* s, size_t n, size_t j) {
+    if (j >= n) return npos;
+    const uint8_t b = s[j];
+    if (!ascii_upper(b) && !ascii_lower(b)) return b < 0x80 ? npos : kAsk;
+    // [Up]* over A-Z: ASCII capitals are Lu only (none is also Lo, so nothing to give back)
+    size_t q = j;
+    while (q + 8 <= n) {
+        uint64_t w;
+        std::memcpy(&w, s + q, 8);
+        const unsigned k = ascii_in_range(w, 'A', 'Z');
+        q += k;
+        if (k < 8) break;
+    }
+    while (q < n && ascii_upper(s[q])) ++q;
+    if (q < n && s[q] >= 0x80) return kAsk;  // a non-ASCII Up character may continue the run
+    if (q < n && ascii_lower(s[q])) return o200k_suffix(s, n, run_any(s, n, q, kFlagLo));  // [Lo]+
+    // no Lo after the capitals: [Up]*[Lo]+ fails, [Up]+[Lo]* takes the capitals (q > j here)
+    return o200k_suffix(s, n, q);
 }
 
 // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:...)? at p, with backtracking:
@@ -217,13 +271,13 @@ inline size_t o200k_suffix(const uint8_t* s, size_t n, size_t r) {
 inline size_t o200k_letters_lower(const uint8_t* s, size_t n, size_t p) {
     size_t q = p, last_lo_end = npos;
     while (q < n) {
-        const Char d = char_at(s, n, q);
+        const Char d = char_at_wide(s, n, q);
         if (!(d.flags & kFlagUp)) break;
         q += d.len;
         if (d.flags & kFlagLo) last_lo_end = q;
     }
     if (q < n) {
-        const Char d = char_at(s, n, q);
+        const Char d = char_at_wide(s, n, q);
         if (d.flags & kFlagLo) return o200k_suffix(s, n, run_any(s, n, q + d.len, kFlagLo));
     }
     if (last_lo_end != npos) return o200k_suffix(s, n, last_lo_end);
@@ -233,7 +287,7 @@ inline size_t o200k_letters_lower(const uint8_t* s, size_t n, size_t p) {
 // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:...)? at p.
 inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
     if (p >= n) return npos;
-    const Char d = char_at(s, n, p);
+    const Char d = char_at_wide(s, n, p);
     if (!(d.flags & kFlagUp)) return npos;
     const size_t q = run_any(s, n, p + d.len, kFlagUp);
     return o200k_suffix(s, n, run_any(s, n, q, kFlagLo));
@@ -244,7 +298,21 @@ inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
 //  |[^\r\n\p{L}\p{N}]?[Up]+[Lo]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?
 //  |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
 [[gnu::always_inline]] inline size_t o200k_piece(const uint8_t* s, size_t n, size_t i) {
-    const Char c = char_at(s, n, i);
+    // ASCII fast path: a word, or a space / punctuation character and a word
+    {
+        const uint8_t b = s[i];
+        if (b < 0x80) {
+            const uint8_t f = ascii_flags(b);
+            size_t r = npos;
+            if (f & kFlagL) {
+                r = o200k_ascii_letters(s, n, i);
+            } else if (!(f & kFlagN) && b != '\r' && b != '\n') {
+                r = o200k_ascii_letters(s, n, i + 1);
+            }
+            if (r < kAsk) return r;
+        }
+    }
+    const Char c = char_at_wide(s, n, i);
     // The optional prefix is tried first (greedy), then without it.
     const bool prefix = !(c.flags & (kFlagL | kFlagN)) && !is_crlf(c.cp);
     const bool lettery = (c.flags & (kFlagUp | kFlagLo)) != 0;
@@ -257,7 +325,7 @@ inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
     if (c.flags & kFlagN) {
         size_t j = i + c.len;
         for (int k = 1; k < 3 && j < n; ++k) {
-            const Char d = char_at(s, n, j);
+            const Char d = char_at_wide(s, n, j);
             if (!(d.flags & kFlagN)) break;
             j += d.len;
         }
@@ -268,7 +336,7 @@ inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
         Char e = c;
         size_t j = i;
         if (c.cp == ' ' && i + 1 < n) {
-            const Char d = char_at(s, n, i + 1);
+            const Char d = char_at_wide(s, n, i + 1);
             if (is_other(d.flags)) {
                 e = d;
                 j = i + 1;

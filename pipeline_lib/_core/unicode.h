@@ -75,6 +75,30 @@ inline uint8_t ascii_flags(uint8_t b) { return tables::kStage2[b]; }
     return decode_multibyte(s, n, i);
 }
 
+// char_at with two- and three-byte sequences (Latin, Greek, Cyrillic, Hebrew, Arabic, Indic,
+// CJK: nearly every non-ASCII character of most text) decoded inline too, for the loops over
+// runs of characters, where the out-of-line call cost about as much as the decoding. (Inlined
+// at every char_at of the pre-tokenizers, it made the ASCII paths slower.)
+[[gnu::always_inline]] inline Char char_at_wide(const uint8_t* s, size_t n, size_t i) {
+    const uint8_t b = s[i];
+    if (b < 0x80) return {b, ascii_flags(b), 1};
+    if (b >= 0xC2 && b <= 0xDF && i + 1 < n && (s[i + 1] & 0xC0) == 0x80) {
+        const uint32_t cp = ((b & 0x1Fu) << 6) | (s[i + 1] & 0x3Fu);
+        return {cp, flags_of_cp(cp), 2};
+    }
+    if ((b & 0xF0) == 0xE0 && i + 2 < n) {
+        // Table 3-7: E0 needs A0..BF, ED needs 80..9F (no surrogates), others 80..BF
+        const uint8_t b1 = s[i + 1], b2 = s[i + 2];
+        const uint8_t lo = b == 0xE0 ? 0xA0 : 0x80;
+        const uint8_t hi = b == 0xED ? 0x9F : 0xBF;
+        if (b1 >= lo && b1 <= hi && (b2 & 0xC0) == 0x80) {
+            const uint32_t cp = ((b & 0x0Fu) << 12) | ((b1 & 0x3Fu) << 6) | (b2 & 0x3Fu);
+            return {cp, flags_of_cp(cp), 3};
+        }
+    }
+    return decode_multibyte(s, n, i);
+}
+
 // Lower-case ASCII letter that the character case-insensitively equals, if it is one of
 // the contraction letters (s d m t l v r e); 0 otherwise.
 inline char contraction_letter(const Char& c) {

@@ -341,13 +341,37 @@ def serve(
     directory. Stops on the first Ctrl-C or SIGTERM, cancelling the runs in flight; on the
     way out it pauses the schedules of the deployments it registered (and only those).
     """
-    import asyncio
-    import signal
-    import threading
+    url, bound = _flows_to_serve(store, corpus, storage_options, runner, workers, dask_address, nightly_cron, weekly_cron, result_storage)
+    prefect_runner = _serve_runner(name="tokenmill-serve", limit=limit, pause_on_shutdown=False, query_seconds=poll_seconds)
+    ids: list[Any] = []
+    try:
+        names = _add_deployments(prefect_runner, bound, paused, ids)
+        print(f"tokenmill serve: {len(names)} deployments on {url}; Ctrl-C stops (schedules are paused on exit)", flush=True)
+        for name in names:
+            print(f"  {name}", flush=True)
+        _run_until_stopped(prefect_runner)
+    finally:
+        if ids:
+            try:
+                print(f"tokenmill serve: stopped; paused the schedules of {_pause_served(ids)} deployment(s)", flush=True)
+            except Exception as e:  # noqa: BLE001 - the server may be gone; stopping matters more
+                print(f"tokenmill serve: stopped; could not pause the schedules ({type(e).__name__}: {e})", flush=True)
 
-    from prefect.exceptions import TerminationSignal
-    from prefect.schedules import Cron
 
+def _flows_to_serve(
+    store: str,
+    corpus: Sequence[str] | None,
+    storage_options: dict[str, Any] | None,
+    runner: str | None,
+    workers: int,
+    dask_address: str | None,
+    nightly_cron: str,
+    weekly_cron: str,
+    result_storage: str | None,
+) -> tuple[str, list[tuple[DeploymentSpec, Any]]]:
+    """``(the Prefect API URL, [(spec, flow bound to its task runner)])``, checked: none of the
+    deployments on a work pool, the result storage block there; this process's environment
+    set for the flow-run subprocesses (result storage, heartbeat)."""
     from deployments.steps import RESULT_STORAGE_ENV, load_block
     from flows.runners import make_task_runner
 
@@ -369,40 +393,50 @@ def serve(
 
     for name, value in heartbeat_env().items():  # the zombie automation's heartbeat, unless set
         os.environ.setdefault(name, value)
-    prefect_runner = _serve_runner(name="tokenmill-serve", limit=limit, pause_on_shutdown=False, query_seconds=poll_seconds)
-    names, ids = [], []
-    try:
-        for spec, flow in bound:
-            ids.append(
-                prefect_runner.add_flow(
-                    flow,
-                    name=spec.name,
-                    schedules=[Cron(spec.cron, timezone=TIMEZONE)] if spec.cron else None,
-                    parameters=spec.parameters,
-                    description=spec.description,
-                    tags=list(spec.tags),
-                    paused=paused,
-                    concurrency_limit=spec.concurrency(),
-                )
+    return url, bound
+
+
+def _add_deployments(prefect_runner: Any, bound: list[tuple[DeploymentSpec, Any]], paused: bool, ids: list[Any]) -> list[str]:
+    """Add each bound flow to `prefect_runner` as a deployment, its id appended to `ids` as
+    soon as it exists (so that those added before a failure are paused on the way out);
+    the lines that name them."""
+    from prefect.schedules import Cron
+
+    names = []
+    for spec, flow in bound:
+        ids.append(
+            prefect_runner.add_flow(
+                flow,
+                name=spec.name,
+                schedules=[Cron(spec.cron, timezone=TIMEZONE)] if spec.cron else None,
+                parameters=spec.parameters,
+                description=spec.description,
+                tags=list(spec.tags),
+                paused=paused,
+                concurrency_limit=spec.concurrency(),
             )
-            names.append(f"{flow.name}/{spec.name}" + (f"  [{spec.cron} {TIMEZONE}]" if spec.cron else ""))
-        print(f"tokenmill serve: {len(names)} deployments on {url}; Ctrl-C stops (schedules are paused on exit)", flush=True)
-        for name in names:
-            print(f"  {name}", flush=True)
-        previous = signal.signal(signal.SIGINT, prefect_runner.request_stop) if threading.current_thread() is threading.main_thread() else None
-        try:
-            asyncio.run(prefect_runner.start())
-        except (KeyboardInterrupt, TerminationSignal):
-            pass
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+        )
+        names.append(f"{flow.name}/{spec.name}" + (f"  [{spec.cron} {TIMEZONE}]" if spec.cron else ""))
+    return names
+
+
+def _run_until_stopped(prefect_runner: Any) -> None:
+    """Run the due flow runs until Ctrl-C or SIGTERM; Ctrl-C goes to the runner's own
+    handler (which cancels the runs in flight) while it runs on the main thread."""
+    import asyncio
+    import signal
+    import threading
+
+    from prefect.exceptions import TerminationSignal
+
+    previous = signal.signal(signal.SIGINT, prefect_runner.request_stop) if threading.current_thread() is threading.main_thread() else None
+    try:
+        asyncio.run(prefect_runner.start())
+    except (KeyboardInterrupt, TerminationSignal):
+        pass
     finally:
-        if ids:
-            try:
-                print(f"tokenmill serve: stopped; paused the schedules of {_pause_served(ids)} deployment(s)", flush=True)
-            except Exception as e:  # noqa: BLE001 - the server may be gone; stopping matters more
-                print(f"tokenmill serve: stopped; could not pause the schedules ({type(e).__name__}: {e})", flush=True)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,7 +29,7 @@ to Prefect's run logs (--debug or TOKENMILL_DEBUG=1 prints it too). Exit status:
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, TypeAlias
 
 from flows.cli_common import DEFAULT_STORE
 from flows.cli_options import (
@@ -67,15 +67,21 @@ def _command_path(argv: list[str] | None) -> tuple[str, ...] | None:
     return tuple(a for a in argv if not a.startswith("-"))[:2]
 
 
+# The subparsers object `add_subparsers` returns, to which each command group adds its commands.
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _add_configs(p: argparse.ArgumentParser, path: tuple[str, ...] | None, command: tuple[str, ...], names: tuple[str, ...], **defaults: Any) -> None:
+    """Add the stage options `names` to `p` when the command line (its command words `path`,
+    None for all) names `command`: they import the stages' config classes (numpy, pyarrow...)."""
+    if path is None or path[: len(command)] == command:
+        _add_config_groups(p, names, **{k: v() for k, v in defaults.items()})
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; given the command line, it has the stage options only of the command
     that line names: they import the stages' config classes (numpy, pyarrow...)."""
     path = _command_path(argv)
-
-    def _add_configs(p: argparse.ArgumentParser, command: tuple[str, ...], names: tuple[str, ...], **defaults: Any) -> None:
-        if path is None or path[: len(command)] == command:
-            _add_config_groups(p, names, **{k: v() for k, v in defaults.items()})
-
     parser = argparse.ArgumentParser(
         prog="tokenmill",
         description="Raw text -> byte-level BPE tokenizer -> token shards -> GPT, as versioned Prefect flows.",
@@ -84,24 +90,42 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     )
     _add_debug(parser)
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_pipeline_commands(sub, path)
+    _add_tokenizer_commands(sub, path)
+    _add_encode_command(sub, path)
+    _add_lm_commands(sub, path)
+    _add_store_commands(sub)
+    _add_server_command(sub)
+    _add_export_commands(sub)
+    _add_lab_commands(sub)
+    _add_report_commands(sub, path)
+    if path is None or not path or path[0] not in sub.choices:
+        add_plugin_commands(sub, path)
+    return parser
 
+
+def _add_pipeline_commands(sub: Subcommands, path: tuple[str, ...] | None) -> None:
+    """run and sweep: the whole chain, and tokenizers compared through the models trained on them."""
     p = sub.add_parser("run", help="run the whole pipeline (default: bundled tiny Shakespeare into ./artifacts)")
     _add_store(p)
-    _add_configs(p, ("run",), RUN_CONFIGS)
+    _add_configs(p, path, ("run",), RUN_CONFIGS)
     _add_runner(p)
     p.add_argument("--no-lm", action="store_true", help="stop after the token shards")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="which tokenizer makes the better model: tokenizers at several vocabulary sizes, the same GPT on each at equal compute")
     _add_store(p)
-    _add_configs(p, ("sweep",), SWEEP_CONFIGS)
+    _add_configs(p, path, ("sweep",), SWEEP_CONFIGS)
     _add_runner(p)
     p.set_defaults(func=cmd_sweep)
 
+
+def _add_tokenizer_commands(sub: Subcommands, path: tuple[str, ...] | None) -> None:
+    """tokenizer train|encode|merges|vocab|decode|inspect|export."""
     tp = sub.add_parser("tokenizer", help="train, use and export tokenizers").add_subparsers(dest="sub", required=True)
     p = tp.add_parser("train", help="count and learn merges from a corpus")
     _add_store(p)
-    _add_configs(p, ("tokenizer", "train"), TOKENIZER_CONFIGS)
+    _add_configs(p, path, ("tokenizer", "train"), TOKENIZER_CONFIGS)
     _add_runner(p)
     p.add_argument("--out", help="also save the tokenizer files into this directory")
     p.add_argument(
@@ -161,26 +185,35 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_tokenizer_export)
 
+
+def _add_encode_command(sub: Subcommands, path: tuple[str, ...] | None) -> None:
+    """encode: a corpus into token shards with an existing tokenizer."""
     p = sub.add_parser("encode", help="encode a corpus into token shards with an existing tokenizer")
     _add_store(p)
-    _add_configs(p, ("encode",), ENCODE_CONFIGS)
+    _add_configs(p, path, ("encode",), ENCODE_CONFIGS)
     _add_runner(p)
     p.add_argument("--tokenizer", default="latest:tokenizer", help="tokenizer REF (default: %(default)s)")
     p.set_defaults(func=cmd_encode)
 
+
+def _add_lm_commands(sub: Subcommands, path: tuple[str, ...] | None) -> None:
+    """lm train|sample."""
     lp = sub.add_parser("lm", help="train and sample the language model").add_subparsers(dest="sub", required=True)
     p = lp.add_parser("train", help="train a GPT on a tokens version")
     _add_store(p)
-    _add_configs(p, ("lm", "train"), LM_CONFIGS)
+    _add_configs(p, path, ("lm", "train"), LM_CONFIGS)
     p.add_argument("--tokens", default="latest:tokens", help="tokens REF (default: %(default)s)")
     p.set_defaults(func=cmd_lm_train)
     p = lp.add_parser("sample", help="generate text from a trained model")
     _add_store(p)
     p.add_argument("--model", default="latest:model", help="model REF (default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps (default: %(default)s)")
-    _add_configs(p, ("lm", "sample"), SAMPLE_CONFIGS)
+    _add_configs(p, path, ("lm", "sample"), SAMPLE_CONFIGS)
     p.set_defaults(func=cmd_lm_sample)
 
+
+def _add_store_commands(sub: Subcommands) -> None:
+    """versions, show, verify, rm, gc: what the store holds."""
     p = sub.add_parser("versions", help="list the versions in a store")
     _add_store(p)
     p.add_argument("--kind", help="only this kind (raw, corpus, counts, tokenizer, tokens, model, report, sweep)")
@@ -217,10 +250,18 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "and tokenmill's failure logs ($PREFECT_HOME/logs/tokenmill-*.log) older than --min-age; nothing else",
     )
     p.set_defaults(func=cmd_gc)
+
+
+def _add_server_command(sub: Subcommands) -> None:
+    """server status|start|stop: tokenmill's local Prefect server."""
     p = sub.add_parser("server", help="tokenmill's local Prefect server, used when PREFECT_API_URL is unset: status, start or stop it")
     p.add_argument("action", choices=("status", "start", "stop"))
     _add_debug(p, default=argparse.SUPPRESS)
     p.set_defaults(func=cmd_server)
+
+
+def _add_export_commands(sub: Subcommands) -> None:
+    """export-nanogpt, export-llmc: a tokens version as other trainers read it."""
     p = sub.add_parser("export-nanogpt", help="write nanoGPT's train.bin / val.bin from a tokens version")
     _add_store(p)
     p.add_argument("--tokens", default="latest:tokens")
@@ -245,6 +286,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "--separator-placement", choices=("append", "prepend"), help="separator after or before each document (default: as encoded; llm.c's scripts prepend)"
     )
     p.set_defaults(func=cmd_export_llmc)
+
+
+def _add_lab_commands(sub: Subcommands) -> None:
+    """lab page|corpora: the tokenizer lab."""
     lab_parsers = sub.add_parser("lab", help="the tokenizer lab: learn BPE in a browser").add_subparsers(dest="sub", required=True)
     p = lab_parsers.add_parser("page", help="one self-contained HTML page: coloured tokens, a merge slider, compression vs vocabulary, compare table")
     _add_store(p)
@@ -261,6 +306,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p = lab_parsers.add_parser("corpora", help="the small corpora shipped for the tutorials: list them, or copy them into a directory")
     p.add_argument("--copy", metavar="DIR", help="copy every one into DIR (as NAME.txt)")
     p.set_defaults(func=cmd_lab_corpora)
+
+
+def _add_report_commands(sub: Subcommands, path: tuple[str, ...] | None) -> None:
+    """report and compare: tokenizers measured on the same held-out text."""
     p = sub.add_parser("report", help="compression vs vocabulary size, fertility per language, notable tokens")
     _add_store(p)
     p.add_argument(
@@ -269,7 +318,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         metavar="REF",
         help="a tokenizer you trained (REF, directory or encoding name), measured on the same held-out text; repeatable",
     )
-    _add_configs(p, ("report",), REPORT_CONFIGS, corpus=_report_corpus)
+    _add_configs(p, path, ("report",), REPORT_CONFIGS, corpus=_report_corpus)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser(
         "compare",
@@ -290,12 +339,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--store", default=DEFAULT_STORE, help="artifact store holding the --tokenizer REFs (default: %(default)s)")
     p.add_argument("--text", help="with --show: this text as tokens under character level, word level, your tokenizers and gpt2 / cl100k / o200k")
     p.add_argument("--show", action="store_true", help="draw --text under each tokenizer (coloured in a terminal) instead of measuring a corpus")
-    _add_configs(p, ("compare",), COMPARE_CONFIGS)
+    _add_configs(p, path, ("compare",), COMPARE_CONFIGS)
     _add_debug(p, default=argparse.SUPPRESS)
     p.set_defaults(func=cmd_compare)
-    if path is None or not path or path[0] not in sub.choices:
-        add_plugin_commands(sub, path)
-    return parser
 
 
 # Commands of the layers above the flows (the deployments' `serve` and `deploy`): each

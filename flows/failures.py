@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from flows.home import prefect_home
@@ -143,16 +144,38 @@ def _redact_argv(argv: list[str]) -> list[str]:
 
 
 def describe_failure(exc: BaseException, store: str | None = None, resumable: bool = True) -> Failure:
-    """The one line and exit status that report `exc` (see the section comment above).
+    """The one line and exit status that report `exc` (see the section comment above): those
+    of the first of `_RULES` that matches it, else an unexpected error (a bug).
 
     `store` is named when the error itself names no file; `resumable`: the command runs
     stages, which a rerun resumes (else the advice is just to rerun it).
     """
-    rerun = RERUN_RESUMES if resumable else RERUN_READ_ONLY
     chain = _chain(exc)
-    at = _where(exc)
     store_part = f"the store {store}" if store else "the store"
-    # Interruptions: Ctrl-C, SIGTERM (ours outside a flow run, Prefect's TerminationSignal in one).
+    filename = next((str(e.filename) for e in chain if isinstance(e, OSError) and e.filename), None)
+    facts = _Facts(exc, chain, _where(exc), RERUN_RESUMES if resumable else RERUN_READ_ONLY, store_part, filename, filename or store_part)
+    for rule in _RULES:
+        if (failure := rule(facts)) is not None:
+            return failure
+    return Failure(f"unexpected {type(exc).__name__}: {_one_line(exc, 500)}{facts.at}", EXIT_FAILURE, unexpected=True)
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What the rules read about a failure, found once."""
+
+    exc: BaseException
+    chain: list[BaseException]  # `exc`, its causes and contexts (`_chain`)
+    at: str  # where in tokenmill's code it was raised (`_where`), or ""
+    rerun: str  # the advice most lines end with
+    store_part: str  # "the store URL"
+    filename: str | None  # the file an OSError in the chain names
+    target: str  # that file, else the store
+
+
+def _interrupted(f: _Facts) -> Failure | None:
+    """Ctrl-C, SIGTERM (ours outside a flow run, Prefect's TerminationSignal in one), a cancel."""
+    exc, rerun = f.exc, f.rerun
     if type(exc).__name__ == "TerminationSignal" or isinstance(exc, Terminated):
         signum = getattr(exc, "signal", None) or (exc.args[0] if exc.args else signal.SIGTERM)
         if signum == signal.SIGINT:
@@ -161,6 +184,12 @@ def describe_failure(exc: BaseException, store: str | None = None, resumable: bo
     if isinstance(exc, (KeyboardInterrupt, CancelledError)):
         what = _one_line(exc) if isinstance(exc, CancelledError) and str(exc) else "interrupted (Ctrl-C)"
         return Failure(f"{what}; {rerun}", EXIT_INTERRUPTED)
+    return None
+
+
+def _our_error(f: _Facts) -> Failure | None:
+    """Our own errors say what to do already: bad input, or a failure the code foresaw."""
+    exc, rerun = f.exc, f.rerun
     if isinstance(exc, InputError):
         return Failure(_one_line(exc), EXIT_BAD_INPUT)
     if isinstance(exc, TokenmillError):
@@ -171,49 +200,74 @@ def describe_failure(exc: BaseException, store: str | None = None, resumable: bo
                 f"{rerun.removeprefix('then ')}, and give gc a --min-age longer than your runs"
             )
         return Failure(message, EXIT_FAILURE)
+    return None
 
-    filename = next((str(e.filename) for e in chain if isinstance(e, OSError) and e.filename), None)
-    target = filename or store_part
-    if full := next((e for e in chain if _is_disk_full(e)), None):
+
+def _disk_full(f: _Facts) -> Failure | None:
+    if full := next((e for e in f.chain if _is_disk_full(e)), None):
         what = "disk quota exceeded (EDQUOT)" if _errno_in(full, "EDQUOT") or "quota" in str(full).lower() else "no space left on device (ENOSPC)"
         return Failure(
-            f"{what} writing {target}: free space there (`tokenmill gc` removes unpublished leftovers) or choose another --store, {rerun}",
+            f"{what} writing {f.target}: free space there (`tokenmill gc` removes unpublished leftovers) or choose another --store, {f.rerun}",
             EXIT_FAILURE,
         )
-    if any(isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" for e in chain):
+    return None
+
+
+def _out_of_memory(f: _Facts) -> Failure | None:
+    if any(isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" for e in f.chain):
         return Failure(
-            f"out of memory{at}: use more --shards (smaller shards), fewer --workers, or a smaller --lm-preset / --batch-size, {rerun}",
+            f"out of memory{f.at}: use more --shards (smaller shards), fewer --workers, or a smaller --lm-preset / --batch-size, {f.rerun}",
             EXIT_FAILURE,
         )
-    if denied := next((e for e in chain if isinstance(e, PermissionError) or _errno_in(e, "EACCES", "EPERM", "EROFS")), None):
-        if filename:
+    return None
+
+
+def _permission_denied(f: _Facts) -> Failure | None:
+    """A file named: its access; else the store's credentials."""
+    if denied := next((e for e in f.chain if isinstance(e, PermissionError) or _errno_in(e, "EACCES", "EPERM", "EROFS")), None):
+        if f.filename:
             reason = "read-only file system" if _errno_in(denied, "EROFS") else "permission denied"
-            return Failure(f"{reason}: {filename}: give this user access to it or choose another --store / path, {rerun}", EXIT_FAILURE)
+            return Failure(f"{reason}: {f.filename}: give this user access to it or choose another --store / path, {f.rerun}", EXIT_FAILURE)
         return Failure(
-            f"permission denied for {store_part} ({_one_line(denied, 300)}): check the credentials "
-            f"(--storage-option key=... / AWS_PROFILE) and the bucket's policy, {rerun}",
+            f"permission denied for {f.store_part} ({_one_line(denied, 300)}): check the credentials "
+            f"(--storage-option key=... / AWS_PROFILE) and the bucket's policy, {f.rerun}",
             EXIT_FAILURE,
         )
-    if any(isinstance(e, RuntimeError) and str(e).startswith(_EPHEMERAL_TIMEOUT) for e in chain):
+    return None
+
+
+def _temporary_server_timeout(f: _Facts) -> Failure | None:
+    if any(isinstance(e, RuntimeError) and str(e).startswith(_EPHEMERAL_TIMEOUT) for e in f.chain):
         return Failure(
             "Prefect's temporary API server did not start in time (TOKENMILL_PREFECT_SERVER=temporary): unset "
             "TOKENMILL_PREFECT_SERVER to use tokenmill's reused local server, allow it more time "
-            f"(TOKENMILL_SERVER_STARTUP_TIMEOUT=600) or set PREFECT_API_URL to a running server (prefect server start), {rerun}",
+            f"(TOKENMILL_SERVER_STARTUP_TIMEOUT=600) or set PREFECT_API_URL to a running server (prefect server start), {f.rerun}",
             EXIT_FAILURE,
         )
-    # Only Prefect's client speaks httpx here.
-    if status := next((e for e in chain if _type_names(e) & {"httpx.HTTPStatusError"}), None):
+    return None
+
+
+def _prefect_api_server_error(f: _Facts) -> Failure | None:
+    """An HTTP 5xx from the Prefect API (only Prefect's client speaks httpx here); other
+    statuses are left to the rules after this one."""
+    if status := next((e for e in f.chain if _type_names(e) & {"httpx.HTTPStatusError"}), None):
         response = getattr(status, "response", None)
         code = getattr(response, "status_code", "?")
-        url = _url_of(chain) or "the Prefect API"
+        url = _url_of(f.chain) or "the Prefect API"
         if isinstance(code, int) and code >= 500:
             return Failure(
                 f"the Prefect API at {url} failed (HTTP {code}): check that server and its log (tokenmill's local one: "
-                f"tokenmill server status; restart it with tokenmill server stop), {rerun}",
+                f"tokenmill server status; restart it with tokenmill server stop), {f.rerun}",
                 EXIT_FAILURE,
             )
+    return None
+
+
+def _unreachable(f: _Facts) -> Failure | None:
+    """A network error: the Prefect API down, a connection refused, no answer in time, other."""
+    chain, rerun = f.chain, f.rerun
     if net := next((e for e in chain if is_network_error(e)), None):
-        url = _url_of(chain) or store_part
+        url = _url_of(chain) or f.store_part
         if any(_type_names(e) & {"httpx.TransportError"} for e in chain):
             return Failure(
                 f"cannot reach the Prefect API at {url} ({_one_line(net, 300)}): start that server (prefect server start) "
@@ -234,19 +288,43 @@ def describe_failure(exc: BaseException, store: str | None = None, resumable: bo
                 EXIT_FAILURE,
             )
         return Failure(f"cannot reach {url}: {_one_line(net, 300)}: check the network and the address, {rerun}", EXIT_FAILURE)
-    if overflow := next((e for e in chain if isinstance(e, OverflowError)), None):
+    return None
+
+
+def _numeric_overflow(f: _Facts) -> Failure | None:
+    if overflow := next((e for e in f.chain if isinstance(e, OverflowError)), None):
         return Failure(
-            f"numeric overflow{at} ({_one_line(overflow, 300)}): a number is out of range; check the numeric options "
+            f"numeric overflow{f.at} ({_one_line(overflow, 300)}): a number is out of range; check the numeric options "
             "(--vocab-size, --shards, --lm-steps, --batch-size...) and the input files",
             EXIT_FAILURE,
         )
+    return None
+
+
+def _other_os_error(f: _Facts) -> Failure | None:
+    exc, filename = f.exc, f.filename
     if isinstance(exc, OSError):
         reason = exc.strerror or _one_line(exc, 300)
-        message = f"{target}: {reason}" if filename else f"{_one_line(exc, 300)} (while working on {target})"
+        message = f"{f.target}: {reason}" if filename else f"{_one_line(exc, 300)} (while working on {f.target})"
         if filename and "/.staging/" in filename:
             message += "; if `tokenmill gc` ran meanwhile, it removed this run's staging area: give gc a --min-age longer than your runs"
-        return Failure(f"{message}; {rerun}", EXIT_FAILURE)
-    return Failure(f"unexpected {type(exc).__name__}: {_one_line(exc, 500)}{at}", EXIT_FAILURE, unexpected=True)
+        return Failure(f"{message}; {f.rerun}", EXIT_FAILURE)
+    return None
+
+
+# In order: the first that matches describes the failure (a chain can hold several causes).
+_RULES: tuple[Callable[[_Facts], Failure | None], ...] = (
+    _interrupted,
+    _our_error,
+    _disk_full,
+    _out_of_memory,
+    _permission_denied,
+    _temporary_server_timeout,
+    _prefect_api_server_error,
+    _unreachable,
+    _numeric_overflow,
+    _other_os_error,
+)
 
 
 def _log_dir() -> str:

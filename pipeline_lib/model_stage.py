@@ -42,12 +42,18 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline_lib.errors import CheckpointError
 from pipeline_lib.fsio import InputError
 from pipeline_lib.stages import load_tokenizer
 from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef, split_key
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from pipeline_lib.lm.checkpoint import Checkpoint
+    from pipeline_lib.tokenizer import Tokenizer
 
 MODEL_KIND = "model"
 WEIGHTS_FILE = "model.safetensors"
@@ -74,10 +80,9 @@ def train_and_stage(
         InputError: tokens and tokenizer disagree on the vocabulary size.
         StoreError: an input file does not match its manifest.
     """
-    from pipeline_lib.lm import load_model, sample, train, write_loss_plot
-    from pipeline_lib.lm.checkpoint import MARKER, open_checkpoint
+    from pipeline_lib.lm import train, write_loss_plot
+    from pipeline_lib.lm.checkpoint import open_checkpoint
     from pipeline_lib.lm.report import run_metrics, versioned_metrics
-    from pipeline_lib.lm.sampling import documents_text
     from pipeline_lib.lm.trainer import versioned_history
 
     def say(msg: str) -> None:  # every phase after training gets a line: none is silent
@@ -109,31 +114,11 @@ def train_and_stage(
         t0 = time.monotonic()
         say(f"staging checkpoint {os.path.basename(result.checkpoint_dir)} and weights")
         ckpt = open_checkpoint(result.checkpoint_dir)  # sizes and sha256 against its marker
-        files: dict[str, FileInfo] = {}
-        # The weights once per version: model.safetensors beside checkpoint/, whose marker lists
-        # them (put them back into the folder to resume from it); the rest of the training
-        # state (optimizer, RNG, data order) only in checkpoint/.
-        for name in sorted([*ckpt.marker["files"], MARKER]):
-            if name == WEIGHTS_FILE:
-                continue
-            info = staging.put_file(f"checkpoint/{name}", os.path.join(ckpt.path, name))
-            want = ckpt.marker["files"].get(name)
-            if want is not None and info.sha256 != want["sha256"]:  # changed since it was checked
-                raise CheckpointError(f"{ckpt.path / name}: sha256 changed while it was being published")
-            files[f"checkpoint/{name}"] = info
-        files[WEIGHTS_FILE] = staging.put_file(WEIGHTS_FILE, os.path.join(ckpt.path, WEIGHTS_FILE))
-        if files[WEIGHTS_FILE].sha256 != ckpt.marker["files"][WEIGHTS_FILE]["sha256"]:
-            raise CheckpointError(f"{ckpt.path / WEIGHTS_FILE}: sha256 changed while it was being published")
+        files = _stage_checkpoint(staging, ckpt)
 
         t1 = time.monotonic()
         say(f"staged in {t1 - t0:.1f} s; sampling {n_samples} x up to {sample_tokens} tokens")
-        model = load_model(ckpt.path, verify=False)  # checked by open_checkpoint above
-        sep = tmeta.get("separator")
-        prompt = [sep["id"]] if sep else list(tok.encode_ordinary("\n"))
-        samples = []
-        for i in range(n_samples):
-            ids = sample(model, prompt, sample_tokens, temperature=0.8, top_k=50, seed=train_config.seed + i)
-            samples.append(documents_text(tok, ids, sep["id"] if sep else None))
+        samples = _samples(ckpt.path, tok, tmeta.get("separator"), n_samples, sample_tokens, train_config.seed)
         t2 = time.monotonic()
         say(f"sampled {n_samples * sample_tokens} tokens in {t2 - t1:.1f} s; drawing the loss plot")
         plot = os.path.join(outdir, "loss.png")
@@ -141,22 +126,69 @@ def train_and_stage(
         files["loss.png"] = staging.put_file("loss.png", plot)
         say(f"loss plot in {time.monotonic() - t2:.1f} s; writing metrics and publishing")
         summary = versioned_metrics(result)
-        docs = {
-            "metrics.json": summary,
-            "history.json": versioned_history(result.history),
-            "samples.json": samples,
-            "train_config.json": train_config.versioned_dict(),
-        }
-        for name, obj in docs.items():
-            # sorted keys: a history restored from a checkpoint (sorted JSON) reads back the same
-            data = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str).encode()
-            files[name] = staging.put_bytes(name, data)
+        files |= _stage_json(
+            staging,
+            {
+                "metrics.json": summary,
+                "history.json": versioned_history(result.history),
+                "samples.json": samples,
+                "train_config.json": train_config.versioned_dict(),
+            },
+        )
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
     run = run_metrics(result)
     run.pop("checkpoint_dir", None)  # a work path that is gone once published
     meta = {"metrics": summary, "samples": samples, "n_params": result.n_params, "run": run}
     return files, meta
+
+
+def _stage_checkpoint(staging: Staging, ckpt: Checkpoint) -> dict[str, FileInfo]:
+    """Stage the verified checkpoint `ckpt`: each file checked against its marker again as
+    it is staged (it may have changed since it was verified)."""
+    from pipeline_lib.lm.checkpoint import MARKER
+
+    files: dict[str, FileInfo] = {}
+    # The weights once per version: model.safetensors beside checkpoint/, whose marker lists
+    # them (put them back into the folder to resume from it); the rest of the training
+    # state (optimizer, RNG, data order) only in checkpoint/.
+    for name in sorted([*ckpt.marker["files"], MARKER]):
+        if name == WEIGHTS_FILE:
+            continue
+        info = staging.put_file(f"checkpoint/{name}", os.path.join(ckpt.path, name))
+        want = ckpt.marker["files"].get(name)
+        if want is not None and info.sha256 != want["sha256"]:  # changed since it was checked
+            raise CheckpointError(f"{ckpt.path / name}: sha256 changed while it was being published")
+        files[f"checkpoint/{name}"] = info
+    files[WEIGHTS_FILE] = staging.put_file(WEIGHTS_FILE, os.path.join(ckpt.path, WEIGHTS_FILE))
+    if files[WEIGHTS_FILE].sha256 != ckpt.marker["files"][WEIGHTS_FILE]["sha256"]:
+        raise CheckpointError(f"{ckpt.path / WEIGHTS_FILE}: sha256 changed while it was being published")
+    return files
+
+
+def _samples(ckpt_dir: Path, tok: Tokenizer, sep: dict[str, Any] | None, n_samples: int, sample_tokens: int, seed: int) -> list[str]:
+    """`n_samples` texts of up to `sample_tokens` tokens from the checkpoint's weights, each
+    started at the document separator (else a newline)."""
+    from pipeline_lib.lm import load_model, sample
+    from pipeline_lib.lm.sampling import documents_text
+
+    model = load_model(ckpt_dir, verify=False)  # checked by open_checkpoint in train_and_stage
+    prompt = [sep["id"]] if sep else list(tok.encode_ordinary("\n"))
+    samples = []
+    for i in range(n_samples):
+        ids = sample(model, prompt, sample_tokens, temperature=0.8, top_k=50, seed=seed + i)
+        samples.append(documents_text(tok, ids, sep["id"] if sep else None))
+    return samples
+
+
+def _stage_json(staging: Staging, docs: dict[str, Any]) -> dict[str, FileInfo]:
+    """Stage each of `docs` as a JSON file of that name."""
+    files = {}
+    for name, obj in docs.items():
+        # sorted keys: a history restored from a checkpoint (sorted JSON) reads back the same
+        data = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str).encode()
+        files[name] = staging.put_bytes(name, data)
+    return files
 
 
 def after_publish(store: ArtifactStore, ref: VersionRef, log: Callable[[str], None] | None = None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -82,6 +82,53 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
         InputError: naming the first file and problem found (content, counts, and the
             hashes `meta` records for a directory that is not a published version).
     """
+    expected = _checked_meta(directory, meta)
+    files = version_files(directory) if deep else None
+    totals = {"n_tokens": 0, "n_docs": 0}
+    for i, shard in enumerate(expected.shards):
+        name = str(shard.get("name", ""))
+        if not name or "/" in name or "\\" in name or name.startswith("."):
+            raise InputError(f"{directory}: bad shard name {name!r}")
+        path = os.path.join(directory, f"{name}.npy")
+        index_path = os.path.join(directory, f"{name}.idx.npy")
+        if files is not None:  # a published version: its manifest's hashes, before any use
+            _check_listed_files(directory, name, shard, files)
+        n_tokens, dtype, offset = _checked_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens")
+        if dtype != expected.dtype:
+            raise InputError(f"{path}: dtype {dtype} but the manifest says {meta['dtype']}")
+        if n_tokens != shard["n_tokens"]:
+            raise InputError(f"{path}: {n_tokens:,} tokens, manifest says {shard['n_tokens']:,}")
+        if n_tokens > MAX_SHARD_TOKENS:
+            raise InputError(f"{path}: {n_tokens:,} tokens, more than {MAX_SHARD_TOKENS:,} in one shard")
+        index = _checked_index(directory, name, index_path, shard, n_tokens)
+        hasher = hashlib.sha256() if deep and files is None and shard.get("sha256") else None
+        _scan_tokens(path, dtype, offset, n_tokens, index, expected, hasher)
+        if hasher is not None and hasher.hexdigest() != shard["sha256"]:
+            raise InputError(f"{path}: sha256 does not match the manifest: corrupt or altered")
+        if shard.get("doc_table"):
+            _check_doc_table(os.path.join(directory, shard["doc_table"]), index, i, index_path)
+        if deep and files is None:
+            _check_recorded_hashes(directory, shard, index_path)
+        totals["n_tokens"] += n_tokens
+        totals["n_docs"] += len(index)
+    for key, value in totals.items():
+        if expected.totals.get(key) != value:
+            raise InputError(f"{directory}: totals say {key}={expected.totals.get(key)}, shards hold {value}")
+    return totals
+
+
+class _Expected(NamedTuple):
+    """What a token-shard manifest says the shards hold, checked for sense."""
+
+    vocab_size: int
+    dtype: np.dtype
+    sep: dict[str, Any] | None  # the document separator: id, token, placement
+    sep_id: int | None
+    shards: list[dict[str, Any]]
+    totals: dict[str, Any]
+
+
+def _checked_meta(directory: str, meta: dict[str, Any]) -> _Expected:
     if not isinstance(meta, dict) or meta.get("format") != TOKENS_FORMAT:
         raise InputError(f"{directory}: not a token-shard manifest (format {meta.get('format') if isinstance(meta, dict) else None!r})")
     try:
@@ -99,70 +146,62 @@ def check_shards(directory: str, meta: dict[str, Any], deep: bool = True) -> dic
         sep_id = int(sep["id"])
         if not 0 <= sep_id < vocab_size or sep.get("placement") not in ("append", "prepend"):
             raise InputError(f"{directory}: bad separator {sep!r} for a vocabulary of {vocab_size}")
-    files = version_files(directory) if deep else None
-    totals = {"n_tokens": 0, "n_docs": 0}
-    for i, shard in enumerate(shards):
-        name = str(shard.get("name", ""))
-        if not name or "/" in name or "\\" in name or name.startswith("."):
-            raise InputError(f"{directory}: bad shard name {name!r}")
+    return _Expected(vocab_size, expected_dtype, sep, sep_id, shards, totals_meta)
+
+
+def _check_listed_files(directory: str, name: str, shard: dict[str, Any], files: dict[str, Any]) -> None:
+    """The shard's files against the published version's file list; its shard entry agrees."""
+    for fname in [f"{name}.npy", f"{name}.idx.npy"] + ([str(shard["doc_table"])] if shard.get("doc_table") else []):
+        check_version_file(directory, fname, files)
+    listed = files[f"{name}.npy"][1]
+    if shard.get("sha256") and shard["sha256"] != listed:
         path = os.path.join(directory, f"{name}.npy")
-        index_path = os.path.join(directory, f"{name}.idx.npy")
-        if files is not None:  # a published version: its manifest's hashes, before any use
-            for fname in [f"{name}.npy", f"{name}.idx.npy"] + ([str(shard["doc_table"])] if shard.get("doc_table") else []):
-                check_version_file(directory, fname, files)
-            listed = files[f"{name}.npy"][1]
-            if shard.get("sha256") and shard["sha256"] != listed:
-                raise StoreError(f"{path}: the manifest's shard list says sha256 {shard['sha256']}, its file list {listed}: corrupt manifest")
-        n_tokens, dtype, offset = _checked_npy(path, (np.dtype("<u2"), np.dtype("<u4")), "tokens")
-        if dtype != expected_dtype:
-            raise InputError(f"{path}: dtype {dtype} but the manifest says {meta['dtype']}")
-        if n_tokens != shard["n_tokens"]:
-            raise InputError(f"{path}: {n_tokens:,} tokens, manifest says {shard['n_tokens']:,}")
-        if n_tokens > MAX_SHARD_TOKENS:
-            raise InputError(f"{path}: {n_tokens:,} tokens, more than {MAX_SHARD_TOKENS:,} in one shard")
-        index = open_index(index_path, verify=False)  # checked above; mapped, read a chunk at a time (never copied whole)
-        if len(index) != shard["n_docs"]:
-            raise InputError(f"{index_path}: {len(index):,} document ends, manifest says {shard['n_docs']:,}")
-        if len(index) and (int(index[-1]) != n_tokens or not _strictly_increasing_from_one(index)):
-            raise InputError(f"{index_path}: document ends are not strictly increasing from >0 up to the token count {n_tokens:,}")
-        if not len(index) and n_tokens:
-            raise InputError(f"{index_path}: no documents but {n_tokens:,} tokens")
-        if "val_start" in shard:  # the recorded split: at a document boundary, its document count right
-            vs, vd = shard.get("val_start"), shard.get("val_docs")
-            at = _search(index, vs, side="right") if isinstance(vs, int) and vs >= 0 else -1
-            if not (isinstance(vs, int) and 0 <= vs <= n_tokens and (vs == 0 or (at > 0 and index[at - 1] == vs)) and vd == len(index) - at):
-                raise InputError(f"{directory}: shard {name}'s split (val_start {vs!r}, val_docs {vd!r}) is not a document boundary of {index_path}")
-        # One sequential read: ids in range, separators where the index says and nowhere else, hash.
-        hasher = hashlib.sha256() if deep and files is None and shard.get("sha256") else None
-        n_sep = 0
-        for start, chunk in _read_chunks(path, dtype, offset, 0, n_tokens, hasher):
-            top = int(chunk.max())
-            if top >= vocab_size:
-                raise InputError(f"{path}: token id {top} is outside the vocabulary (size {vocab_size})")
-            if sep_id is not None:
-                n_sep += int(np.count_nonzero(chunk == sep_id))
-            if sep is not None and len(index):
-                separators = _separator_positions(index, sep["placement"], start, start + len(chunk))
-                if np.any(chunk[separators - start] != sep_id):
-                    raise InputError(f"{path}: a document boundary lacks the separator {sep.get('token')!r} (id {sep_id})")
-        if sep_id is not None and n_sep != len(index):
-            raise InputError(f"{path}: the separator id {sep_id} occurs {n_sep:,} times for {len(index):,} documents")
-        if hasher is not None and hasher.hexdigest() != shard["sha256"]:
-            raise InputError(f"{path}: sha256 does not match the manifest: corrupt or altered")
-        if shard.get("doc_table"):
-            _check_doc_table(os.path.join(directory, shard["doc_table"]), index, i, index_path)
-        if deep and files is None:
-            checks = []
-            if shard.get("index_sha256"):
-                checks.append((index_path, shard["index_sha256"]))
-            if shard.get("doc_table") and shard.get("doc_table_sha256"):
-                checks.append((os.path.join(directory, shard["doc_table"]), shard["doc_table_sha256"]))
-            for p, digest in checks:
-                if digest is not None and hash_file(p)[1] != digest:
-                    raise InputError(f"{p}: sha256 does not match the manifest: corrupt or altered")
-        totals["n_tokens"] += n_tokens
-        totals["n_docs"] += len(index)
-    for key, value in totals.items():
-        if totals_meta.get(key) != value:
-            raise InputError(f"{directory}: totals say {key}={totals_meta.get(key)}, shards hold {value}")
-    return totals
+        raise StoreError(f"{path}: the manifest's shard list says sha256 {shard['sha256']}, its file list {listed}: corrupt manifest")
+
+
+def _checked_index(directory: str, name: str, index_path: str, shard: dict[str, Any], n_tokens: int) -> np.ndarray:
+    """The shard's document index, mapped: its count, its order, and the recorded split."""
+    index = open_index(index_path, verify=False)  # hashed by check_shards; mapped, read a chunk at a time (never copied whole)
+    if len(index) != shard["n_docs"]:
+        raise InputError(f"{index_path}: {len(index):,} document ends, manifest says {shard['n_docs']:,}")
+    if len(index) and (int(index[-1]) != n_tokens or not _strictly_increasing_from_one(index)):
+        raise InputError(f"{index_path}: document ends are not strictly increasing from >0 up to the token count {n_tokens:,}")
+    if not len(index) and n_tokens:
+        raise InputError(f"{index_path}: no documents but {n_tokens:,} tokens")
+    if "val_start" in shard:  # the recorded split: at a document boundary, its document count right
+        vs, vd = shard.get("val_start"), shard.get("val_docs")
+        at = _search(index, vs, side="right") if isinstance(vs, int) and vs >= 0 else -1
+        if not (isinstance(vs, int) and 0 <= vs <= n_tokens and (vs == 0 or (at > 0 and index[at - 1] == vs)) and vd == len(index) - at):
+            raise InputError(f"{directory}: shard {name}'s split (val_start {vs!r}, val_docs {vd!r}) is not a document boundary of {index_path}")
+    return index
+
+
+def _scan_tokens(path: str, dtype: np.dtype, offset: int, n_tokens: int, index: np.ndarray, expected: _Expected, hasher: Any) -> None:
+    """One sequential read of the shard: ids in range, separators where the index says and
+    nowhere else, and the hash into `hasher` (if any)."""
+    vocab_size, sep, sep_id = expected.vocab_size, expected.sep, expected.sep_id
+    n_sep = 0
+    for start, chunk in _read_chunks(path, dtype, offset, 0, n_tokens, hasher):
+        top = int(chunk.max())
+        if top >= vocab_size:
+            raise InputError(f"{path}: token id {top} is outside the vocabulary (size {vocab_size})")
+        if sep_id is not None:
+            n_sep += int(np.count_nonzero(chunk == sep_id))
+        if sep is not None and len(index):
+            separators = _separator_positions(index, sep["placement"], start, start + len(chunk))
+            if np.any(chunk[separators - start] != sep_id):
+                raise InputError(f"{path}: a document boundary lacks the separator {sep.get('token')!r} (id {sep_id})")
+    if sep_id is not None and n_sep != len(index):
+        raise InputError(f"{path}: the separator id {sep_id} occurs {n_sep:,} times for {len(index):,} documents")
+
+
+def _check_recorded_hashes(directory: str, shard: dict[str, Any], index_path: str) -> None:
+    """The index and the document table against the sha256 the shard entry records."""
+    checks = []
+    if shard.get("index_sha256"):
+        checks.append((index_path, shard["index_sha256"]))
+    if shard.get("doc_table") and shard.get("doc_table_sha256"):
+        checks.append((os.path.join(directory, shard["doc_table"]), shard["doc_table_sha256"]))
+    for p, digest in checks:
+        if digest is not None and hash_file(p)[1] != digest:
+            raise InputError(f"{p}: sha256 does not match the manifest: corrupt or altered")

@@ -285,25 +285,62 @@ def train_tokenizer(
             the alphabet and the special tokens, or too large; `max_token_bytes` outside
             [2, MAX_TOKEN_BYTES].
     """
+    unit, pattern, unknown_policy = _checked_options(unit, pattern, unknown, lowercase, ties, n_merges)
+    first_seen = ties == "first-seen"
+    specials = _special_tokens(special_tokens, unknown_policy)
+    vocab_size = _checked_sizes(unit, vocab_size, n_merges, len(specials), max_token_bytes)
+    pieces, counts = _training_pieces(counts_or_texts, unit, pattern, lowercase, first_seen, workers)
+    symbols = symbol_arrays(pieces, unit) if unit != "byte" else None
+    alphabet = symbols[0] if symbols is not None else ref.BYTES
+    plan = _training_plan(unit, alphabet, unknown_policy, len(specials), vocab_size, n_merges)
+    if on_plan is not None:
+        on_plan(plan)
+    merges, merge_counts = learn_merges(pieces, counts, plan.merges, min_frequency, progress, max_token_bytes, symbols, ties)
+    ranks = ref.ranks_from_merges(merges, alphabet)
+    if unknown_policy == "bytes":
+        for b in ref.BYTES:
+            ranks.setdefault(b, len(ranks))
+    if len(merges) < plan.merges:
+        warnings.warn(
+            f"the corpus gave only {len(merges)} merges of the {plan.merges} asked for (vocab_size={plan.vocab_size}); the vocabulary has {len(ranks) + plan.special} ids",
+            stacklevel=3,
+        )
+    return cls(
+        ranks, pattern, _numbered(specials, len(ranks)), merges=merges, merge_counts=merge_counts, unit=unit, unknown=unknown_policy, lowercase=lowercase
+    )
+
+
+def _checked_options(unit: str, pattern: str | None, unknown: str, lowercase: bool, ties: str, n_merges: int | None) -> tuple[str, str, str | None]:
+    """``(unit, pattern, unknown)`` checked, the pattern's default filled in and `unknown`
+    None for the byte unit (every byte is in its alphabet); `train_tokenizer` says which
+    values are allowed."""
     unit = check_unit(unit)
     if ties not in ref.TIES:
         raise InputError(f"ties={ties!r}: choose 'bytes' (smallest bytes first) or 'first-seen' (the pair met first in the text)")
     if n_merges is not None and n_merges < 0:
         raise InputError(f"n_merges={n_merges}: give 0 or more merges to learn")
-    first_seen = ties == "first-seen"
     pattern = check_pattern(pattern if pattern is not None else (NO_SPLIT if unit == "word" else "cl100k"))
-    if unit == "byte":
-        unknown = None  # type: ignore[assignment]
-    elif unknown not in ("unk", "bytes"):
+    if unit != "byte" and unknown not in ("unk", "bytes"):
         raise InputError(f"unknown={unknown!r}: choose 'unk' (an <unk> id) or 'bytes' (byte fallback) for characters unseen at training")
     if lowercase and unit != "word":
         raise InputError(f"lowercase=True is for the word unit only (unit={unit!r} is lossless and keeps case)")
+    return unit, pattern, None if unit == "byte" else unknown
+
+
+def _special_tokens(special_tokens: Sequence[str] | Mapping[str, int], unknown: str | None) -> dict[str, int]:
+    """token -> id of the special tokens, -1 for an id given after the merges; ``<unk>`` added
+    last for the ``unk`` policy."""
     specials = dict(special_tokens) if isinstance(special_tokens, Mapping) else {t: -1 for t in special_tokens}
     if unknown == "unk" and UNK not in specials:
         specials[UNK] = -1
-    n_special = len(specials)
+    return specials
+
+
+def _checked_sizes(unit: str, vocab_size: int, n_merges: int | None, n_special: int, max_token_bytes: int) -> int:
+    """The `vocab_size` to train to, checked as far as it can be before the alphabet is known:
+    MAX_VOCAB_SIZE when `n_merges` decides it (`_training_plan` checks it then)."""
     if n_merges is not None:
-        vocab_size = MAX_VOCAB_SIZE  # checked below, once the alphabet is known
+        vocab_size = MAX_VOCAB_SIZE
     if unit == "byte" and vocab_size < 256 + n_special:
         raise InputError(
             f"vocab_size={vocab_size} is too small: byte-level BPE needs 256 byte tokens plus {n_special} special token(s), so at least {256 + n_special}"
@@ -312,6 +349,14 @@ def train_tokenizer(
         raise InputError(f"vocab_size={vocab_size} is larger than MAX_VOCAB_SIZE ({MAX_VOCAB_SIZE})")
     if not 2 <= max_token_bytes <= MAX_TOKEN_BYTES:
         raise InputError(f"max_token_bytes={max_token_bytes} must be in [2, {MAX_TOKEN_BYTES}] (MAX_TOKEN_BYTES)")
+    return vocab_size
+
+
+def _training_pieces(
+    counts_or_texts: PieceTable | Mapping[bytes, int] | Iterable[str | bytes], unit: str, pattern: str, lowercase: bool, first_seen: bool, workers: int
+) -> tuple[list[bytes], np.ndarray]:
+    """``(pieces, counts)`` to learn merges from: a `PieceTable` checked, a mapping sorted (in
+    the order met for `first_seen`), documents counted; for the word unit, the words."""
     if isinstance(counts_or_texts, PieceTable) and first_seen:
         raise InputError("ties='first-seen' needs the text's order: give documents or a piece -> count mapping in the order met, not a sorted PieceTable")
     if isinstance(counts_or_texts, PieceTable):
@@ -334,8 +379,12 @@ def train_tokenizer(
         if not first_seen:
             words.sort()
         pieces, counts = [w for w, _ in words], np.array([c for _, c in words], dtype=np.int64)
-    symbols = symbol_arrays(pieces, unit) if unit != "byte" else None
-    alphabet = symbols[0] if symbols is not None else ref.BYTES
+    return pieces, counts
+
+
+def _training_plan(unit: str, alphabet: Sequence[bytes], unknown: str | None, n_special: int, vocab_size: int, n_merges: int | None) -> TrainingPlan:
+    """The merges to learn and the vocabulary size, one from the other: the alphabet, the
+    byte-fallback tokens and the special tokens come first."""
     n_fallback = 256 - sum(1 for a in alphabet if len(a) == 1) if unknown == "bytes" else 0
     minimum = len(alphabet) + n_fallback + n_special
     if unit != "byte" and vocab_size < minimum:
@@ -351,20 +400,10 @@ def train_tokenizer(
         vocab_size = minimum + n_merges
         if vocab_size > MAX_VOCAB_SIZE:
             raise InputError(f"n_merges={n_merges} gives {vocab_size} ids, more than MAX_VOCAB_SIZE ({MAX_VOCAB_SIZE})")
-    if on_plan is not None:
-        on_plan(TrainingPlan(len(alphabet) + n_fallback, n_special, n_merges, vocab_size))
-    merges, merge_counts = learn_merges(pieces, counts, n_merges, min_frequency, progress, max_token_bytes, symbols, ties)
-    ranks = ref.ranks_from_merges(merges, alphabet)
-    if unknown == "bytes":
-        for b in ref.BYTES:
-            ranks.setdefault(b, len(ranks))
-    if len(merges) < n_merges:
-        warnings.warn(
-            f"the corpus gave only {len(merges)} merges of the {n_merges} asked for (vocab_size={vocab_size}); the vocabulary has {len(ranks) + n_special} ids",
-            stacklevel=3,
-        )
-    next_id = len(ranks)
-    for tok, i in specials.items():
-        if i == -1:
-            specials[tok], next_id = next_id, next_id + 1
-    return cls(ranks, pattern, specials, merges=merges, merge_counts=merge_counts, unit=unit, unknown=unknown, lowercase=lowercase)
+    return TrainingPlan(len(alphabet) + n_fallback, n_special, n_merges, vocab_size)
+
+
+def _numbered(specials: Mapping[str, int], first_id: int) -> dict[str, int]:
+    """`specials` with each token still at -1 given the next id from `first_id` on, in order."""
+    ids = itertools.count(first_id)
+    return {tok: next(ids) if i == -1 else i for tok, i in specials.items()}

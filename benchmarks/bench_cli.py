@@ -56,7 +56,9 @@ from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
-CL100K = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+CL100K = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
 
 RUSTBPE_SCRIPT = textwrap.dedent("""
     import sys, rustbpe, tiktoken
@@ -123,7 +125,13 @@ def timed(argv: list[str], env: dict[str, str], log: str, server_pgid=lambda: No
             tail = f.read()[-3000:].decode("utf-8", "replace")
         raise SystemExit(f"{argv[0]} ... exited with {rc} (log {log}):\n{tail}")
     pgid = pgid or server_pgid()  # a cold run starts the server: count it from its start
-    return Timing(wall, children_cpu() - c0, group_cpu(pgid) - s0, log_phases(log, spawned, ended) if phases else None, max(l0, load()))
+    return Timing(
+        wall,
+        children_cpu() - c0,
+        group_cpu(pgid) - s0,
+        log_phases(log, spawned, ended) if phases else None,
+        max(l0, load()),
+    )
 
 
 def free_port() -> int:
@@ -134,7 +142,9 @@ def free_port() -> int:
 
 def base_env(home: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_"))}
-    env.update(PREFECT_HOME=home, PREFECT_SERVER_ANALYTICS_ENABLED="false", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+    env.update(
+        PREFECT_HOME=home, PREFECT_SERVER_ANALYTICS_ENABLED="false", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    )
     return env
 
 
@@ -237,8 +247,14 @@ def run_library(corpus: str, vocab_size: int, workers: int, store_url: str) -> N
     config, count = CorpusConfig(sources=(corpus,)), CountConfig(pattern="cl100k")
     shards = stages.shard_corpus(store, stages.download_corpus(store, config), config)
     with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda i: stages.count_shard(store, shards, i, count), range(len(stages.corpus_shards(store, shards)))))
-    tokenizer = stages.learn_tokenizer(store, stages.reduce_counts(store, shards, count), stages.TokenizerConfig(vocab_size=vocab_size))
+        list(
+            pool.map(
+                lambda i: stages.count_shard(store, shards, i, count), range(len(stages.corpus_shards(store, shards)))
+            )
+        )
+    tokenizer = stages.learn_tokenizer(
+        store, stages.reduce_counts(store, shards, count), stages.TokenizerConfig(vocab_size=vocab_size)
+    )
     print(f"tokenizer {tokenizer.key}")
 
 
@@ -254,8 +270,15 @@ def main() -> None:
     part.add_argument("--head-tail-mb", type=float, help="benchmark on the first and last N MB of the file")
     ap.add_argument("--vocab-size", type=int, default=32768)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=1, help="runs per contender after the cold one (default: %(default)s); the best counts")
-    ap.add_argument("--no-api-server", action="store_true", help="skip the PREFECT_API_URL contender (`prefect server start`)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per contender after the cold one (default: %(default)s); the best counts",
+    )
+    ap.add_argument(
+        "--no-api-server", action="store_true", help="skip the PREFECT_API_URL contender (`prefect server start`)"
+    )
     ap.add_argument("--work-dir", help="for stores, homes and logs (default: a temp dir, removed afterwards)")
     args = ap.parse_args()
 
@@ -279,15 +302,32 @@ def main() -> None:
 
     def train_cmd() -> list[str]:
         store = os.path.join(work, f"store{next(runs)}")
-        return [*tokenmill, "tokenizer", "train", "--corpus", corpus, "--vocab-size", str(args.vocab_size), "--pattern", "cl100k"] + [
+        return [
+            *tokenmill,
+            "tokenizer",
+            "train",
+            "--corpus",
+            corpus,
+            "--vocab-size",
+            str(args.vocab_size),
+            "--pattern",
+            "cl100k",
+        ] + [
             "--workers",
             str(args.workers),
             "--store",
             store,
         ]
 
-    print(f"{corpus}: {size / 1e6:.1f} MB, vocab {args.vocab_size}, {args.workers} workers, {os.cpu_count()} CPUs, load {load():.1f}", flush=True)
-    print(f"  {'contender':<38} {'wall s':>7} {'cpu s':>6} {'server':>6}  {'to flow':>7} {'flow':>6} {'exit':>5}  load", flush=True)
+    print(
+        f"{corpus}: {size / 1e6:.1f} MB, vocab {args.vocab_size}, {args.workers} workers, {os.cpu_count()} CPUs, "
+        f"load {load():.1f}",
+        flush=True,
+    )
+    print(
+        f"  {'contender':<38} {'wall s':>7} {'cpu s':>6} {'server':>6}  {'to flow':>7} {'flow':>6} {'exit':>5}  load",
+        flush=True,
+    )
     results: dict[str, list[Timing]] = {}
 
     def record(name: str, t: Timing) -> None:
@@ -304,25 +344,42 @@ def main() -> None:
             f.write(RUSTBPE_SCRIPT)
         for _ in range(args.repeat):
             ranks = os.path.join(work, "rustbpe.ranks")
-            record("rustbpe + tiktoken", timed([sys.executable, script, corpus, str(args.vocab_size), ranks, CL100K], env, log("rustbpe")))
+            record(
+                "rustbpe + tiktoken",
+                timed([sys.executable, script, corpus, str(args.vocab_size), ranks, CL100K], env, log("rustbpe")),
+            )
     else:
         print("  rustbpe + tiktoken: not installed (pip install -e '.[bench]'), no ratio", flush=True)
     for _ in range(args.repeat):
         store = os.path.join(work, f"store{next(runs)}")
-        argv = [sys.executable, os.path.abspath(__file__), "--library-run", corpus, str(args.vocab_size), str(args.workers), store]
+        argv = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--library-run",
+            corpus,
+            str(args.vocab_size),
+            str(args.workers),
+            store,
+        ]
         record("library (no Prefect)", timed(argv, env, log("library")))
 
     home = os.path.join(work, "home-local")
     env = {**base_env(home), "TOKENMILL_WARM": "1"}  # the runner is opt-in
     try:
-        record("tokenmill (cold local server)", timed(train_cmd(), env, log("cold"), lambda: local_server_pgid(home), phases=True))
+        record(
+            "tokenmill (cold local server)",
+            timed(train_cmd(), env, log("cold"), lambda: local_server_pgid(home), phases=True),
+        )
         runner_log = wait_for_runner(home)
         for _ in range(args.repeat):
             t = timed(train_cmd(), env, log("warm"), lambda: local_server_pgid(home), phases=True)
             record("tokenmill (local server, warm runner)", served_cpu(t, runner_log))
         for _ in range(args.repeat):
             cold_env = {**env, "TOKENMILL_WARM": "0"}
-            record("tokenmill (local server, no runner)", timed(train_cmd(), cold_env, log("nowarm"), lambda: local_server_pgid(home), phases=True))
+            record(
+                "tokenmill (local server, no runner)",
+                timed(train_cmd(), cold_env, log("nowarm"), lambda: local_server_pgid(home), phases=True),
+            )
     finally:
         subprocess.run([*tokenmill, "server", "stop"], env=env, cwd=ROOT, capture_output=True)
     if not args.no_api_server:
@@ -335,7 +392,10 @@ def main() -> None:
     if has_rustbpe:
         base = min(results["rustbpe + tiktoken"], key=lambda t: t.wall)
         target = 0.5 if size < 50e6 else 0.3
-        print(f"ratio to rustbpe + tiktoken ({base.wall:.2f} s wall, {base.cpu:.2f} s CPU; target <= {target}x wall at this size):")
+        print(
+            f"ratio to rustbpe + tiktoken ({base.wall:.2f} s wall, {base.cpu:.2f} s CPU; target <= {target}x wall "
+            "at this size):"
+        )
         print(f"  {'':<38} {'wall':>6} {'cpu+server':>10}")
         for name, timings in results.items():
             if name != "rustbpe + tiktoken":

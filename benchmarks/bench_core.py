@@ -85,7 +85,11 @@ def tiktoken_file_ranks(name: str) -> dict[bytes, int]:
 
 
 def real_ranks(pattern: str) -> dict[bytes, int]:
-    return {"gpt2": gpt2_ranks, "cl100k": lambda: tiktoken_file_ranks("cl100k_base"), "o200k": lambda: tiktoken_file_ranks("o200k_base")}[pattern]()
+    return {
+        "gpt2": gpt2_ranks,
+        "cl100k": lambda: tiktoken_file_ranks("cl100k_base"),
+        "o200k": lambda: tiktoken_file_ranks("o200k_base"),
+    }[pattern]()
 
 
 # ---- benchmarks --------------------------------------------------------------------------------
@@ -131,13 +135,19 @@ def bench_pattern(name: str, data: bytes, docs: list[bytes], args) -> None:
     # train
     pieces, counts = pc.to_arrays()
     t_train, merges = best_of(1, core.learn_merges, pieces, counts, args.merges)
-    print(f"  train    native {len(merges)} merges over {len(pieces)} distinct pieces: {t_train:.2f} s ({len(merges) / t_train:,.0f} merges/s)", flush=True)
+    print(
+        f"  train    native {len(merges)} merges over {len(pieces)} distinct pieces: {t_train:.2f} s "
+        f"({len(merges) / t_train:,.0f} merges/s)",
+        flush=True,
+    )
     if args.ref_merges:
         table = dict(zip(pieces, counts.tolist()))
         t_ref, _ = best_of(1, ref.learn_merges, table, args.ref_merges)
         t_nat_small, _ = best_of(1, core.learn_merges, pieces, counts, args.ref_merges)
         print(
-            f"           reference {args.ref_merges} merges: {t_ref:.2f} s  vs native {t_nat_small:.3f} s  (x{t_ref / max(t_nat_small, 1e-9):,.0f})", flush=True
+            f"           reference {args.ref_merges} merges: {t_ref:.2f} s  vs native {t_nat_small:.3f} s  "
+            f"(x{t_ref / max(t_nat_small, 1e-9):,.0f})",
+            flush=True,
         )
     try:
         import rustbpe
@@ -155,7 +165,11 @@ def bench_pattern(name: str, data: bytes, docs: list[bytes], args) -> None:
 
         t_rust, _ = best_of(1, rust_train)
         t_ours, _ = best_of(1, lambda: core.learn_merges(*count_native().to_arrays(), args.merges))
-        print(f"           count+train: native {t_ours:.2f} s (1 thread)   rustbpe {t_rust:.2f} s (all cores)   x{t_rust / t_ours:.1f}", flush=True)
+        print(
+            f"           count+train: native {t_ours:.2f} s (1 thread)   rustbpe {t_rust:.2f} s (all cores)   "
+            f"x{t_rust / t_ours:.1f}",
+            flush=True,
+        )
 
     # encode
     try:
@@ -190,7 +204,10 @@ def bench_pattern(name: str, data: bytes, docs: list[bytes], args) -> None:
         row("encode", mb, t_nat, None, "tiktoken not installed")
     n_ids = sum(len(x) for x in ids_nat)
     t_dec, _ = best_of(args.repeat, lambda: [enc.decode(x) for x in ids_nat])
-    print(f"  decode   native {mb / t_dec:8.1f} MB/s   ({n_ids:,} ids, {len(data) / max(n_ids, 1):.2f} bytes/id)", flush=True)
+    print(
+        f"  decode   native {mb / t_dec:8.1f} MB/s   ({n_ids:,} ids, {len(data) / max(n_ids, 1):.2f} bytes/id)",
+        flush=True,
+    )
 
 
 def main() -> int:

@@ -1,6 +1,7 @@
 """Counting memory: exact vs pruned counts (--count-mode, --count-min), and what pruning costs in compression.
 
-    python benchmarks/bench_count_memory.py CORPUS.txt [--mb 40] [--shards 8] [--vocab-size 32768] [--mins 2 5] [--tight 4MiB]
+    python benchmarks/bench_count_memory.py CORPUS.txt [--mb 40] [--shards 8] [--vocab-size 32768] [--mins 2 5] [--tight
+4MiB]
 
 The first --mb MB of CORPUS.txt (cut at a line end) are sharded into --shards shards in a
 temporary store; the next 4 MB are held out. For each mode (exact; pruned at each --mins
@@ -42,7 +43,9 @@ def _current_rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 
 
-def child(store_url: str, corpus_version: str, mode: str, count_min: int, count_memory: str, vocab_size: int, held_out: str) -> None:
+def child(
+    store_url: str, corpus_version: str, mode: str, count_min: int, count_memory: str, vocab_size: int, held_out: str
+) -> None:
     from pipeline_lib import ArtifactStore, stages
     from pipeline_lib.corpus import iter_shard_batches
     from pipeline_lib.counting import CountConfig, read_counts, table_bytes
@@ -69,8 +72,14 @@ def child(store_url: str, corpus_version: str, mode: str, count_min: int, count_
     pieces, counts = read_counts(store.local_file(ref.kind, ref.version, "counts.parquet"))
     shard_pieces = [r["n_pieces"] for r in meta["shards"]]
     row = {
-        "mode": mode if mode == "exact" else f"pruned min {count_min}" + (f", {count_memory} budget" if count_memory != DEFAULT_MEMORY else ""),
-        "thresholds": sorted({r["pruned"]["threshold"] for r in meta["shards"]} | {meta["pruned"]["reduce"]["threshold"]}) if "pruned" in meta else [],
+        "mode": mode
+        if mode == "exact"
+        else f"pruned min {count_min}" + (f", {count_memory} budget" if count_memory != DEFAULT_MEMORY else ""),
+        "thresholds": sorted(
+            {r["pruned"]["threshold"] for r in meta["shards"]} | {meta["pruned"]["reduce"]["threshold"]}
+        )
+        if "pruned" in meta
+        else [],
         "shard_pieces_mean": sum(shard_pieces) / len(shard_pieces),
         "pieces": meta["n_pieces"],
         "occurrences": meta["n_occurrences"],
@@ -82,7 +91,9 @@ def child(store_url: str, corpus_version: str, mode: str, count_min: int, count_
         "count_s": count_s,
     }
     del pieces, counts
-    tok = stages.load_tokenizer(store, stages.learn_tokenizer(store, ref, stages.TokenizerConfig(vocab_size=vocab_size)))
+    tok = stages.load_tokenizer(
+        store, stages.learn_tokenizer(store, ref, stages.TokenizerConfig(vocab_size=vocab_size))
+    )
     with open(held_out, "rb") as f:
         text = f.read().decode("utf-8", "replace")
     row["n_vocab"] = tok.n_vocab
@@ -108,7 +119,15 @@ def formula_child(n_pieces: int) -> None:
     pieces, counts = table.to_arrays()
     with tempfile.TemporaryDirectory() as tmp:
         write_counts(os.path.join(tmp, "c.parquet"), pieces, counts)
-    print(json.dumps({"pieces": len(pieces), "estimate_mib": table_bytes(len(pieces), sum(map(len, pieces))) / (1 << 20), "rss_added_mib": _rss_mib() - base}))
+    print(
+        json.dumps(
+            {
+                "pieces": len(pieces),
+                "estimate_mib": table_bytes(len(pieces), sum(map(len, pieces))) / (1 << 20),
+                "rss_added_mib": _rss_mib() - base,
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -118,8 +137,17 @@ def main() -> None:
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--vocab-size", type=int, default=32768)
     p.add_argument("--mins", type=int, nargs="+", default=[2, 5])
-    p.add_argument("--tight", default="4MiB", help="a budget under which the first --mins threshold is raised (default: %(default)s)")
-    p.add_argument("--formula-pieces", type=int, default=2_000_000, help="distinct pieces of the formula check (0: skip; default: %(default)s)")
+    p.add_argument(
+        "--tight",
+        default="4MiB",
+        help="a budget under which the first --mins threshold is raised (default: %(default)s)",
+    )
+    p.add_argument(
+        "--formula-pieces",
+        type=int,
+        default=2_000_000,
+        help="distinct pieces of the formula check (0: skip; default: %(default)s)",
+    )
     p.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     p.add_argument("--formula-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -147,7 +175,8 @@ def main() -> None:
         config = CorpusConfig(sources=(sample,), n_shards=args.shards)
         corpus = stages.shard_corpus(store, stages.download_corpus(store, config), config)
         print(
-            f"corpus: {cut / 1e6:.1f} MB of {os.path.basename(args.corpus)} in {args.shards} shards; held out: {HELD_OUT / 1e6:.1f} MB; vocab {args.vocab_size:,}"
+            f"corpus: {cut / 1e6:.1f} MB of {os.path.basename(args.corpus)} in {args.shards} shards; held out: "
+            f"{HELD_OUT / 1e6:.1f} MB; vocab {args.vocab_size:,}"
         )
         rows = []
         runs = (
@@ -156,7 +185,19 @@ def main() -> None:
             + [("pruned", args.mins[0], args.tight)]
         )
         for mode, count_min, memory in runs:
-            cmd = [sys.executable, __file__, args.corpus, "--child", store.root, corpus.version, mode, str(count_min), memory, str(args.vocab_size), held]
+            cmd = [
+                sys.executable,
+                __file__,
+                args.corpus,
+                "--child",
+                store.root,
+                corpus.version,
+                mode,
+                str(count_min),
+                memory,
+                str(args.vocab_size),
+                held,
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 sys.exit(f"{mode} {count_min} failed:\n{done.stderr}")
@@ -165,9 +206,13 @@ def main() -> None:
     read, rows = rows[0], rows[1:]
     exact = rows[0]
     print()
-    print(f"reading the shards alone (no counting): peak RSS {read['peak_rss_mib']:.0f} MiB ({read['rss_before_mib']:.0f} after imports)")
     print(
-        "| mode | distinct pieces per shard (mean) | distinct pieces (reduce) | pieces dropped (per shard, summed) | occurrences dropped | thresholds |"
+        f"reading the shards alone (no counting): peak RSS {read['peak_rss_mib']:.0f} MiB "
+        f"({read['rss_before_mib']:.0f} after imports)"
+    )
+    print(
+        "| mode | distinct pieces per shard (mean) | distinct pieces (reduce) | pieces dropped (per shard, summed) | "
+        "occurrences dropped | thresholds |"
         " table estimate | peak RSS (imports) | count wall | held-out bytes/token | compression vs exact |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -175,17 +220,25 @@ def main() -> None:
         cost = r["held_out_bytes_per_token"] / exact["held_out_bytes_per_token"] - 1
         print(
             f"| {r['mode']} | {r['shard_pieces_mean']:,.0f} | {r['pieces']:,} | {r['pieces_dropped']:,} | "
-            f"{r['occurrences_dropped']:,} ({r['occurrences_dropped'] / (r['occurrences'] + r['occurrences_dropped']):.2%}) | "
+            f"{r['occurrences_dropped']:,} "
+            f"({r['occurrences_dropped'] / (r['occurrences'] + r['occurrences_dropped']):.2%}) | "
             f"{', '.join(map(str, r['thresholds'])) or '-'} | "
-            f"{r['table_mib']:.1f} MiB | {r['peak_rss_mib']:.0f} MiB ({r['rss_before_mib']:.0f}) | {r['count_s']:.1f} s | "
+            f"{r['table_mib']:.1f} MiB | {r['peak_rss_mib']:.0f} MiB ({r['rss_before_mib']:.0f}) | {r['count_s']:.1f} "
+            "s | "
             f"{r['held_out_bytes_per_token']:.4f} | {cost:+.2%} |"
         )
     if args.formula_pieces:
-        done = subprocess.run([sys.executable, __file__, args.corpus, "--formula-child", str(args.formula_pieces)], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, __file__, args.corpus, "--formula-child", str(args.formula_pieces)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         check = json.loads(done.stdout.strip().splitlines()[-1])
         print(
             f"\nformula check: {check['pieces']:,} distinct pieces counted, exported and written: table_bytes estimate "
-            f"{check['estimate_mib']:.0f} MiB, peak RSS added {check['rss_added_mib']:.0f} MiB ({check['rss_added_mib'] / check['estimate_mib']:.2f}x)"
+            f"{check['estimate_mib']:.0f} MiB, peak RSS added {check['rss_added_mib']:.0f} MiB "
+            f"({check['rss_added_mib'] / check['estimate_mib']:.2f}x)"
         )
 
 

@@ -57,7 +57,11 @@ class Peer:
     """The calls one encoder offers; None where it has no such call."""
 
     def __init__(
-        self, name: str, whole: Callable[[str], Any], docs: Callable[[list[str]], Any] | None = None, numpy_batch: Callable[[list[str], int], Any] | None = None
+        self,
+        name: str,
+        whole: Callable[[str], Any],
+        docs: Callable[[list[str]], Any] | None = None,
+        numpy_batch: Callable[[list[str], int], Any] | None = None,
     ):
         self.name, self.whole, self.docs, self.numpy_batch = name, whole, docs, numpy_batch
 
@@ -87,8 +91,15 @@ def peers_for(vocab: str) -> tuple[list[Peer], list[str]]:
     def tiktoken_peer() -> Peer:
         import tiktoken
 
-        enc = tiktoken.Encoding(name, pat_str=pat, mergeable_ranks=ours._mergeable_ranks, special_tokens=ours._special_tokens)
-        return Peer("tiktoken", enc.encode_ordinary, lambda d: [enc.encode_ordinary(x) for x in d], lambda d, t: enc.encode_ordinary_batch(d, num_threads=t))
+        enc = tiktoken.Encoding(
+            name, pat_str=pat, mergeable_ranks=ours._mergeable_ranks, special_tokens=ours._special_tokens
+        )
+        return Peer(
+            "tiktoken",
+            enc.encode_ordinary,
+            lambda d: [enc.encode_ordinary(x) for x in d],
+            lambda d, t: enc.encode_ordinary_batch(d, num_threads=t),
+        )
 
     def gigatoken_peer() -> Peer:
         import gigatoken
@@ -96,7 +107,10 @@ def peers_for(vocab: str) -> tuple[list[Peer], list[str]]:
         tok = gigatoken.Tokenizer.from_tiktoken(path, pretokenizer=vocab)
         compat = tok.as_tiktoken()
         return Peer(
-            "gigatoken", compat.encode_ordinary, lambda d: [compat.encode_ordinary(x) for x in d], lambda d, t: tok.encode_batch_list(d, parallel=t > 1)
+            "gigatoken",
+            compat.encode_ordinary,
+            lambda d: [compat.encode_ordinary(x) for x in d],
+            lambda d, t: tok.encode_batch_list(d, parallel=t > 1),
         )
 
     def fastokens_peer() -> Peer:
@@ -104,14 +118,18 @@ def peers_for(vocab: str) -> tuple[list[Peer], list[str]]:
 
         tok = fastokens.Tokenizer.from_tiktoken(path, pattern=pat)
         return Peer(
-            "fastokens", tok.encode_ordinary, lambda d: [tok.encode_ordinary(x) for x in d], lambda d, t: np.frombuffer(tok.encode_batch_flat(d)[0], np.uint32)
+            "fastokens",
+            tok.encode_ordinary,
+            lambda d: [tok.encode_ordinary(x) for x in d],
+            lambda d, t: np.frombuffer(tok.encode_batch_flat(d)[0], np.uint32),
         )  # its own thread pool
 
     def rs_bpe_peer() -> Peer:
         from rs_bpe import openai
 
         tok = getattr(openai, name)()
-        return Peer("rs-bpe", tok.encode, lambda d: [tok.encode(x) for x in d], lambda d, t: tok.encode_batch(d)[0])  # its own thread pool
+        # its own thread pool
+        return Peer("rs-bpe", tok.encode, lambda d: [tok.encode(x) for x in d], lambda d, t: tok.encode_batch(d)[0])
 
     def kitoken_peer() -> Peer:
         import kitoken
@@ -142,7 +160,11 @@ def peers_for(vocab: str) -> tuple[list[Peer], list[str]]:
     ]:
         add(label, make)
     for mod in ["toktok", "quicktok", "tokendagger"]:
-        skipped.append(f"{mod}: no adapter (its API takes no tiktoken ranks file)" if importlib.util.find_spec(mod) else f"{mod}: not installed")
+        skipped.append(
+            f"{mod}: no adapter (its API takes no tiktoken ranks file)"
+            if importlib.util.find_spec(mod)
+            else f"{mod}: not installed"
+        )
     return peers, skipped
 
 
@@ -210,7 +232,14 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float]:
     return time.perf_counter() - w, time.process_time() - c
 
 
-def row(title: str, nbytes: int, calls: dict[str, Callable[[], Any]], expected: list[int], repeat: int, crashed: Collection[str] = ()) -> None:
+def row(
+    title: str,
+    nbytes: int,
+    calls: dict[str, Callable[[], Any]],
+    expected: list[int],
+    repeat: int,
+    crashed: Collection[str] = (),
+) -> None:
     not_ranked: dict[str, str] = {}
     runs: dict[str, list[tuple[float, float]]] = {p: [] for p in calls}
     for p, fn in list(calls.items()):
@@ -245,7 +274,11 @@ def row(title: str, nbytes: int, calls: dict[str, Callable[[], Any]], expected: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--corpus", nargs="*", default=[os.path.join(DATA, "tinyshakespeare.txt"), os.path.join(DATA, "multilingual.txt")])
+    ap.add_argument(
+        "--corpus",
+        nargs="*",
+        default=[os.path.join(DATA, "tinyshakespeare.txt"), os.path.join(DATA, "multilingual.txt")],
+    )
     ap.add_argument("--vocab", nargs="*", default=list(VOCABS), choices=list(VOCABS))
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
@@ -268,10 +301,34 @@ def main() -> None:
             label, nbytes = os.path.basename(path), len(text.encode())
             whole_ids = reference.whole(text)
             doc_ids = [i for d in docs for i in reference.whole(d)]
-            row(f"{label}, {vocab}, one whole text (list out)", nbytes, calls(peers, "whole", text), whole_ids, args.repeat)
-            row(f"{label}, {vocab}, one call per document (list out)", nbytes, calls(peers, "docs", docs), doc_ids, args.repeat)
-            row(f"{label}, {vocab}, batch to numpy, 1 thread", nbytes, calls(peers, "numpy_batch", docs, 1), doc_ids, args.repeat)
-            row(f"{label}, {vocab}, batch, 2 threads", nbytes, calls(peers, "numpy_batch", docs, 2), doc_ids, args.repeat)
+            row(
+                f"{label}, {vocab}, one whole text (list out)",
+                nbytes,
+                calls(peers, "whole", text),
+                whole_ids,
+                args.repeat,
+            )
+            row(
+                f"{label}, {vocab}, one call per document (list out)",
+                nbytes,
+                calls(peers, "docs", docs),
+                doc_ids,
+                args.repeat,
+            )
+            row(
+                f"{label}, {vocab}, batch to numpy, 1 thread",
+                nbytes,
+                calls(peers, "numpy_batch", docs, 1),
+                doc_ids,
+                args.repeat,
+            )
+            row(
+                f"{label}, {vocab}, batch, 2 threads",
+                nbytes,
+                calls(peers, "numpy_batch", docs, 2),
+                doc_ids,
+                args.repeat,
+            )
         for title, text in worst.items():
             crashed = crashing_peers(vocab, text, [p.name for p in peers])
             try:

@@ -64,7 +64,9 @@ def run_library(store_url: str, corpus, vocab: int, workers: int) -> float:
     cc, ec = CountConfig(), EncodeConfig()
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(lambda i: stages.count_shard(store, corpus, i, cc), range(n)))
-        tok = stages.learn_tokenizer(store, stages.reduce_counts(store, corpus, cc), stages.TokenizerConfig(vocab_size=vocab))
+        tok = stages.learn_tokenizer(
+            store, stages.reduce_counts(store, corpus, cc), stages.TokenizerConfig(vocab_size=vocab)
+        )
         list(pool.map(lambda i: stages.encode_shard(store, corpus, tok, i, ec), range(n)))
     stages.publish_tokens(store, corpus, tok, ec)
     return time.perf_counter() - t0
@@ -79,7 +81,9 @@ def run_flows(store_url: str, corpus, vocab: int, workers: int, task_bytes: int)
     runner = ThreadPoolTaskRunner(max_workers=workers)
     t0 = time.perf_counter()
     config = {"task_bytes": task_bytes}  # the corpus config's byte budget per task (the rest: defaults)
-    tok = tokenizer_flow.with_options(task_runner=runner)(ref_dict(corpus), store=store_url, tokenizer={"vocab_size": vocab}, corpus=config)
+    tok = tokenizer_flow.with_options(task_runner=runner)(
+        ref_dict(corpus), store=store_url, tokenizer={"vocab_size": vocab}, corpus=config
+    )
     encode_flow.with_options(task_runner=runner)(ref_dict(corpus), tok, store=store_url, corpus=config)
     return time.perf_counter() - t0
 
@@ -104,7 +108,11 @@ def main() -> None:
     sizes = [s["n_bytes"] for s in stages.corpus_shards(ArtifactStore(base), corpus)]
     n = len(sizes)
     grouped_tasks = len(spec.group_units(sizes, DEFAULT_TASK_BYTES))
-    print(f"{n} shards of {sum(sizes) / n:,.0f} bytes on average ({sum(sizes):,} bytes), {args.workers} workers, {load()}", flush=True)
+    print(
+        f"{n} shards of {sum(sizes) / n:,.0f} bytes on average ({sum(sizes):,} bytes), {args.workers} workers, "
+        f"{load()}",
+        flush=True,
+    )
 
     rows = []
     store = os.path.join(work, "library")

@@ -54,7 +54,9 @@ def child(args: argparse.Namespace) -> None:
         return out
 
     store = ArtifactStore(args.store)
-    cfg = CorpusConfig(sources=tuple(args.sources), n_shards=args.shards, documents=args.documents, text_field=args.text_field)
+    cfg = CorpusConfig(
+        sources=tuple(args.sources), n_shards=args.shards, documents=args.documents, text_field=args.text_field
+    )
     raw = step("download", lambda: stages.download_corpus(store, cfg))
     corpus = step("shard", lambda: stages.shard_corpus(store, raw, cfg))
     n = len(store.manifest(corpus.kind, corpus.version)["meta"]["shards"])
@@ -66,7 +68,9 @@ def child(args: argparse.Namespace) -> None:
         return stages.reduce_counts(store, corpus, cc)
 
     counts = step("count", count)
-    tok = step("tokenizer", lambda: stages.learn_tokenizer(store, counts, stages.TokenizerConfig(vocab_size=args.vocab_size)))
+    tok = step(
+        "tokenizer", lambda: stages.learn_tokenizer(store, counts, stages.TokenizerConfig(vocab_size=args.vocab_size))
+    )
     ec = stages.EncodeConfig(workers=args.workers)
 
     def encode():
@@ -126,8 +130,10 @@ def run(sources: list[str], args: argparse.Namespace, label: str) -> dict:
         shutil.rmtree(store, ignore_errors=True)
     mb = result["bytes"] / 1e6
     print(
-        f"{label:>6}: {mb:8.1f} MB text, {result['docs']:,} docs, {result['tokens']:,} tokens in {result['shards']} shards | "
-        f"peak RSS {result['peak_mb']:.0f} MB (post-import baseline {result['base_mb']:.0f} MB, +{result['peak_mb'] - result['base_mb']:.0f} MB) | "
+        f"{label:>6}: {mb:8.1f} MB text, {result['docs']:,} docs, {result['tokens']:,} tokens in {result['shards']} "
+        "shards | "
+        f"peak RSS {result['peak_mb']:.0f} MB (post-import baseline {result['base_mb']:.0f} MB, "
+        f"+{result['peak_mb'] - result['base_mb']:.0f} MB) | "
         f"{result['wall_s']} s"
     )
     print(f"        peak after each stage (MB): {result['peaks_mb']}")
@@ -170,7 +176,10 @@ def main(argv=None) -> None:
         shutil.rmtree(tmpdir, ignore_errors=True)
     ratio = four_result["peak_mb"] / one["peak_mb"]
     above = (four_result["peak_mb"] - four_result["base_mb"]) / max(1.0, one["peak_mb"] - one["base_mb"])
-    print(f"ratio 4x/1x: peak RSS {ratio:.2f}, peak above baseline {above:.2f} (1.0 = flat; 4.0 = memory grows with the corpus)")
+    print(
+        f"ratio 4x/1x: peak RSS {ratio:.2f}, peak above baseline {above:.2f} (1.0 = flat; 4.0 = memory grows with "
+        "the corpus)"
+    )
 
 
 if __name__ == "__main__":

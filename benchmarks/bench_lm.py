@@ -56,7 +56,9 @@ def bench(cfg, data_dir: Path, label: str) -> dict:
     }
     if cuda:
         row["peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
-        row["plan_GiB"] = round(memory_plan(cfg, 50257, "cuda", bf16=torch.cuda.is_bf16_supported()).total_bytes / GIB, 2)
+        row["plan_GiB"] = round(
+            memory_plan(cfg, 50257, "cuda", bf16=torch.cuda.is_bf16_supported()).total_bytes / GIB, 2
+        )
     print(json.dumps(row), flush=True)
     return row
 
@@ -75,7 +77,9 @@ def main() -> None:
         if not args.cuda_only:
             data = write_byte_token_dir(tmp / "bytes", (ROOT / "pipeline_lib/data/tinyshakespeare.txt").read_bytes())
             # fixed small config: the "small" preset (4 x 128, block 128, batch 16), no eval
-            cfg = preset("small", max_steps=args.steps, device="cpu", val_fraction=0.0, ckpt_interval=10**6, log_interval=10**6)
+            cfg = preset(
+                "small", max_steps=args.steps, device="cpu", val_fraction=0.0, ckpt_interval=10**6, log_interval=10**6
+            )
             default = torch.get_num_threads()
             # Training puts a small CPU model on one thread (lm.sampling.one_thread_for); lift that
             # rule here so each row runs on the thread count it names.

@@ -57,7 +57,8 @@ API_URL: str | None = None  # --api-url: run the flow against this Prefect serve
 
 # ----------------------------------------------------------------------------- documents
 def iter_paragraphs(path: str) -> Iterator[str]:
-    """Blank-line separated paragraphs, lines joined, trailing newline stripped (as tokenmill's documents="paragraph")."""
+    """Blank-line separated paragraphs, lines joined, trailing newline stripped (as tokenmill's
+    documents="paragraph")."""
     para: list[bytes] = []
     with open(path, "rb") as f:
         for line in f:
@@ -123,7 +124,11 @@ def run_tokenmill_flow(corpus: str, out: str, vocab: int, threads: int, shards: 
     from pipeline_lib import ArtifactStore
 
     m = ArtifactStore(os.path.join(out, "store")).latest("tokens")
-    return {"n_tokens": m["meta"]["totals"]["n_tokens"], "n_docs": m["meta"]["totals"]["n_docs"], "total_s": time.perf_counter() - t0}
+    return {
+        "n_tokens": m["meta"]["totals"]["n_tokens"],
+        "n_docs": m["meta"]["totals"]["n_docs"],
+        "total_s": time.perf_counter() - t0,
+    }
 
 
 def run_tokenmill_lib(corpus: str, out: str, vocab: int, threads: int, shards: int) -> dict:
@@ -178,7 +183,11 @@ def run_hf(corpus: str, out: str, vocab: int, threads: int, shards: int) -> dict
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab, min_frequency=2, special_tokens=[EOT], show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab,
+        min_frequency=2,
+        special_tokens=[EOT],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(batched(iter_paragraphs(corpus), 1024), trainer=trainer)
     train_s = time.perf_counter() - t
@@ -193,7 +202,13 @@ def run_hf(corpus: str, out: str, vocab: int, threads: int, shards: int) -> dict
             arrays.append(np.array(ids, dtype=np.uint16))
         n_docs += len(docs)
     n = write_memmap(os.path.join(out, "train.bin"), arrays)
-    return {"n_tokens": n, "n_docs": n_docs, "train_s": train_s, "encode_s": time.perf_counter() - t, "vocab": tok.get_vocab_size()}
+    return {
+        "n_tokens": n,
+        "n_docs": n_docs,
+        "train_s": train_s,
+        "encode_s": time.perf_counter() - t,
+        "vocab": tok.get_vocab_size(),
+    }
 
 
 def run_rustbpe_tiktoken(corpus: str, out: str, vocab: int, threads: int, shards: int) -> dict:
@@ -205,11 +220,14 @@ def run_rustbpe_tiktoken(corpus: str, out: str, vocab: int, threads: int, shards
 
     t = time.perf_counter()
     tok = rustbpe.Tokenizer()
-    tok.train_from_iterator(iter_paragraphs(corpus), vocab - 1, pattern=PATTERNS["cl100k"])  # one id left for <|endoftext|>
+    # one id left for <|endoftext|>
+    tok.train_from_iterator(iter_paragraphs(corpus), vocab - 1, pattern=PATTERNS["cl100k"])
     ranks = {bytes(k): v for k, v in tok.get_mergeable_ranks()}
     train_s = time.perf_counter() - t
     t = time.perf_counter()
-    enc = tiktoken.Encoding(name="bench", pat_str=PATTERNS["cl100k"], mergeable_ranks=ranks, special_tokens={EOT: len(ranks)})
+    enc = tiktoken.Encoding(
+        name="bench", pat_str=PATTERNS["cl100k"], mergeable_ranks=ranks, special_tokens={EOT: len(ranks)}
+    )
     eot = enc.eot_token
     arrays = []
     n_docs = 0
@@ -219,10 +237,21 @@ def run_rustbpe_tiktoken(corpus: str, out: str, vocab: int, threads: int, shards
             arrays.append(np.array(ids, dtype=np.uint16))
         n_docs += len(docs)
     n = write_memmap(os.path.join(out, "train.bin"), arrays)
-    return {"n_tokens": n, "n_docs": n_docs, "train_s": train_s, "encode_s": time.perf_counter() - t, "vocab": len(ranks) + 1}
+    return {
+        "n_tokens": n,
+        "n_docs": n_docs,
+        "train_s": train_s,
+        "encode_s": time.perf_counter() - t,
+        "vocab": len(ranks) + 1,
+    }
 
 
-RUNNERS = {"tokenmill-flow": run_tokenmill_flow, "tokenmill-lib": run_tokenmill_lib, "hf": run_hf, "rustbpe+tiktoken": run_rustbpe_tiktoken}
+RUNNERS = {
+    "tokenmill-flow": run_tokenmill_flow,
+    "tokenmill-lib": run_tokenmill_lib,
+    "hf": run_hf,
+    "rustbpe+tiktoken": run_rustbpe_tiktoken,
+}
 
 
 def available(name: str) -> str | None:
@@ -266,7 +295,13 @@ def measure(name: str, corpus: str, vocab: int, threads: int, shards: int, workd
     with open(result_path) as f:
         detail = json.load(f)
     shutil.rmtree(out, ignore_errors=True)
-    return {"contender": name, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024, **detail}
+    return {
+        "contender": name,
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+        **detail,
+    }
 
 
 def cmd_compare(args) -> int:
@@ -314,19 +349,29 @@ def cmd_compare(args) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     print()
     print(
-        f"{'scale':>5} {'contender':<17} {'MB':>7} {'wall s':>8} {'CPU s':>8} {'CPU/wall':>8} {'peak MB':>8} {'MB/s':>6} {'tokens':>12} {'wall x':>7} {'CPU x':>6} {'RSS x':>6}"
+        f"{'scale':>5} {'contender':<17} {'MB':>7} {'wall s':>8} {'CPU s':>8} {'CPU/wall':>8} {'peak MB':>8} "
+        f"{'MB/s':>6} {'tokens':>12} {'wall x':>7} {'CPU x':>6} {'RSS x':>6}"
     )
     for scale in args.scales:
         base = next((r for r in rows if r["scale"] == scale and r["contender"] == "tokenmill-lib"), None)
         for r in (r for r in rows if r["scale"] == scale):
             ratios = ("", "", "")
             if base:
-                ratios = (f"{r['wall_s'] / base['wall_s']:.2f}", f"{r['cpu_s'] / base['cpu_s']:.2f}", f"{r['peak_rss_mb'] / base['peak_rss_mb']:.2f}")
+                ratios = (
+                    f"{r['wall_s'] / base['wall_s']:.2f}",
+                    f"{r['cpu_s'] / base['cpu_s']:.2f}",
+                    f"{r['peak_rss_mb'] / base['peak_rss_mb']:.2f}",
+                )
             print(
-                f"{r['scale']:>5} {r['contender']:<17} {r['mb']:>7} {r['wall_s']:>8.2f} {r['cpu_s']:>8.2f} {r['cpu_s'] / r['wall_s']:>8.2f} "
-                f"{r['peak_rss_mb']:>8.0f} {r['mb_per_s']:>6.1f} {r['n_tokens']:>12,} {ratios[0]:>7} {ratios[1]:>6} {ratios[2]:>6}"
+                f"{r['scale']:>5} {r['contender']:<17} {r['mb']:>7} {r['wall_s']:>8.2f} {r['cpu_s']:>8.2f} "
+                f"{r['cpu_s'] / r['wall_s']:>8.2f} "
+                f"{r['peak_rss_mb']:>8.0f} {r['mb_per_s']:>6.1f} {r['n_tokens']:>12,} {ratios[0]:>7} {ratios[1]:>6} "
+                f"{ratios[2]:>6}"
             )
-    print("(ratios against tokenmill-lib at the same scale; CPU = user+sys of the process tree; peak = largest single process)")
+    print(
+        "(ratios against tokenmill-lib at the same scale; CPU = user+sys of the process tree; peak = largest single "
+        "process)"
+    )
     return 0
 
 
@@ -364,7 +409,11 @@ class GilProbe:
 
     def summary(self) -> dict:
         d = sorted(self.delays) or [0.0]
-        return {"probe_max_ms": round(1000 * d[-1], 1), "probe_p99_ms": round(1000 * d[int(0.99 * (len(d) - 1))], 1), "probe_wakeups": len(d)}
+        return {
+            "probe_max_ms": round(1000 * d[-1], 1),
+            "probe_p99_ms": round(1000 * d[int(0.99 * (len(d) - 1))], 1),
+            "probe_wakeups": len(d),
+        }
 
 
 def _timed(fn, jobs, threads: int) -> dict:
@@ -423,13 +472,20 @@ def _stage_overlap(flow_state, task_name: str) -> dict:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id])))
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id]))
+        )
     runs = [r for r in runs if r.name.rsplit("-", 1)[0] == task_name]
     start = min(r.start_time for r in runs)
     end = max(r.end_time for r in runs)
     busy = sum(r.total_run_time.total_seconds() for r in runs)
     wall = (end - start).total_seconds()
-    return {"tasks": len(runs), "stage_wall_s": round(wall, 3), "sum_task_run_s": round(busy, 3), "overlap": round(busy / wall, 2)}
+    return {
+        "tasks": len(runs),
+        "stage_wall_s": round(wall, 3),
+        "sum_task_run_s": round(busy, 3),
+        "overlap": round(busy / wall, 2),
+    }
 
 
 def cmd_parallel(args) -> int:
@@ -463,12 +519,22 @@ def cmd_parallel(args) -> int:
 
         def encode(path):
             d = tempfile.mkdtemp(dir=work)
-            token_shards.encode_documents(tok, iter_shard_batches(path), os.path.join(d, "t.npy"), os.path.join(d, "i.npy"), EncodeConfig(workers=1), "s")
+            token_shards.encode_documents(
+                tok,
+                iter_shard_batches(path),
+                os.path.join(d, "t.npy"),
+                os.path.join(d, "i.npy"),
+                EncodeConfig(workers=1),
+                "s",
+            )
 
         control = _gil_holding_control()
         print(json.dumps({"stage": "control: sum(range(1e7)) holds the GIL", **control}), flush=True)
         for threads in (1, len(paths)):
-            print(json.dumps({"stage": "control: sha256 in threads (GIL released)", **_machine_control(threads)}), flush=True)
+            print(
+                json.dumps({"stage": "control: sha256 in threads (GIL released)", **_machine_control(threads)}),
+                flush=True,
+            )
         results = {}
         for label, fn in (("count", count), ("encode", encode)):
             for threads in (1, len(paths)):
@@ -477,8 +543,10 @@ def cmd_parallel(args) -> int:
                 print(json.dumps({"stage": label, **r}), flush=True)
             one, many = results[f"{label}-1"], results[f"{label}-{len(paths)}"]
             print(
-                f"{label}: {len(paths)} shards one after the other {one['wall_s']:.2f} s wall / {one['cpu_s']:.2f} s CPU; "
-                f"{len(paths)} threads {many['wall_s']:.2f} s wall / {many['cpu_s']:.2f} s CPU (CPU/wall {many['cpu_per_wall']}); "
+                f"{label}: {len(paths)} shards one after the other {one['wall_s']:.2f} s wall / {one['cpu_s']:.2f} s "
+                "CPU; "
+                f"{len(paths)} threads {many['wall_s']:.2f} s wall / {many['cpu_s']:.2f} s CPU (CPU/wall "
+                f"{many['cpu_per_wall']}); "
                 f"speed-up {one['wall_s'] / many['wall_s']:.2f}x; GIL probe max delay {many['probe_max_ms']} ms "
                 f"(control holding the GIL: {control['probe_max_ms']} ms)",
                 flush=True,
@@ -489,7 +557,8 @@ def cmd_parallel(args) -> int:
         # Through Prefect: the same two stages as flows, thread runner with 1 and N threads.
         os.environ.setdefault("PREFECT_HOME", os.path.join(work, "prefect"))
         os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)
-        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # 20 s is too short on a busy machine
+        # 20 s is too short on a busy machine
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         from prefect.task_runners import ThreadPoolTaskRunner
@@ -503,14 +572,28 @@ def cmd_parallel(args) -> int:
             c2 = stages.shard_corpus(s2, stages.download_corpus(s2, cfg), cfg)
             runner = ThreadPoolTaskRunner(max_workers=threads)
             t0 = time.perf_counter()
-            state = tokenizer_flow.with_options(task_runner=runner)(ref_dict(c2), store=st, vocab_size=args.vocab_size, return_state=True)
+            state = tokenizer_flow.with_options(task_runner=runner)(
+                ref_dict(c2), store=st, vocab_size=args.vocab_size, return_state=True
+            )
             t_tok = time.perf_counter() - t0
             tok2 = state.result()
-            row = {"stage": "prefect-count", "threads": threads, "flow_wall_s": round(t_tok, 3), **_stage_overlap(state, "count_words")}
+            row = {
+                "stage": "prefect-count",
+                "threads": threads,
+                "flow_wall_s": round(t_tok, 3),
+                **_stage_overlap(state, "count_words"),
+            }
             print(json.dumps(row), flush=True)
             t0 = time.perf_counter()
-            state = encode_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=threads))(ref_dict(c2), tok2, store=st, return_state=True)
-            row = {"stage": "prefect-encode", "threads": threads, "flow_wall_s": round(time.perf_counter() - t0, 3), **_stage_overlap(state, "encode_shard")}
+            state = encode_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=threads))(
+                ref_dict(c2), tok2, store=st, return_state=True
+            )
+            row = {
+                "stage": "prefect-encode",
+                "threads": threads,
+                "flow_wall_s": round(time.perf_counter() - t0, 3),
+                **_stage_overlap(state, "encode_shard"),
+            }
             print(json.dumps(row), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -529,13 +612,21 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compare", help="tokenmill vs HF tokenizers vs rustbpe+tiktoken")
     c.add_argument("corpus")
-    c.add_argument("--scales", type=int, nargs="+", default=[1, 4], help="corpus repeated this many times (default: 1 4)")
+    c.add_argument(
+        "--scales", type=int, nargs="+", default=[1, 4], help="corpus repeated this many times (default: 1 4)"
+    )
     c.add_argument("--vocab-size", type=int, default=32768)
     c.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    c.add_argument("--shards", type=int, default=0, help="tokenmill corpus shards (default: one per thread, at most 64 MB each)")
+    c.add_argument(
+        "--shards", type=int, default=0, help="tokenmill corpus shards (default: one per thread, at most 64 MB each)"
+    )
     c.add_argument("--only", nargs="+", choices=CONTENDERS)
     c.add_argument("--workdir", help="scratch directory (default: the system temp dir)")
-    c.add_argument("--api-url", help="run tokenmill-flow against this Prefect server (e.g. http://127.0.0.1:4200/api) instead of a temporary API")
+    c.add_argument(
+        "--api-url",
+        help="run tokenmill-flow against this Prefect server (e.g. http://127.0.0.1:4200/api) "
+        "instead of a temporary API",
+    )
     c.set_defaults(func=cmd_compare)
     q = sub.add_parser("parallel", help="thread-runner parallelism of the counting and encoding tasks")
     q.add_argument("corpus")

@@ -39,7 +39,8 @@ def main() -> None:
         store.publish(staging, files=infos)
         t2 = time.perf_counter()
         print(
-            f"{n_files:>2} file(s), {args.mib} MiB: staging PUTs {t1 - t0:.2f} s, publish (copies + manifest) {t2 - t1:.2f} s, ratio {(t2 - t1) / (t1 - t0):.2f}"
+            f"{n_files:>2} file(s), {args.mib} MiB: staging PUTs {t1 - t0:.2f} s, publish (copies + manifest) "
+            f"{t2 - t1:.2f} s, ratio {(t2 - t1) / (t1 - t0):.2f}"
         )
 
 

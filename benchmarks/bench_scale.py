@@ -70,7 +70,10 @@ import cost_model  # noqa: E402
 
 # Runs a command and prints its children's peak RSS (KiB on Linux) as its last line: a fresh
 # process per measurement, so the peak is that command's alone.
-PEAK_RSS = "import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)"
+PEAK_RSS = (
+    "import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)"
+)
 
 
 def load() -> str:
@@ -136,13 +139,17 @@ def api_url(home: Path) -> str:
     return state["api_url"]
 
 
-def chain(corpus: Path, store: Path, vocab_size: int, workers: int, env: dict[str, str], log: Path) -> dict[str, float | str]:
+def chain(
+    corpus: Path, store: Path, vocab_size: int, workers: int, env: dict[str, str], log: Path
+) -> dict[str, float | str]:
     """`tokenmill run --no-lm` on `corpus`: wall, peak RSS and the shards' spread."""
     argv = [sys.executable, "-m", "flows.cli", "run", "--no-lm", "--corpus", str(corpus), "--store", str(store)]
     argv += ["--vocab-size", str(vocab_size), "--pattern", "cl100k", "--workers", str(workers)]
     t0 = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.run([sys.executable, "-c", PEAK_RSS, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=out, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", PEAK_RSS, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=out, text=True
+        )
     wall = time.perf_counter() - t0
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
@@ -154,7 +161,11 @@ def chain(corpus: Path, store: Path, vocab_size: int, workers: int, env: dict[st
 
     latest = ArtifactStore(str(store)).latest("corpus")
     balance = (latest or {}).get("meta", {}).get("balance", {})
-    return {"wall": wall, "peak_rss_mb": int(lines[-1]) / 1024, "spread": json.dumps(balance, sort_keys=True) if balance else "n/a"}
+    return {
+        "wall": wall,
+        "peak_rss_mb": int(lines[-1]) / 1024,
+        "spread": json.dumps(balance, sort_keys=True) if balance else "n/a",
+    }
 
 
 def split_corpus(corpus: Path, n_files: int, out: Path) -> list[str]:
@@ -189,7 +200,9 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def shard_stage(sources: list[str], store: Path, workers: int, group_bytes: int, n_shards: int = 8, own_sessions: bool = False) -> dict[str, float | int | str]:
+def shard_stage(
+    sources: list[str], store: Path, workers: int, group_bytes: int, n_shards: int = 8, own_sessions: bool = False
+) -> dict[str, float | int | str]:
     """The sharding stage alone on `sources` (downloaded first, not timed): its units (one
     per source group or range of a large source) on `workers` processes, then the publish.
     Wall, CPU seconds (the workers' included: the pool is joined inside the timing) and the
@@ -247,7 +260,8 @@ def documents_digest(store, ref) -> str:
 def _row(label: str, row: dict) -> str:
     mb = float(row["bytes"]) / 1e6
     return (
-        f"  {label}: wall {row['wall']:.1f} s, CPU {row['cpu']:.1f} s ({mb / float(row['wall']):.1f} MB/s wall, {mb / float(row['cpu']):.1f} MB/CPU-s), "
+        f"  {label}: wall {row['wall']:.1f} s, CPU {row['cpu']:.1f} s ({mb / float(row['wall']):.1f} MB/s wall, "
+        f"{mb / float(row['cpu']):.1f} MB/CPU-s), "
         f"{row['groups']} units, {row['shards']} shards, worst unit max/mean {row['worst_group_spread']} ({load()})"
     )
 
@@ -274,14 +288,20 @@ def big_file(corpus: Path, work: Path, group_bytes: int, own_sessions: bool = Fa
     print(_row("one file read whole, 1 worker", whole), flush=True)
     walls = {}
     for workers in (1, 2):
-        row = shard_stage([str(corpus)], work / f"store-ranges-{workers}", workers, group_bytes, own_sessions=own_sessions)
+        row = shard_stage(
+            [str(corpus)], work / f"store-ranges-{workers}", workers, group_bytes, own_sessions=own_sessions
+        )
         walls[workers] = float(row["wall"])
         same = row["digest"] == whole["digest"] and row["docs"] == whole["docs"]
         print(
-            _row(f"ranges of {group_bytes >> 20} MiB, {workers} worker(s)", row) + f"; documents {'identical to' if same else 'DIFFER FROM'} the whole run's",
+            _row(f"ranges of {group_bytes >> 20} MiB, {workers} worker(s)", row) + "; documents "
+            f"{'identical to' if same else 'DIFFER FROM'} the whole run's",
             flush=True,
         )
-    print(f"  sharding speedup on 2 workers: x{walls[1] / walls[2]:.2f} (target >= 1.7); ranges vs whole on 1 worker: x{float(whole['wall']) / walls[1]:.2f}")
+    print(
+        f"  sharding speedup on 2 workers: x{walls[1] / walls[2]:.2f} (target >= 1.7); ranges vs whole on 1 worker: "
+        f"x{float(whole['wall']) / walls[1]:.2f}"
+    )
     for name in ("store-whole", "store-ranges-1", "store-ranges-2"):
         shutil.rmtree(work / name, ignore_errors=True)
 
@@ -289,18 +309,49 @@ def big_file(corpus: Path, work: Path, group_bytes: int, own_sessions: bool = Fa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prose", help="English text for section 1 (prose_big.txt); leave out to skip it")
-    ap.add_argument("--chain-source", action="append", default=[], help="text file concatenated into the chain corpora (repeatable)")
-    ap.add_argument("--chain-gb", type=float, nargs="*", default=[0.25, 1.0, 4.0], help="chain corpus sizes in GB (default: 0.25 1 4)")
+    ap.add_argument(
+        "--chain-source", action="append", default=[], help="text file concatenated into the chain corpora (repeatable)"
+    )
+    ap.add_argument(
+        "--chain-gb",
+        type=float,
+        nargs="*",
+        default=[0.25, 1.0, 4.0],
+        help="chain corpus sizes in GB (default: 0.25 1 4)",
+    )
     ap.add_argument("--vocab-size", type=int, default=32768)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-granularity", action="store_true", help="skip section 4")
     ap.add_argument("--work-dir", help="for corpora, stores and logs (default: a temp dir, removed afterwards)")
     ap.add_argument("--no-chain", action="store_true", help="skip sections 2 and 3 (the chain runs and the cost model)")
-    ap.add_argument("--many-files", type=int, default=0, help="section 5: the smallest chain corpus as this many files, sharded on 1 and 2 workers")
-    ap.add_argument("--many-group-bytes", type=int, default=0, help="section 5: --source-group-bytes of those runs (default 0: one task per file)")
-    ap.add_argument("--big-file", action="store_true", help="section 6: the smallest chain corpus as one file, sharded whole and in ranges on 1 and 2 workers")
-    ap.add_argument("--big-group-bytes", type=int, default=32 << 20, help="section 6: --source-group-bytes of the split runs (default 32 MiB)")
-    ap.add_argument("--worker-sessions", action="store_true", help="sections 5 and 6: each worker process in a session of its own (see the module doc)")
+    ap.add_argument(
+        "--many-files",
+        type=int,
+        default=0,
+        help="section 5: the smallest chain corpus as this many files, sharded on 1 and 2 workers",
+    )
+    ap.add_argument(
+        "--many-group-bytes",
+        type=int,
+        default=0,
+        help="section 5: --source-group-bytes of those runs (default 0: one task per file)",
+    )
+    ap.add_argument(
+        "--big-file",
+        action="store_true",
+        help="section 6: the smallest chain corpus as one file, sharded whole and in ranges on 1 and 2 workers",
+    )
+    ap.add_argument(
+        "--big-group-bytes",
+        type=int,
+        default=32 << 20,
+        help="section 6: --source-group-bytes of the split runs (default 32 MiB)",
+    )
+    ap.add_argument(
+        "--worker-sessions",
+        action="store_true",
+        help="sections 5 and 6: each worker process in a session of its own (see the module doc)",
+    )
     args = ap.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="tokenmill-bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -311,7 +362,18 @@ def main() -> None:
     if args.prose:
         for label, extra in (("20 MB", ["--head-mb", "20"]), ("the whole file", [])):
             section(f"1. tokenizer train vs library vs rustbpe + tiktoken: {label} of {args.prose}")
-            stream([sys.executable, str(BENCH / "bench_cli.py"), args.prose, "--vocab-size", str(args.vocab_size), "--workers", str(args.workers), *extra])
+            stream(
+                [
+                    sys.executable,
+                    str(BENCH / "bench_cli.py"),
+                    args.prose,
+                    "--vocab-size",
+                    str(args.vocab_size),
+                    "--workers",
+                    str(args.workers),
+                    *extra,
+                ]
+            )
 
     if args.chain_source and args.chain_gb and not args.no_chain:
         home = work / "prefect-home"
@@ -319,7 +381,9 @@ def main() -> None:
         # TOKENMILL_WARM=0: each run in its own process (imports included), so that its peak RSS is the command's.
         env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", TOKENMILL_WARM="0")
         section("2. tokenmill run --no-lm, tokenmill's local Prefect server running")
-        subprocess.run([sys.executable, "-m", "flows.cli", "server", "start"], cwd=ROOT, env=env, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "flows.cli", "server", "start"], cwd=ROOT, env=env, check=True, capture_output=True
+        )
         rows = []
         try:
             for gb in sorted(args.chain_gb):
@@ -328,18 +392,29 @@ def main() -> None:
                 shutil.rmtree(store, ignore_errors=True)
                 row = chain(corpus, store, args.vocab_size, args.workers, env, work / f"chain-{gb:g}GB.log")
                 timings = cost_model.flow_run_timings(api_url(home))
-                model = cost_model.CostModel.calibrate(timings, cost_model.store_figures(str(store)), float(row["wall"]), args.workers)
+                model = cost_model.CostModel.calibrate(
+                    timings, cost_model.store_figures(str(store)), float(row["wall"]), args.workers
+                )
                 rows.append((gb, row, model))
                 stages = ", ".join(f"{k} {v:.1f}" for k, v in model.busy_s.items())
-                print(f"  {gb:g} GB: wall {row['wall']:.1f} s, peak RSS {row['peak_rss_mb']:.0f} MB, shards {row['spread']} ({load()})", flush=True)
+                print(
+                    f"  {gb:g} GB: wall {row['wall']:.1f} s, peak RSS {row['peak_rss_mb']:.0f} MB, shards "
+                    f"{row['spread']} ({load()})",
+                    flush=True,
+                )
                 print(f"    busy s per stage: {stages}; fixed {model.fixed_s:.1f} s", flush=True)
                 shutil.rmtree(store, ignore_errors=True)
         finally:
-            subprocess.run([sys.executable, "-m", "flows.cli", "server", "stop"], cwd=ROOT, env=env, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "flows.cli", "server", "stop"], cwd=ROOT, env=env, capture_output=True
+            )
         sized = [(gb, row) for gb, row, _ in rows if gb >= 1]
         if len(sized) > 1:
             (small, first), (large, last) = sized[0], sized[-1]
-            print(f"  RSS {small:g} GB -> {large:g} GB: x{float(last['peak_rss_mb']) / float(first['peak_rss_mb']):.2f} (target <= 1.2)")
+            print(
+                f"  RSS {small:g} GB -> {large:g} GB: "
+                f"x{float(last['peak_rss_mb']) / float(first['peak_rss_mb']):.2f} (target <= 1.2)"
+            )
         if len(rows) > 1:
             section("3. the cost model, calibrated on the smallest run")
             gb0, _, model = rows[0]
@@ -348,7 +423,8 @@ def main() -> None:
                 measured = float(row["wall"])
                 predicted, known = model.wall(gb * 1e9), model.wall(gb * 1e9, pieces=run.pieces)
                 print(
-                    f"  {gb:g} GB: predicted {predicted:.1f} s, measured {measured:.1f} s, error {100 * (predicted / measured - 1):+.0f}%; "
+                    f"  {gb:g} GB: predicted {predicted:.1f} s, measured {measured:.1f} s, error "
+                    f"{100 * (predicted / measured - 1):+.0f}%; "
                     f"with its distinct pieces known ({run.pieces:,}: the corpus repeats its sources) {known:.1f} s, "
                     f"error {100 * (known / measured - 1):+.0f}%"
                 )
@@ -358,13 +434,22 @@ def main() -> None:
         gb = min(args.chain_gb)
         section(f"5. the sharding stage on {gb:g} GB as {args.many_files} files, 1 and 2 workers")
         many_files(
-            build_corpus(args.chain_source, int(gb * 1e9), work / f"chain-{gb:g}GB.txt"), args.many_files, work, args.many_group_bytes, args.worker_sessions
+            build_corpus(args.chain_source, int(gb * 1e9), work / f"chain-{gb:g}GB.txt"),
+            args.many_files,
+            work,
+            args.many_group_bytes,
+            args.worker_sessions,
         )
 
     if args.big_file and args.chain_source and args.chain_gb:
         gb = min(args.chain_gb)
         section(f"6. the sharding stage on {gb:g} GB in one file: read whole, and in ranges on 1 and 2 workers")
-        big_file(build_corpus(args.chain_source, int(gb * 1e9), work / f"chain-{gb:g}GB.txt"), work, args.big_group_bytes, args.worker_sessions)
+        big_file(
+            build_corpus(args.chain_source, int(gb * 1e9), work / f"chain-{gb:g}GB.txt"),
+            work,
+            args.big_group_bytes,
+            args.worker_sessions,
+        )
 
     granularity = BENCH / "bench_granularity.py"
     if not args.no_granularity and granularity.exists():
@@ -375,7 +460,9 @@ def main() -> None:
         try:
             stream([sys.executable, str(granularity), "--workers", str(args.workers)], env=env)
         finally:
-            subprocess.run([sys.executable, "-m", "flows.cli", "server", "stop"], cwd=ROOT, env=env, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "flows.cli", "server", "stop"], cwd=ROOT, env=env, capture_output=True
+            )
     if not args.work_dir:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -82,7 +82,19 @@ def run(args: argparse.Namespace, path: str) -> dict:
     runs = []
     for _ in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="bench-shard-") as store:
-            cmd = [sys.executable, __file__, args.file, "--documents", args.documents, "--shards", str(args.shards), "--child", path, "--store", store]
+            cmd = [
+                sys.executable,
+                __file__,
+                args.file,
+                "--documents",
+                args.documents,
+                "--shards",
+                str(args.shards),
+                "--child",
+                path,
+                "--store",
+                store,
+            ]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
     return {**runs[0], **{k: min(r[k] for r in runs) for k in ("seconds", "cpu", "rss_mb")}}
@@ -102,20 +114,26 @@ def main() -> None:
         child(args)
         return
     size = os.path.getsize(args.file)
-    print(f"{args.file}: {size / 1e6:.1f} MB, documents={args.documents}, {args.shards} shards, best of {args.repeat} runs")
+    print(
+        f"{args.file}: {size / 1e6:.1f} MB, documents={args.documents}, {args.shards} shards, best of {args.repeat} "
+        "runs"
+    )
     results = {"read": run(args, "read"), "native": run(args, "native")}
     if not args.no_python:
         results["python"] = run(args, "python")
     for path, r in results.items():
         docs = f", {r['n_docs']:,} documents in {r['n_shards']} shards" if "n_docs" in r else ""
         print(
-            f"  {path:7s} {r['seconds']:6.2f} s {size / r['seconds'] / 1e6:7.1f} MB/s | CPU {r['cpu']:6.2f} s {size / max(r['cpu'], 1e-3) / 1e6:7.1f} MB/s"
+            f"  {path:7s} {r['seconds']:6.2f} s {size / r['seconds'] / 1e6:7.1f} MB/s | CPU {r['cpu']:6.2f} s "
+            f"{size / max(r['cpu'], 1e-3) / 1e6:7.1f} MB/s"
             f" | peak RSS +{r['rss_mb']:.0f} MB{docs}"
         )
     native = results["native"]
     print(f"  native / plain read time: {native['seconds'] / results['read']['seconds']:.1f}x")
     if "python" in results:
-        print(f"  native speed-up over the per-document reader: {results['python']['seconds'] / native['seconds']:.1f}x")
+        print(
+            f"  native speed-up over the per-document reader: {results['python']['seconds'] / native['seconds']:.1f}x"
+        )
 
 
 if __name__ == "__main__":

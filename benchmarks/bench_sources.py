@@ -65,10 +65,17 @@ def main() -> None:
         corpus = stages.shard_corpus(store, raw, config)
         t2 = time.perf_counter()
         shards[mode] = {n: i["sha256"] for n, i in store.manifest(corpus.kind, corpus.version)["files"].items()}
-        row = {"mode": mode, "download_s": t1 - t0, "shard_s": t2 - t1, "total_s": t2 - t0, "raw_bytes_stored": du(os.path.join(root, "raw"))}
+        row = {
+            "mode": mode,
+            "download_s": t1 - t0,
+            "shard_s": t2 - t1,
+            "total_s": t2 - t0,
+            "raw_bytes_stored": du(os.path.join(root, "raw")),
+        }
         rows.append(row)
         print(
-            f"  {mode:<10} download {row['download_s']:6.2f} s  shard {row['shard_s']:6.2f} s  total {row['total_s']:6.2f} s  raw stored {row['raw_bytes_stored']:,} B",
+            f"  {mode:<10} download {row['download_s']:6.2f} s  shard {row['shard_s']:6.2f} s  total "
+            f"{row['total_s']:6.2f} s  raw stored {row['raw_bytes_stored']:,} B",
             flush=True,
         )
     assert shards["copy"] == shards["reference"], "the two modes gave different shards"

@@ -1,7 +1,8 @@
 """Counting and encoding corpus shards: documents read as one bytes object each (the list
 path) against documents read as (buffer, offsets) batches (the buffer path), on one thread.
 
-    python benchmarks/bench_stages.py CORPUS.txt [--shards 2] [--vocab-size 4096] [--documents line] [--repeat 2] [--workdir DIR]
+    python benchmarks/bench_stages.py CORPUS.txt [--shards 2] [--vocab-size 4096] [--documents line] [--repeat 2]
+[--workdir DIR]
 
 CORPUS.txt is sharded by the library (`shard_corpus`, --shards shards) in a temporary store,
 counted, and a --vocab-size tokenizer is learned from the counts (the stages' own functions).
@@ -52,10 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("corpus", help="a text file")
     parser.add_argument("--shards", type=int, default=2, help="corpus shards (default 2)")
-    parser.add_argument("--vocab-size", type=int, default=4096, help="tokenizer ids (default 4096, the stage's default)")
-    parser.add_argument("--documents", default="line", choices=["line", "paragraph", "file"], help="what a document is (default line)")
+    parser.add_argument(
+        "--vocab-size", type=int, default=4096, help="tokenizer ids (default 4096, the stage's default)"
+    )
+    parser.add_argument(
+        "--documents", default="line", choices=["line", "paragraph", "file"], help="what a document is (default line)"
+    )
     parser.add_argument("--repeat", type=int, default=2, help="runs of each timing, the best kept (default 2)")
-    parser.add_argument("--workdir", default=None, help="where the temporary store goes (default: the system's temp dir)")
+    parser.add_argument(
+        "--workdir", default=None, help="where the temporary store goes (default: the system's temp dir)"
+    )
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -81,11 +88,15 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(len(paths)):
             stages.count_shard(store, corpus, i, count_config)
         counts = stages.reduce_counts(store, corpus, count_config)
-        tokenizer = stages.load_tokenizer(store, stages.learn_tokenizer(store, counts, TokenizerConfig(vocab_size=args.vocab_size)))
+        tokenizer = stages.load_tokenizer(
+            store, stages.learn_tokenizer(store, counts, TokenizerConfig(vocab_size=args.vocab_size))
+        )
         encode_config = EncodeConfig(workers=1)
         print(
-            f"# {args.corpus}: {sum(s['n_bytes'] for s in shards) / 1e6:.1f} MB of text in {len(paths)} shards ({args.documents} documents); "
-            f"{tokenizer.vocab_size} ids; {os.cpu_count()} CPUs; load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}",
+            f"# {args.corpus}: {sum(s['n_bytes'] for s in shards) / 1e6:.1f} MB of text in {len(paths)} shards "
+            f"({args.documents} documents); "
+            f"{tokenizer.vocab_size} ids; {os.cpu_count()} CPUs; load average {load_before[0]:.2f} "
+            f"{load_before[1]:.2f} {load_before[2]:.2f}",
             flush=True,
         )
         out = os.path.join(work, "out")
@@ -101,9 +112,15 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, Callable[[str], object]] = {
             "count list": count_list,
             "count buffer": lambda path: count_shard(path, count_config),
-            "encode list": lambda path: encode_documents(tokenizer, iter_shard_batches(path, with_source=True), tokens, index, encode_config, "s", doc_table),
-            "encode buffer": lambda path: encode_shard_file(tokenizer, path, tokens, index, encode_config, "s", doc_table_path=doc_table),
-            "encode buffer, no doc table": lambda path: encode_shard_file(tokenizer, path, tokens, index, encode_config, "s"),
+            "encode list": lambda path: encode_documents(
+                tokenizer, iter_shard_batches(path, with_source=True), tokens, index, encode_config, "s", doc_table
+            ),
+            "encode buffer": lambda path: encode_shard_file(
+                tokenizer, path, tokens, index, encode_config, "s", doc_table_path=doc_table
+            ),
+            "encode buffer, no doc table": lambda path: encode_shard_file(
+                tokenizer, path, tokens, index, encode_config, "s"
+            ),
         }
 
         def core_runs(path: str) -> dict[str, Callable[[str], object]]:
@@ -119,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
                 counter.add_buffer(data, offsets)
                 counter.to_arrays()
 
-            return {"count core": count_core, "encode core": lambda _: tokenizer.encode_ordinary_buffer_to_numpy(data, offsets, 1)}
+            return {
+                "count core": count_core,
+                "encode core": lambda _: tokenizer.encode_ordinary_buffer_to_numpy(data, offsets, 1),
+            }
 
         totals: dict[str, list[float]] = {}
         n_bytes = 0
@@ -134,13 +154,19 @@ def main(argv: list[str] | None = None) -> int:
                 row[label] = {"mb_per_cpu_s": round(shard["n_bytes"] / 1e6 / cpu, 1), "wall_s": round(wall, 3)}
             print(json.dumps(row), flush=True)
         load_after = os.getloadavg()
-        print(f"\n# all shards, {n_bytes / 1e6:.1f} MB, one thread; load average after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+        print(
+            f"\n# all shards, {n_bytes / 1e6:.1f} MB, one thread; load average after {load_after[0]:.2f} "
+            f"{load_after[1]:.2f} {load_after[2]:.2f}"
+        )
         print(f"{'path':30s} {'MB/CPU-s':>9s} {'MB/wall-s':>9s} {'CPU s':>7s} {'x list':>7s} {'of core':>8s}")
         for label, (cpu, wall) in totals.items():
             stage = label.split()[0]
             versus_list = totals[f"{stage} list"][0] / cpu
             of_core = totals[f"{stage} core"][0] / cpu
-            print(f"{label:30s} {n_bytes / 1e6 / cpu:9.1f} {n_bytes / 1e6 / wall:9.1f} {cpu:7.2f} {versus_list:7.2f} {of_core:8.2f}")
+            print(
+                f"{label:30s} {n_bytes / 1e6 / cpu:9.1f} {n_bytes / 1e6 / wall:9.1f} {cpu:7.2f} {versus_list:7.2f} "
+                f"{of_core:8.2f}"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

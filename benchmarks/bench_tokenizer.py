@@ -54,7 +54,8 @@ TRAINERS: dict[str, str] = {
         tk = Tokenizer(models.BPE())
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tk.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        trainer = trainers.BpeTrainer(vocab_size=VOCAB, initial_alphabet=alphabet, show_progress=False)
         tk.train_from_iterator(docs, trainer)
         tk.save(OUT + ".json")
     """,
@@ -67,7 +68,8 @@ TRAINERS: dict[str, str] = {
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
         tk.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        trainer = trainers.BpeTrainer(vocab_size=VOCAB, initial_alphabet=alphabet, show_progress=False)
         tk.train_from_iterator(docs, trainer)
         tk.save(OUT + ".json")
     """,
@@ -99,7 +101,9 @@ _PEAK = "\nprint('VMHWM_KB', open('/proc/self/status').read().split('VmHWM:')[1]
 def run_measured(code: str, env: dict[str, str]) -> dict[str, float]:
     """Run Python `code` in a child; return its wall time, CPU time and peak RSS."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code + _PEAK], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code + _PEAK], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     out, err = proc.communicate()
     wall = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -142,9 +146,16 @@ def heldout_bytes_per_token(name: str, out: str, heldout: str) -> float | None:
     return n_bytes / max(1, n)
 
 
-def bench_training(train_path: str, heldout: str, vocabs: list[int], threads: int, workdir: str, only: list[str]) -> list[dict]:
+def bench_training(
+    train_path: str, heldout: str, vocabs: list[int], threads: int, workdir: str, only: list[str]
+) -> list[dict]:
     rows = []
-    env = {**os.environ, "RAYON_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "true"}
+    env = {
+        **os.environ,
+        "RAYON_NUM_THREADS": str(threads),
+        "OMP_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "true",
+    }
     for vocab in vocabs:
         for name, body in TRAINERS.items():
             if only and name not in only:
@@ -183,11 +194,17 @@ def bench_encoding(train_path: str, heldout_text: str, vocab: int, threads: int,
     docs_b = [d.encode("utf-8") for d in docs]
     timed("tokenmill encode_ordinary (1 thread)", lambda: sum(len(tok.encode_ordinary(d)) for d in docs))
     timed("tokenmill encode_ordinary_batch (1 thread)", lambda: len(tok.encode_ordinary_batch_to_numpy(docs_b, 1)[0]))
-    timed(f"tokenmill encode_ordinary_batch ({threads} threads)", lambda: len(tok.encode_ordinary_batch_to_numpy(docs_b, threads)[0]))
+    timed(
+        f"tokenmill encode_ordinary_batch ({threads} threads)",
+        lambda: len(tok.encode_ordinary_batch_to_numpy(docs_b, threads)[0]),
+    )
     try:
         enc = tok.to_tiktoken()
         timed("tiktoken encode_ordinary (1 thread)", lambda: sum(len(enc.encode_ordinary(d)) for d in docs))
-        timed(f"tiktoken encode_ordinary_batch ({threads} threads)", lambda: sum(len(x) for x in enc.encode_ordinary_batch(docs, num_threads=threads)))
+        timed(
+            f"tiktoken encode_ordinary_batch ({threads} threads)",
+            lambda: sum(len(x) for x in enc.encode_ordinary_batch(docs, num_threads=threads)),
+        )
     except ImportError:
         print("  (tiktoken not installed)")
     try:
@@ -223,7 +240,10 @@ def main() -> None:
     train_path = os.path.join(workdir, "train.txt")
     with open(train_path, "w", encoding="utf-8") as f:
         f.write(train)
-    print(f"corpus {args.corpus}: train {len(train.encode()) / 1e6:.1f} MB, held-out {len(heldout.encode()) / 1e6:.1f} MB, threads {args.threads}")
+    print(
+        f"corpus {args.corpus}: train {len(train.encode()) / 1e6:.1f} MB, held-out "
+        f"{len(heldout.encode()) / 1e6:.1f} MB, threads {args.threads}"
+    )
 
     vocabs = [int(v) for v in args.vocab.split(",")]
     print("== training (counting + merges), each in its own process ==")
@@ -242,7 +262,8 @@ def main() -> None:
                 continue
             bpt = f"{ours.get('heldout_bytes_per_token') or 0:.3f} vs {r.get('heldout_bytes_per_token') or 0:.3f}"
             print(
-                f"{vocab:>6} {r['trainer']:<15} {ours['wall_s'] / r['wall_s']:>7.2f}x {ours['cpu_s'] / r['cpu_s']:>7.2f}x {ours['peak_rss_mb'] / r['peak_rss_mb']:>7.2f}x {bpt:>26}"
+                f"{vocab:>6} {r['trainer']:<15} {ours['wall_s'] / r['wall_s']:>7.2f}x "
+                f"{ours['cpu_s'] / r['cpu_s']:>7.2f}x {ours['peak_rss_mb'] / r['peak_rss_mb']:>7.2f}x {bpt:>26}"
             )
 
     print(f"\n== encoding ({args.encode_mb:.0f} MB, vocabulary {vocabs[-1]} learned above, same ids in all three) ==")

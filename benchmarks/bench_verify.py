@@ -73,7 +73,13 @@ def build_version(root: str, total_bytes: int, n_shards: int, seed: int = 0) -> 
             np.save(f, np.arange(DOC_TOKENS, per_shard + 1, DOC_TOKENS, dtype="<u8"), allow_pickle=False)
         infos = {n: staging.written[n] for n in (f"{name}.npy", f"{name}.idx.npy")}
         stats = ShardStats(name=name, n_tokens=per_shard, n_docs=per_shard // DOC_TOKENS, n_bytes=per_shard * 4)
-        records.append({**asdict(stats), "sha256": infos[f"{name}.npy"].sha256, "files": {n: asdict(fi) for n, fi in infos.items()}})
+        records.append(
+            {
+                **asdict(stats),
+                "sha256": infos[f"{name}.npy"].sha256,
+                "files": {n: asdict(fi) for n, fi in infos.items()},
+            }
+        )
     cfg = EncodeConfig(doc_table=False)
     meta = build_meta(records, {"vocab_size": VOCAB, "special_tokens": {"<|endoftext|>": SEP}}, "tokenizer/bench", cfg)
     files = {n: FileInfo(**fi) for r in records for n, fi in r["files"].items()}
@@ -125,8 +131,13 @@ def main() -> int:
         t = time.perf_counter()
         d, n_bytes = build_version(tmp, int(args.gb * 1e9), args.shards)
         hashed = [os.path.join(d, n) for n in sorted(os.listdir(d)) if n.endswith(".npy")]
-        print(f"built {d}: {len(hashed)} files, {n_bytes / 1e6:,.0f} MB of shards + indexes in {time.perf_counter() - t:.1f} s")
-        print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpus, best of {args.repeat}\n")
+        print(
+            f"built {d}: {len(hashed)} files, {n_bytes / 1e6:,.0f} MB of shards + indexes in "
+            f"{time.perf_counter() - t:.1f} s"
+        )
+        print(
+            f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} cpus, best of {args.repeat}\n"
+        )
         rows = []
         modes = [("warm", None)] + ([("cold", lambda: evict(d))] if hasattr(os, "posix_fadvise") else [])
         for mode, drop in modes:
@@ -152,7 +163,10 @@ def main() -> int:
             for _, what, s in rows[-4:]:
                 rate = f"{n_bytes / s / 1e6:10,.0f} MB/s" if "floor" in what or "first" in what else " " * 15
                 print(f"  {what:32s} {s * 1e3:10.1f} ms  {rate}  {s / base:8.1f}x verify=False")
-            print(f"  first open / sha256 floor: {first / floor:.2f}x; second open costs {(second - no_verify) * 1e3:+.1f} ms over verify=False\n")
+            print(
+                f"  first open / sha256 floor: {first / floor:.2f}x; second open costs "
+                f"{(second - no_verify) * 1e3:+.1f} ms over verify=False\n"
+            )
     finally:
 
         def writable(func, path, _exc):  # published files and dirs may be read-only

@@ -71,7 +71,11 @@ def flow_run_timings(api_url: str, name: str | None = None) -> dict:
     run = runs[0]
     tasks, offset = [], 0
     while True:
-        page = httpx.post(f"{api_url}/task_runs/filter", json={"flow_runs": {"id": {"any_": [run["id"]]}}, "offset": offset, "limit": 200}, timeout=60).json()
+        page = httpx.post(
+            f"{api_url}/task_runs/filter",
+            json={"flow_runs": {"id": {"any_": [run["id"]]}}, "offset": offset, "limit": 200},
+            timeout=60,
+        ).json()
         tasks += page
         offset += len(page)
         if len(page) < 200:
@@ -99,13 +103,19 @@ def store_figures(store_url: str) -> dict:
     store = ArtifactStore(store_url)
     corpus, counts, tokens = (store.latest(k) for k in ("corpus", "counts", "tokens"))
     if not (corpus and counts and tokens):
-        raise SystemExit(f"{store_url}: no corpus, counts and tokens versions (run `tokenmill run --no-lm` into it first)")
+        raise SystemExit(
+            f"{store_url}: no corpus, counts and tokens versions (run `tokenmill run --no-lm` into it first)"
+        )
     shards = counts["meta"]["shards"]
     total_bytes, total_pieces = sum(r["n_bytes"] for r in shards), counts["meta"]["n_pieces"]
     # Heaps' law between the mean shard and the whole corpus (one shard: no fit, beta 0.5).
     mean_bytes = total_bytes / len(shards)
     mean_pieces = sum(r["n_pieces"] for r in shards) / len(shards)
-    beta = math.log(total_pieces / mean_pieces) / math.log(total_bytes / mean_bytes) if len(shards) > 1 and total_pieces > mean_pieces else 0.5
+    beta = (
+        math.log(total_pieces / mean_pieces) / math.log(total_bytes / mean_bytes)
+        if len(shards) > 1 and total_pieces > mean_pieces
+        else 0.5
+    )
     corpus_files = sum(f["size"] for f in corpus["files"].values()) if isinstance(corpus.get("files"), dict) else None
     return {
         "bytes": corpus["meta"]["n_bytes"],
@@ -151,7 +161,10 @@ class CostModel:
             busy_s=busy,
             tasks={k: v["tasks"] for k, v in stages.items()},
             efficiency=efficiency,
-            notes={"parquet_ratio": figures.get("parquet_ratio"), "shard_rows_per_piece": figures["shard_pieces_rows"] / max(1, figures["pieces"])},
+            notes={
+                "parquet_ratio": figures.get("parquet_ratio"),
+                "shard_rows_per_piece": figures["shard_pieces_rows"] / max(1, figures["pieces"]),
+            },
         )
 
     def pieces_at(self, nbytes: float) -> float:
@@ -169,7 +182,9 @@ class CostModel:
         piece_scale = (pieces or self.pieces_at(nbytes)) / self.pieces
         scale = {k: nbytes / self.bytes for k in self.busy_s}
         scale["merges"] = piece_scale
-        scale["reduce"] = piece_scale if pieces else self.rows_at(nbytes, shards) / self.rows_at(self.bytes, self.shards)
+        scale["reduce"] = (
+            piece_scale if pieces else self.rows_at(nbytes, shards) / self.rows_at(self.bytes, self.shards)
+        )
         return {k: v * scale[k] for k, v in self.busy_s.items()}
 
     def wall(self, nbytes: float, workers: int | None = None, pieces: float | None = None) -> float:
@@ -199,7 +214,13 @@ def tree_reduce_seconds(model: CostModel, nbytes: float, shards: int, slots: int
 
 
 def cluster_plan(
-    model: CostModel, nbytes: float, nodes: int, cores: int, task_bytes: int = 64 << 20, shard_bytes: int = 256 << 20, group_bytes: int = 256 << 20
+    model: CostModel,
+    nbytes: float,
+    nodes: int,
+    cores: int,
+    task_bytes: int = 64 << 20,
+    shard_bytes: int = 256 << 20,
+    group_bytes: int = 256 << 20,
 ) -> dict:
     """The chain on `nodes` workers of `cores` cores for a corpus of `nbytes`: time per stage,
     task runs, object-store requests and bytes moved (reference mode: no copy of the sources).
@@ -237,7 +258,10 @@ def cluster_plan(
 
 
 def print_model(model: CostModel) -> None:
-    print(f"  calibrated on {model.bytes / 1e6:,.0f} MB, {model.pieces:,} distinct pieces (Heaps beta {model.beta:.2f}), {model.workers} workers")
+    print(
+        f"  calibrated on {model.bytes / 1e6:,.0f} MB, {model.pieces:,} distinct pieces (Heaps beta "
+        f"{model.beta:.2f}), {model.workers} workers"
+    )
     print(f"  fixed cost {model.fixed_s:.1f} s; parallel efficiency {model.efficiency:.2f}")
     print(f"  {'stage':<9} {'tasks':>5} {'busy s':>8} {'MB/s/core':>10}")
     for k, v in model.busy_s.items():
@@ -246,15 +270,18 @@ def print_model(model: CostModel) -> None:
 
 def print_clusters(model: CostModel, sizes_tb: list[float], clusters: list[tuple[int, int]]) -> None:
     print(
-        f"  {'corpus':>7} {'cluster':>8} {'wall h':>7} {'shard h':>8} {'count h':>8} {'encode h':>9} {'red+merge h':>11} "
+        f"  {'corpus':>7} {'cluster':>8} {'wall h':>7} {'shard h':>8} {'count h':>8} {'encode h':>9} "
+        f"{'red+merge h':>11} "
         f"{'pieces M':>9} {'task runs':>9} {'requests':>10} {'read TB':>8} {'bottleneck':>11}"
     )
     for tb in sizes_tb:
         for nodes, cores in clusters:
             p = cluster_plan(model, tb * 1e12, nodes, cores)
             print(
-                f"  {tb:>5g}TB {nodes:>4}x{cores:<3} {p['wall_h']:7.1f} {p['shard_h']:8.1f} {p['count_h']:8.2f} {p['encode_h']:9.2f} "
-                f"{p['reduce_merges_h']:11.2f} {p['distinct_pieces'] / 1e6:9.0f} {p['task_runs']:>9,} {p['requests']:>10,} {p['bytes_read_tb']:8.1f} {p['bottleneck']:>11}"
+                f"  {tb:>5g}TB {nodes:>4}x{cores:<3} {p['wall_h']:7.1f} {p['shard_h']:8.1f} {p['count_h']:8.2f} "
+                f"{p['encode_h']:9.2f} "
+                f"{p['reduce_merges_h']:11.2f} {p['distinct_pieces'] / 1e6:9.0f} {p['task_runs']:>9,} "
+                f"{p['requests']:>10,} {p['bytes_read_tb']:8.1f} {p['bottleneck']:>11}"
             )
 
 

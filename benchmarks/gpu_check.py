@@ -42,7 +42,10 @@ def _install(wheels: str | None, names: list[str]) -> None:
     if not names:
         return
     if wheels is None:
-        sys.exit(f"gpu_check: error: missing {', '.join(names)}: bring them as wheels (pip download {' '.join(names)} -d wheels/) and pass --wheels wheels/")
+        sys.exit(
+            f"gpu_check: error: missing {', '.join(names)}: bring them as wheels (pip download {' '.join(names)} "
+            "-d wheels/) and pass --wheels wheels/"
+        )
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", wheels, *names], check=True)
 
 
@@ -56,7 +59,9 @@ def _token_dir(path: Path, n_tokens: int, vocab: int) -> Path:
     doc = 4096
     docs = [rng.integers(0, vocab - 1, size=doc).astype(np.uint16) for _ in range(n_tokens // doc)]
     half = len(docs) // 2
-    return write_token_dir(path, [docs[:half], docs[half:]], vocab_size=vocab, separator_id=vocab - 1, val_fraction=0.05)
+    return write_token_dir(
+        path, [docs[:half], docs[half:]], vocab_size=vocab, separator_id=vocab - 1, val_fraction=0.05
+    )
 
 
 def one_run(args: argparse.Namespace) -> None:
@@ -69,16 +74,35 @@ def one_run(args: argparse.Namespace) -> None:
     from pipeline_lib.lm.trainer import train
 
     first_step: list[float] = []
-    overrides = dict(device=args.device, max_steps=args.steps, eval_interval=10**9, eval_iters=1, log_interval=5, ckpt_interval=args.steps, ckpt_every_s=0)
+    overrides = dict(
+        device=args.device,
+        max_steps=args.steps,
+        eval_interval=10**9,
+        eval_iters=1,
+        log_interval=5,
+        ckpt_interval=args.steps,
+        ckpt_every_s=0,
+    )
     if args.tiny:
         cfg = preset("tiny", batch_size=args.micro_batch, grad_accum_steps=max(1, 16 // args.micro_batch), **overrides)
     else:
-        cfg = preset("gpt2-124m", batch_size=args.micro_batch, total_batch_tokens=args.micro_batch * 1024 * max(1, 64 // args.micro_batch), **overrides)
-        cfg = cfg.replace(fit_micro_batch=False, compile_mode=args.compile_mode, warmup_steps=min(cfg.warmup_steps, args.steps // 2))
+        cfg = preset(
+            "gpt2-124m",
+            batch_size=args.micro_batch,
+            total_batch_tokens=args.micro_batch * 1024 * max(1, 64 // args.micro_batch),
+            **overrides,
+        )
+        cfg = cfg.replace(
+            fit_micro_batch=False, compile_mode=args.compile_mode, warmup_steps=min(cfg.warmup_steps, args.steps // 2)
+        )
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     r = train(
-        cfg, args.data, tempfile.mkdtemp(prefix="gpu-check-"), log=lambda m: None, on_step=lambda e: first_step.append(time.time()) if not first_step else None
+        cfg,
+        args.data,
+        tempfile.mkdtemp(prefix="gpu-check-"),
+        log=lambda m: None,
+        on_step=lambda e: first_step.append(time.time()) if not first_step else None,
     )
     print(
         json.dumps(
@@ -88,7 +112,9 @@ def one_run(args: argparse.Namespace) -> None:
                 "tokens_per_s": r.tokens_per_s,
                 "mfu_datasheet": r.mfu,
                 "mfu_measured": r.mfu_measured,
-                "peak_memory_gib": torch.cuda.max_memory_allocated() / (1 << 30) if args.device.startswith("cuda") else None,
+                "peak_memory_gib": torch.cuda.max_memory_allocated() / (1 << 30)
+                if args.device.startswith("cuda")
+                else None,
                 "start_to_first_step_s": first_step[0] - t_process if first_step else None,
                 "ckpt_copy_s": r.ckpt_copy_s,
                 "ckpt_write_s": r.ckpt_write_s,
@@ -109,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="the tiny preset instead of GPT-2 124M (the CPU dry path)")
     p.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
-    p.add_argument("--micro-batches", type=int, nargs=2, default=None, help="the two micro-batch sizes (default 16 32; tiny: 4 8)")
+    p.add_argument(
+        "--micro-batches", type=int, nargs=2, default=None, help="the two micro-batch sizes (default 16 32; tiny: 4 8)"
+    )
     p.add_argument("--compile-mode", default="default", help="TrainConfig.compile_mode for the GPT-2 runs")
     p.add_argument("--wheels", help="a directory of wheels for what the image lacks (numpy, safetensors, pytest)")
     p.add_argument("--skip-tests", action="store_true", help="skip the CUDA test tier")
@@ -127,14 +155,37 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
-        sys.exit(f"gpu_check: error: --device {args.device} but torch {torch.__version__} sees no CUDA device; use --device cpu --tiny for the dry path")
-    print(f"gpu_check {time.strftime('%Y-%m-%d %H:%M:%S %Z')} | torch {torch.__version__} | {torch.cuda.get_device_name() if cuda else 'cpu'}", flush=True)
-    env = dict(os.environ, TOKENMILL_TEST_DEVICE=args.device, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        sys.exit(
+            f"gpu_check: error: --device {args.device} but torch {torch.__version__} sees no CUDA device; use "
+            "--device cpu --tiny for the dry path"
+        )
+    print(
+        f"gpu_check {time.strftime('%Y-%m-%d %H:%M:%S %Z')} | torch {torch.__version__} | "
+        f"{torch.cuda.get_device_name() if cuda else 'cpu'}",
+        flush=True,
+    )
+    env = dict(
+        os.environ,
+        TOKENMILL_TEST_DEVICE=args.device,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     rc = 0
     if not args.skip_tests:
         t0 = time.monotonic()
         tier = subprocess.run(
-            [sys.executable, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-rs", "-m", "cuda", str(ROOT / "tests" / "test_lm_cuda.py")],
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "--noconftest",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "-rs",
+                "-m",
+                "cuda",
+                str(ROOT / "tests" / "test_lm_cuda.py"),
+            ],
             env=env,
             cwd=ROOT,
         )
@@ -147,8 +198,25 @@ def main(argv: list[str] | None = None) -> int:
         data = _token_dir(Path(tmp) / "tokens", 200_000 if args.tiny else 20_000_000, vocab)
         rows = []
         for mb in sizes:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--one-run", "--device", args.device, "--data", str(data), "--micro-batch", str(mb)]
-            cmd += ["--steps", str(args.steps), "--compile-mode", args.compile_mode, "--t-launch", repr(time.time())] + (["--tiny"] if args.tiny else [])
+            cmd = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--one-run",
+                "--device",
+                args.device,
+                "--data",
+                str(data),
+                "--micro-batch",
+                str(mb),
+            ]
+            cmd += [
+                "--steps",
+                str(args.steps),
+                "--compile-mode",
+                args.compile_mode,
+                "--t-launch",
+                repr(time.time()),
+            ] + (["--tiny"] if args.tiny else [])
             out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
             if out.returncode != 0:
                 print(out.stderr[-4000:], file=sys.stderr)
@@ -157,12 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     name = "tiny" if args.tiny else "GPT-2 124M, seq 1024"
     print(f"\n{name} on {rows[0]['card']}, {args.steps} steps per run, compile mode {args.compile_mode}")
     print(
-        f"{'micro-batch':>11} {'tokens/step':>11} {'tokens/s':>11} {'MFU sheet':>9} {'MFU meas.':>9} {'peak GiB':>8} {'start->1st':>10} {'ckpt copy':>9} {'ckpt write':>10}"
+        f"{'micro-batch':>11} {'tokens/step':>11} {'tokens/s':>11} {'MFU sheet':>9} {'MFU meas.':>9} {'peak GiB':>8} "
+        f"{'start->1st':>10} {'ckpt copy':>9} {'ckpt write':>10}"
     )
     for r in rows:
         print(
-            f"{r['micro_batch']:>11} {r['tokens_per_step']:>11,} {_fmt(r['tokens_per_s'], ',.0f'):>11} {_fmt(r['mfu_datasheet'], '.1%'):>9} "
-            f"{_fmt(r['mfu_measured'], '.1%'):>9} {_fmt(r['peak_memory_gib'], '.2f'):>8} {_fmt(r['start_to_first_step_s'], '.1f'):>9}s "
+            f"{r['micro_batch']:>11} {r['tokens_per_step']:>11,} {_fmt(r['tokens_per_s'], ',.0f'):>11} "
+            f"{_fmt(r['mfu_datasheet'], '.1%'):>9} "
+            f"{_fmt(r['mfu_measured'], '.1%'):>9} {_fmt(r['peak_memory_gib'], '.2f'):>8} "
+            f"{_fmt(r['start_to_first_step_s'], '.1f'):>9}s "
             f"{_fmt(r['ckpt_copy_s'], '.2f'):>8}s {_fmt(r['ckpt_write_s'], '.2f'):>9}s"
         )
     return rc

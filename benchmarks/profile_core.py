@@ -81,7 +81,9 @@ def main() -> int:
     ap.add_argument("tokenizer", help="a directory written by Tokenizer.save, or cl100k_base / o200k_base")
     ap.add_argument("--mb", type=float, default=20.0, help="MB of the corpus to use (from its start)")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--core", metavar="FILE", help="import the native module from FILE (e.g. a build with -g, not stripped)")
+    ap.add_argument(
+        "--core", metavar="FILE", help="import the native module from FILE (e.g. a build with -g, not stripped)"
+    )
     ap.add_argument("--once", choices=("count", "encode"), help="run one loop once, print nothing (for a profiler)")
     args = ap.parse_args()
 
@@ -110,7 +112,10 @@ def main() -> int:
         return 0
 
     mb = len(data) / 1e6
-    print(f"{mb:.1f} MB in {len(docs)} documents, pattern {tok.pattern}, vocabulary {len(tokens) + len(tok.special_tokens)}")
+    print(
+        f"{mb:.1f} MB in {len(docs)} documents, pattern {tok.pattern}, vocabulary "
+        f"{len(tokens) + len(tok.special_tokens)}"
+    )
     t_count = cpu_best(args.repeat, count)
     encoders.extend(core.Encoder(tokens, ranks, pid) for _ in range(args.repeat))
     t_encode = cpu_best(args.repeat, encode)

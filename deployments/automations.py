@@ -64,7 +64,8 @@ def check_within(within: float, heartbeat: float = HEARTBEAT_S) -> float:
     if within < MIN_HEARTBEATS * heartbeat:
         raise InputError(
             f"--within {within:g}: shorter than {MIN_HEARTBEATS} heartbeats of {heartbeat:g} s ({HEARTBEAT_ENV}); "
-            f"healthy runs would be marked Crashed: use --within {MIN_HEARTBEATS * heartbeat:g} or more (default {WITHIN_S:g})"
+            f"healthy runs would be marked Crashed: use --within {MIN_HEARTBEATS * heartbeat:g} or more (default "
+            f"{WITHIN_S:g})"
         )
     return within
 
@@ -79,7 +80,8 @@ def zombie_automation(within: float = WITHIN_S, flows: str = FLOW_NAMES):
 
     return Automation(
         name=NAME,
-        description=f"Mark a flow run of {flows} Crashed when its heartbeats stop for {within:.0f} s without a final state.",
+        description=f"Mark a flow run of {flows} Crashed when its heartbeats stop for {within:.0f} s without a final "
+        "state.",
         trigger=EventTrigger(
             after={"prefect.flow-run.heartbeat"},
             expect={
@@ -100,7 +102,10 @@ def zombie_automation(within: float = WITHIN_S, flows: str = FLOW_NAMES):
         # name and force are the model's defaults, spelled out: mypy does not read pydantic's Field(None) as a default
         actions=[
             ChangeFlowRunState(
-                name=None, state=StateType.CRASHED, message=f"No heartbeat for {within:.0f} s: the flow-run process is gone (marked by {NAME!r}).", force=False
+                name=None,
+                state=StateType.CRASHED,
+                message=f"No heartbeat for {within:.0f} s: the flow-run process is gone (marked by {NAME!r}).",
+                force=False,
             )
         ],
     )
@@ -110,7 +115,8 @@ def _replace(automation):
     from prefect.automations import Automation
 
     try:
-        existing = cast(Automation, Automation.read(name=automation.name))  # sync here: `async_dispatch` picks by caller
+        # sync here: `async_dispatch` picks by caller
+        existing = cast(Automation, Automation.read(name=automation.name))
         existing.delete()
     except ValueError:  # none yet
         pass
@@ -175,9 +181,14 @@ def main(argv=None) -> int:
         "--within",
         type=float,
         default=WITHIN_S,
-        help=f"seconds without a heartbeat before a tokenmill run counts as crashed (default {WITHIN_S:g}; >= {MIN_HEARTBEATS} x the {HEARTBEAT_S} s heartbeat)",
+        help=f"seconds without a heartbeat before a tokenmill run counts as crashed (default {WITHIN_S:g}; >= "
+        f"{MIN_HEARTBEATS} x the {HEARTBEAT_S} s heartbeat)",
     )
-    p.add_argument("--notify", metavar="BLOCK", help="also notify through this notification block (e.g. custom-webhook/ops-alerts) when a run fails or crashes")
+    p.add_argument(
+        "--notify",
+        metavar="BLOCK",
+        help="also notify through this notification block (e.g. custom-webhook/ops-alerts) when a run fails or crashes",
+    )
     args = p.parse_args(argv)
     from pipeline_lib.errors import TokenmillError
 
@@ -185,12 +196,18 @@ def main(argv=None) -> int:
         check_within(args.within)
         if args.notify:
             notify = install_failure_notification(args.notify)
-            print(f"automation {notify.name!r} ({notify.id}): failed or crashed {FLOW_NAMES} runs notify through {args.notify}")
+            print(
+                f"automation {notify.name!r} ({notify.id}): failed or crashed {FLOW_NAMES} runs notify through "
+                f"{args.notify}"
+            )
         automation = install(args.within)
     except TokenmillError as e:
         print(f"python -m deployments.automations: error: {e}", file=sys.stderr)
         return 2
-    print(f"automation {automation.name!r} ({automation.id}): {FLOW_NAMES} runs without a heartbeat for {args.within:.0f} s become Crashed")
+    print(
+        f"automation {automation.name!r} ({automation.id}): {FLOW_NAMES} runs without a heartbeat for "
+        f"{args.within:.0f} s become Crashed"
+    )
     return 0
 
 

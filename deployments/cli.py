@@ -40,7 +40,11 @@ def add_commands(sub: Any, path: tuple[str, ...] | None = None) -> None:
     _add_runner(p)
     p.add_argument("--paused", action="store_true", help="register the schedules paused")
     p.set_defaults(func=cmd_serve, resumable=True)  # it runs stages: a rerun after a failure resumes them
-    p = sub.add_parser("deploy", help="create the deployments on a Prefect server, for process workers on any machine (they clone and install the project)")
+    p = sub.add_parser(
+        "deploy",
+        help="create the deployments on a Prefect server, for process workers on any machine "
+        "(they clone and install the project)",
+    )
     if path is None or path[:1] == ("deploy",):  # its options import Prefect's deployment machinery
         from deployments.deploy import add_arguments
 

@@ -27,8 +27,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from deployments.serve import DEFAULT_STORE, NIGHTLY_CRON, SCHEDULED_QUEUE, TIMEZONE, WEEKLY_CRON, WORK_POOL, deployment_specs
-from deployments.steps import DEFAULT_INSTALL, PREINSTALLED, job_env, load_block, local_checkout, pull_steps, source_settings
+from deployments.serve import (
+    DEFAULT_STORE,
+    NIGHTLY_CRON,
+    SCHEDULED_QUEUE,
+    TIMEZONE,
+    WEEKLY_CRON,
+    WORK_POOL,
+    deployment_specs,
+)
+from deployments.steps import (
+    DEFAULT_INSTALL,
+    PREINSTALLED,
+    job_env,
+    load_block,
+    local_checkout,
+    pull_steps,
+    source_settings,
+)
 from pipeline_lib.errors import InputError, TokenmillError
 
 
@@ -74,13 +90,17 @@ def _ensure_pool(pool: str, create: bool) -> None:
         except ObjectNotFound:
             if not create:
                 raise InputError(
-                    f"work pool {pool!r} does not exist: create it (prefect work-pool create {pool} --type process) or pass --create-pool"
+                    f"work pool {pool!r} does not exist: create it (prefect work-pool create {pool} --type process) "
+                    "or pass --create-pool"
                 ) from None
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
             print(f"tokenmill deploy: created work pool {pool!r} (process)")
             return
     if existing.type != "process":
-        print(f"tokenmill deploy: note: work pool {pool!r} is of type {existing.type!r}; the deployments are written for 'process' pools")
+        print(
+            f"tokenmill deploy: note: work pool {pool!r} is of type {existing.type!r}; the deployments are written "
+            "for 'process' pools"
+        )
 
 
 def deploy(
@@ -168,17 +188,48 @@ def deploy(
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of `tokenmill deploy` (for `python -m deployments.deploy` and the CLI)."""
-    parser.add_argument("--store", default=DEFAULT_STORE, help="artifact store URL or path, the deployments' default (default: %(default)s, made absolute)")
-    parser.add_argument("--corpus", action="append", metavar="URL", help="corpus URL or glob (repeatable; default: the bundled tiny Shakespeare)")
     parser.add_argument(
-        "--storage-options", type=_json_object, metavar="JSON", help="fsspec options for store and corpus as JSON (no secrets: parameters show in the UI)"
+        "--store",
+        default=DEFAULT_STORE,
+        help="artifact store URL or path, the deployments' default (default: %(default)s, made absolute)",
     )
-    parser.add_argument("--pool", default=WORK_POOL, help="process work pool the deployments run on (default: %(default)s)")
-    parser.add_argument("--create-pool", action="store_true", help="create the work pool (type process) if it does not exist")
-    parser.add_argument("--nightly-cron", default=NIGHTLY_CRON, metavar="CRON", help=f"schedule of nightly-tokenize, {TIMEZONE} (default: %(default)s)")
-    parser.add_argument("--weekly-cron", default=WEEKLY_CRON, metavar="CRON", help=f"schedule of weekly-retrain, {TIMEZONE} (default: %(default)s)")
-    parser.add_argument("--repo", help="git URL or path the workers clone (default: this checkout's origin remote, else this checkout)")
-    parser.add_argument("--branch", help="branch to clone (default: this checkout's branch when --repo is not given, else the default branch)")
+    parser.add_argument(
+        "--corpus",
+        action="append",
+        metavar="URL",
+        help="corpus URL or glob (repeatable; default: the bundled tiny Shakespeare)",
+    )
+    parser.add_argument(
+        "--storage-options",
+        type=_json_object,
+        metavar="JSON",
+        help="fsspec options for store and corpus as JSON (no secrets: parameters show in the UI)",
+    )
+    parser.add_argument(
+        "--pool", default=WORK_POOL, help="process work pool the deployments run on (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--create-pool", action="store_true", help="create the work pool (type process) if it does not exist"
+    )
+    parser.add_argument(
+        "--nightly-cron",
+        default=NIGHTLY_CRON,
+        metavar="CRON",
+        help=f"schedule of nightly-tokenize, {TIMEZONE} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--weekly-cron",
+        default=WEEKLY_CRON,
+        metavar="CRON",
+        help=f"schedule of weekly-retrain, {TIMEZONE} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--repo", help="git URL or path the workers clone (default: this checkout's origin remote, else this checkout)"
+    )
+    parser.add_argument(
+        "--branch",
+        help="branch to clone (default: this checkout's branch when --repo is not given, else the default branch)",
+    )
     parser.add_argument(
         "--install-command",
         metavar="CMD",
@@ -187,14 +238,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "'python -m deployments.wheel_cache --no-deps' where the worker's environment has the dependencies)",
     )
     parser.add_argument(
-        "--result-storage", metavar="BLOCK", help="Prefect block for task results, shared by all workers (e.g. remote-file-system/tokenmill-results)"
+        "--result-storage",
+        metavar="BLOCK",
+        help="Prefect block for task results, shared by all workers (e.g. remote-file-system/tokenmill-results)",
     )
     parser.add_argument(
-        "--notify", metavar="BLOCK", help="notification block (e.g. custom-webhook/ops-alerts): notify when a tokenmill flow run fails or crashes"
+        "--notify",
+        metavar="BLOCK",
+        help="notification block (e.g. custom-webhook/ops-alerts): notify when a tokenmill flow run fails or crashes",
     )
     parser.add_argument(
         "--image",
-        help="container image for a docker work pool's flow runs, with tokenmill installed (see the Dockerfile); use with --install-command none",
+        help="container image for a docker work pool's flow runs, with tokenmill installed (see the Dockerfile); use "
+        "with --install-command none",
     )
     parser.add_argument("--paused", action="store_true", help="create the schedules paused")
     return parser

@@ -55,7 +55,10 @@ WEEKLY_CRON = "0 3 * * 0"
 # What the scheduled pipeline deployments set, per config (the configs' defaults otherwise).
 # Config dicts: `deployment_specs` validates them against the configs (pipeline_lib.config),
 # and Prefect's server refuses a triggered run whose dict names an unknown field or choice.
-TOKENIZE_PARAMETERS: dict[str, dict[str, Any]] = {"corpus": {"n_shards": 8, "documents": "paragraph"}, "tokenizer": {"vocab_size": 32768}}
+TOKENIZE_PARAMETERS: dict[str, dict[str, Any]] = {
+    "corpus": {"n_shards": 8, "documents": "paragraph"},
+    "tokenizer": {"vocab_size": 32768},
+}
 # All 600 steps: LMConfig's default time budget (1 minute) would re-plan the run to what fits in it.
 RETRAIN_PARAMETERS: dict[str, dict[str, Any]] = {"lm": {"steps": 600, "minutes": None}}
 
@@ -65,7 +68,11 @@ def merge_parameters(*layers: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for layer in layers:
         for k, v in layer.items():
-            out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "storage_options" else v
+            out[k] = (
+                {**out[k], **v}
+                if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "storage_options"
+                else v
+            )
     return out
 
 
@@ -127,7 +134,8 @@ def deployment_specs(
         DeploymentSpec(
             "tokenmill_pipeline",
             "nightly-tokenize",
-            "Nightly: fetch the corpus, retrain the tokenizer and re-encode the token shards if the corpus changed (no LM).",
+            "Nightly: fetch the corpus, retrain the tokenizer and re-encode the token shards if the corpus changed "
+            "(no LM).",
             cron=nightly_cron,
             parameters=merge_parameters(common, TOKENIZE_PARAMETERS, {"train_model": False}),
             tags=("tokenmill", "nightly"),
@@ -144,7 +152,12 @@ def deployment_specs(
             concurrency_limit=1,
             work_queue=SCHEDULED_QUEUE,
         ),
-        DeploymentSpec("tokenmill_pipeline", "on-demand", "The whole chain; give any parameters when triggering.", parameters=dict(common)),
+        DeploymentSpec(
+            "tokenmill_pipeline",
+            "on-demand",
+            "The whole chain; give any parameters when triggering.",
+            parameters=dict(common),
+        ),
         DeploymentSpec(
             "tokenmill_pipeline",
             "on-demand-dask",
@@ -154,8 +167,18 @@ def deployment_specs(
             runner="dask",
         ),
         DeploymentSpec("corpus_flow", "on-demand", "Fetch and shard a corpus.", parameters=dict(common)),
-        DeploymentSpec("tokenizer_flow", "on-demand", "Count and learn merges on a corpus reference (corpus_ref).", parameters=dict(stage_common)),
-        DeploymentSpec("encode_flow", "on-demand", "Encode a corpus reference with a tokenizer reference.", parameters=dict(stage_common)),
+        DeploymentSpec(
+            "tokenizer_flow",
+            "on-demand",
+            "Count and learn merges on a corpus reference (corpus_ref).",
+            parameters=dict(stage_common),
+        ),
+        DeploymentSpec(
+            "encode_flow",
+            "on-demand",
+            "Encode a corpus reference with a tokenizer reference.",
+            parameters=dict(stage_common),
+        ),
         DeploymentSpec("lm_flow", "on-demand", "Train the GPT on a tokens reference.", parameters=dict(stage_common)),
     ]
     for spec in specs:
@@ -170,7 +193,10 @@ def check_cron(cron: str, what: str) -> str:
     try:
         Cron(cron, timezone=TIMEZONE)
     except ValueError as e:
-        raise InputError(f"{what} {cron!r} is not a cron schedule: give five fields, minute hour day month weekday (e.g. '0 2 * * *')") from e
+        raise InputError(
+            f"{what} {cron!r} is not a cron schedule: give five fields, minute hour day month weekday "
+            "(e.g. '0 2 * * *')"
+        ) from e
     return cron
 
 
@@ -200,7 +226,9 @@ def _require_server(command: str = "tokenmill serve") -> str:
     return url
 
 
-def bound_flows(specs: Sequence[DeploymentSpec], task_runner=None, workers: int = 0, dask_address: str | None = None) -> list[tuple[DeploymentSpec, Any]]:
+def bound_flows(
+    specs: Sequence[DeploymentSpec], task_runner=None, workers: int = 0, dask_address: str | None = None
+) -> list[tuple[DeploymentSpec, Any]]:
     """Each spec with its flow, bound to `task_runner` (or to the spec's own runner).
 
     A spec with its own `runner` (on-demand-dask) gets that runner, with `workers` and
@@ -214,7 +242,9 @@ def bound_flows(specs: Sequence[DeploymentSpec], task_runner=None, workers: int 
     for spec in specs:
         flow = entrypoints.FLOWS[spec.flow]
         if spec.runner is not None:
-            flow = flow.with_options(task_runner=make_task_runner(spec.runner, workers, dask_address if spec.runner == "dask" else None))
+            flow = flow.with_options(
+                task_runner=make_task_runner(spec.runner, workers, dask_address if spec.runner == "dask" else None)
+            )
         elif task_runner is not None:
             flow = flow.with_options(task_runner=task_runner)
         out.append((spec, flow))
@@ -288,7 +318,9 @@ def _serve_runner(**kwargs):
             if self.stop_requests > 1 or loop is None or not self.started:
                 raise KeyboardInterrupt
             name = signal.Signals(signum).name if signum else "signal"
-            self._logger.info("%s received: cancelling the runs in flight and stopping (send it again to stop at once)", name)
+            self._logger.info(
+                "%s received: cancelling the runs in flight and stopping (send it again to stop at once)", name
+            )
 
             def stop() -> None:
                 self.stop_task = loop.create_task(self.astop())
@@ -341,19 +373,28 @@ def serve(
     directory. Stops on the first Ctrl-C or SIGTERM, cancelling the runs in flight; on the
     way out it pauses the schedules of the deployments it registered (and only those).
     """
-    url, bound = _flows_to_serve(store, corpus, storage_options, runner, workers, dask_address, nightly_cron, weekly_cron, result_storage)
-    prefect_runner = _serve_runner(name="tokenmill-serve", limit=limit, pause_on_shutdown=False, query_seconds=poll_seconds)
+    url, bound = _flows_to_serve(
+        store, corpus, storage_options, runner, workers, dask_address, nightly_cron, weekly_cron, result_storage
+    )
+    prefect_runner = _serve_runner(
+        name="tokenmill-serve", limit=limit, pause_on_shutdown=False, query_seconds=poll_seconds
+    )
     ids: list[Any] = []
     try:
         names = _add_deployments(prefect_runner, bound, paused, ids)
-        print(f"tokenmill serve: {len(names)} deployments on {url}; Ctrl-C stops (schedules are paused on exit)", flush=True)
+        print(
+            f"tokenmill serve: {len(names)} deployments on {url}; Ctrl-C stops (schedules are paused on exit)",
+            flush=True,
+        )
         for name in names:
             print(f"  {name}", flush=True)
         _run_until_stopped(prefect_runner)
     finally:
         if ids:
             try:
-                print(f"tokenmill serve: stopped; paused the schedules of {_pause_served(ids)} deployment(s)", flush=True)
+                print(
+                    f"tokenmill serve: stopped; paused the schedules of {_pause_served(ids)} deployment(s)", flush=True
+                )
             except Exception as e:  # noqa: BLE001 - the server may be gone; stopping matters more
                 print(f"tokenmill serve: stopped; could not pause the schedules ({type(e).__name__}: {e})", flush=True)
 
@@ -396,7 +437,9 @@ def _flows_to_serve(
     return url, bound
 
 
-def _add_deployments(prefect_runner: Any, bound: list[tuple[DeploymentSpec, Any]], paused: bool, ids: list[Any]) -> list[str]:
+def _add_deployments(
+    prefect_runner: Any, bound: list[tuple[DeploymentSpec, Any]], paused: bool, ids: list[Any]
+) -> list[str]:
     """Add each bound flow to `prefect_runner` as a deployment, its id appended to `ids` as
     soon as it exists (so that those added before a failure are paused on the way out);
     the lines that name them."""
@@ -429,7 +472,11 @@ def _run_until_stopped(prefect_runner: Any) -> None:
 
     from prefect.exceptions import TerminationSignal
 
-    previous = signal.signal(signal.SIGINT, prefect_runner.request_stop) if threading.current_thread() is threading.main_thread() else None
+    previous = (
+        signal.signal(signal.SIGINT, prefect_runner.request_stop)
+        if threading.current_thread() is threading.main_thread()
+        else None
+    )
     try:
         asyncio.run(prefect_runner.start())
     except (KeyboardInterrupt, TerminationSignal):
@@ -457,9 +504,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--paused", action="store_true", help="register schedules paused")
     p.add_argument("--limit", type=int, help="at most this many flow runs at once")
     p.add_argument("--poll-seconds", type=float, help="how often to look for due runs (default 10)")
-    p.add_argument("--nightly-cron", default=NIGHTLY_CRON, help="schedule of nightly-tokenize, UTC (default: %(default)s)")
+    p.add_argument(
+        "--nightly-cron", default=NIGHTLY_CRON, help="schedule of nightly-tokenize, UTC (default: %(default)s)"
+    )
     p.add_argument("--weekly-cron", default=WEEKLY_CRON, help="schedule of weekly-retrain, UTC (default: %(default)s)")
-    p.add_argument("--result-storage", metavar="BLOCK", help="Prefect block for task results, e.g. remote-file-system/tokenmill-results")
+    p.add_argument(
+        "--result-storage",
+        metavar="BLOCK",
+        help="Prefect block for task results, e.g. remote-file-system/tokenmill-results",
+    )
     args = p.parse_args(argv)
     try:
         serve(

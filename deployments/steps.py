@@ -86,7 +86,9 @@ def _scp_like(url: str) -> bool:
     return ":" in head and not os.path.exists(url)
 
 
-def source_settings(repo: str | None = None, branch: str | None = None, install: str | None = None, cwd: str | None = None) -> dict[str, Any]:
+def source_settings(
+    repo: str | None = None, branch: str | None = None, install: str | None = None, cwd: str | None = None
+) -> dict[str, Any]:
     """``{"repo", "branch", "install"}`` for the pull steps; unset values from the checkout at `cwd`.
 
     Raises:
@@ -132,7 +134,9 @@ def job_env(result_storage: str | None = None, runner: str | None = None) -> dic
 
     env: dict[str, str] = heartbeat_env()
     if result_storage:
-        env[RESULT_STORAGE_ENV] = check_block_slug(result_storage, "TOKENMILL_RESULT_STORAGE (tokenmill deploy --result-storage)")
+        env[RESULT_STORAGE_ENV] = check_block_slug(
+            result_storage, "TOKENMILL_RESULT_STORAGE (tokenmill deploy --result-storage)"
+        )
     if runner:
         env["TOKENMILL_RUNNER"] = runner
     return env
@@ -141,7 +145,10 @@ def job_env(result_storage: str | None = None, runner: str | None = None) -> dic
 def check_block_slug(slug: str, what: str) -> str:
     parts = slug.strip().split("/")
     if len(parts) != 2 or not all(parts):
-        raise InputError(f"{what}: expected a block as BLOCK-TYPE/NAME (e.g. remote-file-system/tokenmill-results, custom-webhook/ops-alerts), got {slug!r}")
+        raise InputError(
+            f"{what}: expected a block as BLOCK-TYPE/NAME (e.g. remote-file-system/tokenmill-results, "
+            f"custom-webhook/ops-alerts), got {slug!r}"
+        )
     return slug.strip()
 
 
@@ -164,7 +171,11 @@ def settings(store_default: str = "./artifacts", **_: Any) -> dict[str, Any]:
             raise InputError("TOKENMILL_STORAGE_OPTIONS must be a JSON object")
         out["storage_options"] = options
     out.update(
-        source_settings(os.environ.get("TOKENMILL_REPO", "").strip(), os.environ.get("TOKENMILL_BRANCH", "").strip(), os.environ.get("TOKENMILL_INSTALL"))
+        source_settings(
+            os.environ.get("TOKENMILL_REPO", "").strip(),
+            os.environ.get("TOKENMILL_BRANCH", "").strip(),
+            os.environ.get("TOKENMILL_INSTALL"),
+        )
     )
     result_storage = os.environ.get("TOKENMILL_RESULT_STORAGE", "").strip() or None
     out["env"] = job_env(result_storage)
@@ -173,7 +184,8 @@ def settings(store_default: str = "./artifacts", **_: Any) -> dict[str, Any]:
     checkout = local_checkout()
     if checkout is not None and checkout["dirty"] and not os.environ.get("TOKENMILL_REPO", "").strip():
         print(
-            f"tokenmill deploy: note: {checkout['root']} has uncommitted changes; workers clone {out['repo']} ({out['branch'] or 'default branch'}) without them"
+            f"tokenmill deploy: note: {checkout['root']} has uncommitted changes; workers clone {out['repo']} "
+            f"({out['branch'] or 'default branch'}) without them"
         )
     return out
 
@@ -193,7 +205,9 @@ def work_queue(pool: str, name: str, concurrency_limit: int | None = None, **_: 
         try:
             client.read_work_pool(pool)
         except ObjectNotFound:
-            raise InputError(f"work pool {pool!r} does not exist: create it with `prefect work-pool create {pool} --type process`") from None
+            raise InputError(
+                f"work pool {pool!r} does not exist: create it with `prefect work-pool create {pool} --type process`"
+            ) from None
         try:
             queue = client.read_work_queue_by_name(name, work_pool_name=pool)
         except ObjectNotFound:
@@ -222,5 +236,6 @@ def load_block(slug: str, what: str) -> Any:
             return client.read_block_document_by_name(name, block_type_slug=block_type, include_secrets=False)
         except ObjectNotFound:
             raise InputError(
-                f"{what} {slug!r}: the Prefect server has no such block; create it first (docs/operations.md, 'Deployments on a clean worker')"
+                f"{what} {slug!r}: the Prefect server has no such block; create it first (docs/operations.md, "
+                "'Deployments on a clean worker')"
             ) from None

@@ -117,7 +117,10 @@ def install(source: Path, cache: Path, no_deps: bool = False, pip_args: list[str
     if version is None:  # no version to cache under: install from the source, as pip would
         (Path(sys.prefix) / MARKER).unlink(missing_ok=True)
         _pip("install", *deps, *pip_args, str(source))
-        return f"tokenmill: installed from {source} (not a clean git checkout: no wheel cached) in {time.monotonic() - started:.1f} s"
+        return (
+            f"tokenmill: installed from {source} (not a clean git checkout: no wheel cached) in "
+            f"{time.monotonic() - started:.1f} s"
+        )
     if installed_version() == version:
         return f"tokenmill {version}: already installed in {sys.prefix} ({time.monotonic() - started:.1f} s)"
     wheel = cached_wheel(cache, version)
@@ -143,10 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         cache.mkdir(parents=True, exist_ok=True)
         print(install(Path(args.source).resolve(), cache, args.no_deps, pip_args), flush=True)
     except subprocess.CalledProcessError as e:
-        print(f"python -m deployments.wheel_cache: error: pip failed (exit {e.returncode}): {' '.join(e.cmd[1:])}", file=sys.stderr)
+        print(
+            f"python -m deployments.wheel_cache: error: pip failed (exit {e.returncode}): {' '.join(e.cmd[1:])}",
+            file=sys.stderr,
+        )
         return 1
     except OSError as e:
-        print(f"python -m deployments.wheel_cache: error: {e} (set {ENV_CACHE} to a writable directory)", file=sys.stderr)
+        print(
+            f"python -m deployments.wheel_cache: error: {e} (set {ENV_CACHE} to a writable directory)", file=sys.stderr
+        )
         return 1
     return 0
 

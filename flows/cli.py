@@ -41,7 +41,14 @@ from flows.cli_options import (
 from flows.cli_parser import build_parser
 from flows.cli_pipeline import _yours_in_report, cmd_encode, cmd_lm_train, cmd_report, cmd_run, cmd_sweep
 from flows.cli_tokenizer import cmd_tokenizer_train
-from flows.failures import ENV_DEBUG, ENV_LOG_DIR, EXIT_BROKEN_PIPE, PREFECT_CONSOLE_CLASS, _error_line_printed, report_failure
+from flows.failures import (
+    ENV_DEBUG,
+    ENV_LOG_DIR,
+    EXIT_BROKEN_PIPE,
+    PREFECT_CONSOLE_CLASS,
+    _error_line_printed,
+    report_failure,
+)
 from flows.home import prefect_home
 from flows.signals import _command, _sigterm_raises
 
@@ -97,7 +104,9 @@ def use_console_handler() -> None:
     """Our console handler for Prefect's logs (PREFECT_CONSOLE_CLASS), set before anything
     imports Prefect: its settings read it then (in a command's process, or once in the warm
     runner for every command it runs). A logging.yml of the user's own is left alone."""
-    if not os.environ.get("PREFECT_LOGGING_SETTINGS_PATH") and not os.path.exists(os.path.join(prefect_home(), "logging.yml")):
+    if not os.environ.get("PREFECT_LOGGING_SETTINGS_PATH") and not os.path.exists(
+        os.path.join(prefect_home(), "logging.yml")
+    ):
         os.environ.setdefault(*PREFECT_CONSOLE_CLASS)
 
 
@@ -117,7 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     _error_line_printed.clear()  # one error line per command (a caller may run several in one process)
     use_console_handler()
     args = build_parser(argv).parse_args(argv)
-    debug = bool(getattr(args, "debug", False)) or os.environ.get(ENV_DEBUG, "").strip().lower() not in ("", "0", "false", "no")
+    debug = bool(getattr(args, "debug", False)) or os.environ.get(ENV_DEBUG, "").strip().lower() not in (
+        "",
+        "0",
+        "false",
+        "no",
+    )
     _command.update(store=getattr(args, "store", None), resumable=_resumable(args))
     with _debug_env(debug):
         try:

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline_lib.errors import InputError
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 DEFAULT_STORE = "./artifacts"
 
@@ -78,7 +81,10 @@ def _is_tokenizer_dir(ref: str) -> bool:
     if os.path.isdir(ref) and os.path.exists(os.path.join(ref, META_FILE)):
         return True
     if ref.startswith(("/", "./", "../", "~")) or os.path.isfile(ref):  # a path, never a REF
-        raise InputError(f"--tokenizer {ref}: not a saved tokenizer directory (no {META_FILE} there); give one, or a REF in the store (latest:tokenizer)")
+        raise InputError(
+            f"--tokenizer {ref}: not a saved tokenizer directory (no {META_FILE} there); give one, or a "
+            "REF in the store (latest:tokenizer)"
+        )
     return False
 
 
@@ -100,7 +106,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
     for k, v in summary["artifacts"].items():
         print(f"  {k:<11} {v}")
     print("== headline figures ==")
-    notes = {"bytes_per_token": "(byte level: 1.0)", "chars_per_token": "(character level: 1.0)", "val_bpb": "(bits per byte)"}
+    notes = {
+        "bytes_per_token": "(byte level: 1.0)",
+        "chars_per_token": "(character level: 1.0)",
+        "val_bpb": "(bits per byte)",
+    }
     for k, v in summary["figures"].items():
         shown = f"{v:.4f}" if isinstance(v, float) else v
         print(f"  {k:<16} {shown} {notes.get(k, '')}".rstrip())
@@ -115,8 +125,14 @@ class _ProgressBars:
     def __init__(self):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.bars = Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
-        self.ids: dict[str, int] = {}
+        self.bars = Progress(
+            TextColumn("{task.description:<22}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=False,
+        )
+        self.ids: dict[str, TaskID] = {}
 
     def __call__(self, name: str, *, done=None, advance=0, total=None) -> None:
         if name not in self.ids:
@@ -147,4 +163,7 @@ def _read_text(path: str, flag: str) -> str:
 def _check_out_outside_store(store, out: str) -> None:
     """Exports never go where gc and verify look: refuse an --out inside the store."""
     if store.contains_local_path(out):
-        raise InputError(f"--out {out} is inside the store {store.url}: the store keeps only what it writes; choose an --out outside it")
+        raise InputError(
+            f"--out {out} is inside the store {store.url}: the store keeps only what it writes; choose "
+            "an --out outside it"
+        )

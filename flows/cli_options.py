@@ -26,12 +26,22 @@ def _add_store(p: argparse.ArgumentParser) -> None:
 
 
 def _add_debug(p: argparse.ArgumentParser, default: Any = False) -> None:
-    p.add_argument("--debug", action="store_true", default=default, help="print the full traceback of a failure (also TOKENMILL_DEBUG=1)")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        default=default,
+        help="print the full traceback of a failure (also TOKENMILL_DEBUG=1)",
+    )
 
 
 def _add_runner(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=0, help="parallel workers for mapped stages (default: all cores)")
-    p.add_argument("--runner", choices=("threads", "processes", "dask"), default="threads", help="Prefect task runner (default: %(default)s)")
+    p.add_argument(
+        "--runner",
+        choices=("threads", "processes", "dask"),
+        default="threads",
+        help="Prefect task runner (default: %(default)s)",
+    )
     p.add_argument("--dask-address", help="existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (with --runner dask)")
 
 
@@ -143,10 +153,17 @@ def add_config_options(p: argparse.ArgumentParser, cls: type, defaults: Any = No
                 action="extend",
                 default=None,
                 metavar=f.name.upper().rstrip("S") or f.name.upper(),
-                type=(lambda t, f=f: [_parse_value(f, x) for x in t.split(",")]) if split else (lambda t, f=f: [_parse_value(f, t)]),
+                type=(lambda t, f=f: [_parse_value(f, x) for x in t.split(",")])
+                if split
+                else (lambda t, f=f: [_parse_value(f, t)]),
             )
         else:
-            kw.update(type=lambda t, f=f: _parse_value(f, t), default=default, choices=f.choices, metavar=None if f.choices else f.name.upper())
+            kw.update(
+                type=lambda t, f=f: _parse_value(f, t),
+                default=default,
+                choices=f.choices,
+                metavar=None if f.choices else f.name.upper(),
+            )
         group.add_argument(flag_of(cls, f.name), **kw)
         if f.repeated and f.item_type is str and default:
             # A repeatable option only adds; this one says "none at all" (e.g. no special tokens).

@@ -18,7 +18,8 @@ else tokenmill's local Prefect server: started in the background by the first su
 `tokenmill server stop`. With TOKENMILL_WARM=1, a warm runner beside it (flows/warm.py) runs
 later commands in a process that has made their imports already. They keep their
 database (prefect.db), logs and the runs' task results in $PREFECT_HOME/tokenmill (default
-~/.prefect/tokenmill), and nothing else in $PREFECT_HOME; `tokenmill gc --prefect-home` removes them. TOKENMILL_PREFECT_SERVER=temporary uses Prefect's per-command server instead.
+~/.prefect/tokenmill), and nothing else in $PREFECT_HOME; `tokenmill gc --prefect-home` removes them.
+TOKENMILL_PREFECT_SERVER=temporary uses Prefect's per-command server instead.
 
 A failure prints one ``tokenmill: error:`` line naming the file, URL or store and what to
 do; the traceback goes to a log file ($TOKENMILL_LOG_DIR, default $PREFECT_HOME/logs) and
@@ -47,8 +48,27 @@ from flows.cli_options import (
     _add_store,
     _report_corpus,
 )
-from flows.cli_pipeline import cmd_compare, cmd_encode, cmd_lab_corpora, cmd_lab_page, cmd_lm_sample, cmd_lm_train, cmd_report, cmd_run, cmd_sweep
-from flows.cli_store import cmd_export_llmc, cmd_export_nanogpt, cmd_gc, cmd_rm, cmd_server, cmd_show, cmd_verify, cmd_versions
+from flows.cli_pipeline import (
+    cmd_compare,
+    cmd_encode,
+    cmd_lab_corpora,
+    cmd_lab_page,
+    cmd_lm_sample,
+    cmd_lm_train,
+    cmd_report,
+    cmd_run,
+    cmd_sweep,
+)
+from flows.cli_store import (
+    cmd_export_llmc,
+    cmd_export_nanogpt,
+    cmd_gc,
+    cmd_rm,
+    cmd_server,
+    cmd_show,
+    cmd_verify,
+    cmd_versions,
+)
 from flows.cli_tokenizer import (
     cmd_tokenizer_decode,
     cmd_tokenizer_encode,
@@ -71,7 +91,13 @@ def _command_path(argv: list[str] | None) -> tuple[str, ...] | None:
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
-def _add_configs(p: argparse.ArgumentParser, path: tuple[str, ...] | None, command: tuple[str, ...], names: tuple[str, ...], **defaults: Any) -> None:
+def _add_configs(
+    p: argparse.ArgumentParser,
+    path: tuple[str, ...] | None,
+    command: tuple[str, ...],
+    names: tuple[str, ...],
+    **defaults: Any,
+) -> None:
     """Add the stage options `names` to `p` when the command line (its command words `path`,
     None for all) names `command`: they import the stages' config classes (numpy, pyarrow...)."""
     if path is None or path[: len(command)] == command:
@@ -113,7 +139,11 @@ def _add_pipeline_commands(sub: Subcommands, path: tuple[str, ...] | None) -> No
     p.add_argument("--no-lm", action="store_true", help="stop after the token shards")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("sweep", help="which tokenizer makes the better model: tokenizers at several vocabulary sizes, the same GPT on each at equal compute")
+    p = sub.add_parser(
+        "sweep",
+        help="which tokenizer makes the better model: tokenizers at several vocabulary sizes, "
+        "the same GPT on each at equal compute",
+    )
     _add_store(p)
     _add_configs(p, path, ("sweep",), SWEEP_CONFIGS)
     _add_runner(p)
@@ -129,29 +159,52 @@ def _add_tokenizer_commands(sub: Subcommands, path: tuple[str, ...] | None) -> N
     _add_runner(p)
     p.add_argument("--out", help="also save the tokenizer files into this directory")
     p.add_argument(
-        "--log-merges", type=int, default=0, metavar="N", help="log every N-th merge: the pair, the new token, its count when merged (default: none)"
+        "--log-merges",
+        type=int,
+        default=0,
+        metavar="N",
+        help="log every N-th merge: the pair, the new token, its count when merged (default: none)",
     )
-    p.add_argument("--trace", action="store_true", help="print the training pieces (the 20 most frequent) after each merge; kept as a run artifact too")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="print the training pieces (the 20 most frequent) after each merge; kept as a run artifact too",
+    )
     p.set_defaults(func=cmd_tokenizer_train)
     p = tp.add_parser("encode", help="encode text with a tokenizer")
     _add_store(p)
     p.add_argument(
         "--tokenizer",
         default="latest:tokenizer",
-        help="REF in the store, a saved tokenizer directory, or a HF tokenizer.json of byte-level BPE, or a production encoding: gpt2, r50k_base, p50k_base, cl100k_base, o200k_base",
+        help="REF in the store, a saved tokenizer directory, or a HF tokenizer.json of byte-level BPE, or a "
+        "production encoding: gpt2, r50k_base, p50k_base, cl100k_base, o200k_base",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text")
     src.add_argument("--input", help="text file to encode")
     p.add_argument("--output", help="write ids as .npy instead of printing")
-    p.add_argument("--allow-special", action="append", metavar="TOKEN", help="special token allowed in the text (repeatable; 'all': every one)")
+    p.add_argument(
+        "--allow-special",
+        action="append",
+        metavar="TOKEN",
+        help="special token allowed in the text (repeatable; 'all': every one)",
+    )
     p.add_argument(
         "--special-as-text",
         action="store_true",
-        help="encode special-token text the --allow-special flags do not name as ordinary text (the library's encode_ordinary), instead of refusing it",
+        help="encode special-token text the --allow-special flags do not name as ordinary text (the library's "
+        "encode_ordinary), instead of refusing it",
     )
-    p.add_argument("--show", action="store_true", help="draw each token's text above its id (whitespace visible, coloured in a terminal) and the compression")
-    p.add_argument("--trace", action="store_true", help="per piece: its starting parts, then each merge applied (lowest rank first) with its rank")
+    p.add_argument(
+        "--show",
+        action="store_true",
+        help="draw each token's text above its id (whitespace visible, coloured in a terminal) and the compression",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="per piece: its starting parts, then each merge applied (lowest rank first) with its rank",
+    )
     p.set_defaults(func=cmd_tokenizer_encode)
     tokenizer_help = "REF in the store, a saved tokenizer directory, or a production encoding (gpt2, cl100k_base, ...)"
     p = tp.add_parser("merges", help="every merge as text under a header: pair, new token, id, count when merged")
@@ -166,22 +219,48 @@ def _add_tokenizer_commands(sub: Subcommands, path: tuple[str, ...] | None) -> N
     p.set_defaults(func=cmd_tokenizer_vocab)
     p = tp.add_parser("decode", help="decode token ids (a .npy or .json file, text, or stdin) back to text")
     _add_store(p)
-    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store, a saved tokenizer directory or a HF tokenizer.json of byte-level BPE")
+    p.add_argument(
+        "--tokenizer",
+        default="latest:tokenizer",
+        help="REF in the store, a saved tokenizer directory or a HF tokenizer.json of byte-level BPE",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--ids", help="ids separated by spaces or commas, as 'tokenizer encode' prints them")
-    src.add_argument("--input", help="a .npy array of ids ('tokenizer encode --output'), a .json list, or a text file of ids ('-': stdin)")
+    src.add_argument(
+        "--input",
+        help="a .npy array of ids ('tokenizer encode --output'), a .json list, or a text file of ids ('-': stdin)",
+    )
     p.add_argument("--output", help="write the decoded bytes to this file instead of printing the text")
     p.set_defaults(func=cmd_tokenizer_decode)
-    p = tp.add_parser("inspect", help="shortest, longest, first and last tokens, tokens per length, tokens never used in training")
+    p = tp.add_parser(
+        "inspect", help="shortest, longest, first and last tokens, tokens per length, tokens never used in training"
+    )
     _add_store(p)
-    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store (its training counts are known) or a saved tokenizer directory")
+    p.add_argument(
+        "--tokenizer",
+        default="latest:tokenizer",
+        help="REF in the store (its training counts are known) or a saved tokenizer directory",
+    )
     p.add_argument("--top", type=int, default=10, help="tokens shown in each list (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=cmd_tokenizer_inspect)
-    p = tp.add_parser("export", help="export to HF tokenizer.json, a transformers directory, GPT-2's vocab.json + merges.txt or a .tiktoken ranks file")
+    p = tp.add_parser(
+        "export",
+        help="export to HF tokenizer.json, a transformers directory, GPT-2's vocab.json + "
+        "merges.txt or a .tiktoken ranks file",
+    )
     _add_store(p)
-    p.add_argument("--tokenizer", default="latest:tokenizer", help="REF in the store, a saved tokenizer directory or a HF tokenizer.json of byte-level BPE")
-    p.add_argument("--format", choices=("hf", "tiktoken", "transformers", "gpt2"), required=True, help="transformers and gpt2 write into the directory --out")
+    p.add_argument(
+        "--tokenizer",
+        default="latest:tokenizer",
+        help="REF in the store, a saved tokenizer directory or a HF tokenizer.json of byte-level BPE",
+    )
+    p.add_argument(
+        "--format",
+        choices=("hf", "tiktoken", "transformers", "gpt2"),
+        required=True,
+        help="transformers and gpt2 write into the directory --out",
+    )
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_tokenizer_export)
 
@@ -207,7 +286,11 @@ def _add_lm_commands(sub: Subcommands, path: tuple[str, ...] | None) -> None:
     p = lp.add_parser("sample", help="generate text from a trained model")
     _add_store(p)
     p.add_argument("--model", default="latest:model", help="model REF (default: %(default)s)")
-    p.add_argument("--device", default="auto", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps (default: %(default)s)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps (default: %(default)s)",
+    )
     _add_configs(p, path, ("lm", "sample"), SAMPLE_CONFIGS)
     p.set_defaults(func=cmd_lm_sample)
 
@@ -218,17 +301,30 @@ def _add_store_commands(sub: Subcommands) -> None:
     _add_store(p)
     p.add_argument("--kind", help="only this kind (raw, corpus, counts, tokenizer, tokens, model, report, sweep)")
     p.set_defaults(func=cmd_versions)
-    for name, func, helptext in (("show", cmd_show, "print a version's manifest"), ("verify", cmd_verify, "re-hash a version's files against its manifest")):
+    for name, func, helptext in (
+        ("show", cmd_show, "print a version's manifest"),
+        ("verify", cmd_verify, "re-hash a version's files against its manifest"),
+    ):
         p = sub.add_parser(name, help=helptext)
         _add_store(p)
-        p.add_argument("ref", nargs="?" if name == "verify" else None, help="kind/version, a version prefix, or latest:KIND")
+        p.add_argument(
+            "ref", nargs="?" if name == "verify" else None, help="kind/version, a version prefix, or latest:KIND"
+        )
         if name == "verify":
-            p.add_argument("--all", action="store_true", help="verify every published version and list what the store did not write; exit 1 on any fault")
+            p.add_argument(
+                "--all",
+                action="store_true",
+                help="verify every published version and list what the store did not write; exit 1 on any fault",
+            )
         p.set_defaults(func=func)
-    p = sub.add_parser("rm", help="delete a published version (refused while others derive from it, unless --with-dependents)")
+    p = sub.add_parser(
+        "rm", help="delete a published version (refused while others derive from it, unless --with-dependents)"
+    )
     _add_store(p)
     p.add_argument("ref", help="kind/version, a version prefix, or latest:KIND")
-    p.add_argument("--with-dependents", action="store_true", help="also remove every version derived from it (listed first)")
+    p.add_argument(
+        "--with-dependents", action="store_true", help="also remove every version derived from it (listed first)"
+    )
     p.add_argument(
         "--with-unused-parents",
         action="store_true",
@@ -236,11 +332,18 @@ def _add_store_commands(sub: Subcommands) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     p.set_defaults(func=cmd_rm)
-    p = sub.add_parser("gc", help="remove the unpublished leftovers the store wrote (staging areas, work dirs, stale claims); list and keep everything else")
+    p = sub.add_parser(
+        "gc",
+        help="remove the unpublished leftovers the store wrote (staging areas, work dirs, stale "
+        "claims); list and keep everything else",
+    )
     _add_store(p)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument(
-        "--min-age", type=float, default=3600, help="spare leftovers younger than this many seconds: a running flow's staging area (default: %(default)s)"
+        "--min-age",
+        type=float,
+        default=3600,
+        help="spare leftovers younger than this many seconds: a running flow's staging area (default: %(default)s)",
     )
     p.add_argument(
         "--prefect-home",
@@ -254,7 +357,9 @@ def _add_store_commands(sub: Subcommands) -> None:
 
 def _add_server_command(sub: Subcommands) -> None:
     """server status|start|stop: tokenmill's local Prefect server."""
-    p = sub.add_parser("server", help="tokenmill's local Prefect server, used when PREFECT_API_URL is unset: status, start or stop it")
+    p = sub.add_parser(
+        "server", help="tokenmill's local Prefect server, used when PREFECT_API_URL is unset: status, start or stop it"
+    )
     p.add_argument("action", choices=("status", "start", "stop"))
     _add_debug(p, default=argparse.SUPPRESS)
     p.set_defaults(func=cmd_server)
@@ -269,7 +374,8 @@ def _add_export_commands(sub: Subcommands) -> None:
     p.add_argument(
         "--val-fraction",
         type=float,
-        help="checked against the split the tokens version records (decided at encoding by its --val-fraction); default: that split",
+        help="checked against the split the tokens version records (decided at encoding by its --val-fraction); "
+        "default: that split",
     )
     p.set_defaults(func=cmd_export_nanogpt)
     p = sub.add_parser("export-llmc", help="write llm.c's <prefix>_train.bin / <prefix>_val.bin from a tokens version")
@@ -279,31 +385,58 @@ def _add_export_commands(sub: Subcommands) -> None:
     p.add_argument(
         "--val-fraction",
         type=float,
-        help="checked against the split the tokens version records (decided at encoding by its --val-fraction); default: that split",
+        help="checked against the split the tokens version records (decided at encoding by its --val-fraction); "
+        "default: that split",
     )
     p.add_argument("--prefix", default="tokens")
     p.add_argument(
-        "--separator-placement", choices=("append", "prepend"), help="separator after or before each document (default: as encoded; llm.c's scripts prepend)"
+        "--separator-placement",
+        choices=("append", "prepend"),
+        help="separator after or before each document (default: as encoded; llm.c's scripts prepend)",
     )
     p.set_defaults(func=cmd_export_llmc)
 
 
 def _add_lab_commands(sub: Subcommands) -> None:
     """lab page|corpora: the tokenizer lab."""
-    lab_parsers = sub.add_parser("lab", help="the tokenizer lab: learn BPE in a browser").add_subparsers(dest="sub", required=True)
-    p = lab_parsers.add_parser("page", help="one self-contained HTML page: coloured tokens, a merge slider, compression vs vocabulary, compare table")
+    lab_parsers = sub.add_parser("lab", help="the tokenizer lab: learn BPE in a browser").add_subparsers(
+        dest="sub", required=True
+    )
+    p = lab_parsers.add_parser(
+        "page",
+        help="one self-contained HTML page: coloured tokens, a merge slider, compression vs vocabulary, compare table",
+    )
     _add_store(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="the text the page shows")
     src.add_argument("--input", help="text file the page shows")
-    p.add_argument("--tokenizer", help="REF in the store, a saved directory or a production encoding name (default: train one on --corpus)")
-    p.add_argument("--corpus", help="with no --tokenizer: text file to train byte-level BPE on (default: the bundled tiny Shakespeare)")
-    p.add_argument("--merges", type=int, default=500, help="with no --tokenizer: merges to learn (default: %(default)s)")
-    p.add_argument("--ties", choices=("bytes", "first-seen"), default="bytes", help="with no --tokenizer: the tie rule (default: %(default)s)")
+    p.add_argument(
+        "--tokenizer",
+        help="REF in the store, a saved directory or a production encoding name (default: train one on --corpus)",
+    )
+    p.add_argument(
+        "--corpus",
+        help="with no --tokenizer: text file to train byte-level BPE on (default: the bundled tiny Shakespeare)",
+    )
+    p.add_argument(
+        "--merges", type=int, default=500, help="with no --tokenizer: merges to learn (default: %(default)s)"
+    )
+    p.add_argument(
+        "--ties",
+        choices=("bytes", "first-seen"),
+        default="bytes",
+        help="with no --tokenizer: the tie rule (default: %(default)s)",
+    )
     p.add_argument("--out", default="lab.html", help="the HTML file to write (default: %(default)s)")
-    p.add_argument("--flow", action="store_true", help="also attach the page to a Prefect run: a link artifact and the compare table")
+    p.add_argument(
+        "--flow",
+        action="store_true",
+        help="also attach the page to a Prefect run: a link artifact and the compare table",
+    )
     p.set_defaults(func=cmd_lab_page)
-    p = lab_parsers.add_parser("corpora", help="the small corpora shipped for the tutorials: list them, or copy them into a directory")
+    p = lab_parsers.add_parser(
+        "corpora", help="the small corpora shipped for the tutorials: list them, or copy them into a directory"
+    )
     p.add_argument("--copy", metavar="DIR", help="copy every one into DIR (as NAME.txt)")
     p.set_defaults(func=cmd_lab_corpora)
 
@@ -316,29 +449,63 @@ def _add_report_commands(sub: Subcommands, path: tuple[str, ...] | None) -> None
         "--tokenizer",
         action="append",
         metavar="REF",
-        help="a tokenizer you trained (REF, directory or encoding name), measured on the same held-out text; repeatable",
+        help="a tokenizer you trained (REF, directory or encoding name), measured on the held-out text, repeatable",
     )
     _add_configs(p, path, ("report",), REPORT_CONFIGS, corpus=_report_corpus)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser(
         "compare",
-        help="character level, word level, BPE trained at several sizes (ours, HF's) and GPT-2 / cl100k / o200k, measured on the same held-out text",
+        help="character level, word level, BPE trained at several sizes (ours, HF's) and GPT-2 / cl100k / o200k, "
+        "measured on the same held-out text",
     )
-    p.add_argument("--corpus", metavar="URL", help="text file (path or fsspec URL) to train on and hold out from (default: the bundled tiny Shakespeare)")
-    p.add_argument("--multilingual", metavar="URL", help="UDHR sample for fertility per language (default: the bundled one; 'none': leave it out)")
-    p.add_argument("--encoding-file", action="append", metavar="NAME=PATH", help="ranks file of a production encoding, e.g. cl100k_base=./cl100k_base.tiktoken")
-    p.add_argument("--out", default="./compare", help="directory for compare.md, compare.json and compare.png (default: %(default)s)")
-    p.add_argument("--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option for the corpus URL (repeatable)")
-    p.add_argument("--flow", action="store_true", help="run as a Prefect flow: the table and the plot also become the run's artifacts")
+    p.add_argument(
+        "--corpus",
+        metavar="URL",
+        help="text file (path or fsspec URL) to train on and hold out from (default: the bundled tiny Shakespeare)",
+    )
+    p.add_argument(
+        "--multilingual",
+        metavar="URL",
+        help="UDHR sample for fertility per language (default: the bundled one; 'none': leave it out)",
+    )
+    p.add_argument(
+        "--encoding-file",
+        action="append",
+        metavar="NAME=PATH",
+        help="ranks file of a production encoding, e.g. cl100k_base=./cl100k_base.tiktoken",
+    )
+    p.add_argument(
+        "--out",
+        default="./compare",
+        help="directory for compare.md, compare.json and compare.png (default: %(default)s)",
+    )
+    p.add_argument(
+        "--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option for the corpus URL (repeatable)"
+    )
+    p.add_argument(
+        "--flow",
+        action="store_true",
+        help="run as a Prefect flow: the table and the plot also become the run's artifacts",
+    )
     p.add_argument(
         "--tokenizer",
         action="append",
         metavar="REF",
         help="a tokenizer you trained (REF in --store, or a saved directory) measured beside the others; repeatable",
     )
-    p.add_argument("--store", default=DEFAULT_STORE, help="artifact store holding the --tokenizer REFs (default: %(default)s)")
-    p.add_argument("--text", help="with --show: this text as tokens under character level, word level, your tokenizers and gpt2 / cl100k / o200k")
-    p.add_argument("--show", action="store_true", help="draw --text under each tokenizer (coloured in a terminal) instead of measuring a corpus")
+    p.add_argument(
+        "--store", default=DEFAULT_STORE, help="artifact store holding the --tokenizer REFs (default: %(default)s)"
+    )
+    p.add_argument(
+        "--text",
+        help="with --show: this text as tokens under character level, word level, your "
+        "tokenizers and gpt2 / cl100k / o200k",
+    )
+    p.add_argument(
+        "--show",
+        action="store_true",
+        help="draw --text under each tokenizer (coloured in a terminal) instead of measuring a corpus",
+    )
     _add_configs(p, path, ("compare",), COMPARE_CONFIGS)
     _add_debug(p, default=argparse.SUPPRESS)
     p.set_defaults(func=cmd_compare)

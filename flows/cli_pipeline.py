@@ -9,7 +9,17 @@ import os
 import sys
 from typing import Any
 
-from flows.cli_common import _flow_api, _load_tokenizer, _print_summary, _ProgressBars, _read_text, _resolve, _runner, _storage_options, _store
+from flows.cli_common import (
+    _flow_api,
+    _load_tokenizer,
+    _print_summary,
+    _ProgressBars,
+    _read_text,
+    _resolve,
+    _runner,
+    _storage_options,
+    _store,
+)
 from flows.cli_options import (
     COMPARE_CONFIGS,
     DOCUMENTS,
@@ -32,7 +42,8 @@ def _check_separator(configs: dict[str, Any]) -> None:
     separator, specials = configs["encode"].separator, configs["tokenizer"].special_tokens
     if separator is not None and separator not in specials:
         raise ConfigError(
-            f"--separator {separator}: not one of the tokenizer's special tokens ({', '.join(specials) or 'none: --no-special-token'});"
+            f"--separator {separator}: not one of the tokenizer's special tokens "
+            f"({', '.join(specials) or 'none: --no-special-token'});"
             f" add it with --special-token '{separator}', or give --separator none"
         )
 
@@ -45,7 +56,12 @@ def cmd_run(args) -> int:
 
         flow = tokenmill_pipeline.with_options(task_runner=_runner(args))
         with _ProgressBars():
-            summary = flow(**configs, store=args.store, train_model=not args.no_lm, storage_options=_storage_options(args.storage_option) or None)
+            summary = flow(
+                **configs,
+                store=args.store,
+                train_model=not args.no_lm,
+                storage_options=_storage_options(args.storage_option) or None,
+            )
     _print_summary(summary)
     return 0
 
@@ -76,7 +92,14 @@ def cmd_encode(args) -> int:
         from flows.pipeline import encode_corpus_flow
 
         flow = encode_corpus_flow.with_options(task_runner=_runner(args))
-        tokens = flow(configs["corpus"], store.ref(k, v), store=args.store, encode=configs["encode"], storage_options=so, documents=configs[DOCUMENTS])
+        tokens = flow(
+            configs["corpus"],
+            store.ref(k, v),
+            store=args.store,
+            encode=configs["encode"],
+            storage_options=so,
+            documents=configs[DOCUMENTS],
+        )
     print(f"tokens {tokens.key} -> {tokens.uri}")
     return 0
 
@@ -135,7 +158,11 @@ def _yours_in_report(args, store, ref) -> str:
     named = [(r, _load_tokenizer(argparse.Namespace(**{**vars(args), "tokenizer": r}))) for r in args.tokenizer]
     corpus = store.parent(ref, "corpus")
     last = store.manifest(corpus.kind, corpus.version)["meta"]["shards"][-1]["file"]
-    heldout = "\n\n".join(d.decode("utf-8") for docs in iter_shard_batches(store.local_file(corpus.kind, corpus.version, last)) for d in docs)
+    heldout = "\n\n".join(
+        d.decode("utf-8")
+        for docs in iter_shard_batches(store.local_file(corpus.kind, corpus.version, last))
+        for d in docs
+    )
     with open(MULTILINGUAL, encoding="utf-8") as f:
         sections = udhr_sections(f.read())
     return lab.yours_markdown(named, heldout, sections)
@@ -167,7 +194,11 @@ def cmd_lab_page(args) -> int:
 
         if args.merges < 1:
             raise InputError(f"--merges {args.merges}: give at least 1 merge to learn")
-        corpus = _read_text(args.corpus, "--corpus") if args.corpus else open(DEFAULT_CORPUS, encoding="utf-8").read()[:200_000]
+        corpus = (
+            _read_text(args.corpus, "--corpus")
+            if args.corpus
+            else open(DEFAULT_CORPUS, encoding="utf-8").read()[:200_000]
+        )
         tok = lab_page.train_for_page(corpus, args.merges, args.ties)
         name = f"byte-level BPE, {len(tok.merges or [])} merges on {args.corpus or 'tiny Shakespeare'}"
     production = {n: get_encoding(n) for n in ("gpt2", "cl100k_base", "o200k_base")}
@@ -181,9 +212,8 @@ def cmd_lab_page(args) -> int:
         with _flow_api():
             from flows.lab import lab_page_flow
 
-            print(
-                f"attached to a Prefect run: {lab_page_flow(args.out, f'tokenmill lab: {name}', [{k: r[k] for k in ('name', 'tokens', 'chars_per_token')} for r in rows])}"
-            )
+            table = [{k: r[k] for k in ("name", "tokens", "chars_per_token")} for r in rows]
+            print(f"attached to a Prefect run: {lab_page_flow(args.out, f'tokenmill lab: {name}', table)}")
     return 0
 
 
@@ -194,7 +224,9 @@ def cmd_compare(args) -> int:
     from pipeline_lib.report import MULTILINGUAL
 
     config = configs_from_args(args, COMPARE_CONFIGS)["compare"]
-    yours = {ref: _load_tokenizer(argparse.Namespace(**{**vars(args), "tokenizer": ref})) for ref in args.tokenizer or []}
+    yours = {
+        ref: _load_tokenizer(argparse.Namespace(**{**vars(args), "tokenizer": ref})) for ref in args.tokenizer or []
+    }
     if args.show or args.text is not None:
         if args.text is None or not args.show:
             raise InputError("compare --show draws one text: give both --show and --text '...'")
@@ -204,7 +236,11 @@ def cmd_compare(args) -> int:
         colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         import shutil
 
-        print(lab.show_text_rows(args.text, lab.text_rows(args.text, named), width=shutil.get_terminal_size().columns, colour=colour))
+        print(
+            lab.show_text_rows(
+                args.text, lab.text_rows(args.text, named), width=shutil.get_terminal_size().columns, colour=colour
+            )
+        )
         return 0
     files: dict[str, str] = {}
     for pair in args.encoding_file or []:
@@ -216,7 +252,9 @@ def cmd_compare(args) -> int:
     source = args.corpus or DEFAULT_CORPUS
     if args.flow:  # the same measuring, as a Prefect flow run with its artifacts
         if yours:
-            raise InputError("--tokenizer is measured by the command itself: leave out --flow to compare your tokenizers")
+            raise InputError(
+                "--tokenizer is measured by the command itself: leave out --flow to compare your tokenizers"
+            )
         with _flow_api():
             from flows.lab import compare_flow
 
@@ -230,8 +268,20 @@ def cmd_compare(args) -> int:
                 raise InputError(f"{flag} {e}") from e
 
         text = read(source, "--corpus")
-        multilingual = read(args.multilingual or MULTILINGUAL, "--multilingual") if (args.multilingual or "").lower() != "none" else None
-        result = lab.compare(text, config, source, multilingual, files, progress=lambda message: print(message, file=sys.stderr, flush=True), tokenizers=yours)
+        multilingual = (
+            read(args.multilingual or MULTILINGUAL, "--multilingual")
+            if (args.multilingual or "").lower() != "none"
+            else None
+        )
+        result = lab.compare(
+            text,
+            config,
+            source,
+            multilingual,
+            files,
+            progress=lambda message: print(message, file=sys.stderr, flush=True),
+            tokenizers=yours,
+        )
     print(lab.compare_text(result))
     paths = lab.write_comparison(result, args.out)
     print(f"table: {paths['md']}, figures: {paths['json']}, plot: {paths['png']}")

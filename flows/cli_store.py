@@ -23,7 +23,9 @@ def cmd_versions(args) -> int:
     if args.kind is not None and args.kind not in PIPELINE_KINDS:
         in_store = sorted({m["kind"] for m in store.list()} - set(PIPELINE_KINDS))
         if args.kind not in in_store:
-            raise InputError(f"--kind {args.kind}: not a kind of version; choose one of {', '.join([*PIPELINE_KINDS, *in_store])}")
+            raise InputError(
+                f"--kind {args.kind}: not a kind of version; choose one of {', '.join([*PIPELINE_KINDS, *in_store])}"
+            )
     rows = store.list(args.kind)
     if not rows:
         print(f"no versions in {store.url}")
@@ -99,7 +101,9 @@ def cmd_verify(args) -> int:
         print(f"foreign (not written by the store, kept): {path}")
     print(f"{len(results)} version(s), {faults} fault(s), {len(foreign)} foreign item(s) in {store.url}")
     if faults:
-        print(f"tokenmill: error: {faults} version(s) in {store.url} failed verification (listed above)", file=sys.stderr)
+        print(
+            f"tokenmill: error: {faults} version(s) in {store.url} failed verification (listed above)", file=sys.stderr
+        )
         return EXIT_FAILURE
     return 0
 
@@ -107,7 +111,9 @@ def cmd_verify(args) -> int:
 def cmd_rm(args) -> int:
     store = _store(args)
     k, v = _resolve(store, args.ref)
-    removed = store.remove_version(k, v, with_dependents=args.with_dependents, dry_run=args.dry_run, with_unused_parents=args.with_unused_parents)
+    removed = store.remove_version(
+        k, v, with_dependents=args.with_dependents, dry_run=args.dry_run, with_unused_parents=args.with_unused_parents
+    )
     for key in removed:
         print(("would remove " if args.dry_run else "removed ") + key)
     return 0
@@ -128,7 +134,8 @@ def cmd_gc(args) -> int:
 
         from flows.prefect_api import LocalServer, server_dir
 
-        log_dir = None if os.environ.get(ENV_LOG_DIR) else Path(_log_dir())  # a log directory of the user's own is theirs
+        # a log directory of the user's own is theirs
+        log_dir = None if os.environ.get(ENV_LOG_DIR) else Path(_log_dir())
         local = LocalServer(server_dir())
         removed, notes = local.gc(args.min_age, args.dry_run, log_dir)
         for note in notes:
@@ -146,7 +153,14 @@ def _duration(delta: dt.timedelta) -> str:
 
 def cmd_server(args) -> int:
     from flows import warm
-    from flows.prefect_api import DEFAULT_STARTUP_TIMEOUT_S, ENV_IDLE_TIMEOUT, ENV_STARTUP_TIMEOUT, LocalServer, read_float_env, server_dir
+    from flows.prefect_api import (
+        DEFAULT_STARTUP_TIMEOUT_S,
+        ENV_IDLE_TIMEOUT,
+        ENV_STARTUP_TIMEOUT,
+        LocalServer,
+        read_float_env,
+        server_dir,
+    )
 
     local = LocalServer(server_dir())
     if args.action == "start":
@@ -155,26 +169,47 @@ def cmd_server(args) -> int:
         print(f"tokenmill's local Prefect server: {state['api_url']} (pid {state['pid']}, files in {local.directory})")
     elif args.action == "stop":
         pid = local.stop()
-        print(f"stopped tokenmill's local Prefect server (pid {pid})" if pid else f"no local Prefect server was running ({local.directory})")
+        print(
+            f"stopped tokenmill's local Prefect server (pid {pid})"
+            if pid
+            else f"no local Prefect server was running ({local.directory})"
+        )
     else:
         status = local.status()
         if status is None:
-            print(f"not running; tokenmill starts it in {local.directory} when a command runs flows without PREFECT_API_URL")
+            print(
+                f"not running; tokenmill starts it in {local.directory} when a command runs flows without "
+                "PREFECT_API_URL"
+            )
         else:
             clients = local.live_clients()
             since = dt.datetime.fromtimestamp(status["started"])
             idle = float(status.get("idle_timeout_s") or 0)
-            print(f"running: {status['api_url']} (pid {status['pid']}, since {since:%Y-%m-%d %H:%M:%S}, up {_duration(dt.datetime.now() - since)})")
-            print(f"  idle time-out: {f'{idle / 60:g} min without a command' if idle > 0 else 'none'} ({ENV_IDLE_TIMEOUT})")
+            print(
+                f"running: {status['api_url']} (pid {status['pid']}, since {since:%Y-%m-%d %H:%M:%S}, up "
+                f"{_duration(dt.datetime.now() - since)})"
+            )
+            print(
+                f"  idle time-out: {f'{idle / 60:g} min without a command' if idle > 0 else 'none'} "
+                f"({ENV_IDLE_TIMEOUT})"
+            )
             runner = warm.runner_pid(str(local.directory))
             if runner is None:
                 print(f"  warm runner: none ({warm.ENV_WARM}=1 starts one)")
             else:
-                runner_since = dt.datetime.fromtimestamp(float(warm.read_info(str(local.directory)).get("started") or 0))
+                runner_since = dt.datetime.fromtimestamp(
+                    float(warm.read_info(str(local.directory)).get("started") or 0)
+                )
                 print(f"  warm runner: pid {runner}, since {runner_since:%Y-%m-%d %H:%M:%S}")
-            print(f"  files:    {local.directory} (database {local.db_path.name}, log {local.log_path.name}, results {local.storage_dir.name}/)")
+            print(
+                f"  files:    {local.directory} (database {local.db_path.name}, log {local.log_path.name}, results "
+                f"{local.storage_dir.name}/)"
+            )
             print(f"  commands: {len(clients)} running" + (f" (pid {', '.join(map(str, clients))})" if clients else ""))
-            print(f"  use it elsewhere: export PREFECT_API_URL={status['api_url']} PREFECT_API_AUTH_STRING=$(cat {local.auth_path})")
+            print(
+                f"  use it elsewhere: export PREFECT_API_URL={status['api_url']} PREFECT_API_AUTH_STRING=$(cat "
+                f"{local.auth_path})"
+            )
     return 0
 
 
@@ -187,7 +222,8 @@ def cmd_export_nanogpt(args) -> int:
     _check_out_outside_store(store, args.out)
     k, v = _resolve(store, args.tokens, "tokens")
     meta = store.manifest(k, v)["meta"]
-    tok = load_tokenizer(store, store.ref(*split_key(meta["tokenizer"]["version"])))  # the tokens' tokenizer, "tokenizer/<id>"
+    # the tokens' tokenizer, "tokenizer/<id>"
+    tok = load_tokenizer(store, store.ref(*split_key(meta["tokenizer"]["version"])))
     token_bytes: list[bytes | None] = []
     for i in range(tok.vocab_size):
         try:
@@ -206,7 +242,15 @@ def cmd_export_llmc(args) -> int:
     _check_out_outside_store(store, args.out)
     k, v = _resolve(store, args.tokens, "tokens")
     written = export_llmc(
-        store.local_dir(k, v), store.manifest(k, v)["meta"], args.out, args.val_fraction, args.prefix, separator_placement=args.separator_placement
+        store.local_dir(k, v),
+        store.manifest(k, v)["meta"],
+        args.out,
+        args.val_fraction,
+        args.prefix,
+        separator_placement=args.separator_placement,
     )
-    print(f"{args.prefix}_train.bin: {written['train']:,} tokens, {args.prefix}_val.bin: {written['val']:,} tokens -> {args.out}")
+    print(
+        f"{args.prefix}_train.bin: {written['train']:,} tokens, {args.prefix}_val.bin: {written['val']:,} tokens -> "
+        f"{args.out}"
+    )
     return 0

@@ -7,7 +7,17 @@ import json
 import os
 import sys
 
-from flows.cli_common import _check_out_outside_store, _flow_api, _is_tokenizer_dir, _load_tokenizer, _read_text, _resolve, _runner, _storage_options, _store
+from flows.cli_common import (
+    _check_out_outside_store,
+    _flow_api,
+    _is_tokenizer_dir,
+    _load_tokenizer,
+    _read_text,
+    _resolve,
+    _runner,
+    _storage_options,
+    _store,
+)
 from flows.cli_options import TOKENIZER_CONFIGS, configs_from_args
 from pipeline_lib.errors import InputError
 
@@ -52,7 +62,11 @@ def cmd_tokenizer_encode(args) -> int:
             flag = f"--input {args.input}" if e.filename == args.input else f"--output {output}"
             raise InputError(f"{flag}: is a directory, not a file") from None
         except FileNotFoundError as e:
-            flag = f"--input {args.input}: no such file" if e.filename == args.input else f"--output {output}: no such directory"
+            flag = (
+                f"--input {args.input}: no such file"
+                if e.filename == args.input
+                else (f"--output {output}: no such directory")
+            )
             raise InputError(flag) from None
         n_bytes, n_chars = _utf8_extent(args.input)
         per_token = f": {n_chars / n:.2f} chars/token, {n_bytes / n:.2f} bytes/token" if n else ""
@@ -63,7 +77,9 @@ def cmd_tokenizer_encode(args) -> int:
         allowed = lab.check_special_tokens(tok, "", allow, "--text")
         ids = tok.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
     else:
-        allowed = lab.check_special_tokens(tok, text, allow, "--text" if args.text is not None else f"--input {args.input}")
+        allowed = lab.check_special_tokens(
+            tok, text, allow, "--text" if args.text is not None else f"--input {args.input}"
+        )
         ids = tok.encode_to_numpy(text, allowed_special=allowed)
     if args.trace:
         print(lab.encode_trace_text(lab.encode_trace(tok, text)))
@@ -79,13 +95,17 @@ def cmd_tokenizer_encode(args) -> int:
         ratio = ""
         if args.input is not None:
             c = lab.compression(text, len(ids))
-            ratio = f" ({c['chars']:,} characters, {c['bytes']:,} bytes: {c['chars_per_token']:.2f} chars/token, {c['bytes_per_token']:.2f} bytes/token)"
+            ratio = (
+                f" ({c['chars']:,} characters, {c['bytes']:,} bytes: {c['chars_per_token']:.2f} chars/token, "
+                f"{c['bytes_per_token']:.2f} bytes/token)"
+            )
         print(f"{len(ids)} tokens -> {args.output}{ratio}")
     elif args.input is not None and not args.show:
         print(" ".join(map(str, ids.tolist())))
         c = lab.compression(text, len(ids))
         print(
-            f"{c['tokens']:,} tokens for {c['chars']:,} characters ({c['bytes']:,} bytes): {c['chars_per_token']:.2f} chars/token, {c['bytes_per_token']:.2f} bytes/token"
+            f"{c['tokens']:,} tokens for {c['chars']:,} characters ({c['bytes']:,} bytes): {c['chars_per_token']:.2f} "
+            f"chars/token, {c['bytes_per_token']:.2f} bytes/token"
         )
     elif not args.show and not args.trace:
         print(" ".join(map(str, ids.tolist())))
@@ -160,7 +180,9 @@ def _read_ids_file(path: str) -> list[int]:
             except ValueError as e:
                 raise InputError(f"{flag}: not a .npy array of ids ({e})") from None
             if array.ndim != 1 or array.dtype.kind not in "iu":
-                raise InputError(f"{flag}: expected a one-dimensional integer array, got shape {array.shape} of {array.dtype}")
+                raise InputError(
+                    f"{flag}: expected a one-dimensional integer array, got shape {array.shape} of {array.dtype}"
+                )
             return array.tolist()
         if path == "-":
             text = sys.stdin.read()
@@ -186,7 +208,9 @@ def _read_ids(text: str, flag: str) -> list[int]:
     words = text.replace(",", " ").split()
     bad = next((w for w in words if not w.isdigit()), None)
     if bad is not None:
-        raise InputError(f"{flag}: {bad[:40]!r} is not a token id (give non-negative integers separated by spaces or commas)")
+        raise InputError(
+            f"{flag}: {bad[:40]!r} is not a token id (give non-negative integers separated by spaces or commas)"
+        )
     return [int(w) for w in words]
 
 
@@ -205,8 +229,10 @@ def _refuse_special_in_file(tok, path: str, allowed) -> None:
     if found:
         token, offset = found
         raise InputError(
-            f"--input {path} holds the special token {token!r} (at byte {offset:,}), which text may only hold when allowed: "
-            f"pass --allow-special '{token}' to encode it as its id {tok.special_tokens[token]}, or --special-as-text to encode it as ordinary text"
+            f"--input {path} holds the special token {token!r} (at byte {offset:,}), which text may only hold when "
+            "allowed: "
+            f"pass --allow-special '{token}' to encode it as its id {tok.special_tokens[token]}, or --special-as-text "
+            "to encode it as ordinary text"
         )
 
 

@@ -108,7 +108,8 @@ class SlotWaitLog:
             delay = self.delay_s
             while not acquired.wait(delay):
                 logger.warning(
-                    "waiting %.0f s so far for a concurrency slot: %s; another run holds them (`prefect gcl ls` shows the limits)",
+                    "waiting %.0f s so far for a concurrency slot: %s; another run holds them (`prefect gcl ls` shows "
+                    "the limits)",
                     time.monotonic() - started,
                     _describe_limits(list(names)),
                 )

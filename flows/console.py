@@ -48,7 +48,11 @@ class ConsoleHandler(PrefectConsoleHandler):
             except Exception:
                 self.handleError(record)
             return
-        if (record.exc_info or record.exc_text or record.stack_info) and record.name.startswith(RUN_LOGGERS) and not debug_enabled():
+        if (
+            (record.exc_info or record.exc_text or record.stack_info)
+            and record.name.startswith(RUN_LOGGERS)
+            and not debug_enabled()
+        ):
             # A copy: the record is shared with the handlers that run after this one.
             record = copy.copy(record)
             record.exc_info = record.exc_text = record.stack_info = None

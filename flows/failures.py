@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from flows.home import prefect_home
 from pipeline_lib.errors import CancelledError, InputError, TokenmillError, is_network_error
 
-EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_BROKEN_PIPE = 1, 2, 130, 143, 141  # 141: 128 + SIGPIPE, as a shell reports it
+# 141: 128 + SIGPIPE, as a shell reports it
+EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_BROKEN_PIPE = 1, 2, 130, 143, 141
 ENV_DEBUG = "TOKENMILL_DEBUG"  # also read by flows.console (not imported here: it imports Prefect)
 ENV_LOG_DIR = "TOKENMILL_LOG_DIR"  # default: $PREFECT_HOME/logs, i.e. ~/.prefect/logs
 KEEP_LOG_FILES = 50
@@ -32,7 +33,8 @@ KEEP_LOG_FILES = 50
 # its console handler becomes flows.console.ConsoleHandler, which drops run-failure
 # tracebacks, here and in the worker processes that inherit the environment.
 PREFECT_CONSOLE_CLASS = ("PREFECT_LOGGING_HANDLERS_CONSOLE_CLASS", "flows.console.ConsoleHandler")
-_EPHEMERAL_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API server"  # prefect.server.api.server
+# prefect.server.api.server
+_EPHEMERAL_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API server"
 RERUN_RESUMES = "then rerun the same command (finished stages are reused; nothing was published half)"
 RERUN_READ_ONLY = "then rerun the command"
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,7 +67,13 @@ def _chain(exc: BaseException) -> list[BaseException]:
             continue
         out.append(e)
         wrapped = getattr(e, "kwargs", None)
-        todo += [wrapped.get("error") if isinstance(wrapped, dict) and isinstance(wrapped.get("error"), BaseException) else None, e.__cause__, e.__context__]
+        todo += [
+            wrapped.get("error")
+            if isinstance(wrapped, dict) and isinstance(wrapped.get("error"), BaseException)
+            else None,
+            e.__cause__,
+            e.__context__,
+        ]
     return out
 
 
@@ -89,13 +97,19 @@ def _errno_in(e: BaseException, *names: str) -> bool:
     return isinstance(e, OSError) and e.errno in codes
 
 
-_DISK_FULL_TEXT = re.compile(r"no space left on device|disk quota exceeded|errno 28\b|code: 28\b|StorageFull|errno 122\b", re.IGNORECASE)
+_DISK_FULL_TEXT = re.compile(
+    r"no space left on device|disk quota exceeded|errno 28\b|code: 28\b|StorageFull|errno "
+    r"122\b",
+    re.IGNORECASE,
+)
 _REFUSED_TEXT = re.compile(r"connection refused|connect call failed", re.IGNORECASE)
 
 
 def _is_disk_full(e: BaseException) -> bool:
     # Native writers (pyarrow, torch, safetensors) report ENOSPC in their own exception types.
-    return _errno_in(e, "ENOSPC", "EDQUOT") or (not isinstance(e, TokenmillError) and bool(_DISK_FULL_TEXT.search(str(e))))
+    return _errno_in(e, "ENOSPC", "EDQUOT") or (
+        not isinstance(e, TokenmillError) and bool(_DISK_FULL_TEXT.search(str(e)))
+    )
 
 
 def _type_names(e: BaseException) -> set[str]:
@@ -153,7 +167,15 @@ def describe_failure(exc: BaseException, store: str | None = None, resumable: bo
     chain = _chain(exc)
     store_part = f"the store {store}" if store else "the store"
     filename = next((str(e.filename) for e in chain if isinstance(e, OSError) and e.filename), None)
-    facts = _Facts(exc, chain, _where(exc), RERUN_RESUMES if resumable else RERUN_READ_ONLY, store_part, filename, filename or store_part)
+    facts = _Facts(
+        exc,
+        chain,
+        _where(exc),
+        RERUN_RESUMES if resumable else RERUN_READ_ONLY,
+        store_part,
+        filename,
+        filename or store_part,
+    )
     for rule in _RULES:
         if (failure := rule(facts)) is not None:
             return failure
@@ -205,9 +227,14 @@ def _our_error(f: _Facts) -> Failure | None:
 
 def _disk_full(f: _Facts) -> Failure | None:
     if full := next((e for e in f.chain if _is_disk_full(e)), None):
-        what = "disk quota exceeded (EDQUOT)" if _errno_in(full, "EDQUOT") or "quota" in str(full).lower() else "no space left on device (ENOSPC)"
+        what = (
+            "disk quota exceeded (EDQUOT)"
+            if _errno_in(full, "EDQUOT") or "quota" in str(full).lower()
+            else ("no space left on device (ENOSPC)")
+        )
         return Failure(
-            f"{what} writing {f.target}: free space there (`tokenmill gc` removes unpublished leftovers) or choose another --store, {f.rerun}",
+            f"{what} writing {f.target}: free space there (`tokenmill gc` removes unpublished leftovers) or choose "
+            f"another --store, {f.rerun}",
             EXIT_FAILURE,
         )
     return None
@@ -216,7 +243,8 @@ def _disk_full(f: _Facts) -> Failure | None:
 def _out_of_memory(f: _Facts) -> Failure | None:
     if any(isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" for e in f.chain):
         return Failure(
-            f"out of memory{f.at}: use more --shards (smaller shards), fewer --workers, or a smaller --lm-preset / --batch-size, {f.rerun}",
+            f"out of memory{f.at}: use more --shards (smaller shards), fewer --workers, or a smaller --lm-preset / "
+            f"--batch-size, {f.rerun}",
             EXIT_FAILURE,
         )
     return None
@@ -224,10 +252,15 @@ def _out_of_memory(f: _Facts) -> Failure | None:
 
 def _permission_denied(f: _Facts) -> Failure | None:
     """A file named: its access; else the store's credentials."""
-    if denied := next((e for e in f.chain if isinstance(e, PermissionError) or _errno_in(e, "EACCES", "EPERM", "EROFS")), None):
+    if denied := next(
+        (e for e in f.chain if isinstance(e, PermissionError) or _errno_in(e, "EACCES", "EPERM", "EROFS")), None
+    ):
         if f.filename:
             reason = "read-only file system" if _errno_in(denied, "EROFS") else "permission denied"
-            return Failure(f"{reason}: {f.filename}: give this user access to it or choose another --store / path, {f.rerun}", EXIT_FAILURE)
+            return Failure(
+                f"{reason}: {f.filename}: give this user access to it or choose another --store / path, {f.rerun}",
+                EXIT_FAILURE,
+            )
         return Failure(
             f"permission denied for {f.store_part} ({_one_line(denied, 300)}): check the credentials "
             f"(--storage-option key=... / AWS_PROFILE) and the bucket's policy, {f.rerun}",
@@ -241,7 +274,8 @@ def _temporary_server_timeout(f: _Facts) -> Failure | None:
         return Failure(
             "Prefect's temporary API server did not start in time (TOKENMILL_PREFECT_SERVER=temporary): unset "
             "TOKENMILL_PREFECT_SERVER to use tokenmill's reused local server, allow it more time "
-            f"(TOKENMILL_SERVER_STARTUP_TIMEOUT=600) or set PREFECT_API_URL to a running server (prefect server start), {f.rerun}",
+            "(TOKENMILL_SERVER_STARTUP_TIMEOUT=600) or set PREFECT_API_URL to a running server (prefect server "
+            f"start), {f.rerun}",
             EXIT_FAILURE,
         )
     return None
@@ -270,24 +304,32 @@ def _unreachable(f: _Facts) -> Failure | None:
         url = _url_of(chain) or f.store_part
         if any(_type_names(e) & {"httpx.TransportError"} for e in chain):
             return Failure(
-                f"cannot reach the Prefect API at {url} ({_one_line(net, 300)}): start that server (prefect server start) "
+                f"cannot reach the Prefect API at {url} ({_one_line(net, 300)}): start that server (prefect server "
+                "start) "
                 f"or unset PREFECT_API_URL to use tokenmill's local one, {rerun}",
                 EXIT_FAILURE,
             )
-        if any(isinstance(e, ConnectionRefusedError) or _errno_in(e, "ECONNREFUSED") or _REFUSED_TEXT.search(str(e)) for e in chain):
+        if any(
+            isinstance(e, ConnectionRefusedError) or _errno_in(e, "ECONNREFUSED") or _REFUSED_TEXT.search(str(e))
+            for e in chain
+        ):
             return Failure(
                 f"cannot connect to {url}: connection refused: check that the server is running and the address "
                 f"(--storage-option endpoint_url=...) is right, {rerun}",
                 EXIT_FAILURE,
             )
-        if timeout := next((e for e in chain if isinstance(e, TimeoutError) or "timeout" in type(e).__name__.lower()), None):
+        if timeout := next(
+            (e for e in chain if isinstance(e, TimeoutError) or "timeout" in type(e).__name__.lower()), None
+        ):
             return Failure(
                 f"no answer from {url} in time, after retries ({type(timeout).__name__}): the server is down, paused "
                 "or overloaded (or allow it more time, e.g. --storage-option config_kwargs='{\"read_timeout\": 120}'); "
                 f"when it answers, {rerun.removeprefix('then ')}",
                 EXIT_FAILURE,
             )
-        return Failure(f"cannot reach {url}: {_one_line(net, 300)}: check the network and the address, {rerun}", EXIT_FAILURE)
+        return Failure(
+            f"cannot reach {url}: {_one_line(net, 300)}: check the network and the address, {rerun}", EXIT_FAILURE
+        )
     return None
 
 
@@ -307,7 +349,10 @@ def _other_os_error(f: _Facts) -> Failure | None:
         reason = exc.strerror or _one_line(exc, 300)
         message = f"{f.target}: {reason}" if filename else f"{_one_line(exc, 300)} (while working on {f.target})"
         if filename and "/.staging/" in filename:
-            message += "; if `tokenmill gc` ran meanwhile, it removed this run's staging area: give gc a --min-age longer than your runs"
+            message += (
+                "; if `tokenmill gc` ran meanwhile, it removed this run's staging area: give gc a --min-age "
+                "longer than your runs"
+            )
         return Failure(f"{message}; {f.rerun}", EXIT_FAILURE)
     return None
 
@@ -343,7 +388,9 @@ def write_failure_log(exc: BaseException, argv: list[str], line: str) -> str | N
         os.makedirs(directory, mode=0o700, exist_ok=True)
         now = dt.datetime.now()
         path = os.path.join(directory, f"tokenmill-{now:%Y%m%d-%H%M%S-%f}-{os.getpid()}.log")
-        text = f"{now.isoformat()} tokenmill {' '.join(_redact_argv(argv))}\ntokenmill: error: {line}\n\n" + "".join(traceback.format_exception(exc))
+        text = f"{now.isoformat()} tokenmill {' '.join(_redact_argv(argv))}\ntokenmill: error: {line}\n\n" + "".join(
+            traceback.format_exception(exc)
+        )
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
             f.write(_redact(text))
@@ -356,7 +403,9 @@ def write_failure_log(exc: BaseException, argv: list[str], line: str) -> str | N
         return None
 
 
-def report_failure(exc: BaseException, argv: list[str], store: str | None = None, debug: bool = False, resumable: bool = True) -> int:
+def report_failure(
+    exc: BaseException, argv: list[str], store: str | None = None, debug: bool = False, resumable: bool = True
+) -> int:
     """Print the one ``tokenmill: error:`` line for `exc` (the traceback too with `debug`),
     log the traceback to a file, and return the exit status."""
     failure = describe_failure(exc, store, resumable)

@@ -54,7 +54,10 @@ def check_own_dir(path: str) -> None:
         if st.st_uid not in (uid, 0):
             raise NotOwnError(f"{parent} (above {path}) belongs to uid {st.st_uid}: that user could replace {path}")
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            raise NotOwnError(f"{parent} (above {path}) can be written by other users and has no sticky bit: they could replace {path}")
+            raise NotOwnError(
+                f"{parent} (above {path}) can be written by other users and has no sticky bit: they "
+                f"could replace {path}"
+            )
         if parent == os.path.dirname(parent):
             return
         parent = os.path.dirname(parent)

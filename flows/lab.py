@@ -31,7 +31,11 @@ def read_text(url: str, storage_options: dict | None) -> str:
 
 @task(name="compare_tokenizers")
 def compare_tokenizers(
-    corpus: str, config: lab.CompareConfig, multilingual: str | None, encoding_files: dict[str, str], storage_options: dict | None
+    corpus: str,
+    config: lab.CompareConfig,
+    multilingual: str | None,
+    encoding_files: dict[str, str],
+    storage_options: dict | None,
 ) -> dict[str, Any]:
     logger = get_run_logger()
     text = read_text(corpus, storage_options)
@@ -43,8 +47,12 @@ def publish_artifacts(result: dict[str, Any], key: str = "tokenizer-comparison")
     """A table artifact of the rows and a Markdown artifact with the plot, the table and fertility."""
     create_table_artifact(
         key=key,
-        table=[{k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "size_axis"} for row in result["rows"]],
-        description=f"Tokenizers measured on the same held-out text ({result['heldout_chars']:,} characters of {result['source']})",
+        table=[
+            {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "size_axis"}
+            for row in result["rows"]
+        ],
+        description=f"Tokenizers measured on the same held-out text ({result['heldout_chars']:,} characters of "
+        f"{result['source']})",
     )
     with tempfile.TemporaryDirectory(prefix="compare-") as tmp:
         png = os.path.join(tmp, "compare.png")
@@ -53,8 +61,10 @@ def publish_artifacts(result: dict[str, Any], key: str = "tokenizer-comparison")
             image = base64.b64encode(f.read()).decode()
     create_markdown_artifact(
         key=f"{key}-report",
-        markdown=f"![compression against vocabulary size](data:image/png;base64,{image})\n\n{lab.compare_text(result, markdown=True)}",
-        description="Compression, tokens per word, embedding size and throughput of each tokenizer; fertility per language",
+        markdown="![compression against vocabulary "
+        f"size](data:image/png;base64,{image})\n\n{lab.compare_text(result, markdown=True)}",
+        description="Compression, tokens per word, embedding size and throughput of each tokenizer; fertility per "
+        "language",
     )
 
 
@@ -89,12 +99,16 @@ def lab_page_flow(page: str, title: str, rows: list[dict[str, Any]]) -> str:
     (tokenizer, tokens, chars/token). Returns the page's URI."""
     uri = Path(page).resolve().as_uri()
     create_link_artifact(
-        key="lab-page", link=uri, link_text=title, description="The tokenizer lab page: tokens, merge slider, compression curve, compare table"
+        key="lab-page",
+        link=uri,
+        link_text=title,
+        description="The tokenizer lab page: tokens, merge slider, compression curve, compare table",
     )
     table = "\n".join(f"| {r['name']} | {r['tokens']:,} | {r['chars_per_token']:.2f} |" for r in rows)
     create_markdown_artifact(
         key="lab-page-compare",
-        markdown=f"## {title}\n\n[the lab page]({uri})\n\n| tokenizer | tokens | chars/token |\n|---|---:|---:|\n{table}\n",
+        markdown=f"## {title}\n\n[the lab page]({uri})\n\n| tokenizer | tokens | chars/token "
+        f"|\n|---|---:|---:|\n{table}\n",
         description="The page's text under each tokenizer",
     )
     get_run_logger().info("lab page: %s", uri)

@@ -62,17 +62,28 @@ def main(argv: list[str]) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    state = {"pid": os.getpid(), "port": port, "api_url": f"http://127.0.0.1:{port}/api", "started": time.time(), "idle_timeout_s": idle_s}
-    state["auth"] = bool(os.environ.get("PREFECT_SERVER_API_AUTH_STRING"))  # every request needs the credential in AUTH_FILE
+    state = {
+        "pid": os.getpid(),
+        "port": port,
+        "api_url": f"http://127.0.0.1:{port}/api",
+        "started": time.time(),
+        "idle_timeout_s": idle_s,
+    }
+    # every request needs the credential in AUTH_FILE
+    state["auth"] = bool(os.environ.get("PREFECT_SERVER_API_AUTH_STRING"))
     local.write_state(state)
     try:
         import uvicorn
         from prefect.server.api.server import create_app
 
         activity = _Activity(create_app(ephemeral=True, final=True))
-        server = uvicorn.Server(uvicorn.Config(activity, lifespan="on", log_level="warning", timeout_graceful_shutdown=10))
+        server = uvicorn.Server(
+            uvicorn.Config(activity, lifespan="on", log_level="warning", timeout_graceful_shutdown=10)
+        )
         if idle_s > 0:
-            threading.Thread(target=_watch_idle, args=(server, activity, local, idle_s), daemon=True, name="idle-watch").start()
+            threading.Thread(
+                target=_watch_idle, args=(server, activity, local, idle_s), daemon=True, name="idle-watch"
+            ).start()
         server.run(sockets=[sock])
         return 0 if server.started else 3
     finally:

@@ -54,7 +54,11 @@ def config_parameters(fn) -> dict[str, type]:
     the `VersionRef`s of its inputs)."""
     fn = getattr(fn, "fn", fn)
     hints = typing.get_type_hints(fn)
-    return {name: tp for name, tp in hints.items() if isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp is not VersionRef}
+    return {
+        name: tp
+        for name, tp in hints.items()
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp is not VersionRef
+    }
 
 
 def check_parameters(fn, parameters: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +147,9 @@ def _with_storage(corpus: CorpusConfig, storage_options: dict | None) -> CorpusC
     return dataclasses.replace(validate(CorpusConfig, corpus, "corpus"), storage_options=storage_options or {})
 
 
-def _corpus(store: str, corpus: CorpusConfig, storage_options: dict | None, documents: DocumentStages | None = None) -> VersionRef:
+def _corpus(
+    store: str, corpus: CorpusConfig, storage_options: dict | None, documents: DocumentStages | None = None
+) -> VersionRef:
     """The corpus shards, then each document stage `documents` turns on (`--dedup exact`),
     each reading the shards the one before wrote; counting and encoding read the last."""
     cfg = _with_storage(corpus, storage_options)
@@ -160,7 +166,12 @@ def _bytes_per_task(corpus: CorpusConfig | dict | None) -> int:
 
 
 def _tokenizer(
-    store: str, corpus_ref: VersionRef, count: CountConfig, tokenizer: TokenizerConfig, storage_options: dict | None, corpus: CorpusConfig | None
+    store: str,
+    corpus_ref: VersionRef,
+    count: CountConfig,
+    tokenizer: TokenizerConfig,
+    storage_options: dict | None,
+    corpus: CorpusConfig | None,
 ) -> VersionRef:
     count, tokenizer = validate(CountConfig, count, "count"), validate(TokenizerConfig, tokenizer, "tokenizer")
     counts = COUNTS(store, {"corpus": corpus_ref}, count, storage_options, _bytes_per_task(corpus))
@@ -168,10 +179,17 @@ def _tokenizer(
 
 
 def _encode(
-    store: str, corpus_ref: VersionRef, tokenizer_ref: VersionRef, encode: EncodeConfig, storage_options: dict | None, corpus: CorpusConfig | None
+    store: str,
+    corpus_ref: VersionRef,
+    tokenizer_ref: VersionRef,
+    encode: EncodeConfig,
+    storage_options: dict | None,
+    corpus: CorpusConfig | None,
 ) -> VersionRef:
     encode = validate(EncodeConfig, encode, "encode")
-    return TOKENS(store, {"corpus": corpus_ref, "tokenizer": tokenizer_ref}, encode, storage_options, _bytes_per_task(corpus))
+    return TOKENS(
+        store, {"corpus": corpus_ref, "tokenizer": tokenizer_ref}, encode, storage_options, _bytes_per_task(corpus)
+    )
 
 
 @flow(name="tokenmill-corpus", flow_run_name=_run_name("corpus"))
@@ -313,17 +331,28 @@ def tokenmill_pipeline(
         corpus_ref = _corpus(store, corpus, storage_options, documents)
         tokenizer_ref = _tokenizer(store, corpus_ref, count, tokenizer, storage_options, corpus)
         tokens = _encode(store, corpus_ref, tokenizer_ref, encode, storage_options, corpus)
-        model = TRAIN(store, {"tokens": tokens, "tokenizer": tokenizer_ref}, lm.train_config(), storage_options) if train_model else None
+        model = (
+            TRAIN(store, {"tokens": tokens, "tokenizer": tokenizer_ref}, lm.train_config(), storage_options)
+            if train_model
+            else None
+        )
 
     summary = summarize(store, corpus_ref, tokenizer_ref, tokens, model, storage_options)
     summary_key = artifact_key("tokenmill-summary", store_of(store, storage_options), tokens)
-    create_markdown_artifact(key=summary_key, markdown=summary_markdown(summary), description="tokenmill run: artifacts and headline figures")
+    create_markdown_artifact(
+        key=summary_key, markdown=summary_markdown(summary), description="tokenmill run: artifacts and headline figures"
+    )
     logger.info("done: %s", {k: v for k, v in summary["figures"].items()})
     return summary
 
 
 def summarize(
-    store_url: str, corpus: VersionRef, tokenizer: VersionRef, tokens: VersionRef, model: VersionRef | None, storage_options: dict | None = None
+    store_url: str,
+    corpus: VersionRef,
+    tokenizer: VersionRef,
+    tokens: VersionRef,
+    model: VersionRef | None,
+    storage_options: dict | None = None,
 ) -> dict[str, Any]:
     """The run's summary, a JSON document: its refs (in their JSON form), the artifacts'
     URIs, the headline figures and a sample."""
@@ -379,7 +408,9 @@ def _document_figures(store: Any, corpus: VersionRef) -> dict[str, Any]:
     while ref.kind in by_kind:
         entry = by_kind[ref.kind]
         meta = store.manifest(ref.kind, ref.version)["meta"]
-        figures = {f"{entry.option}_{k}": v for k, v in entry.summary(meta).items() if isinstance(v, (int, float))} | figures
+        figures = {
+            f"{entry.option}_{k}": v for k, v in entry.summary(meta).items() if isinstance(v, (int, float))
+        } | figures
         ref = store.parent(ref, "corpus")
     return figures
 

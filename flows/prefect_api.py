@@ -26,7 +26,8 @@ only for tags that have a limit (`TagLimits`; Prefect 3.9's task engine still as
 every set of tags). Against a server (PREFECT_API_URL), flow runs send tokenmill's
 heartbeat (every 30 s, for the zombie-run automation, deployments/automations.py) unless
 PREFECT_FLOWS_HEARTBEAT_FREQUENCY is set; with the local server they send none unless it is
-set, and clients fetch no CSRF token from a server that wants none (`local_client_settings`). Measured on `tokenmill tokenizer train`: 41 API requests
+set, and clients fetch no CSRF token from a server that wants none (`local_client_settings`). Measured on `tokenmill
+tokenizer train`: 41 API requests
 before, 15 after (benchmarks/bench_cli.py has the timings).
 
 This module imports nothing heavy: `tokenmill server status` and the CLI's parsing use it.
@@ -144,7 +145,10 @@ class LocalServer:
             raise ServerError(f"{e}: remove it (tokenmill server stop; rm {self.auth_path})") from None
         text = self.auth_path.read_text().strip()
         if not text.startswith(f"{AUTH_USER}:"):
-            raise ServerError(f"{self.auth_path}: not a credential tokenmill wrote: remove it (tokenmill server stop; rm {self.auth_path})")
+            raise ServerError(
+                f"{self.auth_path}: not a credential tokenmill wrote: remove it (tokenmill server stop; "
+                f"rm {self.auth_path})"
+            )
         return text
 
     # ------------------------------------------------------------------ state
@@ -232,8 +236,10 @@ class LocalServer:
                 except BlockingIOError:
                     if time.monotonic() > deadline:
                         raise ServerError(
-                            f"another tokenmill command has been starting the local Prefect server in {self.directory} for "
-                            f"over {timeout:.0f} s: wait for it (or stop it: tokenmill server stop), or set PREFECT_API_URL "
+                            "another tokenmill command has been starting the local Prefect server in "
+                            f"{self.directory} for "
+                            f"over {timeout:.0f} s: wait for it (or stop it: tokenmill server stop), or set "
+                            "PREFECT_API_URL "
                             "to a running server (prefect server start)"
                         ) from None
                     time.sleep(0.2)
@@ -252,7 +258,8 @@ class LocalServer:
         with self.locked(timeout + 30):
             state = self.read_state()
             if state is not None and self.is_server(state["pid"]) and not state.get("auth"):
-                self._kill(state["pid"])  # started by an older tokenmill, without a credential: open to every local user
+                # started by an older tokenmill, without a credential: open to every local user
+                self._kill(state["pid"])
                 state = None
             if state is not None and self.is_server(state["pid"]):
                 # Running, or still starting (a command that started it was interrupted).
@@ -272,7 +279,8 @@ class LocalServer:
                 return self.read_state() or {}
             if proc.poll() is not None:
                 raise ServerError(
-                    f"tokenmill's local Prefect server (in {self.directory}) exited with status {proc.returncode} while "
+                    f"tokenmill's local Prefect server (in {self.directory}) exited with status {proc.returncode} "
+                    "while "
                     f"starting ({self._last_log_line()}; log: {self.log_path}): fix that, or set PREFECT_API_URL to a "
                     "running server (prefect server start)"
                 )
@@ -291,7 +299,11 @@ class LocalServer:
             if proc is not None and proc.poll() is not None:
                 return False
             state = self.read_state()
-            if state is not None and state["pid"] == pid and self.healthy(state["api_url"], timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+            if (
+                state is not None
+                and state["pid"] == pid
+                and self.healthy(state["api_url"], timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            ):
                 return True
             if time.monotonic() >= deadline or (proc is None and not _pid_alive(pid)):
                 return False
@@ -386,15 +398,29 @@ class LocalServer:
             state = self.read_state()
             running = state is not None and self.is_server(state["pid"])
             if clients:
-                notes.append(f"kept the local server's database: tokenmill command(s) running (pid {', '.join(map(str, clients))})")
+                notes.append(
+                    "kept the local server's database: tokenmill command(s) running (pid "
+                    f"{', '.join(map(str, clients))})"
+                )
             else:
                 if running and state is not None:
-                    notes.append(f"{'would stop' if dry_run else 'stopped'} the local Prefect server (pid {state['pid']})")
+                    notes.append(
+                        f"{'would stop' if dry_run else 'stopped'} the local Prefect server (pid {state['pid']})"
+                    )
                     if not dry_run:
                         self._kill(state["pid"])
                 if not dry_run:
                     warm.stop(str(self.directory))
-                server_files = (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm", f"{DB_FILE}-journal", MEMO_FILE, LOG_FILE, STATE_FILE, AUTH_FILE)
+                server_files = (
+                    DB_FILE,
+                    f"{DB_FILE}-wal",
+                    f"{DB_FILE}-shm",
+                    f"{DB_FILE}-journal",
+                    MEMO_FILE,
+                    LOG_FILE,
+                    STATE_FILE,
+                    AUTH_FILE,
+                )
                 for name in (*server_files, warm.INFO_FILE, warm.LOG_FILE, warm.SOCKET_FILE):
                     if (self.directory / name).is_file() or (self.directory / name).is_socket():
                         remove(self.directory / name)
@@ -444,32 +470,51 @@ def flow_api() -> Iterator[str | None]:
         ServerError: the local server did not start (one line naming its log and the fix).
         InputError: a bad TOKENMILL_* setting.
     """
-    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, get_current_settings, temporary_settings
+    from prefect.settings import (
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        get_current_settings,
+        temporary_settings,
+    )
 
     settings = get_current_settings()
     slot_wait_s = read_float_env(ENV_SLOT_WAIT_LOG, DEFAULT_SLOT_WAIT_LOG_S)
     if os.environ.get("PREFECT_API_URL") or settings.api.url:  # the environment, a profile or prefect.toml
         # A shared server may run the zombie automation: tokenmill's heartbeat, unless set.
-        with temporary_settings(set_defaults=_heartbeat_default()), TagLimits.installed(), SlotWaitLog.installed(slot_wait_s):
+        with (
+            temporary_settings(set_defaults=_heartbeat_default()),
+            TagLimits.installed(),
+            SlotWaitLog.installed(slot_wait_s),
+        ):
             yield None
         return
     startup_timeout = read_float_env(ENV_STARTUP_TIMEOUT, DEFAULT_STARTUP_TIMEOUT_S)
     mode = os.environ.get(ENV_MODE, "").strip().lower() or "local"
     if mode == "temporary":  # Prefect's per-command server, with room to start
         raw = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
-        updates: dict[Any, Any] = {} if raw else {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: max(1, round(startup_timeout))}
+        updates: dict[Any, Any] = (
+            {} if raw else {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: max(1, round(startup_timeout))}
+        )
         with temporary_settings(updates=updates), TagLimits.installed(), SlotWaitLog.installed(slot_wait_s):
             yield None
         return
     if mode != "local":
-        raise InputError(f"{ENV_MODE}={mode!r}: expected local (tokenmill's reused local server) or temporary (Prefect's per-command one)")
+        raise InputError(
+            f"{ENV_MODE}={mode!r}: expected local (tokenmill's reused local server) or temporary "
+            "(Prefect's per-command one)"
+        )
     local = LocalServer(server_dir())
     with local.registered():
         state = local.ensure(startup_timeout)
         env, updates, defaults = local_client_settings(local, state["api_url"], settings)
         watchdog = ServerWatchdog(local, state["pid"])
         try:
-            with _environ(env), temporary_settings(updates=updates, set_defaults=defaults), TagLimits.installed(), SlotWaitLog.installed(slot_wait_s), watchdog:
+            with (
+                _environ(env),
+                temporary_settings(updates=updates, set_defaults=defaults),
+                TagLimits.installed(),
+                SlotWaitLog.installed(slot_wait_s),
+                watchdog,
+            ):
                 yield state["api_url"]
         finally:
             warm.spawn(str(local.directory), state["pid"])  # for the next command (flows.warm)
@@ -481,7 +526,9 @@ def still_running_line(state: dict[str, Any], runner: bool) -> str:
     idle = float(state.get("idle_timeout_s") or 0)
     until = f"until {idle / 60:g} min without a command" if idle > 0 else "until stopped"
     what = "and its warm runner keep" if runner else "keeps"
-    return f"tokenmill's local Prefect server (pid {state['pid']}) {what} running {until} (stop: `tokenmill server stop`)"
+    return (
+        f"tokenmill's local Prefect server (pid {state['pid']}) {what} running {until} (stop: `tokenmill server stop`)"
+    )
 
 
 class ServerWatchdog:
@@ -516,7 +563,11 @@ class ServerWatchdog:
                 with contextlib.suppress(OSError, ValueError):
                     sys.stdout.flush()
                 with contextlib.suppress(OSError):
-                    os.write(2, f"tokenmill's local Prefect server stopped (pid {self.pid}); run the command again to restart it\n".encode())
+                    os.write(
+                        2,
+                        f"tokenmill's local Prefect server stopped (pid {self.pid}); run the command again to "
+                        "restart it\n".encode(),
+                    )
                 warm.exit_now(1)
 
 
@@ -529,7 +580,9 @@ def _heartbeat_default() -> dict[Any, Any]:
     return {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: HEARTBEAT_S}
 
 
-def local_client_settings(local: LocalServer, api_url: str, settings: Any) -> tuple[dict[str, str], dict[Any, Any], dict[Any, Any]]:
+def local_client_settings(
+    local: LocalServer, api_url: str, settings: Any
+) -> tuple[dict[str, str], dict[Any, Any], dict[Any, Any]]:
     """What the flows of a command (and the worker processes they start) use with the local
     server at `api_url`, given the current Prefect `settings`: (environment variables,
     settings updates, settings defaults, which yield to the user's own)."""
@@ -547,7 +600,10 @@ def local_client_settings(local: LocalServer, api_url: str, settings: Any) -> tu
     env = {"PREFECT_API_URL": api_url, "PREFECT_UI_URL": "", "PREFECT_API_AUTH_STRING": auth}
     updates: dict[Any, Any] = {PREFECT_API_URL: api_url, PREFECT_UI_URL: "", PREFECT_API_AUTH_STRING: auth}
     default_storage = Path(settings.home).absolute() / "storage"  # Prefect's, shared with other flows
-    if not any(os.environ.get(v) for v in _STORAGE_VARS) and Path(settings.results.local_storage_path).absolute() == default_storage:
+    if (
+        not any(os.environ.get(v) for v in _STORAGE_VARS)
+        and Path(settings.results.local_storage_path).absolute() == default_storage
+    ):
         env["PREFECT_LOCAL_STORAGE_PATH"] = str(local.storage_dir)
         updates[PREFECT_LOCAL_STORAGE_PATH] = str(local.storage_dir)
     if not settings.server.api.csrf_protection_enabled:

@@ -38,7 +38,12 @@ ENV_DASK_ADDRESS = "TOKENMILL_DASK_ADDRESS"
 log = logging.getLogger("tokenmill.runners")
 
 
-def make_task_runner(kind: str = "threads", workers: int = 0, dask_address: str | None = None, dask_cluster_kwargs: Mapping[str, Any] | None = None):
+def make_task_runner(
+    kind: str = "threads",
+    workers: int = 0,
+    dask_address: str | None = None,
+    dask_cluster_kwargs: Mapping[str, Any] | None = None,
+):
     """Build a Prefect task runner.
 
     Args:
@@ -84,12 +89,18 @@ def make_task_runner(kind: str = "threads", workers: int = 0, dask_address: str 
             if not shared_result_storage():
                 log.warning(
                     "tokenmill: note: no Prefect result storage block is set (PREFECT_DEFAULT_RESULT_STORAGE_BLOCK): "
-                    "each Dask worker keeps its tasks' results on its own disk, so a rerun elsewhere recomputes them; see docs/scale.md"
+                    "each Dask worker keeps its tasks' results on its own disk, so a rerun elsewhere recomputes them; "
+                    "see docs/scale.md"
                 )
             return DaskTaskRunner(address=dask_address)
         # One thread per worker process: each mapped task is a whole shard of native work
         # that uses its core fully; more threads per worker would only oversubscribe.
-        cluster_kwargs = {"n_workers": workers, "threads_per_worker": 1, "processes": True, **(dask_cluster_kwargs or {})}
+        cluster_kwargs = {
+            "n_workers": workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            **(dask_cluster_kwargs or {}),
+        }
         return DaskTaskRunner(cluster_kwargs=cluster_kwargs)
     raise InputError(f"unknown runner {kind!r}; choose one of {RUNNERS}")
 
@@ -117,5 +128,7 @@ def runner_from_env(environ: Mapping[str, str] | None = None):
         raise InputError(f"{ENV_WORKERS}={raw_workers!r}: expected an integer") from None
     address = env.get(ENV_DASK_ADDRESS, "").strip() or None
     if address and kind != "dask":
-        raise InputError(f"{ENV_DASK_ADDRESS} is set but {ENV_RUNNER}={kind!r}: set {ENV_RUNNER}=dask to use the cluster")
+        raise InputError(
+            f"{ENV_DASK_ADDRESS} is set but {ENV_RUNNER}={kind!r}: set {ENV_RUNNER}=dask to use the cluster"
+        )
     return make_task_runner(kind, workers, address)

@@ -24,7 +24,9 @@ def _exit_now(status: int) -> None:
 
     if _error_line_lock.acquire(timeout=2.0):
         if not _error_line_printed.is_set():
-            failure = describe_failure(Terminated(signal.SIGTERM), _command.get("store"), _command.get("resumable", True))
+            failure = describe_failure(
+                Terminated(signal.SIGTERM), _command.get("store"), _command.get("resumable", True)
+            )
             with contextlib.suppress(OSError, ValueError):
                 print(f"tokenmill: error: {_redact(failure.message)}", file=sys.stderr, flush=True)
             _error_line_printed.set()
@@ -39,7 +41,10 @@ def _sigterm_raises():
     """Turn SIGTERM into `Terminated` in the main thread (so `finally` blocks and Prefect's
     crash handling run), unless someone else already handles it."""
     try:
-        if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
+            signal.SIG_DFL,
+            None,
+        ):
             yield
             return
     except ValueError:

@@ -51,7 +51,8 @@ def _sweep_run_name() -> str:
     except ConfigError:  # the run reports it; the name is only a name
         sweep = SweepConfig()
     arms = "+".join(sweep.units) + "-" + ",".join(str(v) for v in sorted(sweep.vocab_sizes))
-    return f"sweep-{_corpus_name(p.get('corpus', CorpusConfig()))}-{arms}-{sweep.compute}@{_short(p.get('store', DEFAULT_STORE))}"
+    corpus, store = _corpus_name(p.get("corpus", CorpusConfig())), _short(p.get("store", DEFAULT_STORE))
+    return f"sweep-{corpus}-{arms}-{sweep.compute}@{store}"
 
 
 def arms_in_parallel() -> bool:
@@ -60,13 +61,18 @@ def arms_in_parallel() -> bool:
     return ctx is not None and not isinstance(ctx.task_runner, ThreadPoolTaskRunner)
 
 
-def _train_arms(store: str, data: dict[str, dict[str, VersionRef]], plan: sweep_lib.Plan, storage_options: dict | None) -> dict[str, VersionRef]:
+def _train_arms(
+    store: str, data: dict[str, dict[str, VersionRef]], plan: sweep_lib.Plan, storage_options: dict | None
+) -> dict[str, VersionRef]:
     names = list(data)
     configs = [plan.lm[name].train_config() for name in names]
     if arms_in_parallel():
         futures = TRAIN.task.map(store, [data[n] for n in names], configs, unmapped(None), unmapped(storage_options))
         return {name: to_ref(ref) for name, ref in zip(names, futures.result())}
-    return {name: to_ref(cast(VersionRef, TRAIN.task(store, data[name], cfg, None, storage_options))) for name, cfg in zip(names, configs)}
+    return {
+        name: to_ref(cast(VersionRef, TRAIN.task(store, data[name], cfg, None, storage_options)))
+        for name, cfg in zip(names, configs)
+    }
 
 
 @flow(name="tokenmill-sweep", flow_run_name=_sweep_run_name)
@@ -84,7 +90,11 @@ def sweep_flow(
     equal compute, and compare them in val bits per byte: a table and a plot."""
     logger = get_run_logger()
     count, tokenizer = validate(CountConfig, count, "count"), validate(TokenizerConfig, tokenizer, "tokenizer")
-    corpus, lm, sweep = validate(CorpusConfig, corpus, "corpus"), validate(LMConfig, lm, "lm"), validate(SweepConfig, sweep, "sweep")
+    corpus, lm, sweep = (
+        validate(CorpusConfig, corpus, "corpus"),
+        validate(LMConfig, lm, "lm"),
+        validate(SweepConfig, sweep, "sweep"),
+    )
     try:
         arms = sweep_lib.arms(sweep, tokenizer)  # every arm's configs checked before any work
     except InputError as e:
@@ -107,7 +117,11 @@ def sweep_flow(
     # In the flow, not in a task: a Cached run shows the artifacts too.
     result, png = _read_result(st, ref)
     key = artifact_key("tokenmill-sweep", st, next(iter(models.values())))
-    create_markdown_artifact(key=key, markdown=sweep_lib.summary_markdown(result, sweep_lib.plot_data_uri(png)), description="tokenizer sweep at equal compute")
+    create_markdown_artifact(
+        key=key,
+        markdown=sweep_lib.summary_markdown(result, sweep_lib.plot_data_uri(png)),
+        description="tokenizer sweep at equal compute",
+    )
     create_table_artifact(
         key=f"{key}-table",
         table=[{h: sweep_lib.format_cell(k, r.get(k)) for h, k in sweep_lib.TABLE_COLUMNS} for r in result["rows"]],

@@ -93,7 +93,11 @@ def process_context() -> dict:
     namespaces and OOM score. A command is served only where its own equals the runner's."""
     import resource
 
-    limits = {name: list(resource.getrlimit(getattr(resource, name))) for name in sorted(dir(resource)) if name.startswith("RLIMIT_")}
+    limits = {
+        name: list(resource.getrlimit(getattr(resource, name)))
+        for name in sorted(dir(resource))
+        if name.startswith("RLIMIT_")
+    }
     context: dict = {
         "ids": [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())],
         "rlimits": limits,
@@ -119,7 +123,9 @@ def project_files() -> list[str]:
     for package in _PACKAGES:
         for top, dirs, files in os.walk(os.path.join(_ROOT, package)):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            paths += [os.path.join(top, f) for f in sorted(files) if f.endswith((".py", ".so", ".txt", ".yaml", ".json"))]
+            paths += [
+                os.path.join(top, f) for f in sorted(files) if f.endswith((".py", ".so", ".txt", ".yaml", ".json"))
+            ]
     return paths
 
 
@@ -253,7 +259,11 @@ def run_warm(argv: list[str], directory: str | None = None) -> int | None:
     try:
         try:
             info = read_info(directory)
-            if info["env"] != env_key(_ORIGINAL_ENV, info["salt"]) or info["context"] != process_context() or info["fingerprint"] != fingerprint(info["files"]):
+            if (
+                info["env"] != env_key(_ORIGINAL_ENV, info["salt"])
+                or info["context"] != process_context()
+                or info["fingerprint"] != fingerprint(info["files"])
+            ):
                 return None
             sock_path = os.path.join(directory, SOCKET_FILE)
             check_own_file(sock_path, stat.S_IFSOCK)
@@ -287,7 +297,8 @@ def run_warm(argv: list[str], directory: str | None = None) -> int | None:
         except (OSError, ValueError, EOFError) as e:
             conn.close()
             print(
-                f"tokenmill: error: the warm runner in {directory} took the command but did not answer ({type(e).__name__}); "
+                f"tokenmill: error: the warm runner in {directory} took the command but did not answer "
+                f"({type(e).__name__}); "
                 f"see {os.path.join(directory, LOG_FILE)}; run it again, or with {ENV_WARM}=0",
                 file=sys.stderr,
             )
@@ -313,7 +324,8 @@ def run_warm(argv: list[str], directory: str | None = None) -> int | None:
         return int(status["status"])
     except (OSError, ValueError, KeyError, EOFError):
         print(
-            f"tokenmill: error: the command's process ({child}) ended without an exit status (killed?); see {os.path.join(directory, LOG_FILE)}",
+            f"tokenmill: error: the command's process ({child}) ended without an exit status (killed?); see "
+            f"{os.path.join(directory, LOG_FILE)}",
             file=sys.stderr,
         )
         return 1
@@ -334,7 +346,9 @@ def _log(directory: str, text: str) -> None:
         f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
 
 
-def serve(directory: str, server_pid: int, preload: Callable[[], None], run: Callable[[list[str]], int], idle_s: float) -> None:
+def serve(
+    directory: str, server_pid: int, preload: Callable[[], None], run: Callable[[list[str]], int], idle_s: float
+) -> None:
     """The runner: `preload` (the imports), then fork a child per command that calls `run(argv)`."""
     import threading
 
@@ -356,7 +370,11 @@ def serve(directory: str, server_pid: int, preload: Callable[[], None], run: Cal
         return
     imported = {f for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)}
     files: list[str] = sorted(imported | set(installed_records()))
-    racy = [p for p, _size, mtime in stat_files(sorted(set(files) | set(project_files()))) if mtime >= (started - RACY_S) * 1e9]
+    racy = [
+        p
+        for p, _size, mtime in stat_files(sorted(set(files) | set(project_files())))
+        if mtime >= (started - RACY_S) * 1e9
+    ]
     if racy:
         _log(directory, f"not serving: {racy[0]} changed while the runner started (or just before)")
         return
@@ -412,7 +430,12 @@ def serve(directory: str, server_pid: int, preload: Callable[[], None], run: Cal
                 conn.settimeout(5.0)
                 request, fds = _recv(conn, max_fds=3)
                 now = fingerprint(files)
-                if len(fds) != 3 or request.get("fingerprint") != now or request.get("env") != info["env"] or request.get("context") != context:
+                if (
+                    len(fds) != 3
+                    or request.get("fingerprint") != now
+                    or request.get("env") != info["env"]
+                    or request.get("context") != context
+                ):
                     _send(conn, {"refused": "code, environment or context changed"})
                     if now != code:
                         _log(directory, "code changed: leaving")
@@ -442,7 +465,14 @@ def serve(directory: str, server_pid: int, preload: Callable[[], None], run: Cal
             _log(directory, "stopped")
 
 
-def _run_child(directory: str, conn: socket.socket, request: dict, fds: list[int], command_env: dict[str, str], run: Callable[[list[str]], int]) -> None:
+def _run_child(
+    directory: str,
+    conn: socket.socket,
+    request: dict,
+    fds: list[int],
+    command_env: dict[str, str],
+    run: Callable[[list[str]], int],
+) -> None:
     """In the forked child: become the command's process, run it, report its status."""
     status = 1
     try:
@@ -496,7 +526,10 @@ def _run_child(directory: str, conn: socket.socket, request: dict, fds: list[int
         with contextlib.suppress(BaseException):  # logged before the caller hears the status, so it can read it then
             import resource
 
-            cpu = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+            cpu = sum(
+                r.ru_utime + r.ru_stime
+                for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+            )
             _log(directory, f"pid {os.getpid()}: exit {status}, {cpu:.2f} s CPU")
         with contextlib.suppress(BaseException):
             _send(conn, {"status": status})
@@ -555,7 +588,11 @@ def spawn(directory: str, server_pid: int) -> None:
         same = info["env"] == env_key(_ORIGINAL_ENV, info["salt"]) and info["context"] == process_context()
         if same and info["fingerprint"] == fingerprint(info["files"]) and pid_alive(info["pid"]):
             return
-        _log(directory, f"pid {os.getpid()} replaces the runner {info['pid']}: its environment, context or code is not this command's")
+        _log(
+            directory,
+            f"pid {os.getpid()} replaces the runner {info['pid']}: its environment, context or code is "
+            "not this command's",
+        )
         stop(directory)  # one runner per server
     except (OSError, ValueError, KeyError, TypeError, NotOwnError):
         pass

@@ -277,7 +277,9 @@ def learn_merges(
     >>> learn_merges({b"aaabdaaabac": 1}, 3)
     [(97, 97, 256), (97, 98, 257), (256, 257, 258)]
     """
-    return learn_symbol_merges(BYTES, {tuple(p): c for p, c in counts.items()}, n_merges, min_frequency, progress, max_token_bytes, ties)[0]
+    return learn_symbol_merges(
+        BYTES, {tuple(p): c for p, c in counts.items()}, n_merges, min_frequency, progress, max_token_bytes, ties
+    )[0]
 
 
 def learn_unit_merges(
@@ -301,7 +303,9 @@ def learn_unit_merges(
     for piece, c in counts.items():
         key = tuple(id_of[s] for s in initial_symbols(piece, unit))
         symbols[key] = symbols.get(key, 0) + c
-    merges, merge_counts = learn_symbol_merges(alphabet, symbols, n_merges, min_frequency, progress, max_token_bytes, ties)
+    merges, merge_counts = learn_symbol_merges(
+        alphabet, symbols, n_merges, min_frequency, progress, max_token_bytes, ties
+    )
     return alphabet, merges, merge_counts
 
 
@@ -364,7 +368,12 @@ def bpe_chars(piece: bytes, ranks: Mapping[bytes, int], unknown: int | None) -> 
 
 
 def encode_ordinary(
-    data: bytes, ranks: Mapping[bytes, int], pattern: str, unit: str = "byte", unknown: int | None = None, lowercase: bool = False
+    data: bytes,
+    ranks: Mapping[bytes, int],
+    pattern: str,
+    unit: str = "byte",
+    unknown: int | None = None,
+    lowercase: bool = False,
 ) -> list[int]:
     """Encode bytes with no special-token handling."""
     ids: list[int] = []

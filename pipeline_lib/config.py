@@ -80,7 +80,11 @@ def fields_of(cls: type) -> tuple[FieldInfo, ...]:
         tp, description, optional = _unwrap(hints[f.name])
         if not description:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
+        default = (  # type: ignore[misc]
+            f.default
+            if f.default is not dataclasses.MISSING
+            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        )
         origin = typing.get_origin(tp)
         choices = typing.get_args(tp) if origin is Literal else None
         repeated = origin in (tuple, list)
@@ -132,7 +136,10 @@ def check_vocab_sizes_limit(sizes: tuple[int, ...]) -> None:
     from pipeline_lib.tokenizer.core import MAX_VOCAB_SIZE
 
     if sizes and max(sizes) > MAX_VOCAB_SIZE:
-        raise InputError(f"vocab_sizes={list(sizes)}: {max(sizes)} is above the largest vocabulary, {MAX_VOCAB_SIZE:,} ids (MAX_VOCAB_SIZE)")
+        raise InputError(
+            f"vocab_sizes={list(sizes)}: {max(sizes)} is above the largest vocabulary, "
+            f"{MAX_VOCAB_SIZE:,} ids (MAX_VOCAB_SIZE)"
+        )
 
 
 @dataclass(frozen=True)
@@ -141,8 +148,21 @@ class ReportConfig:
 
     __pydantic_config__ = STRICT
 
-    pattern: Annotated[Literal["gpt2", "cl100k", "o200k"], doc("pre-tokenization split pattern of the report's tokenizer")] = "cl100k"
-    vocab_sizes: Annotated[tuple[int, ...], doc("vocabulary sizes on the compression curve")] = (256, 300, 491, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+    pattern: Annotated[
+        Literal["gpt2", "cl100k", "o200k"], doc("pre-tokenization split pattern of the report's tokenizer")
+    ] = "cl100k"
+    vocab_sizes: Annotated[tuple[int, ...], doc("vocabulary sizes on the compression curve")] = (
+        256,
+        300,
+        491,
+        512,
+        1024,
+        2048,
+        4096,
+        8192,
+        16384,
+        32768,
+    )
 
     def __post_init__(self):
         object.__setattr__(self, "vocab_sizes", tuple(int(v) for v in self.vocab_sizes))

@@ -91,7 +91,14 @@ from pipeline_lib.corpus_plan import (
     source_groups,
 )
 from pipeline_lib.corpus_reads import DOC_BATCH_BYTES, DocBatch, iter_shard_batches, iter_shard_buffers
-from pipeline_lib.corpus_sources import _user_label, expand_sources, fetch_sources, reference_sources, source_fingerprint, stage_sources
+from pipeline_lib.corpus_sources import (
+    _user_label,
+    expand_sources,
+    fetch_sources,
+    reference_sources,
+    source_fingerprint,
+    stage_sources,
+)
 from pipeline_lib.corpus_streams import _InPlace, _RawSources, _redact, open_source
 from pipeline_lib.fsio import InputError
 from pipeline_lib.store import ArtifactStore, FileInfo, Staging, VersionRef
@@ -212,7 +219,9 @@ def _pack(docs: Iterator[tuple[bytes, int]]) -> Iterator[SourceBatch]:
         yield batch()
 
 
-def _scan_text(scan: Any, path: str | _InPlace, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[SourceBatch]:
+def _scan_text(
+    scan: Any, path: str | _InPlace, name: str, config: CorpusConfig, stats: DecodeStats
+) -> Iterator[SourceBatch]:
     """The line or paragraph documents of a text source, read `_BLOCK_BYTES` at a time.
 
     A block's incomplete last line (or paragraph) is carried into the next one; while a
@@ -237,7 +246,9 @@ def _scan_text(scan: Any, path: str | _InPlace, name: str, config: CorpusConfig,
                     filled += got
                 final = filled < len(block) or not f.peek(1)
                 # the documents are packed at the start of the block, the rest left as it is
-                _, offsets, ends, consumed, n_lines, chars, empty, invalid, invalid_lines = scan(view[:filled], mode, final, True)
+                _, offsets, ends, consumed, n_lines, chars, empty, invalid, invalid_lines = scan(
+                    view[:filled], mode, final, True
+                )
             carry = block[consumed:filled]  # a view: copied into the next block
             cap = config.max_document_bytes
             if len(carry) > cap or (len(offsets) > 1 and int(np.diff(offsets).max()) > cap):
@@ -261,7 +272,9 @@ def _scan_text(scan: Any, path: str | _InPlace, name: str, config: CorpusConfig,
                 return
 
 
-def _apply_policy(batch: SourceBatch, invalid: np.ndarray, linenos: np.ndarray, name: str, errors: str, stats: DecodeStats) -> SourceBatch:
+def _apply_policy(
+    batch: SourceBatch, invalid: np.ndarray, linenos: np.ndarray, name: str, errors: str, stats: DecodeStats
+) -> SourceBatch:
     """`batch` with its invalid-UTF-8 documents repaired or dropped (`_check_utf8`, which counts them)."""
     offsets = batch.offsets
     view = memoryview(batch.data).cast("B")
@@ -380,13 +393,16 @@ def _in_place_sources(raw: VersionRef, records: list[dict[str, Any]], config: Co
     urls = expand_sources(config.sources, **config.storage_options)
     if [_redact(u) for u in urls] != [r["url"] for r in records]:
         raise InputError(
-            f"{raw.key} refers to the sources {[r['url'] for r in records][:5]}, the corpus config names {[_redact(u) for u in urls][:5]}: "
+            f"{raw.key} refers to the sources {[r['url'] for r in records][:5]}, the corpus config names "
+            f"{[_redact(u) for u in urls][:5]}: "
             "shard a referenced raw version with the --corpus sources it was recorded from"
         )
     return [_InPlace(url, record, config.storage_options) for url, record in zip(urls, records)]
 
 
-def _raw_sources(store: ArtifactStore, raw: VersionRef, config: CorpusConfig, group: range | None = None) -> _RawSources:
+def _raw_sources(
+    store: ArtifactStore, raw: VersionRef, config: CorpusConfig, group: range | None = None
+) -> _RawSources:
     raw_manifest = store.manifest(raw.kind, raw.version)
     raw_sources = raw_manifest["meta"]["sources"]
     picked = range(len(raw_sources)) if group is None else group
@@ -410,11 +426,14 @@ def raw_source_sizes(store: ArtifactStore, raw: VersionRef) -> list[int]:
 
 
 def corpus_groups(store: ArtifactStore, raw: VersionRef, config: CorpusConfig) -> list[range]:
-    """The sources of each unit of the corpus stage (a source group, or one large source per range of it), by `source_group_bytes`."""
+    """The sources of each unit of the corpus stage (a source group, or one large source per range of it), by
+    `source_group_bytes`."""
     return [unit.sources for unit in source_ranges.corpus_units(store, raw, config)]
 
 
-def shard_group(store: ArtifactStore, staging: Staging, raw: VersionRef, config: CorpusConfig, group: int) -> dict[str, Any]:
+def shard_group(
+    store: ArtifactStore, staging: Staging, raw: VersionRef, config: CorpusConfig, group: int
+) -> dict[str, Any]:
     """Shard source group `group` of a raw version into `staging`: its completion record
     (the group's shards with their files, its sources, its decode counts).
 
@@ -536,7 +555,8 @@ def publish_shards(
         raise InputError(f"the corpus {raw.key} is empty (sources: {urls})")
     if stats.documents == 0:
         raise InputError(
-            f"the corpus {raw.key} has no documents ({stats.empty_documents} empty, {stats.skipped_documents} skipped for invalid UTF-8; sources: {urls})"
+            f"the corpus {raw.key} has no documents ({stats.empty_documents} empty, {stats.skipped_documents} skipped "
+            f"for invalid UTF-8; sources: {urls})"
         )
     meta: dict[str, Any] = {
         "shards": shards,
@@ -552,11 +572,19 @@ def publish_shards(
         "balance": shard_balance(shards),
         "groups": groups,
     }
-    log.info("corpus %s: %d shards from %d source group(s), %s", version[:12], len(shards), len(groups), format_balance(meta["balance"]))
+    log.info(
+        "corpus %s: %d shards from %d source group(s), %s",
+        version[:12],
+        len(shards),
+        len(groups),
+        format_balance(meta["balance"]),
+    )
     return files, meta
 
 
-def write_shards(store: ArtifactStore, staging: Staging, raw: VersionRef, config: CorpusConfig) -> tuple[dict[str, FileInfo], dict[str, Any]]:
+def write_shards(
+    store: ArtifactStore, staging: Staging, raw: VersionRef, config: CorpusConfig
+) -> tuple[dict[str, FileInfo], dict[str, Any]]:
     """Every source group of a `raw` version sharded into `staging`, one after the other,
     then the corpus version's (files, meta) (what the mapped corpus stage does in parallel)."""
     records = [shard_group(store, staging, raw, config, g) for g in range(len(corpus_groups(store, raw, config)))]

@@ -37,7 +37,11 @@ class CorpusConfig:
     __pydantic_config__ = STRICT
 
     sources: Annotated[
-        tuple[str, ...] | None, doc("corpus file URLs, globs or directories (.txt, .jsonl, .parquet, plain or compressed); none: the bundled tiny Shakespeare")
+        tuple[str, ...] | None,
+        doc(
+            "corpus file URLs, globs or directories (.txt, .jsonl, .parquet, plain or "
+            "compressed); none: the bundled tiny Shakespeare"
+        ),
     ] = (DEFAULT_CORPUS,)
     # "line" is the default everywhere (the CLI and tokenmill_pipeline used to say
     # "paragraph"): every text has lines, not every text has blank lines between documents,
@@ -46,42 +50,59 @@ class CorpusConfig:
     documents: Annotated[Literal["line", "paragraph", "file"], doc("what a document is in a text file")] = "line"
     text_field: Annotated[str, doc("JSONL field / Parquet column holding the text")] = "text"
     errors: Annotated[Literal["replace", "skip-document", "fail"], doc("invalid UTF-8 policy")] = "replace"
-    n_shards: Annotated[int, doc("corpus shards of about equal bytes, split at document boundaries, processed in parallel")] = 2
-    shard_bytes: Annotated[int, doc("target bytes per shard instead of a count (0: n_shards shards); the count becomes ceil(corpus bytes / shard_bytes)")] = 0
+    n_shards: Annotated[
+        int, doc("corpus shards of about equal bytes, split at document boundaries, processed in parallel")
+    ] = 2
+    shard_bytes: Annotated[
+        int,
+        doc(
+            "target bytes per shard instead of a count (0: n_shards shards); the count "
+            "becomes ceil(corpus bytes / shard_bytes)"
+        ),
+    ] = 0
     max_source_bytes: Annotated[int, doc("cap on one source's decompressed size in bytes (bomb guard)")] = 64 << 30
     max_document_bytes: Annotated[
-        int, doc("cap on one document's bytes (a line, a paragraph, a whole file, a JSONL line, a Parquet value): memory stays a few times this")
+        int,
+        doc(
+            "cap on one document's bytes (a line, a paragraph, a whole file, a JSONL line, a Parquet value): "
+            "memory stays a few times this"
+        ),
     ] = MAX_DOCUMENT_BYTES
     source_mode: Annotated[
         Literal["copy", "reference"],
         doc(
-            "copy: sources are copied into the store first; reference: sources on durable storage (s3, gs, https with an ETag) "
+            "copy: sources are copied into the store first; reference: sources on durable storage (s3, gs, https with "
+            "an ETag) "
             "are read in place, the raw version records their URL, size and ETag, and a changed source is refused"
         ),
     ] = "copy"
     task_bytes: Annotated[
         int,
         doc(
-            "corpus bytes per task of the per-shard stages (count, encode): consecutive shards are grouped into tasks of about this size, "
+            "corpus bytes per task of the per-shard stages (count, encode): consecutive shards are grouped into tasks "
+            "of about this size, "
             f"never fewer than {MIN_TASKS} tasks (one per shard below that); 0: one task per shard"
         ),
     ] = DEFAULT_TASK_BYTES
     source_group_bytes: Annotated[
         int,
         doc(
-            "source bytes per sharding task: consecutive sources are grouped up to this size; a larger source is split at document "
-            "boundaries into ranges of about this size (text and JSONL by bytes, Parquet by row groups; a compressed one stays whole), "
+            "source bytes per sharding task: consecutive sources are grouped up to this size; a larger source is "
+            "split at document "
+            "boundaries into ranges of about this size (text and JSONL by bytes, Parquet by row groups; a compressed "
+            "one stays whole), "
             "each group sharded by a task of its own; 0: one task per source"
         ),
     ] = DEFAULT_SOURCE_GROUP_BYTES
-    storage_options: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # fsspec options; given by the flow, not a stage parameter
+    # fsspec options; given by the flow, not a stage parameter
+    storage_options: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
-        sources = (DEFAULT_CORPUS,) if self.sources is None else self.sources
-        if isinstance(sources, (str, os.PathLike)):
-            sources = (sources,)
+        given: Any = (DEFAULT_CORPUS,) if self.sources is None else self.sources
+        if isinstance(given, (str, os.PathLike)):
+            given = (given,)
         try:
-            sources = tuple(os.fspath(s) for s in sources)
+            sources = tuple(os.fspath(s) for s in given)
         except TypeError:
             raise InputError(f"sources={self.sources!r}: give a path, URL or glob, or a list of them") from None
         object.__setattr__(self, "sources", sources)
@@ -94,7 +115,9 @@ class CorpusConfig:
         if self.errors not in ("replace", "skip-document", "fail"):
             raise InputError(f"errors={self.errors!r}: choose replace, skip-document or fail")
         if not isinstance(self.text_field, str) or not self.text_field:
-            raise InputError(f"text_field={self.text_field!r}: give the JSONL field / Parquet column with the text (--text-field)")
+            raise InputError(
+                f"text_field={self.text_field!r}: give the JSONL field / Parquet column with the text (--text-field)"
+            )
         if not isinstance(self.n_shards, int) or not 1 <= self.n_shards <= MAX_SHARDS:
             raise InputError(f"n_shards={self.n_shards}: must be between 1 and {MAX_SHARDS}")
         if not isinstance(self.max_source_bytes, int) or self.max_source_bytes <= 0:
@@ -104,9 +127,14 @@ class CorpusConfig:
         if not isinstance(self.shard_bytes, int) or self.shard_bytes < 0:
             raise InputError(f"shard_bytes={self.shard_bytes}: give a positive number of bytes, or 0 to use n_shards")
         if not isinstance(self.source_group_bytes, int) or self.source_group_bytes < 0:
-            raise InputError(f"source_group_bytes={self.source_group_bytes}: give a positive number of bytes, or 0 for one sharding task per source")
+            raise InputError(
+                f"source_group_bytes={self.source_group_bytes}: give a positive number of bytes, or 0 "
+                "for one sharding task per source"
+            )
         if not isinstance(self.task_bytes, int) or self.task_bytes < 0:
-            raise InputError(f"task_bytes={self.task_bytes}: give a positive number of bytes, or 0 for one task per shard")
+            raise InputError(
+                f"task_bytes={self.task_bytes}: give a positive number of bytes, or 0 for one task per shard"
+            )
 
     def planned_shards(self, total_bytes: int) -> int:
         """How many shards a corpus of `total_bytes` is cut into (fewer if it has fewer documents)."""
@@ -122,7 +150,14 @@ class CorpusConfig:
         `source_mode` (the raw version, a parent, says how the sources were read).
         """
         p = asdict(self)
-        del p["sources"], p["storage_options"], p["max_source_bytes"], p["max_document_bytes"], p["task_bytes"], p["source_mode"]
+        del (
+            p["sources"],
+            p["storage_options"],
+            p["max_source_bytes"],
+            p["max_document_bytes"],
+            p["task_bytes"],
+            p["source_mode"],
+        )
         if self.source_group_bytes:
             # A source above `source_group_bytes` is sharded in ranges (`pipeline_lib.source_ranges`);
             # before, it was one unit with other shard names, under the same parameters. Naming

@@ -77,7 +77,10 @@ def _decode_policy(data: bytes, errors: str, where: str, stats: DecodeStats) -> 
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         if errors == "fail":
-            raise InputError(f"{where}: invalid UTF-8 at byte {e.start} ({e.reason}); use errors='replace' or 'skip-document' to go on") from None
+            raise InputError(
+                f"{where}: invalid UTF-8 at byte {e.start} ({e.reason}); use errors='replace' or "
+                "'skip-document' to go on"
+            ) from None
         if errors == "skip-document":
             stats.skipped_documents += 1
             return None
@@ -126,7 +129,8 @@ def _check_str(text: str, errors: str, where: str, stats: DecodeStats) -> bytes 
     except UnicodeEncodeError as e:
         if errors == "fail":
             raise InputError(
-                f"{where}: lone surrogate {text[e.start]!r} at character {e.start}, not encodable as UTF-8; use errors='replace' or 'skip-document'"
+                f"{where}: lone surrogate {text[e.start]!r} at character {e.start}, not encodable as UTF-8; use "
+                "errors='replace' or 'skip-document'"
             ) from None
         if errors == "skip-document":
             stats.skipped_documents += 1
@@ -162,8 +166,15 @@ def _sniff_binary(head: bytes, name: str) -> None:
     nul = head.count(0)
     invalid = len(head) - len(head.decode("utf-8", "ignore").encode("utf-8"))
     if len(head) >= 4 and (invalid > len(head) // 10 + 4 or nul > len(head) * 3 // 10):
-        hint = " (UTF-16 text? convert it to UTF-8)" if head[:2] in (b"\xff\xfe", b"\xfe\xff") or head[1::2].count(0) > len(head) // 4 else ""
-        raise InputError(f"{name}: looks like a binary file, not text ({nul} NUL and {invalid} non-UTF-8 bytes in the first {len(head):,} bytes){hint}")
+        hint = (
+            " (UTF-16 text? convert it to UTF-8)"
+            if head[:2] in (b"\xff\xfe", b"\xfe\xff") or head[1::2].count(0) > len(head) // 4
+            else ""
+        )
+        raise InputError(
+            f"{name}: looks like a binary file, not text ({nul} NUL and {invalid} non-UTF-8 bytes in the "
+            f"first {len(head):,} bytes){hint}"
+        )
 
 
 def _check_looks_like_text(path: str, label: str, config: CorpusConfig) -> None:
@@ -177,17 +188,22 @@ def _check_looks_like_text(path: str, label: str, config: CorpusConfig) -> None:
 
 def _document_too_big(name: str, where: str, cap: int) -> InputError:
     return InputError(
-        f"{name}{where}: a document of more than {cap:,} bytes; raise --max-document-bytes to allow it (memory grows to a few times it), "
+        f"{name}{where}: a document of more than {cap:,} bytes; raise --max-document-bytes to allow it (memory grows "
+        "to a few times it), "
         "or cut the text into smaller documents (--documents line / paragraph)"
     )
 
 
-def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[tuple[bytes, int]]:
+def _iter_docs(
+    path: str | _InPlace, name: str, config: CorpusConfig, stats: DecodeStats
+) -> Iterator[tuple[bytes, int]]:
     """(document UTF-8 bytes, source bytes consumed so far) for one local source file (or a referenced one)."""
     fmt, comp = _split_name(name)
     if fmt == ".parquet":
         if comp:
-            raise InputError(f"{name}: a compressed Parquet file; Parquet compresses internally, store it as plain .parquet")
+            raise InputError(
+                f"{name}: a compressed Parquet file; Parquet compresses internally, store it as plain .parquet"
+            )
         yield from _iter_parquet(path, name, config, stats)
         return
     errors = config.errors
@@ -204,7 +220,8 @@ def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: Dec
                 if len(line) > cap:
                     raise _document_too_big(name, f":{lineno}", cap)
                 pos += len(line)
-                if lineno == 1 and line.startswith(codecs.BOM_UTF8) and not getattr(path, "offset", 0):  # the file's first line only
+                # the file's first line only
+                if lineno == 1 and line.startswith(codecs.BOM_UTF8) and not getattr(path, "offset", 0):
                     line = line[len(codecs.BOM_UTF8) :]
                 if not line.strip():
                     continue
@@ -219,7 +236,8 @@ def _iter_docs(path: str | _InPlace, name: str, config: CorpusConfig, stats: Dec
                     raise InputError(f"{name}:{lineno}: expected a JSON object per line, found {type(record).__name__}")
                 if field not in record:
                     raise InputError(
-                        f"{name}:{lineno}: record has no {field!r} field (fields: {sorted(record)[:10]}); name the field holding the text with --text-field"
+                        f"{name}:{lineno}: record has no {field!r} field (fields: {sorted(record)[:10]}); name the "
+                        "field holding the text with --text-field"
                     )
                 value = record[field]
                 if value is None:
@@ -288,7 +306,9 @@ def iter_documents(path: str, name: str, config: CorpusConfig, stats: DecodeStat
 def _text_column(pf: pq.ParquetFile, name: str, field: str) -> None:
     names = pf.schema_arrow.names
     if field not in names:
-        raise InputError(f"{name}: no column {field!r} (columns: {names[:20]}); name the column holding the text with --text-field")
+        raise InputError(
+            f"{name}: no column {field!r} (columns: {names[:20]}); name the column holding the text with --text-field"
+        )
     typ = pf.schema_arrow.field(field).type
     if pa.types.is_dictionary(typ):
         typ = typ.value_type
@@ -308,7 +328,9 @@ def _parquet_file(path: str | _InPlace) -> pq.ParquetFile:
     return pq.ParquetFile(path.open(seekable=True) if isinstance(path, _InPlace) else path)
 
 
-def _iter_parquet(path: str | _InPlace, name: str, config: CorpusConfig, stats: DecodeStats) -> Iterator[tuple[bytes, int]]:
+def _iter_parquet(
+    path: str | _InPlace, name: str, config: CorpusConfig, stats: DecodeStats
+) -> Iterator[tuple[bytes, int]]:
     try:
         pf = _parquet_file(path)
     except (pa.ArrowInvalid, OSError) as e:
@@ -316,7 +338,9 @@ def _iter_parquet(path: str | _InPlace, name: str, config: CorpusConfig, stats: 
     _text_column(pf, name, config.text_field)
     pos = row = 0
     try:
-        for batch in pf.iter_batches(columns=[config.text_field], batch_size=4096, row_groups=getattr(path, "row_groups", None)):
+        for batch in pf.iter_batches(
+            columns=[config.text_field], batch_size=4096, row_groups=getattr(path, "row_groups", None)
+        ):
             off, buf, valid = _binary_values(batch.column(0))
             for i in range(len(off) - 1):
                 row += 1
@@ -328,7 +352,10 @@ def _iter_parquet(path: str | _InPlace, name: str, config: CorpusConfig, stats: 
                     raise _document_too_big(name, f": row {row}", config.max_document_bytes)
                 pos += n
                 if pos > config.max_source_bytes:
-                    raise InputError(f"{name}: holds more than {config.max_source_bytes:,} bytes of text ; raise --max-source-bytes to allow it")
+                    raise InputError(
+                        f"{name}: holds more than {config.max_source_bytes:,} bytes of text ; raise "
+                        "--max-source-bytes to allow it"
+                    )
                 data = _check_utf8(bytes(buf[off[i] : off[i + 1]]), config.errors, f"{name}: row {row}", stats)
                 if data is not None:
                     yield data, pos
@@ -346,24 +373,34 @@ def _source_extent(path: str | _InPlace, name: str, config: CorpusConfig) -> int
     fmt, comp = _split_name(name)
     if fmt == ".parquet":
         if comp:
-            raise InputError(f"{name}: a compressed Parquet file; Parquet compresses internally, store it as plain .parquet")
+            raise InputError(
+                f"{name}: a compressed Parquet file; Parquet compresses internally, store it as plain .parquet"
+            )
         try:
             pf = _parquet_file(path)
             _text_column(pf, name, config.text_field)
             total = 0
-            for batch in pf.iter_batches(columns=[config.text_field], batch_size=65536, row_groups=getattr(path, "row_groups", None)):
+            for batch in pf.iter_batches(
+                columns=[config.text_field], batch_size=65536, row_groups=getattr(path, "row_groups", None)
+            ):
                 off, _, valid = _binary_values(batch.column(0))
                 lengths = np.diff(off)
                 total += int(lengths.sum() if valid is None else lengths[valid].sum())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
             raise InputError(f"{name}: not a readable Parquet file ({e})") from e
         if total > config.max_source_bytes:
-            raise InputError(f"{name}: holds more than {config.max_source_bytes:,} bytes of text ; raise --max-source-bytes to allow it")
+            raise InputError(
+                f"{name}: holds more than {config.max_source_bytes:,} bytes of text ; raise "
+                "--max-source-bytes to allow it"
+            )
         return total
     if not comp:
         size = path.record["size"] if isinstance(path, _InPlace) else os.path.getsize(path)
         if size > config.max_source_bytes:
-            raise InputError(f"{name}: {size:,} bytes, more than the {config.max_source_bytes:,}-byte cap; raise --max-source-bytes to allow it")
+            raise InputError(
+                f"{name}: {size:,} bytes, more than the {config.max_source_bytes:,}-byte cap; raise "
+                "--max-source-bytes to allow it"
+            )
         return size
     total = 0
     with open_source(path, name, config.max_source_bytes) as f:

@@ -110,7 +110,10 @@ def shard_balance(shards: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def format_balance(balance: Mapping[str, Any]) -> str:
-    text = f"shard bytes min {balance['min_bytes']:,} / mean {balance['mean_bytes']:,} / max {balance['max_bytes']:,} (max/mean {balance['max_over_mean']})"
+    text = (
+        f"shard bytes min {balance['min_bytes']:,} / mean {balance['mean_bytes']:,} / max {balance['max_bytes']:,} "
+        f"(max/mean {balance['max_over_mean']})"
+    )
     if balance["oversize_shards"]:
         text += f", {len(balance['oversize_shards'])} holding one oversize document"
     return text

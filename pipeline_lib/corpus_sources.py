@@ -62,7 +62,8 @@ def _directory_files(fs: Any, path: str, src: str) -> list[str]:
         raise InputError(f"corpus source {_redact(src)!r}: cannot list it ({e})") from e
     if not hits:
         raise InputError(
-            f"corpus source {_redact(src)!r} is a directory with no files; give files, a glob like {src.rstrip('/')}/*.txt, or a directory holding them"
+            f"corpus source {_redact(src)!r} is a directory with no files; give files, a glob like "
+            f"{src.rstrip('/')}/*.txt, or a directory holding them"
         )
     return [fs.unstrip_protocol(h) if "://" in src else h for h in hits]
 
@@ -123,7 +124,9 @@ def fetch_sources(store: ArtifactStore, config: CorpusConfig) -> Iterator[tuple[
                 raise InputError(f"corpus source {_redact(url)!r}: no such file") from None
             except IsADirectoryError:
                 raise InputError(f"corpus source {_redact(url)!r} is a directory") from None
-            fetched.append({"url": _redact(url), "local": local, "name": _source_name(url, i), "size": size, "sha256": digest})
+            fetched.append(
+                {"url": _redact(url), "local": local, "name": _source_name(url, i), "size": size, "sha256": digest}
+            )
         if sum(f["size"] for f in fetched) == 0:
             shown = ", ".join(repr(_redact(u)) for u in urls[:5]) + (" ..." if len(urls) > 5 else "")
             raise InputError(f"the corpus is empty: {shown} hold 0 bytes")
@@ -134,7 +137,9 @@ def fetch_sources(store: ArtifactStore, config: CorpusConfig) -> Iterator[tuple[
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def stage_sources(staging: Staging, fetched: list[dict[str, Any]], config: CorpusConfig) -> tuple[dict[str, FileInfo], dict[str, Any]]:
+def stage_sources(
+    staging: Staging, fetched: list[dict[str, Any]], config: CorpusConfig
+) -> tuple[dict[str, FileInfo], dict[str, Any]]:
     """The fetched sources moved into a `raw` version's staging area: (files, meta)."""
     assert config.sources is not None  # __post_init__ fills in the default
     files: dict[str, FileInfo] = {}
@@ -165,7 +170,8 @@ def reference_sources(config: CorpusConfig) -> tuple[dict[str, Any], dict[str, A
         info = _source_info(url, config.storage_options)
         if not _stamp(info) or info.get("size") is None:
             raise InputError(
-                f"corpus source {_redact(url)!r} has no ETag or modification time (or no size): it cannot be read in place safely; use --source-mode copy"
+                f"corpus source {_redact(url)!r} has no ETag or modification time (or no size): it cannot be read in "
+                "place safely; use --source-mode copy"
             )
         record = {"url": _redact(url), "name": _source_name(url, i), "size": int(info["size"]), "stamp": _stamp(info)}
         fs, path = filesystem(url, **config.storage_options)

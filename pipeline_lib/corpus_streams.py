@@ -87,7 +87,9 @@ class _InPlace:
         try:
             f = fs.open(path, "rb")
         except FileNotFoundError:
-            raise InputError(f"corpus source {self.record['url']!r} is gone (it was recorded in place, --source-mode reference)") from None
+            raise InputError(
+                f"corpus source {self.record['url']!r} is gone (it was recorded in place, --source-mode reference)"
+            ) from None
         if seekable:
             return f
         self.hasher = _HashingReader(f)
@@ -106,7 +108,8 @@ class _InPlace:
         if changes:
             raise InputError(
                 f"corpus source {self.record['url']!r} changed since it was recorded in place ({'; '.join(changes)}): "
-                "run the corpus stage again to record the new content, or copy the sources into the store with --source-mode copy"
+                "run the corpus stage again to record the new content, or copy the sources into the store with "
+                "--source-mode copy"
             )
 
     def finish(self) -> str:
@@ -121,8 +124,10 @@ class _InPlace:
         digest = self.hasher.sha256.hexdigest()
         if self.record.get("sha256") is not None and digest != self.record["sha256"]:
             raise InputError(
-                f"corpus source {self.record['url']!r} changed since it was recorded in place (same size and modification time, "
-                "other bytes: sha256 differs): run the corpus stage again to record the new content, or use --source-mode copy"
+                f"corpus source {self.record['url']!r} changed since it was recorded in place (same size and "
+                "modification time, "
+                "other bytes: sha256 differs): run the corpus stage again to record the new content, or use "
+                "--source-mode copy"
             )
         return digest
 
@@ -151,7 +156,8 @@ class _CappedReader(io.RawIOBase):
         self.n += n
         if self.n > self.cap:
             raise InputError(
-                f"{self.name}: decompresses to more than {self.cap:,} bytes; refusing a possible decompression bomb (raise --max-source-bytes to allow it)"
+                f"{self.name}: decompresses to more than {self.cap:,} bytes; refusing a possible decompression bomb "
+                "(raise --max-source-bytes to allow it)"
             )
         return n
 
@@ -225,7 +231,8 @@ def open_source(path: str | _InPlace, name: str, cap: int) -> Iterator[io.Buffer
 
 @dataclass(frozen=True)
 class _RawSources:
-    """A raw version's sources as the sharder reads them: (path or in-place reader, stored name), their raw records and message labels."""
+    """A raw version's sources as the sharder reads them: (path or in-place reader, stored name), their raw records and
+    message labels."""
 
     sources: list[tuple[str | _InPlace, str]]
     records: list[dict[str, Any]]

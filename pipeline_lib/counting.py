@@ -77,13 +77,17 @@ class CountConfig:
     pattern: Annotated[
         str,
         AfterValidator(check_pattern),
-        doc("pre-tokenization split: gpt2, cl100k, o200k, none (no split: merges may cross spaces) or a regex (text between matches is kept as pieces)"),
+        doc(
+            "pre-tokenization split: gpt2, cl100k, o200k, none (no split: merges may cross spaces) or a regex (text "
+            "between matches is kept as pieces)"
+        ),
     ] = "cl100k"
     count_mode: Annotated[
         Literal["exact", "pruned"],
         doc(
             "exact: every piece is kept, and a table outgrowing --count-memory stops the run with an error; "
-            "pruned: pieces seen fewer than --count-min times in a shard are dropped before the reduce, and the threshold is raised "
+            "pruned: pieces seen fewer than --count-min times in a shard are dropped before the reduce, and the "
+            "threshold is raised "
             "for a table still over --count-memory (recorded in the counts manifest)"
         ),
     ] = "exact"
@@ -120,12 +124,18 @@ class CountConfig:
         output depends on the threshold and on the budget (which may raise it)."""
         if not self.pruned:
             return {"pattern": self.pattern}
-        return {"pattern": self.pattern, "count_mode": "pruned", "count_min": self.count_min, "count_memory": self.memory_bytes}
+        return {
+            "pattern": self.pattern,
+            "count_mode": "pruned",
+            "count_min": self.count_min,
+            "count_memory": self.memory_bytes,
+        }
 
 
 def _over_budget(what: str, n_pieces: int, estimate: int, config: CountConfig) -> InputError:
     return InputError(
-        f"counting {what}: {n_pieces:,} distinct pieces need about {estimate / (1 << 20):,.1f} MiB, over --count-memory {config.count_memory}; "
+        f"counting {what}: {n_pieces:,} distinct pieces need about {estimate / (1 << 20):,.1f} MiB, over "
+        f"--count-memory {config.count_memory}; "
         f"raise --count-memory, or use --count-mode pruned (drops pieces seen fewer than --count-min times per shard)"
     )
 
@@ -223,7 +233,12 @@ class BoundedCounts:
         """What was pruned (empty in exact mode)."""
         if not self.config.pruned:
             return {}
-        return {"threshold": self.threshold, "pieces_dropped": self.pieces_dropped, "occurrences_dropped": self.occurrences_dropped, "prunings": self.prunings}
+        return {
+            "threshold": self.threshold,
+            "pieces_dropped": self.pieces_dropped,
+            "occurrences_dropped": self.occurrences_dropped,
+            "prunings": self.prunings,
+        }
 
 
 def count_shard(shard_path: str, config: CountConfig | str) -> tuple[list[bytes], np.ndarray, dict[str, int]]:
@@ -248,8 +263,12 @@ def write_counts(path: str, pieces: Sequence[bytes], counts: np.ndarray) -> None
     counts = np.asarray(counts, dtype=np.int64)
     if len(pieces) != len(counts):
         raise InputError(f"{path}: {len(pieces)} pieces but {len(counts)} counts")
-    table = pa.table({"piece": pa.array(pieces, pa.binary()), "count": pa.array(counts, pa.int64())}, schema=COUNTS_SCHEMA)
-    pq.write_table(table, path, compression="zstd", row_group_size=1 << 20, write_statistics=False, use_dictionary=False)
+    table = pa.table(
+        {"piece": pa.array(pieces, pa.binary()), "count": pa.array(counts, pa.int64())}, schema=COUNTS_SCHEMA
+    )
+    pq.write_table(
+        table, path, compression="zstd", row_group_size=1 << 20, write_statistics=False, use_dictionary=False
+    )
 
 
 def read_counts(path: str) -> tuple[list[bytes], np.ndarray]:
@@ -343,7 +362,9 @@ def tree_reduce(
     record: dict[str, int] = {}
     for level, merges in enumerate(tree_levels(len(current), fan_in), start=1):
 
-        def merge(k: int, level: int = level, merges: list[list[int]] = merges, inputs: list[str] = current) -> dict[str, int]:
+        def merge(
+            k: int, level: int = level, merges: list[list[int]] = merges, inputs: list[str] = current
+        ) -> dict[str, int]:
             if len(merges[k]) == 1:
                 return {}
             pieces, counts, pruned = reduce_counts([inputs[i] for i in merges[k]], config)
@@ -352,6 +373,9 @@ def tree_reduce(
 
         for pruned in map_merges(merge, range(len(merges))):
             record = merge_record(record, pruned)
-        current = [current[m[0]] if len(m) == 1 else os.path.join(workdir, f"l{level:02d}_{k:06d}.parquet") for k, m in enumerate(merges)]
+        current = [
+            current[m[0]] if len(m) == 1 else os.path.join(workdir, f"l{level:02d}_{k:06d}.parquet")
+            for k, m in enumerate(merges)
+        ]
     pieces, counts, pruned = reduce_counts(current, config)
     return pieces, counts, merge_record(record, pruned)

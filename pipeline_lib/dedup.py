@@ -40,7 +40,10 @@ class DedupConfig:
 
     mode: Annotated[
         Literal["off", "exact"],
-        doc("drop documents whose text repeats one seen before (exact: same sha256 of the text, the first one kept); off: keep every document"),
+        doc(
+            "drop documents whose text repeats one seen before (exact: same sha256 of the text, the first one kept); "
+            "off: keep every document"
+        ),
     ] = "off"
 
     def __post_init__(self):
@@ -79,7 +82,9 @@ def new_documents(batch: DocBatch, seen: Seen) -> np.ndarray:
 
 
 def _kept_rows(batch: DocBatch, keep: np.ndarray) -> pa.RecordBatch:
-    text = pa.Array.from_buffers(pa.large_string(), len(batch), [None, pa.py_buffer(batch.offsets), pa.py_buffer(batch.data)])
+    text = pa.Array.from_buffers(
+        pa.large_string(), len(batch), [None, pa.py_buffer(batch.offsets), pa.py_buffer(batch.data)]
+    )
     assert batch.sources is not None  # read with_source=True
     return pa.record_batch([text, batch.sources], schema=SHARD_SCHEMA).filter(pa.array(keep))
 
@@ -98,7 +103,9 @@ def dedup_shard(path: str, seen: Seen) -> Iterator[pa.RecordBatch]:
             yield _kept_rows(batch, keep)
 
 
-def write_deduped(staging: Staging, shard_paths: Sequence[str], corpus_meta: Mapping[str, Any]) -> tuple[dict[str, FileInfo], dict[str, Any]]:
+def write_deduped(
+    staging: Staging, shard_paths: Sequence[str], corpus_meta: Mapping[str, Any]
+) -> tuple[dict[str, FileInfo], dict[str, Any]]:
     """Every corpus shard (local paths, in shard order) deduplicated into `staging`: the
     output's files and its manifest meta (the corpus meta's fields, recounted, plus the
     dedup's counts under ``"dedup"``)."""
@@ -116,7 +123,14 @@ def write_deduped(staging: Staging, shard_paths: Sequence[str], corpus_meta: Map
         file = f"{name}.parquet"
         with staging.open_write(file) as tmp:
             table = pa.Table.from_batches(batches, schema=SHARD_SCHEMA)
-            pq.write_table(table, tmp, compression="zstd", use_dictionary=["source"], write_statistics=False, row_group_size=max(1, table.num_rows))
+            pq.write_table(
+                table,
+                tmp,
+                compression="zstd",
+                use_dictionary=["source"],
+                write_statistics=False,
+                row_group_size=max(1, table.num_rows),
+            )
         n_chars += int(pc.sum(pc.utf8_length(table.column("text"))).as_py() or 0)
         files[file] = staging.written[file]
         shards.append({"name": name, "file": file, "n_docs": n_docs, "n_bytes": seen.bytes_out - before_bytes})

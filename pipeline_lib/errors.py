@@ -75,6 +75,8 @@ def is_network_error(exc: BaseException) -> bool:
     it (each walks the exception's causes its own way)."""
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
-    if isinstance(exc, OSError) and exc.errno in {getattr(errno, name) for name in _NETWORK_ERRNOS if hasattr(errno, name)}:
+    if isinstance(exc, OSError) and exc.errno in {
+        getattr(errno, name) for name in _NETWORK_ERRNOS if hasattr(errno, name)
+    }:
         return True
     return any(f"{c.__module__.split('.')[0]}.{c.__name__}" in _NETWORK_CLASSES for c in type(exc).__mro__)

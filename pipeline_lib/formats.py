@@ -36,7 +36,9 @@ class Tokenizer(Protocol):
 @functools.cache
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     n = 0
     for b in range(256):
@@ -47,7 +49,9 @@ def byte_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(printable, chars)}
 
 
-def gpt2_vocab(encoder_json: bytes, vocab_bpe: bytes, enc_name: str, bpe_name: str) -> tuple[dict[bytes, int], dict[str, int]]:
+def gpt2_vocab(
+    encoder_json: bytes, vocab_bpe: bytes, enc_name: str, bpe_name: str
+) -> tuple[dict[bytes, int], dict[str, int]]:
     """Mergeable ranks and special tokens from a GPT-2 style pair: ``encoder.json`` (HF's
     ``vocab.json``: byte-encoder string -> id) and ``vocab.bpe`` (``merges.txt``: one merge
     per line, highest priority first, after a ``#version`` line).
@@ -94,7 +98,8 @@ def gpt2_vocab(encoder_json: bytes, vocab_bpe: bytes, enc_name: str, bpe_name: s
             continue  # a repeated rule: the first one counts (as in GPT-2's encoder.py)
         if encoder[merged] <= last:
             raise InputError(
-                f"{bpe_name}:{lineno}: {merged!r} has id {encoder[merged]} in {enc_name}, not above the previous merge's"
+                f"{bpe_name}:{lineno}: {merged!r} has id {encoder[merged]} in {enc_name}, not above the previous "
+                "merge's"
                 f" {last}: merges must be in id order for the ids to be GPT-2's"
             )
         last = encoder[merged]
@@ -213,7 +218,15 @@ def gpt2_files(tok: Tokenizer) -> dict[str, bytes]:
 def hf_added_tokens(tok: Tokenizer) -> list[dict[str, Any]]:
     """The special tokens as HF `tokenizers` ``added_tokens``, in id order."""
     return [
-        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+        {
+            "id": i,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
         for t, i in sorted(tok.special_tokens.items(), key=lambda kv: kv[1])
     ]
 
@@ -231,7 +244,12 @@ def hf_tokenizer_json(tok: Tokenizer) -> dict[str, Any]:
         "pre_tokenizer": {
             "type": "Sequence",
             "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": onig_pattern(tok.pattern_str)}, "behavior": "Isolated", "invert": False},
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": onig_pattern(tok.pattern_str)},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
                 {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
             ],
         },

@@ -179,7 +179,10 @@ def http_status_error(status: int, reason: str | None, host: str) -> OSError | N
     if status in (404, 410):
         return FileNotFoundError(f"{said}: no such file")
     if status in (401, 403):
-        return PermissionError(f"{said}: no permission to read it (give credentials in the URL or --storage-option client_kwargs='{{\"headers\": {{...}}}}')")
+        return PermissionError(
+            f"{said}: no permission to read it (give credentials in the URL or --storage-option "
+            f"client_kwargs='{{\"headers\": {{...}}}}')"
+        )
     return None
 
 

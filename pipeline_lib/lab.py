@@ -188,11 +188,16 @@ def show_tokens(tok: Tokenizer, text: str, ids: Sequence[int], width: int = 80, 
     lines = draw_tokens(cells, width, colour)
     legend = ", ".join(
         [f"{v} {k!r}" for k, v in VISIBLE.items() if any(v in t for _, t in cells)]
-        + (["X[i/n]: part i of a character split over n tokens"] if any(re.search(r"\[\d+/\d+\]$", t) for _, t in cells) else [])
+        + (
+            ["X[i/n]: part i of a character split over n tokens"]
+            if any(re.search(r"\[\d+/\d+\]$", t) for _, t in cells)
+            else []
+        )
     )
     lines.append(
         f"{c['tokens']:,} token{'s' if c['tokens'] != 1 else ''} for {c['chars']:,} characters ({c['bytes']:,} bytes): "
-        f"{c['bytes_per_token']:.2f} bytes/token, {c['chars_per_token']:.2f} chars/token" + (f"  [{legend}]" if legend else "")
+        f"{c['bytes_per_token']:.2f} bytes/token, {c['chars_per_token']:.2f} chars/token"
+        + (f"  [{legend}]" if legend else "")
     )
     return "\n".join(lines)
 
@@ -203,7 +208,12 @@ def text_rows(text: str, tokenizers: Sequence[tuple[str, Tokenizer]]) -> list[di
     level's ids number the text's own words and punctuation runs in the order met."""
     rows = [{"name": "character level", "cells": [(ord(c), visible(c)) for c in text]}]
     words: dict[str, int] = {}
-    rows.append({"name": "word level", "cells": [(words.setdefault(w, len(words)), visible(w)) for w in WORD_PIECES.findall(text)]})
+    rows.append(
+        {
+            "name": "word level",
+            "cells": [(words.setdefault(w, len(words)), visible(w)) for w in WORD_PIECES.findall(text)],
+        }
+    )
     for name, tok in tokenizers:
         ids = tok.encode_ordinary(text)
         rows.append({"name": name, "cells": list(zip(ids, token_texts(tok, ids)))})
@@ -234,15 +244,19 @@ def check_special_tokens(tok: Tokenizer, text: str, allowed: Iterable[str], sour
     names = ", ".join(sorted(tok.special_tokens)) or "none"
     for name in allowed:
         if name not in tok.special_tokens:
-            raise InputError(f"--allow-special {name!r}: not a special token of this tokenizer (its special tokens: {names})")
+            raise InputError(
+                f"--allow-special {name!r}: not a special token of this tokenizer (its special tokens: {names})"
+            )
     refused = [t for t in tok.special_tokens if t not in allowed]
     if refused:
         found = re.search("|".join(re.escape(t) for t in sorted(refused, key=len, reverse=True)), text)
         if found:
             token = found.group()
             raise InputError(
-                f"{source} holds the special token {token!r} (at character {found.start():,}), which text may only hold when allowed: "
-                f"pass --allow-special '{token}' to encode it as its id {tok.special_tokens[token]}, or --special-as-text to encode it as ordinary text"
+                f"{source} holds the special token {token!r} (at character {found.start():,}), which text may only "
+                "hold when allowed: "
+                f"pass --allow-special '{token}' to encode it as its id {tok.special_tokens[token]}, or "
+                "--special-as-text to encode it as ordinary text"
             )
     return set(allowed)
 
@@ -346,12 +360,17 @@ def encode_trace_text(trace: Sequence[Mapping[str, Any]]) -> str:
     for entry in trace:
         lines.append(f"piece '{entry['piece']}': {' '.join(entry['start'])}")
         for step in entry["steps"]:
-            lines.append(f"  rank {step['rank']}: '{step['left']}' + '{step['right']}' -> '{step['token']}'   {' '.join(step['parts'])}")
+            lines.append(
+                f"  rank {step['rank']}: '{step['left']}' + '{step['right']}' -> '{step['token']}'   "
+                f"{' '.join(step['parts'])}"
+            )
         lines.append(f"  ids {' '.join(map(str, entry['ids']))}")
     return "\n".join(lines)
 
 
-def train_trace(tok: Tokenizer, pieces: Sequence[bytes], counts: Counts, max_pieces: int = 20, max_merges: int | None = None) -> dict[str, Any]:
+def train_trace(
+    tok: Tokenizer, pieces: Sequence[bytes], counts: Counts, max_pieces: int = 20, max_merges: int | None = None
+) -> dict[str, Any]:
     """The training pieces after each merge, as the tutorials print the corpus: the
     `max_pieces` most frequent pieces (ties: in the order given), each as its parts with its
     count, before any merge and after each of the first `max_merges` merges (all: None).
@@ -394,7 +413,11 @@ def train_trace_text(trace: Mapping[str, Any], width: int = 160) -> str:
     lines = []
     for step in trace["steps"]:
         shown = "  |  ".join(p + (f" ×{c}" if c > 1 else "") for p, c in zip(step["pieces"], counts))
-        head = "start" if step["merge"] is None else f"merge {step['merge']}: '{step['left']}' + '{step['right']}' -> '{step['token']}'"
+        head = (
+            "start"
+            if step["merge"] is None
+            else (f"merge {step['merge']}: '{step['left']}' + '{step['right']}' -> '{step['token']}'")
+        )
         line = f"{head}   {shown}"
         lines.append(line if len(line) <= width else line[: width - 1] + "…")
     if trace["pieces_total"] > len(counts):
@@ -407,7 +430,10 @@ def merges_text(tok: Tokenizer, name: str) -> str:
     """Every merge as a learner reads it, under a header: rank, pair, new token, its id and
     the pair's count when merged (`tokenmill tokenizer merges`)."""
     if tok.merges is None:
-        raise InputError(f"--tokenizer {name}: keeps no merge list (loaded from ranks); its tokens are listed by `tokenmill tokenizer vocab`")
+        raise InputError(
+            f"--tokenizer {name}: keeps no merge list (loaded from ranks); its tokens are listed by "
+            "`tokenmill tokenizer vocab`"
+        )
     header = (
         f"# {name}: {len(tok.merges):,} merges, {tok.unit}-level BPE, pattern {tok.pattern}, {tok.vocab_size:,} ids\n"
         "# merge: left + right -> token (id) (the pair's count when merged); ␣ space, ↵ newline, → tab"
@@ -419,7 +445,10 @@ def vocab_rows(tok: Tokenizer, search: str | None = None) -> list[tuple[int, str
     """(id, visible text) of every token, special tokens included, by id; with `search`,
     only the tokens whose text (spaces as ``␣`` or as spaces) contains it."""
     by_id = sorted((i, b) for b, i in tok.mergeable_ranks.items())
-    rows = [*((i, t) for (i, _), t in zip(by_id, token_texts(tok, [i for i, _ in by_id]))), *sorted((i, n) for n, i in tok.special_tokens.items())]
+    rows = [
+        *((i, t) for (i, _), t in zip(by_id, token_texts(tok, [i for i, _ in by_id]))),
+        *sorted((i, n) for n, i in tok.special_tokens.items()),
+    ]
     if search:
         wanted = {search, visible(search)}
         rows = [(i, t) for i, t in rows if any(w in t for w in wanted)]
@@ -438,11 +467,22 @@ def yours_markdown(named: Sequence[tuple[str, Tokenizer]], heldout: str, section
     ]
     for name, tok in named:
         c = compression(heldout, len(tok.encode_ordinary(heldout)))
-        lines.append(f"| {name} | {tok.vocab_size:,} | {c['tokens']:,} | {c['chars_per_token']:.3f} | {c['bytes_per_token']:.3f} |")
-    lines += ["", "Tokens per word:", "", "| language | " + " | ".join(n for n, _ in named) + " |", "|---|" + "---:|" * len(named)]
+        lines.append(
+            f"| {name} | {tok.vocab_size:,} | {c['tokens']:,} | {c['chars_per_token']:.3f} | "
+            f"{c['bytes_per_token']:.3f} |"
+        )
+    lines += [
+        "",
+        "Tokens per word:",
+        "",
+        "| language | " + " | ".join(n for n, _ in named) + " |",
+        "|---|" + "---:|" * len(named),
+    ]
     for language, text in sections.items():
         words = max(1, len(text.split()))
-        lines.append(f"| {language} | " + " | ".join(f"{len(tok.encode_ordinary(text)) / words:.2f}" for _, tok in named) + " |")
+        lines.append(
+            f"| {language} | " + " | ".join(f"{len(tok.encode_ordinary(text)) / words:.2f}" for _, tok in named) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -459,7 +499,8 @@ def token_occurrences(tok: Tokenizer, pieces: Sequence[bytes], counts: Counts) -
     ids, ends = tok.encode_ordinary_batch_to_numpy(list(pieces))
     per_piece = np.diff(np.asarray(ends, dtype=np.int64)).astype(np.int64)
     occurrences = np.zeros(tok.vocab_size, dtype=np.int64)
-    np.add.at(occurrences, np.asarray(ids, dtype=np.int64), np.repeat(np.asarray(counts, dtype=np.int64), per_piece))  # exact in int64
+    # exact in int64
+    np.add.at(occurrences, np.asarray(ids, dtype=np.int64), np.repeat(np.asarray(counts, dtype=np.int64), per_piece))
     return occurrences.tolist()
 
 
@@ -472,8 +513,14 @@ def training_compression(tok: Tokenizer, pieces: Sequence[bytes], counts: Counts
     weights = np.asarray(counts, dtype=np.int64)
     _, ends = tok.encode_ordinary_batch_to_numpy(list(pieces))
     n_tokens = int(np.dot(np.diff(np.asarray(ends, dtype=np.int64)), weights)) if len(weights) else 0
-    n_bytes = int(np.dot(np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)), weights)) if len(weights) else 0
-    n_chars = int(np.dot(np.fromiter((token_length(p) for p in pieces), dtype=np.int64, count=len(pieces)), weights)) if len(weights) else 0
+    n_bytes = (
+        int(np.dot(np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces)), weights)) if len(weights) else 0
+    )
+    n_chars = (
+        int(np.dot(np.fromiter((token_length(p) for p in pieces), dtype=np.int64, count=len(pieces)), weights))
+        if len(weights)
+        else 0
+    )
     return {
         "tokens": n_tokens,
         "chars": n_chars,
@@ -490,7 +537,9 @@ def compression_line(c: Mapping[str, Any], what: str = "the training text") -> s
     )
 
 
-def inspect_tokenizer(tok: Tokenizer, k: int = 10, counts: tuple[Sequence[bytes], Counts] | None = None) -> dict[str, Any]:
+def inspect_tokenizer(
+    tok: Tokenizer, k: int = 10, counts: tuple[Sequence[bytes], Counts] | None = None
+) -> dict[str, Any]:
     """What a tokenizer holds: its `k` shortest, longest, first and last tokens, the number
     of tokens per length, and (given the training `counts`: pieces and their counts) the
     tokens that never occur when the training text is encoded."""
@@ -526,7 +575,8 @@ def inspect_text(report: dict[str, Any]) -> str:
     cells = lambda entries: "  ".join(f"{e['id']}:{e['text']}" for e in entries)  # noqa: E731
     specials = ", ".join(f"{t} ({i})" for t, i in report["special_tokens"].items()) or "none"
     lines = [
-        f"{report['vocab_size']:,} ids: {report['ordinary_tokens']:,} ordinary tokens ({report['learned_tokens']:,} learned by merges), special tokens: {specials}",
+        f"{report['vocab_size']:,} ids: {report['ordinary_tokens']:,} ordinary tokens ({report['learned_tokens']:,} "
+        f"learned by merges), special tokens: {specials}",
         f"shortest: {cells(report['shortest'])}",
         f"longest:  {cells(report['longest'])}",
         f"first:    {cells(report['first'])}",
@@ -535,9 +585,14 @@ def inspect_text(report: dict[str, Any]) -> str:
     ]
     never = report["never_used"]
     if never is None:
-        lines.append("never used in training: unknown (the tokenizer's training counts are not known; give a store REF)")
+        lines.append(
+            "never used in training: unknown (the tokenizer's training counts are not known; give a store REF)"
+        )
     else:
-        lines.append(f"never used in training: {never['count']:,} learned tokens" + (f" (e.g. {cells(never['tokens'])})" if never["tokens"] else ""))
+        lines.append(
+            f"never used in training: {never['count']:,} learned tokens"
+            + (f" (e.g. {cells(never['tokens'])})" if never["tokens"] else "")
+        )
         if never["count"]:
             lines.append("  (merged into longer tokens every time they appear: intermediate steps of a merge chain)")
     return "\n".join(lines)

@@ -44,15 +44,22 @@ class CompareConfig:
 
     __pydantic_config__ = STRICT
 
-    vocab_sizes: Annotated[tuple[int, ...], doc("vocabulary sizes of the BPE tokenizers trained for the comparison (ours and HF's)")] = (300, 1024, 4096)
+    vocab_sizes: Annotated[
+        tuple[int, ...], doc("vocabulary sizes of the BPE tokenizers trained for the comparison (ours and HF's)")
+    ] = (300, 1024, 4096)
     units: Annotated[
-        tuple[Literal["byte", "char", "word"], ...], doc("the units our BPE is trained over (char: no split; word: whitespace words), a row per unit and size")
+        tuple[Literal["byte", "char", "word"], ...],
+        doc("the units our BPE is trained over (char: no split; word: whitespace words), a row per unit and size"),
     ] = ("byte", "char")
     pattern: Annotated[Literal["gpt2", "cl100k", "o200k"], doc("split pattern of our byte-level BPE")] = "cl100k"
     heldout_fraction: Annotated[float, doc("the end of the corpus held out for measuring (the rest trains)")] = 0.1
     d_model: Annotated[int, doc("model width for the embedding parameters column (vocabulary x width)")] = 768
-    production: Annotated[tuple[str, ...], doc("production encodings to measure (get_encoding names; none: leave them out)")] = PRODUCTION_ENCODINGS
-    hf: Annotated[bool, doc("also train HF tokenizers' byte-level BPE at the same sizes (needs the tokenizers package)")] = True
+    production: Annotated[
+        tuple[str, ...], doc("production encodings to measure (get_encoding names; none: leave them out)")
+    ] = PRODUCTION_ENCODINGS
+    hf: Annotated[
+        bool, doc("also train HF tokenizers' byte-level BPE at the same sizes (needs the tokenizers package)")
+    ] = True
 
     def __post_init__(self):
         object.__setattr__(self, "vocab_sizes", tuple(sorted(set(int(v) for v in self.vocab_sizes))))
@@ -68,7 +75,10 @@ class CompareConfig:
 
         unknown = [p for p in self.production if p not in list_encoding_names()]
         if unknown:
-            raise InputError(f"production={list(self.production)}: unknown encoding {unknown[0]!r} (known: {', '.join(list_encoding_names())}, or none)")
+            raise InputError(
+                f"production={list(self.production)}: unknown encoding {unknown[0]!r} (known: "
+                f"{', '.join(list_encoding_names())}, or none)"
+            )
 
 
 def split_heldout(text: str, fraction: float) -> tuple[str, str]:
@@ -113,7 +123,9 @@ def character_level(train: str, heldout: str) -> Candidate:
     alphabet = set(train)
     unseen = sum(1 for c in heldout if c not in alphabet)
     note = f"{unseen:,} held-out characters unseen in training ({unseen / max(1, len(heldout)):.2%})" if unseen else ""
-    return Candidate("character level", "character level", len(alphabet), len, timed=False, note=note, size_axis=len(alphabet))
+    return Candidate(
+        "character level", "character level", len(alphabet), len, timed=False, note=note, size_axis=len(alphabet)
+    )
 
 
 def word_level(train: str, heldout: str) -> Candidate:
@@ -121,7 +133,15 @@ def word_level(train: str, heldout: str) -> Candidate:
     pieces = WORD_PIECES.findall(heldout)
     unseen = sum(1 for p in pieces if p not in vocab)
     note = f"words and punctuation runs; {unseen / max(1, len(pieces)):.1%} of held-out ones unseen (one <unk> id)"
-    return Candidate("word level", "word level", len(vocab) + 1, lambda t: len(WORD_PIECES.findall(t)), timed=False, note=note, size_axis=len(vocab) + 1)
+    return Candidate(
+        "word level",
+        "word level",
+        len(vocab) + 1,
+        lambda t: len(WORD_PIECES.findall(t)),
+        timed=False,
+        note=note,
+        size_axis=len(vocab) + 1,
+    )
 
 
 def ours(train: str, unit: str, pattern: str, vocab_sizes: Sequence[int]) -> list[Candidate]:
@@ -136,12 +156,18 @@ def ours(train: str, unit: str, pattern: str, vocab_sizes: Sequence[int]) -> lis
     docs = [p for p in train.split("\n\n") if p]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        big = Tokenizer.train(docs, max(vocab_sizes), pattern=split, special_tokens=(), unit=unit) if max(vocab_sizes) >= 256 or unit != "byte" else None
+        big = (
+            Tokenizer.train(docs, max(vocab_sizes), pattern=split, special_tokens=(), unit=unit)
+            if max(vocab_sizes) >= 256 or unit != "byte"
+            else None
+        )
     if big is None:
         return []
     smallest = big.vocab_size - len(big.merges or [])
     label = f"ours {unit}" + (f" {pattern}" if unit == "byte" else "")
-    family = f"ours ({unit}-level BPE" + (f", {pattern} split)" if unit == "byte" else ", no split)" if unit == "char" else ", whitespace words, </w>)")
+    family = f"ours ({unit}-level BPE" + (
+        f", {pattern} split)" if unit == "byte" else ", no split)" if unit == "char" else ", whitespace words, </w>)"
+    )
     out = []
     for v in vocab_sizes:
         if v < smallest:
@@ -170,12 +196,26 @@ def hf_bpe(train: str, vocab_sizes: Sequence[int]) -> tuple[list[Candidate], str
     for v in (v for v in vocab_sizes if v >= 256):
         hf = HFTokenizer(models.BPE())
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        trainer = trainers.BpeTrainer(vocab_size=v, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[], show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=v, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[], show_progress=False
+        )
         hf.train_from_iterator(docs, trainer)
         reached = hf.get_vocab_size()
         note = f"the corpus gave {reached:,} ids of the {v:,} asked for" if reached < v else ""
-        out.append(Candidate(f"HF byte-level BPE {v}", "HF tokenizers (byte-level BPE)", reached, _hf_counter(hf), note=note, size_axis=v))
-    return out, "HF tokenizers rows: encode throughput of one `Tokenizer.encode` call on the whole held-out text (HF also computes offsets)"
+        out.append(
+            Candidate(
+                f"HF byte-level BPE {v}",
+                "HF tokenizers (byte-level BPE)",
+                reached,
+                _hf_counter(hf),
+                note=note,
+                size_axis=v,
+            )
+        )
+    return out, (
+        "HF tokenizers rows: encode throughput of one `Tokenizer.encode` call on the whole held-out text (HF "
+        "also computes offsets)"
+    )
 
 
 def _hf_counter(hf: Any) -> Callable[[str], int]:
@@ -246,7 +286,15 @@ def compare(
         candidates += found
         notes += [note] if note else []
     for name, tok in (tokenizers or {}).items():
-        candidates.append(Candidate(name, f"yours ({tok.unit}-level BPE, {tok.pattern} split)", tok.vocab_size, _counter(tok), size_axis=tok.vocab_size))
+        candidates.append(
+            Candidate(
+                name,
+                f"yours ({tok.unit}-level BPE, {tok.pattern} split)",
+                tok.vocab_size,
+                _counter(tok),
+                size_axis=tok.vocab_size,
+            )
+        )
     found, left_out = production(config.production, encoding_files or {})
     candidates += found
     notes += left_out
@@ -257,7 +305,9 @@ def compare(
         sections = udhr_sections(multilingual)
         for name, section in sections.items():
             words = max(1, len(section.split()))
-            fertility_rows.append({"text": name, "words": len(section.split()), **{c.name: c.count(section) / words for c in candidates}})
+            fertility_rows.append(
+                {"text": name, "words": len(section.split()), **{c.name: c.count(section) / words for c in candidates}}
+            )
     return {
         "source": source,
         "train_chars": len(train),
@@ -291,7 +341,11 @@ TABLE_COLUMNS = (
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool) -> list[str]:
     if markdown:
-        return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *["| " + " | ".join(r) + " |" for r in rows]]
+        return [
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
+            *["| " + " | ".join(r) + " |" for r in rows],
+        ]
     widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(header)]
     line = lambda cells: "  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     return [line(header), line(["-" * w for w in widths]), *map(line, rows)]
@@ -301,8 +355,10 @@ def compare_text(result: dict[str, Any], markdown: bool = False) -> str:
     """The comparison as a terminal table (or Markdown), then fertility per language and notes."""
     rows = result["rows"]
     head = (
-        f"Held-out text: {result['heldout_chars']:,} characters, {result['heldout_bytes']:,} bytes, {result['heldout_words']:,} words"
-        f" (the last part of {result['source'] or 'the corpus'}; the {result['train_chars']:,} characters before it train);"
+        f"Held-out text: {result['heldout_chars']:,} characters, {result['heldout_bytes']:,} bytes, "
+        f"{result['heldout_words']:,} words"
+        f" (the last part of {result['source'] or 'the corpus'}; the {result['train_chars']:,} characters before it "
+        "train);"
         f" embedding parameters at d_model={result['d_model']}."
     )
     lines = [f"## Tokenizers compared\n\n{head}\n" if markdown else head + "\n"]
@@ -312,10 +368,17 @@ def compare_text(result: dict[str, Any], markdown: bool = False) -> str:
         # The terminal shows the largest size of each trained family; the Markdown, every row.
         last = {r["family"]: r["name"] for r in rows}
         names = [r["name"] for r in rows if markdown or r["family"] == "production" or last[r["family"]] == r["name"]]
-        title = "Fertility per language (tokens per whitespace word, UDHR sample" + (")" if markdown else "; every size in the Markdown file)")
+        title = "Fertility per language (tokens per whitespace word, UDHR sample" + (
+            ")" if markdown else "; every size in the Markdown file)"
+        )
         lines += ["", f"### {title}" if markdown else f"{title}:", ""]
-        lines += _table(["language", *names], [[f["text"], *(_number(f[n]) for n in names)] for f in result["fertility"]], markdown)
-        notes.append("character- and word-level tokenizers count a character or word unseen in training as one <unk> token: few tokens there is not coverage")
+        lines += _table(
+            ["language", *names], [[f["text"], *(_number(f[n]) for n in names)] for f in result["fertility"]], markdown
+        )
+        notes.append(
+            "character- and word-level tokenizers count a character or word unseen in training as one <unk> "
+            "token: few tokens there is not coverage"
+        )
     if notes:
         lines += ["", *[("- " if markdown else "note: ") + n for n in notes]]
     return "\n".join(lines) + "\n"

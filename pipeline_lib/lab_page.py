@@ -34,7 +34,9 @@ def train_for_page(corpus: str, n_merges: int, ties: str = "bytes") -> Tokenizer
     the page's tokenizer when the learner names none."""
     from pipeline_lib.tokenizer import Tokenizer
 
-    return Tokenizer.train([p for p in corpus.split("\n\n") if p], 0, special_tokens=(), min_frequency=2, ties=ties, n_merges=n_merges)
+    return Tokenizer.train(
+        [p for p in corpus.split("\n\n") if p], 0, special_tokens=(), min_frequency=2, ties=ties, n_merges=n_merges
+    )
 
 
 def slider_data(tok: Tokenizer, text: str) -> dict[str, Any]:
@@ -62,25 +64,41 @@ def slider_data(tok: Tokenizer, text: str) -> dict[str, Any]:
     return {"pieces": pieces, "ids": id_of, "steps": steps}
 
 
-def compression_curve(tok: Tokenizer, text: str, production: Mapping[str, Tokenizer], points: int = 8) -> dict[str, Any]:
+def compression_curve(
+    tok: Tokenizer, text: str, production: Mapping[str, Tokenizer], points: int = 8
+) -> dict[str, Any]:
     """Characters per token of `text` for `tok` cut to `points` sizes (log-spaced up to its
     own) and for each production encoding."""
     from pipeline_lib.report import truncate
 
     n_chars = max(1, len(text))
     smallest = tok.vocab_size - len(tok.merges or [])
-    sizes = sorted({round(math.exp(math.log(smallest + 1) + (math.log(tok.vocab_size) - math.log(smallest + 1)) * i / (points - 1))) for i in range(points)})
+    sizes = sorted(
+        {
+            round(
+                math.exp(
+                    math.log(smallest + 1) + (math.log(tok.vocab_size) - math.log(smallest + 1)) * i / (points - 1)
+                )
+            )
+            for i in range(points)
+        }
+    )
     ours = []
     for v in sizes:
         cut = truncate(tok, v) if tok.merges is not None and v < tok.vocab_size else tok
         ours.append({"vocab_size": cut.vocab_size, "chars_per_token": n_chars / max(1, len(cut.encode_ordinary(text)))})
-    theirs = [{"name": name, "vocab_size": t.n_vocab, "chars_per_token": n_chars / max(1, len(t.encode_ordinary(text)))} for name, t in production.items()]
+    theirs = [
+        {"name": name, "vocab_size": t.n_vocab, "chars_per_token": n_chars / max(1, len(t.encode_ordinary(text)))}
+        for name, t in production.items()
+    ]
     return {"ours": ours, "production": theirs}
 
 
 def curve_svg(curve: Mapping[str, Any], name: str, width: int = 640, height: int = 300) -> str:
     """The curve as an inline SVG: log vocabulary size across, characters per token up."""
-    points = [(p["vocab_size"], p["chars_per_token"]) for p in curve["ours"]] + [(p["vocab_size"], p["chars_per_token"]) for p in curve["production"]]
+    points = [(p["vocab_size"], p["chars_per_token"]) for p in curve["ours"]] + [
+        (p["vocab_size"], p["chars_per_token"]) for p in curve["production"]
+    ]
     xs = [math.log10(max(2, v)) for v, _ in points]
     x0, x1 = min(xs) - 0.1, max(xs) + 0.1
     y1 = max(c for _, c in points) * 1.15
@@ -91,30 +109,44 @@ def curve_svg(curve: Mapping[str, Any], name: str, width: int = 640, height: int
         y = height - bottom - c / y1 * (height - top - bottom)
         return round(x, 1), round(y, 1)
 
-    out = [f'<svg id="curve" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="compression against vocabulary size">']
+    out = [
+        f'<svg id="curve" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+        'aria-label="compression against vocabulary size">'
+    ]
     out.append(f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#444"/>')
     out.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#444"/>')
     for decade in range(math.ceil(x0), math.floor(x1) + 1):
         x, _ = at(10**decade, 0)
-        out.append(f'<text x="{x}" y="{height - bottom + 16}" font-size="11" text-anchor="middle">{10**decade:,}</text>')
+        out.append(
+            f'<text x="{x}" y="{height - bottom + 16}" font-size="11" text-anchor="middle">{10**decade:,}</text>'
+        )
     for tick in range(0, math.ceil(y1) + 1):
         _, y = at(10**x0, tick)
         out.append(f'<text x="{left - 8}" y="{y + 4}" font-size="11" text-anchor="end">{tick}</text>')
-    out.append(f'<text x="{(left + width) / 2}" y="{height - 4}" font-size="12" text-anchor="middle">vocabulary size (log)</text>')
+    out.append(
+        f'<text x="{(left + width) / 2}" y="{height - 4}" font-size="12" text-anchor="middle">vocabulary size '
+        "(log)</text>"
+    )
     out.append(f'<text x="12" y="{top + 80}" font-size="12" transform="rotate(-90 12 {top + 80})">chars / token</text>')
     line = " ".join(f"{x},{y}" for x, y in (at(p["vocab_size"], p["chars_per_token"]) for p in curve["ours"]))
     out.append(f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
     for p in curve["ours"]:
         x, y = at(p["vocab_size"], p["chars_per_token"])
         out.append(
-            f'<circle cx="{x}" cy="{y}" r="3" fill="#1f77b4"><title>{html.escape(name)} at {p["vocab_size"]:,}: {p["chars_per_token"]:.2f}</title></circle>'
+            f'<circle cx="{x}" cy="{y}" r="3" fill="#1f77b4"><title>{html.escape(name)} at {p["vocab_size"]:,}: '
+            f"{p['chars_per_token']:.2f}</title></circle>"
         )
     for k, p in enumerate(curve["production"]):
         x, y = at(p["vocab_size"], p["chars_per_token"])
         label = html.escape(p["name"])
-        out.append(f'<circle class="production" cx="{x}" cy="{y}" r="4" fill="#d62728"><title>{label}: {p["chars_per_token"]:.2f}</title></circle>')
+        out.append(
+            f'<circle class="production" cx="{x}" cy="{y}" r="4" fill="#d62728"><title>{label}: '
+            f"{p['chars_per_token']:.2f}</title></circle>"
+        )
         # neighbours' labels alternate above and below their points, so they do not overlap
-        out.append(f'<text x="{x}" y="{y - 8 if k % 2 == 0 else y + 18}" font-size="11" text-anchor="middle">{label}</text>')
+        out.append(
+            f'<text x="{x}" y="{y - 8 if k % 2 == 0 else y + 18}" font-size="11" text-anchor="middle">{label}</text>'
+        )
     out.append("</svg>")
     return "\n".join(out)
 
@@ -123,7 +155,9 @@ def compare_rows(text: str, named: Sequence[tuple[str, Tokenizer]]) -> list[dict
     rows = []
     for row in lab.text_rows(text, named):
         c = lab.compression(text, len(row["cells"]))
-        rows.append({"name": row["name"], "cells": row["cells"], "tokens": c["tokens"], "chars_per_token": c["chars_per_token"]})
+        rows.append(
+            {"name": row["name"], "cells": row["cells"], "tokens": c["tokens"], "chars_per_token": c["chars_per_token"]}
+        )
     return rows
 
 
@@ -181,7 +215,9 @@ for (const row of DATA.compare) drawTokens(document.getElementById('row-' + row.
 """
 
 
-def build_page(text: str, tok: Tokenizer, name: str, production: Mapping[str, Tokenizer], rows: list[dict[str, Any]] | None = None) -> str:
+def build_page(
+    text: str, tok: Tokenizer, name: str, production: Mapping[str, Tokenizer], rows: list[dict[str, Any]] | None = None
+) -> str:
     """The lab page for `text` under `tok` (called `name`), beside the `production`
     encodings; `rows`: `compare_rows` already made for them (else made here)."""
     ids = tok.encode_ordinary(text)
@@ -190,10 +226,15 @@ def build_page(text: str, tok: Tokenizer, name: str, production: Mapping[str, To
     for k, row in enumerate(rows):
         row["index"] = k
     curve = compression_curve(tok, text, production)
-    data = {"tokens": tokens, "slider": slider_data(tok, text), "compare": [{"index": r["index"], "cells": r["cells"]} for r in rows]}
+    data = {
+        "tokens": tokens,
+        "slider": slider_data(tok, text),
+        "compare": [{"index": r["index"], "cells": r["cells"]} for r in rows],
+    }
     c = lab.compression(text, len(ids))
     table = "\n".join(
-        f'<tr><td>{html.escape(r["name"])}</td><td>{r["tokens"]:,}</td><td>{r["chars_per_token"]:.2f}</td><td class="tokens" id="row-{r["index"]}"></td></tr>'
+        f"<tr><td>{html.escape(r['name'])}</td><td>{r['tokens']:,}</td><td>{r['chars_per_token']:.2f}</td><td "
+        f'class="tokens" id="row-{r["index"]}"></td></tr>'
         for r in rows
     )
     # "</" cannot close the script element early: the JSON escapes it.

@@ -93,7 +93,9 @@ def train_and_stage(
     tok = load_tokenizer(store, tokenizer)
     tmeta = store.manifest(tokens.kind, tokens.version)["meta"]
     if tmeta["vocab_size"] != tok.vocab_size:
-        raise InputError(f"{tokens.key} was encoded with {tmeta['vocab_size']} ids but {tokenizer.key} has {tok.vocab_size}")
+        raise InputError(
+            f"{tokens.key} was encoded with {tmeta['vocab_size']} ids but {tokenizer.key} has {tok.vocab_size}"
+        )
     data_dir = store.local_dir(tokens.kind, tokens.version)  # every shard checked against the manifest
     workdir = store.work_dir(MODEL_KIND, staging.version)
     result = train(
@@ -166,7 +168,9 @@ def _stage_checkpoint(staging: Staging, ckpt: Checkpoint) -> dict[str, FileInfo]
     return files
 
 
-def _samples(ckpt_dir: Path, tok: Tokenizer, sep: dict[str, Any] | None, n_samples: int, sample_tokens: int, seed: int) -> list[str]:
+def _samples(
+    ckpt_dir: Path, tok: Tokenizer, sep: dict[str, Any] | None, n_samples: int, sample_tokens: int, seed: int
+) -> list[str]:
     """`n_samples` texts of up to `sample_tokens` tokens from the checkpoint's weights, each
     started at the document separator (else a newline)."""
     from pipeline_lib.lm import load_model, sample

@@ -63,19 +63,25 @@ def check_pattern(pattern: str) -> str:
     if pattern in PATTERNS or pattern == NO_SPLIT:
         return pattern
     if not pattern:
-        raise InputError(f"pattern is empty; give one of {', '.join(sorted(PATTERNS))}, {NO_SPLIT} or a regular expression")
+        raise InputError(
+            f"pattern is empty; give one of {', '.join(sorted(PATTERNS))}, {NO_SPLIT} or a regular expression"
+        )
     if regex.fullmatch(r"\w+", pattern):
         raise InputError(
             f"unknown pattern: give 'none', a regex, or one of 'gpt2', 'cl100k' or 'o200k', got {pattern!r}"
-            f" (a bare word that is no name is taken for a misspelt name; to split on that literal text write (?:{pattern}))"
+            " (a bare word that is no name is taken for a misspelt name; to split on that literal text write "
+            f"(?:{pattern}))"
         )
     if len(pattern) > MAX_PATTERN_CHARS:
-        raise InputError(f"pattern is {len(pattern)} characters long, longer than {MAX_PATTERN_CHARS} (MAX_PATTERN_CHARS)")
+        raise InputError(
+            f"pattern is {len(pattern)} characters long, longer than {MAX_PATTERN_CHARS} (MAX_PATTERN_CHARS)"
+        )
     try:
         compiled(pattern)
     except regex.error as e:
         raise InputError(
-            f"pattern {pattern[:80]!r} is not a valid regular expression ({e}); give one of {', '.join(sorted(PATTERNS))}, {NO_SPLIT} or a regex that compiles"
+            f"pattern {pattern[:80]!r} is not a valid regular expression ({e}); give one of "
+            f"{', '.join(sorted(PATTERNS))}, {NO_SPLIT} or a regex that compiles"
         ) from None
     return pattern
 
@@ -116,7 +122,8 @@ def _timed_out(pattern: str, text: str) -> PatternTimeoutError:
     return PatternTimeoutError(
         f"--pattern {pattern[:80]!r}: the regex ran past its budget of {budget_s(text):.1f} s on {len(text)} characters"
         " (catastrophic backtracking: nested or overlapping repeats such as (a|aa)+ or (a+)+);"
-        " rewrite it with possessive quantifiers (a++) or atomic groups ((?>...)), or use a named pattern (gpt2, cl100k, o200k)"
+        " rewrite it with possessive quantifiers (a++) or atomic groups ((?>...)), or use a named pattern (gpt2, "
+        "cl100k, o200k)"
     )
 
 

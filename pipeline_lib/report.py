@@ -28,12 +28,25 @@ def truncate(tok: Tokenizer, vocab_size: int) -> Tokenizer:
     merges = tok.merges[:n]
     keep = alphabet | {m[2] for m in merges}
     ranks = {b: i for b, i in tok.mergeable_ranks.items() if i in keep}
-    specials = {name: len(ranks) + k for k, name in enumerate(sorted(tok.special_tokens, key=tok.special_tokens.__getitem__))}
+    specials = {
+        name: len(ranks) + k for k, name in enumerate(sorted(tok.special_tokens, key=tok.special_tokens.__getitem__))
+    }
     counts = tok.merge_counts[:n] if tok.merge_counts is not None else None
-    return Tokenizer(ranks, tok.pattern, specials, merges=merges, merge_counts=counts, unit=tok.unit, unknown=tok.unknown, lowercase=tok.lowercase)
+    return Tokenizer(
+        ranks,
+        tok.pattern,
+        specials,
+        merges=merges,
+        merge_counts=counts,
+        unit=tok.unit,
+        unknown=tok.unknown,
+        lowercase=tok.lowercase,
+    )
 
 
-def compression_curve(tok: Tokenizer, heldout: str, vocab_sizes: Sequence[int], stopped_because: str = "") -> list[dict[str, Any]]:
+def compression_curve(
+    tok: Tokenizer, heldout: str, vocab_sizes: Sequence[int], stopped_because: str = ""
+) -> list[dict[str, Any]]:
     """Bytes/token and chars/token on held-out text for each vocabulary size (256 = bytes),
     after a first row for character level itself (one token per character).
 
@@ -44,10 +57,22 @@ def compression_curve(tok: Tokenizer, heldout: str, vocab_sizes: Sequence[int], 
     n_bytes, n_chars = len(heldout.encode("utf-8")), len(heldout)
     reached = tok.vocab_size
     smallest = tok.vocab_size - len(tok.merges or [])
-    rows = [{"vocab_size": "chars", "reached": None, "tokens": n_chars, "bytes_per_token": n_bytes / max(1, n_chars), "chars_per_token": 1.0}]
+    rows = [
+        {
+            "vocab_size": "chars",
+            "reached": None,
+            "tokens": n_chars,
+            "bytes_per_token": n_bytes / max(1, n_chars),
+            "chars_per_token": 1.0,
+        }
+    ]
     for v in vocab_sizes:
         if v > reached or v < smallest:
-            note = stopped_because if v > reached else f"the {tok.unit}s of the corpus and the special tokens alone are {smallest:,} ids"
+            note = (
+                stopped_because
+                if v > reached
+                else (f"the {tok.unit}s of the corpus and the special tokens alone are {smallest:,} ids")
+            )
             rows.append(
                 {
                     "vocab_size": v,
@@ -60,7 +85,15 @@ def compression_curve(tok: Tokenizer, heldout: str, vocab_sizes: Sequence[int], 
             )
             continue
         n = len(truncate(tok, v).encode_ordinary(heldout))
-        rows.append({"vocab_size": v, "reached": v, "tokens": n, "bytes_per_token": n_bytes / max(1, n), "chars_per_token": n_chars / max(1, n)})
+        rows.append(
+            {
+                "vocab_size": v,
+                "reached": v,
+                "tokens": n,
+                "bytes_per_token": n_bytes / max(1, n),
+                "chars_per_token": n_chars / max(1, n),
+            }
+        )
     return rows
 
 
@@ -100,7 +133,9 @@ def notable_tokens(tok: Tokenizer, k: int = 10) -> dict[str, list[str]]:
     }
 
 
-def plot_compression(rows: list[dict[str, Any]], path: str, title: str = "", char_rows: Sequence[dict[str, Any]] = ()) -> None:
+def plot_compression(
+    rows: list[dict[str, Any]], path: str, title: str = "", char_rows: Sequence[dict[str, Any]] = ()
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,8 +167,16 @@ def char_level_curve(train_docs: Sequence[bytes], heldout: str, vocab_sizes: Seq
         warnings.simplefilter("ignore")
         tok = Tokenizer.train(texts, max(vocab_sizes), unit="char", pattern="none", special_tokens=())
     alphabet = tok.vocab_size - len(tok.merges or []) - len(tok.special_tokens)
-    reason = f"training stopped after {len(tok.merges or []):,} merges: no pair is left to merge" if tok.vocab_size < max(vocab_sizes) else ""
-    return {"base_vocab": alphabet, "unknown": tok.unknown, "compression": compression_curve(tok, heldout, vocab_sizes, reason)[1:]}
+    reason = (
+        f"training stopped after {len(tok.merges or []):,} merges: no pair is left to merge"
+        if tok.vocab_size < max(vocab_sizes)
+        else ""
+    )
+    return {
+        "base_vocab": alphabet,
+        "unknown": tok.unknown,
+        "compression": compression_curve(tok, heldout, vocab_sizes, reason)[1:],
+    }
 
 
 def stop_reason(tok: Tokenizer, pieces: Sequence[bytes]) -> str:
@@ -144,8 +187,14 @@ def stop_reason(tok: Tokenizer, pieces: Sequence[bytes]) -> str:
     split = int(np.count_nonzero(np.diff(ends.astype(np.int64)) > 1))
     n_merges = len(tok.merges or [])
     if split == 0:
-        return f"training stopped after {n_merges:,} merges: each of the corpus's {len(pieces):,} distinct pieces is one token, no pair is left to merge"
-    return f"training stopped after {n_merges:,} merges: no pair left occurs often enough ({split:,} pieces are still more than one token)"
+        return (
+            f"training stopped after {n_merges:,} merges: each of the corpus's {len(pieces):,} distinct pieces is "
+            "one token, no pair is left to merge"
+        )
+    return (
+        f"training stopped after {n_merges:,} merges: no pair left occurs often enough ({split:,} pieces are still "
+        "more than one token)"
+    )
 
 
 # --------------------------------------------------------------------------- the report stage
@@ -157,7 +206,12 @@ MULTILINGUAL = os.path.join(os.path.dirname(__file__), "data", "multilingual.txt
 REPORT_OUTPUT_VERSION = 1
 
 
-def tokenizer_report(store, corpus, pattern: str = "cl100k", vocab_sizes: Sequence[int] = (256, 300, 512, 1024, 2048, 4096, 8192, 16384, 32768)):
+def tokenizer_report(
+    store,
+    corpus,
+    pattern: str = "cl100k",
+    vocab_sizes: Sequence[int] = (256, 300, 512, 1024, 2048, 4096, 8192, 16384, 32768),
+):
     """Train on all corpus shards but the last, measure on the last; publish a `report` version.
 
     Holds: the compression curve of byte-level BPE (JSON + PNG) beside character-level BPE
@@ -171,7 +225,9 @@ def tokenizer_report(store, corpus, pattern: str = "cl100k", vocab_sizes: Sequen
     params = {"pattern": pattern, "vocab_sizes": vocab_sizes}
     code = output_code(REPORT_OUTPUT_VERSION)
     version = version_id(REPORT_KIND, {"corpus": corpus.key}, params, code)
-    return store.produce(REPORT_KIND, version, lambda: _tokenizer_report(store, corpus, pattern, vocab_sizes, version, params, code))
+    return store.produce(
+        REPORT_KIND, version, lambda: _tokenizer_report(store, corpus, pattern, vocab_sizes, version, params, code)
+    )
 
 
 def _tokenizer_report(store, corpus, pattern: str, vocab_sizes: list[int], version: str, params: dict, code: str):
@@ -182,12 +238,16 @@ def _tokenizer_report(store, corpus, pattern: str, vocab_sizes: list[int], versi
     if len(shards) < 2:
         raise ValueError("the report needs at least 2 corpus shards: one is held out for measuring")
     root = store.local_dir(corpus.kind, corpus.version)
-    train_docs = [doc for s in shards[:-1] for batch in iter_shard_batches(os.path.join(root, s["file"])) for doc in batch]
+    train_docs = [
+        doc for s in shards[:-1] for batch in iter_shard_batches(os.path.join(root, s["file"])) for doc in batch
+    ]
     pieces, counts = count_documents(train_docs, pattern).to_arrays()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tok = Tokenizer.train(dict(zip(pieces, counts.tolist())), max(vocab_sizes), pattern=pattern, special_tokens=())
-    heldout = "\n\n".join(d.decode("utf-8") for docs in iter_shard_batches(os.path.join(root, shards[-1]["file"])) for d in docs)
+    heldout = "\n\n".join(
+        d.decode("utf-8") for docs in iter_shard_batches(os.path.join(root, shards[-1]["file"])) for d in docs
+    )
     reason = stop_reason(tok, pieces) if len(tok.mergeable_ranks) < max(vocab_sizes) else ""
     curve = compression_curve(tok, heldout, vocab_sizes, reason)
     with open(MULTILINGUAL, encoding="utf-8") as f:
@@ -205,13 +265,17 @@ def _tokenizer_report(store, corpus, pattern: str, vocab_sizes: list[int], versi
     staging = store.stage(REPORT_KIND, version)
     with tempfile.TemporaryDirectory(prefix="report-", dir=store.scratch_dir(REPORT_KIND)) as tmp:
         png = os.path.join(tmp, "compression.png")
-        plot_compression(curve, png, f"Compression on held-out text ({pattern} split)", report["char_level"]["compression"])
+        plot_compression(
+            curve, png, f"Compression on held-out text ({pattern} split)", report["char_level"]["compression"]
+        )
         files = {
             "compression.png": staging.put_file("compression.png", png, move=True),
             "report.json": staging.put_bytes("report.json", json.dumps(report, indent=2, ensure_ascii=False).encode()),
             "report.md": staging.put_bytes("report.md", report_markdown(report).encode()),
         }
-    return store.publish(staging, files=files, parents={"corpus": corpus}, params=params, code_version=code, meta={"compression": curve})
+    return store.publish(
+        staging, files=files, parents={"corpus": corpus}, params=params, code_version=code, meta={"compression": curve}
+    )
 
 
 def _figure(value: float | None, digits: int = 3) -> str:
@@ -230,7 +294,8 @@ def report_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"## Tokenizer report ({report['pattern']} split, held-out {report['heldout_chars']:,} characters)",
         "",
-        f"Byte-level BPE ({report['pattern']} split) beside character-level BPE (the training text's {char['base_vocab']:,} characters, merges "
+        f"Byte-level BPE ({report['pattern']} split) beside character-level BPE (the training text's "
+        f"{char['base_vocab']:,} characters, merges "
         "and `<unk>`, no split), both trained on the same shards in this run.",
         "",
         "| vocabulary | tokens | bytes/token | chars/token | char-level BPE chars/token |",
@@ -241,7 +306,8 @@ def report_markdown(report: dict[str, Any]) -> str:
         c = char_at.get(r["vocab_size"])
         tokens = "—" if r["tokens"] is None else f"{r['tokens']:,}"
         lines.append(
-            f"| {_size_cell(r)} | {tokens} | {_figure(r['bytes_per_token'])} | {_figure(r['chars_per_token'])} | {_figure(c and c['chars_per_token'])} |"
+            f"| {_size_cell(r)} | {tokens} | {_figure(r['bytes_per_token'])} | {_figure(r['chars_per_token'])} | "
+            f"{_figure(c and c['chars_per_token'])} |"
         )
         if r.get("note") and r["note"] not in notes:
             notes.append(r["note"])

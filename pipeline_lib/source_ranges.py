@@ -170,8 +170,14 @@ class SourceRange(_InPlace):
     when made (reading a little past each nominal offset); `record["size"]` is then its length.
     A Parquet range is its `row_groups`."""
 
-    def __init__(self, source: str | _InPlace, record: Mapping[str, Any], unit: SourceUnit, config: CorpusConfig, label: str):
-        super().__init__(str(record.get("url") or record["name"]), record, source.storage_options if isinstance(source, _InPlace) else {})
+    def __init__(
+        self, source: str | _InPlace, record: Mapping[str, Any], unit: SourceUnit, config: CorpusConfig, label: str
+    ):
+        super().__init__(
+            str(record.get("url") or record["name"]),
+            record,
+            source.storage_options if isinstance(source, _InPlace) else {},
+        )
         self.source, self.unit, self.label = source, unit, label
         self.source_record = record
         self.row_groups: list[int] | None = None
@@ -183,7 +189,10 @@ class SourceRange(_InPlace):
                 raise InputError(f"{label}: not a readable Parquet file ({e})") from e
         else:
             if self.stop > config.max_source_bytes:  # the cap is the file's, as when it is read whole
-                raise InputError(f"{label}: {self.stop:,} bytes, more than the {config.max_source_bytes:,}-byte cap; raise --max-source-bytes to allow it")
+                raise InputError(
+                    f"{label}: {self.stop:,} bytes, more than the {config.max_source_bytes:,}-byte cap; "
+                    "raise --max-source-bytes to allow it"
+                )
             paragraph = _split_name(label)[0] not in _LINE_FORMATS and config.documents == "paragraph"
             with self._open_source() as f:
                 a, b = unit.span

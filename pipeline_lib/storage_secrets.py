@@ -66,7 +66,8 @@ def resolve(options: dict[str, Any], prefix: str = "") -> dict[str, Any]:
             known = _known() if known is None else known
             if path not in known:
                 raise InputError(
-                    f"storage option {path}=***: its value is not in this process's {ENV}; give it with --storage-option "
+                    f"storage option {path}=***: its value is not in this process's {ENV}; give it with "
+                    "--storage-option "
                     "(or the storage's own environment variables, e.g. AWS_SECRET_ACCESS_KEY)"
                 )
             out[name] = known[path]

@@ -291,12 +291,16 @@ class ArtifactStore:
         try:
             marker = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise StoreError(f"{path}: corrupt store marker (not JSON): restore it, or choose another --store") from None
+            raise StoreError(
+                f"{path}: corrupt store marker (not JSON): restore it, or choose another --store"
+            ) from None
         fmt = marker.get("format") if isinstance(marker, dict) else None
         if not isinstance(fmt, str) or not fmt.startswith("tokenmill.store/"):
             raise StoreError(f"{path}: not a tokenmill store marker (format {fmt!r})")
         if fmt != STORE_FORMAT:
-            raise StoreError(f"{self.url} is a store of format {fmt!r}; this tokenmill reads {STORE_FORMAT!r}: upgrade tokenmill")
+            raise StoreError(
+                f"{self.url} is a store of format {fmt!r}; this tokenmill reads {STORE_FORMAT!r}: upgrade tokenmill"
+            )
         return True
 
     def ensure_store(self) -> None:
@@ -313,12 +317,15 @@ class ArtifactStore:
                 self._write_marker()
             elif not self.is_store():  # re-checked: a concurrent creator may have marked it meanwhile
                 raise StoreError(
-                    f"{self.url} is not empty and is not a tokenmill store (it has no {STORE_MARKER}): choose a new or empty directory for --store"
+                    f"{self.url} is not empty and is not a tokenmill store (it has no {STORE_MARKER}): choose a new "
+                    "or empty directory for --store"
                 )
         self._owned = True
 
     def _write_marker(self) -> None:
-        marker = canonical_json({"format": STORE_FORMAT, "created": dt.datetime.now(dt.UTC).isoformat(), "tool_version": __version__})
+        marker = canonical_json(
+            {"format": STORE_FORMAT, "created": dt.datetime.now(dt.UTC).isoformat(), "tool_version": __version__}
+        )
         self._backend.write_marker(self._marker_path(), marker)
         if not self.is_store():
             raise StoreError(f"{self._marker_path()}: written but cannot be read back")
@@ -432,9 +439,14 @@ class ArtifactStore:
             try:
                 size = self._backend.size(f"{staging.path}/{name}")
             except FileNotFoundError:
-                raise StoreError(f"cannot publish {staging.kind}/{staging.version}: {name} is not in the staging area") from None
+                raise StoreError(
+                    f"cannot publish {staging.kind}/{staging.version}: {name} is not in the staging area"
+                ) from None
             if size != info["size"]:
-                raise StoreError(f"cannot publish {staging.kind}/{staging.version}: {name} has {size:,} bytes, the file list says {info['size']:,}")
+                raise StoreError(
+                    f"cannot publish {staging.kind}/{staging.version}: {name} has {size:,} bytes, the "
+                    f"file list says {info['size']:,}"
+                )
 
     # ---------------------------------------------------------------- reading
     def exists(self, kind: str, version: str) -> bool:
@@ -485,7 +497,9 @@ class ArtifactStore:
         if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
             raise StoreError(f"{path}: corrupt manifest (not a {MANIFEST_FORMAT} manifest)")
         if manifest.get("kind") != kind or manifest.get("version") != version:
-            raise StoreError(f"{path}: corrupt manifest (it describes {manifest.get('kind')}/{manifest.get('version')})")
+            raise StoreError(
+                f"{path}: corrupt manifest (it describes {manifest.get('kind')}/{manifest.get('version')})"
+            )
         files = manifest.get("files")
         if not isinstance(files, dict):
             raise StoreError(f"{path}: corrupt manifest (no file list)")
@@ -549,7 +563,10 @@ class ArtifactStore:
             raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing from {self.url}") from None
         if verify:
             if len(data) != info["size"]:
-                raise StoreError(f"{kind}/{version}/{name}: {len(data):,} bytes, manifest says {info['size']:,}: truncated or altered")
+                raise StoreError(
+                    f"{kind}/{version}/{name}: {len(data):,} bytes, manifest says {info['size']:,}: "
+                    "truncated or altered"
+                )
             if hashlib.sha256(data).hexdigest() != info["sha256"]:
                 raise StoreError(f"{kind}/{version}/{name}: sha256 mismatch: the file is corrupt or was altered")
         return data
@@ -568,7 +585,9 @@ class ArtifactStore:
         except (FileNotFoundError, IsADirectoryError):
             raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing") from None
         if got.size != info["size"]:
-            raise StoreError(f"{kind}/{version}/{name}: {got.size:,} bytes, manifest says {info['size']:,}: truncated or altered")
+            raise StoreError(
+                f"{kind}/{version}/{name}: {got.size:,} bytes, manifest says {info['size']:,}: truncated or altered"
+            )
         if got.sha256 != info["sha256"]:
             raise StoreError(f"{kind}/{version}/{name}: sha256 mismatch: the file is corrupt or was altered")
 
@@ -668,7 +687,12 @@ class ArtifactStore:
         return out
 
     def remove_version(
-        self, kind: str, version: str, with_dependents: bool = False, dry_run: bool = False, with_unused_parents: bool = False
+        self,
+        kind: str,
+        version: str,
+        with_dependents: bool = False,
+        dry_run: bool = False,
+        with_unused_parents: bool = False,
     ) -> builtins.list[str]:
         """Delete a published version (and with `with_dependents` every version derived
         from it, those first; with `with_unused_parents` then every ancestor no remaining
@@ -683,7 +707,10 @@ class ArtifactStore:
         dependents = self.dependents(kind, version)
         if dependents and not with_dependents:
             shown = ", ".join(dependents[:5]) + (f" and {len(dependents) - 5} more" if len(dependents) > 5 else "")
-            raise InputError(f"{kind}/{version}: {len(dependents)} version(s) depend on it ({shown}): add --with-dependents to remove them too")
+            raise InputError(
+                f"{kind}/{version}: {len(dependents)} version(s) depend on it ({shown}): add "
+                "--with-dependents to remove them too"
+            )
         order = [*dependents, f"{kind}/{version}"]
         if with_unused_parents:
             order += self._unused_ancestors(order)
@@ -783,7 +810,9 @@ class ArtifactStore:
                 continue
             self._survey_kind(name, path, found, deep)
         held = {
-            (os.path.basename(os.path.dirname(os.path.dirname(p))), os.path.basename(p)[: -len(CLAIM_SUFFIX)]) for p in found.held if p.endswith(CLAIM_SUFFIX)
+            (os.path.basename(os.path.dirname(os.path.dirname(p))), os.path.basename(p)[: -len(CLAIM_SUFFIX)])
+            for p in found.held
+            if p.endswith(CLAIM_SUFFIX)
         }
         for path in b.local_work_entries():  # a live claim keeps its work dir in the local area too
             kind, name = os.path.basename(os.path.dirname(path)), os.path.basename(path)
@@ -797,7 +826,11 @@ class ArtifactStore:
         base = f"{self.root}/{kind}"
         if self._backend.has_marker(f"{base}/{STAGING_DIR}"):
             return True
-        return any(is_dir and self._backend.exists(f"{p}/{MANIFEST}") for n, p, is_dir in self._backend.entries(base) if not n.startswith("."))
+        return any(
+            is_dir and self._backend.exists(f"{p}/{MANIFEST}")
+            for n, p, is_dir in self._backend.entries(base)
+            if not n.startswith(".")
+        )
 
     def _survey_kind(self, kind: str, base: str, found: StoreSurvey, deep: bool) -> None:
         b = self._backend
@@ -916,7 +949,9 @@ class ArtifactStore:
         return path
 
     def drop_work_dir(self, kind: str, version: str) -> None:
-        shutil.rmtree(self._backend.work_path(check_name(kind, "kind"), check_name(version, "version")), ignore_errors=True)
+        shutil.rmtree(
+            self._backend.work_path(check_name(kind, "kind"), check_name(version, "version")), ignore_errors=True
+        )
 
     @contextlib.contextmanager
     def claim(self, kind: str, version: str, poll_s: float = 2.0, ttl_s: float = 120.0) -> Iterator[None]:

@@ -82,7 +82,15 @@ class StorageBackend(Protocol):
 
     def check_in_place(self, kind: str, version: str, manifest: Mapping[str, Any]) -> None: ...
 
-    def local_dir(self, kind: str, version: str, manifest: Mapping[str, Any], manifest_raw: bytes, cache_dir: str | None, verify: str) -> str: ...
+    def local_dir(
+        self,
+        kind: str,
+        version: str,
+        manifest: Mapping[str, Any],
+        manifest_raw: bytes,
+        cache_dir: str | None,
+        verify: str,
+    ) -> str: ...
 
     def local_file(self, kind: str, version: str, name: str, info: Mapping[str, Any], cache_dir: str | None) -> str: ...
 

@@ -58,7 +58,10 @@ def check_name(name: str, what: str = "artifact name") -> str:
         or len(name) > MAX_NAME_LEN
     ):
         shown = name if not isinstance(name, str) or len(name) <= 80 else name[:80] + "..."
-        raise InputError(f"invalid {what} {shown!r}: use 1-{MAX_NAME_LEN} letters, digits, '.', '_' and '-', not starting with '.' and without '..'")
+        raise InputError(
+            f"invalid {what} {shown!r}: use 1-{MAX_NAME_LEN} letters, digits, '.', '_' and '-', not "
+            "starting with '.' and without '..'"
+        )
     return name
 
 
@@ -74,7 +77,8 @@ def check_store_url(url: str, durable: bool = False) -> str:
         raise InputError(f"--store {url!r}: give a directory or a URL such as s3://bucket/prefix")
     if "::" in url:
         raise InputError(
-            f"--store {url}: chained URLs ({url.split('::', 1)[0]}::...) are not supported for a store: give a directory or a plain URL such as s3://bucket/prefix"
+            f"--store {url}: chained URLs ({url.split('::', 1)[0]}::...) are not supported for a store: give a "
+            "directory or a plain URL such as s3://bucket/prefix"
         )
     if "://" in url:
         protocol, rest = url.split("://", 1)
@@ -82,11 +86,16 @@ def check_store_url(url: str, durable: bool = False) -> str:
         import fsspec
 
         if protocol not in fsspec.available_protocols():
-            raise InputError(f"--store {url}: unknown protocol {protocol!r}: give a directory or a URL such as s3://bucket/prefix")
+            raise InputError(
+                f"--store {url}: unknown protocol {protocol!r}: give a directory or a URL such as s3://bucket/prefix"
+            )
         if protocol in _BUCKET_PROTOCOLS and not rest.split("/", 1)[0].strip():
             raise InputError(f"--store {url}: no bucket: give {protocol}://BUCKET or {protocol}://BUCKET/PREFIX")
         if durable and protocol == "memory":
-            raise InputError(f"--store {url}: an in-memory store vanishes with everything in it when the command ends: give a directory or a durable URL")
+            raise InputError(
+                f"--store {url}: an in-memory store vanishes with everything in it when the command "
+                "ends: give a directory or a durable URL"
+            )
     return url
 
 

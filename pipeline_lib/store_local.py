@@ -301,7 +301,10 @@ class LocalBackend(StorageBackend):
             final = self.store.version_path(kind, version)
             if os.path.lexists(final):  # a directory without a manifest: an orphan, not a version
                 if not _has_local_marker(final):
-                    raise StoreError(f"cannot publish {kind}/{version}: {final} is in the way and was not written by the store: move it elsewhere")
+                    raise StoreError(
+                        f"cannot publish {kind}/{version}: {final} is in the way and was not written by "
+                        "the store: move it elsewhere"
+                    )
                 trash = f"{self.root}/{kind}/{STAGING_DIR}/{TMP_DIR}/trash-{uuid.uuid4().hex}"
                 os.rename(final, trash)
                 shutil.rmtree(trash, ignore_errors=True)
@@ -326,11 +329,21 @@ class LocalBackend(StorageBackend):
         for name, info in manifest["files"].items():
             _check_local(self.store.file_path(kind, version, name), f"{kind}/{version}/{name}", info, full=True)
 
-    def local_dir(self, kind: str, version: str, manifest: Mapping[str, Any], manifest_raw: bytes, cache_dir: str | None, verify: str) -> str:
+    def local_dir(
+        self,
+        kind: str,
+        version: str,
+        manifest: Mapping[str, Any],
+        manifest_raw: bytes,
+        cache_dir: str | None,
+        verify: str,
+    ) -> str:
         """The version directory itself, checked in place."""
         if verify != "none":
             for name, info in manifest["files"].items():
-                _check_local(self.store.file_path(kind, version, name), f"{kind}/{version}/{name}", info, verify == "full")
+                _check_local(
+                    self.store.file_path(kind, version, name), f"{kind}/{version}/{name}", info, verify == "full"
+                )
         return self.store.version_path(kind, version)
 
     def local_file(self, kind: str, version: str, name: str, info: Mapping[str, Any], cache_dir: str | None) -> str:

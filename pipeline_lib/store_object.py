@@ -175,12 +175,14 @@ class ObjectBackend(StorageBackend):
         try:
             self.store._check_staged(staging, file_map)
         except StoreError:
-            if self.store.exists(kind, version):  # a concurrent writer of this version published it and took the staging area
+            # a concurrent writer of this version published it and took the staging area
+            if self.store.exists(kind, version):
                 return
             raise
         final = self.store.version_path(kind, version)
         if not self.store.exists(kind, version):
-            self.fs.pipe_file(f"{final}/{PUBLISHING_MARKER}", _MARKER_BYTES)  # gc's proof that the store wrote this prefix
+            # gc's proof that the store wrote this prefix
+            self.fs.pipe_file(f"{final}/{PUBLISHING_MARKER}", _MARKER_BYTES)
         for name in file_map:
             if self.store.exists(kind, version):  # a concurrent writer published: adopt its version
                 break
@@ -189,7 +191,10 @@ class ObjectBackend(StorageBackend):
             except FileNotFoundError:  # the shared staging area went away under us
                 if self.store.exists(kind, version):  # ... taken by a concurrent writer that published
                     return
-                raise StoreError(f"cannot publish {kind}/{version}: {name} vanished from the staging area (was `tokenmill gc` run meanwhile?); rerun") from None
+                raise StoreError(
+                    f"cannot publish {kind}/{version}: {name} vanished from the staging area (was "
+                    "`tokenmill gc` run meanwhile?); rerun"
+                ) from None
         created = write_bytes_create_only(self.fs, f"{final}/{MANIFEST}", data)
         if not created:  # a concurrent writer published first: its manifest stands
             self.invalidate(final)
@@ -224,9 +229,14 @@ class ObjectBackend(StorageBackend):
             with self.fs.open(self.store.file_path(kind, version, name), "rb") as src, open(target, "wb") as dst:
                 n, digest = hash_stream(src, dst)
         except FileNotFoundError:
-            raise StoreError(f"{kind}/{version}/{name}: listed in the manifest but missing from {self.store.url}") from None
+            raise StoreError(
+                f"{kind}/{version}/{name}: listed in the manifest but missing from {self.store.url}"
+            ) from None
         if n != info["size"] or digest != info["sha256"]:
-            raise StoreError(f"{kind}/{version}/{name}: downloaded {n:,} bytes that do not match the manifest's size/sha256: corrupt or altered")
+            raise StoreError(
+                f"{kind}/{version}/{name}: downloaded {n:,} bytes that do not match the manifest's "
+                "size/sha256: corrupt or altered"
+            )
 
     @staticmethod
     def _cache_current(dest: str, manifest_raw: bytes) -> bool:
@@ -236,7 +246,15 @@ class ObjectBackend(StorageBackend):
         except OSError:
             return False
 
-    def local_dir(self, kind: str, version: str, manifest: Mapping[str, Any], manifest_raw: bytes, cache_dir: str | None, verify: str) -> str:
+    def local_dir(
+        self,
+        kind: str,
+        version: str,
+        manifest: Mapping[str, Any],
+        manifest_raw: bytes,
+        cache_dir: str | None,
+        verify: str,
+    ) -> str:
         """A hash-checked download into ``<cache>/<kind>/<version>`` (with the manifest),
         reused while its manifest is the store's and its files still match."""
         cache = cache_dir or os.path.join(tempfile.gettempdir(), "tokenmill-cache")
@@ -245,7 +263,12 @@ class ObjectBackend(StorageBackend):
             try:
                 if verify != "none":
                     for name, info in manifest["files"].items():
-                        _check_local(os.path.join(dest, *name.split("/")), f"{kind}/{version}/{name} (cached)", info, verify == "full")
+                        _check_local(
+                            os.path.join(dest, *name.split("/")),
+                            f"{kind}/{version}/{name} (cached)",
+                            info,
+                            verify == "full",
+                        )
                 return dest
             except StoreError as e:  # a damaged cache copy is ours to replace: download it again
                 _log.warning("%s; downloading %s/%s again", e, kind, version)

@@ -70,18 +70,31 @@ class SweepConfig:
 
     __pydantic_config__ = STRICT
 
-    vocab_sizes: Annotated[tuple[int, ...], doc("vocabulary sizes of the tokenizers compared (comma-separated)")] = (512, 1024, 4096)
+    vocab_sizes: Annotated[tuple[int, ...], doc("vocabulary sizes of the tokenizers compared (comma-separated)")] = (
+        512,
+        1024,
+        4096,
+    )
     units: Annotated[
         tuple[Literal["byte", "char", "word"], ...],
-        doc("tokenizer units compared, each at every vocabulary size (comma-separated; char and word where the tokenizer offers them)"),
+        doc(
+            "tokenizer units compared, each at every vocabulary size (comma-separated; char and word where the "
+            "tokenizer offers them)"
+        ),
     ] = ("byte",)
     compute: Annotated[
         Literal["flops", "time"],
-        doc("equal compute per arm: flops (same training FLOPs, embedding and unembedding counted; machine-independent) or time (same --lm-minutes)"),
+        doc(
+            "equal compute per arm: flops (same training FLOPs, embedding and unembedding counted; "
+            "machine-independent) or time (same --lm-minutes)"
+        ),
     ] = "flops"
     flops_per_arm: Annotated[
         float | None,
-        doc("training FLOPs per arm with --compute flops (none: what --lm-steps steps cost with the smallest vocabulary)"),
+        doc(
+            "training FLOPs per arm with --compute flops (none: what --lm-steps steps cost with the smallest "
+            "vocabulary)"
+        ),
     ] = None
 
     def __post_init__(self) -> None:
@@ -165,12 +178,15 @@ def model_cost(train_config: Any, vocab_size: int) -> ModelCost:
 
     with torch.device("meta"):
         model = build_model(train_config.model.with_vocab(vocab_size))
-    token_table = vocab_size * train_config.model.n_embd  # as the model counts it: rows padded for the GPU's tiles are not
+    # as the model counts it: rows padded for the GPU's tiles are not
+    token_table = vocab_size * train_config.model.n_embd
     if isinstance(model, GPT):
         embedding = token_table + model.transformer.wpe.weight.numel()
     else:  # the MLP's output layer is its own, not the token table: count it too
         embedding = token_table + model.output.weight.numel() + model.output.bias.numel()
-    return ModelCost(model.num_params(non_embedding=False), embedding, float(model.flops_per_token()), train_config.tokens_per_step)
+    return ModelCost(
+        model.num_params(non_embedding=False), embedding, float(model.flops_per_token()), train_config.tokens_per_step
+    )
 
 
 @dataclass(frozen=True)
@@ -211,7 +227,10 @@ def plan(config: SweepConfig, lm: Any, vocab_sizes: Mapping[str, int]) -> Plan:
     for name, cost in costs.items():
         steps = round(budget / cost.flops_per_step)
         if steps < 1:
-            raise ConfigError(f"--flops-per-arm {budget:.3g} buys arm {name} no training step (one costs {cost.flops_per_step:.3g} FLOPs): give more")
+            raise ConfigError(
+                f"--flops-per-arm {budget:.3g} buys arm {name} no training step (one costs "
+                f"{cost.flops_per_step:.3g} FLOPs): give more"
+            )
         per_arm[name] = dataclasses.replace(base, steps=steps)
     return Plan("flops", per_arm, float(budget), None)
 
@@ -227,7 +246,8 @@ def arm_row(store: ArtifactStore, name: str, model: VersionRef) -> dict[str, Any
     metrics, run = manifest["meta"]["metrics"], manifest["meta"].get("run") or {}
     train_config = TrainConfig.from_dict(manifest["params"])
     cost = model_cost(train_config, tmeta["vocab_size"])
-    stream_bytes_per_token = tmeta["totals"]["n_bytes"] / max(1, tmeta["totals"]["n_tokens"])  # separators included, as trained
+    # separators included, as trained
+    stream_bytes_per_token = tmeta["totals"]["n_bytes"] / max(1, tmeta["totals"]["n_tokens"])
     steps = int(metrics["steps"])
     tokens_seen = steps * cost.tokens_per_step
     tps = run.get("tokens_per_s")
@@ -300,7 +320,10 @@ def table_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """The comparison as a markdown table, the best val bits/byte in bold."""
     scored = [r["val_bpb"] for r in rows if r.get("val_bpb") is not None]
     best = min(scored) if scored else None
-    lines = ["| " + " | ".join(h for h, _ in TABLE_COLUMNS) + " |", "|" + "|".join("---" if k == "arm" else "---:" for _, k in TABLE_COLUMNS) + "|"]
+    lines = [
+        "| " + " | ".join(h for h, _ in TABLE_COLUMNS) + " |",
+        "|" + "|".join("---" if k == "arm" else "---:" for _, k in TABLE_COLUMNS) + "|",
+    ]
     for r in rows:
         cells = [format_cell(k, r.get(k)) for _, k in TABLE_COLUMNS]
         if best is not None and r.get("val_bpb") == best:
@@ -321,9 +344,16 @@ def summary_markdown(result: Mapping[str, Any], image: str | None = None) -> str
     else:
         how = f"equal wall-clock budget: {result['minutes_per_arm']:g} min per arm"
     best = min((r for r in rows if r.get("val_bpb") is not None), key=lambda r: r["val_bpb"], default=None)
-    verdict = f"Best: **{best['arm']}** at {best['val_bpb']:.4f} val bits/byte." if best else "No arm reported a val bits/byte (no val split)."
+    verdict = (
+        f"Best: **{best['arm']}** at {best['val_bpb']:.4f} val bits/byte."
+        if best
+        else ("No arm reported a val bits/byte (no val split).")
+    )
     plot = f"\n\n![sweep]({image})" if image else ""
-    return f"## Which tokenizer makes the better model\n\n{len(rows)} arms, {how}. {verdict}\n\n{table_markdown(rows)}{plot}\n"
+    return (
+        f"## Which tokenizer makes the better model\n\n{len(rows)} arms, {how}. "
+        f"{verdict}\n\n{table_markdown(rows)}{plot}\n"
+    )
 
 
 def plot_data_uri(png: bytes) -> str:
@@ -355,7 +385,12 @@ def write_plot(rows: Sequence[Mapping[str, Any]], curves: Mapping[str, Sequence[
         if scored:
             right.plot(*zip(*scored), marker="o", label=f"{unit}: val bits/byte")
         compression.plot(
-            [r["vocab_size"] for r in mine], [r["bytes_per_token"] for r in mine], linestyle="--", marker="x", alpha=0.6, label=f"{unit}: bytes/token"
+            [r["vocab_size"] for r in mine],
+            [r["bytes_per_token"] for r in mine],
+            linestyle="--",
+            marker="x",
+            alpha=0.6,
+            label=f"{unit}: bytes/token",
         )
     right.set_xscale("log", base=2)
     right.set_xlabel("vocabulary size")
@@ -384,7 +419,13 @@ def _compare(ctx: Context) -> Output:
     assert staging is not None  # the engine publishes this stage
     rows = [arm_row(store, name, ref) for name, ref in ctx.inputs.items()]
     curves = {r["arm"]: _curve(store, ctx.inputs[r["arm"]], r) for r in rows}
-    result: dict[str, Any] = {"compute": config.compute, "flops_per_arm": None, "flops_spread": None, "minutes_per_arm": None, "rows": rows}
+    result: dict[str, Any] = {
+        "compute": config.compute,
+        "flops_per_arm": None,
+        "flops_spread": None,
+        "minutes_per_arm": None,
+        "rows": rows,
+    }
     if config.compute == "flops":
         # The budget: as given, or what the cheapest arm per step spent (its whole step count, by `plan`).
         cheapest = min(rows, key=lambda r: r["flops_per_token"])
@@ -404,13 +445,23 @@ def _compare(ctx: Context) -> Output:
         "sweep.png": staging.put_bytes("sweep.png", png),
     }
     best = min((r for r in rows if r.get("val_bpb") is not None), key=lambda r: r["val_bpb"], default=None)
-    return Output(files=files, meta={"compute": config.compute, "arms": [r["arm"] for r in rows], "best": best["arm"] if best else None})
+    return Output(
+        files=files,
+        meta={"compute": config.compute, "arms": [r["arm"] for r in rows], "best": best["arm"] if best else None},
+    )
 
 
 def sweep_stage(arm_names: Sequence[str]) -> Stage:
     """The comparison stage of a sweep over these arms: one model version per arm as input
     (named by the arm), a ``sweep`` version as output."""
-    return Stage(name="compare_arms", kind=SWEEP_KIND, inputs=tuple(arm_names), config=SweepConfig, output_version=SWEEP_OUTPUT_VERSION, run=_compare)
+    return Stage(
+        name="compare_arms",
+        kind=SWEEP_KIND,
+        inputs=tuple(arm_names),
+        config=SweepConfig,
+        output_version=SWEEP_OUTPUT_VERSION,
+        run=_compare,
+    )
 
 
 def compare(store: ArtifactStore, models: Mapping[str, VersionRef], config: SweepConfig) -> VersionRef:

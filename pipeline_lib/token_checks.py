@@ -15,7 +15,16 @@ import pyarrow.parquet as pq
 from pipeline_lib.errors import StoreError
 from pipeline_lib.fsio import InputError, hash_file
 from pipeline_lib.token_files import _search, check_version_file
-from pipeline_lib.token_reads import DOC_TABLE_SCHEMA, MAX_SHARD_TOKENS, TOKENS_FORMAT, _checked_npy, _read_chunks, open_index, token_dtype, version_files
+from pipeline_lib.token_reads import (
+    DOC_TABLE_SCHEMA,
+    MAX_SHARD_TOKENS,
+    TOKENS_FORMAT,
+    _checked_npy,
+    _read_chunks,
+    open_index,
+    token_dtype,
+    version_files,
+)
 
 _INDEX_CHUNK = 1 << 20
 
@@ -58,7 +67,12 @@ def _check_doc_table(path: str, index: np.ndarray, shard: int, index_path: str) 
             sh, st, ln = (batch.column(k).to_numpy(zero_copy_only=False) for k in range(3))
             ends = index[pos : pos + len(st)]
             starts = np.concatenate([[index[pos - 1] if pos else 0], ends[:-1]])
-            if len(ends) != len(st) or not np.array_equal(st + ln, ends) or not np.array_equal(st, starts) or np.any(sh != shard):
+            if (
+                len(ends) != len(st)
+                or not np.array_equal(st + ln, ends)
+                or not np.array_equal(st, starts)
+                or np.any(sh != shard)
+            ):
                 raise InputError(f"{path}: document rows disagree with {index_path} (near row {pos:,})")
             pos += len(st)
     except (pa.ArrowInvalid, OSError) as e:
@@ -130,7 +144,10 @@ class _Expected(NamedTuple):
 
 def _checked_meta(directory: str, meta: dict[str, Any]) -> _Expected:
     if not isinstance(meta, dict) or meta.get("format") != TOKENS_FORMAT:
-        raise InputError(f"{directory}: not a token-shard manifest (format {meta.get('format') if isinstance(meta, dict) else None!r})")
+        raise InputError(
+            f"{directory}: not a token-shard manifest (format "
+            f"{meta.get('format') if isinstance(meta, dict) else None!r})"
+        )
     try:
         vocab_size = int(meta["vocab_size"])
         expected_dtype = token_dtype(vocab_size)
@@ -140,7 +157,10 @@ def _checked_meta(directory: str, meta: dict[str, Any]) -> _Expected:
     except (KeyError, TypeError, ValueError) as e:
         raise InputError(f"{directory}: malformed token-shard manifest ({type(e).__name__}: {e})") from e
     if meta.get("dtype") not in (expected_dtype.name, expected_dtype.str):
-        raise InputError(f"{directory}: manifest dtype {meta.get('dtype')!r}, but a vocabulary of {vocab_size} needs {expected_dtype.name}")
+        raise InputError(
+            f"{directory}: manifest dtype {meta.get('dtype')!r}, but a vocabulary of {vocab_size} needs "
+            f"{expected_dtype.name}"
+        )
     sep_id = None
     if sep is not None:
         sep_id = int(sep["id"])
@@ -156,27 +176,42 @@ def _check_listed_files(directory: str, name: str, shard: dict[str, Any], files:
     listed = files[f"{name}.npy"][1]
     if shard.get("sha256") and shard["sha256"] != listed:
         path = os.path.join(directory, f"{name}.npy")
-        raise StoreError(f"{path}: the manifest's shard list says sha256 {shard['sha256']}, its file list {listed}: corrupt manifest")
+        raise StoreError(
+            f"{path}: the manifest's shard list says sha256 {shard['sha256']}, its file list {listed}: corrupt manifest"
+        )
 
 
 def _checked_index(directory: str, name: str, index_path: str, shard: dict[str, Any], n_tokens: int) -> np.ndarray:
     """The shard's document index, mapped: its count, its order, and the recorded split."""
-    index = open_index(index_path, verify=False)  # hashed by check_shards; mapped, read a chunk at a time (never copied whole)
+    # hashed by check_shards; mapped, read a chunk at a time (never copied whole)
+    index = open_index(index_path, verify=False)
     if len(index) != shard["n_docs"]:
         raise InputError(f"{index_path}: {len(index):,} document ends, manifest says {shard['n_docs']:,}")
     if len(index) and (int(index[-1]) != n_tokens or not _strictly_increasing_from_one(index)):
-        raise InputError(f"{index_path}: document ends are not strictly increasing from >0 up to the token count {n_tokens:,}")
+        raise InputError(
+            f"{index_path}: document ends are not strictly increasing from >0 up to the token count {n_tokens:,}"
+        )
     if not len(index) and n_tokens:
         raise InputError(f"{index_path}: no documents but {n_tokens:,} tokens")
     if "val_start" in shard:  # the recorded split: at a document boundary, its document count right
         vs, vd = shard.get("val_start"), shard.get("val_docs")
         at = _search(index, vs, side="right") if isinstance(vs, int) and vs >= 0 else -1
-        if not (isinstance(vs, int) and 0 <= vs <= n_tokens and (vs == 0 or (at > 0 and index[at - 1] == vs)) and vd == len(index) - at):
-            raise InputError(f"{directory}: shard {name}'s split (val_start {vs!r}, val_docs {vd!r}) is not a document boundary of {index_path}")
+        if not (
+            isinstance(vs, int)
+            and 0 <= vs <= n_tokens
+            and (vs == 0 or (at > 0 and index[at - 1] == vs))
+            and vd == len(index) - at
+        ):
+            raise InputError(
+                f"{directory}: shard {name}'s split (val_start {vs!r}, val_docs {vd!r}) is not a "
+                f"document boundary of {index_path}"
+            )
     return index
 
 
-def _scan_tokens(path: str, dtype: np.dtype, offset: int, n_tokens: int, index: np.ndarray, expected: _Expected, hasher: Any) -> None:
+def _scan_tokens(
+    path: str, dtype: np.dtype, offset: int, n_tokens: int, index: np.ndarray, expected: _Expected, hasher: Any
+) -> None:
     """One sequential read of the shard: ids in range, separators where the index says and
     nowhere else, and the hash into `hasher` (if any)."""
     vocab_size, sep, sep_id = expected.vocab_size, expected.sep, expected.sep_id

@@ -44,7 +44,9 @@ def _atomic_out(path: str):
 Placement = Literal["append", "prepend"]
 
 
-def _separator_move(meta: Mapping[str, Any], separator_placement: Placement | None) -> tuple[int | None, Placement | None]:
+def _separator_move(
+    meta: Mapping[str, Any], separator_placement: Placement | None
+) -> tuple[int | None, Placement | None]:
     """(separator id, placement to write) when the export asks for a placement other than
     the shards': each split holds whole documents, each with one separator, so moving every
     separator to the other side of its document is moving one token from one end of the
@@ -55,7 +57,10 @@ def _separator_move(meta: Mapping[str, Any], separator_placement: Placement | No
         raise InputError(f"separator_placement={separator_placement!r}: choose append or prepend")
     sep = meta.get("separator")
     if not sep:
-        raise InputError(f"separator_placement={separator_placement!r}, but these shards were encoded without a separator: encode them with one (separator)")
+        raise InputError(
+            f"separator_placement={separator_placement!r}, but these shards were encoded without a "
+            "separator: encode them with one (separator)"
+        )
     if sep.get("placement") == separator_placement:
         return None, None
     return int(sep["id"]), separator_placement
@@ -103,14 +108,19 @@ def _export(
             at = b - 1 if move_to == "prepend" else a
             token = next(_read_chunks(path, layouts[i][0], layouts[i][1], at, at + 1))[1][0]
             if int(token) != sep_id:
-                raise InputError(f"{path}: token {at:,} is {int(token)}, not the separator {sep_id} the manifest places there")
+                raise InputError(
+                    f"{path}: token {at:,} is {int(token)}, not the separator {sep_id} the manifest places there"
+                )
             if move_to == "prepend":
                 piece[3] -= 1
                 lead[k] = True
             else:
                 piece[2] += 1
                 trail[k] = True
-    counts = {"train": int(sum(p[3] - p[2] for p in splits[0])) + lead[0] + trail[0], "val": int(sum(p[3] - p[2] for p in splits[1])) + lead[1] + trail[1]}
+    counts = {
+        "train": int(sum(p[3] - p[2] for p in splits[0])) + lead[0] + trail[0],
+        "val": int(sum(p[3] - p[2] for p in splits[1])) + lead[1] + trail[1],
+    }
     sep_bytes = np.array([sep_id or 0], dtype=dtype).tobytes()
     with _atomic_out(paths[0]) as train, _atomic_out(paths[1]) as val:
         for k, (out, pieces) in enumerate(((train, splits[0]), (val, splits[1]))):
@@ -130,7 +140,11 @@ NANOGPT_META = "meta.pkl"
 NANOGPT_VOCAB_MULTIPLE = 64
 
 
-def nanogpt_meta(meta: Mapping[str, Any], separator_placement: Placement | None = None, token_bytes: Sequence[bytes | None] | None = None) -> dict[str, Any]:
+def nanogpt_meta(
+    meta: Mapping[str, Any],
+    separator_placement: Placement | None = None,
+    token_bytes: Sequence[bytes | None] | None = None,
+) -> dict[str, Any]:
     """The dict `export_nanogpt` pickles as ``meta.pkl``, plain ints and strings: nanoGPT's
     ``train.py`` reads ``vocab_size`` from it and sizes the model's embedding and output
     table by it, so it is the vocabulary rounded up to a multiple of `NANOGPT_VOCAB_MULTIPLE`
@@ -154,7 +168,11 @@ def nanogpt_meta(meta: Mapping[str, Any], separator_placement: Placement | None 
         out["stoi"] = {text: i for i, text in sorted(itos.items(), reverse=True) if len(text) == 1 and text != "\ufffd"}
     sep = meta.get("separator")
     if sep:
-        out.update(separator=str(sep["token"]), separator_id=int(sep["id"]), placement=str(separator_placement or sep["placement"]))
+        out.update(
+            separator=str(sep["token"]),
+            separator_id=int(sep["id"]),
+            placement=str(separator_placement or sep["placement"]),
+        )
     tokenizer = (meta.get("tokenizer") or {}).get("version")
     if tokenizer:
         out["tokenizer"] = str(tokenizer)
@@ -195,7 +213,9 @@ def export_nanogpt(
             disagrees with `meta`.
     """
     if token_dtype(int(meta["vocab_size"])) != np.dtype("<u2"):
-        raise InputError(f"nanoGPT's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}")
+        raise InputError(
+            f"nanoGPT's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}"
+        )
     os.makedirs(out_dir, exist_ok=True)
     paths = (os.path.join(out_dir, "train.bin"), os.path.join(out_dir, "val.bin"))
     counts = _export(directory, meta, paths, val_fraction, np.dtype("<u2"), None, verify, separator_placement)
@@ -230,7 +250,9 @@ def export_llmc(
     encoded with ``append`` (None keeps the shards' order). Split, file modes and
     verification as `export_nanogpt`."""
     if token_dtype(int(meta["vocab_size"])) != np.dtype("<u2"):
-        raise InputError(f"llm.c's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}")
+        raise InputError(
+            f"llm.c's .bin format is uint16; this vocabulary ({meta['vocab_size']} ids) needs {meta['dtype']}"
+        )
     if int(meta["totals"]["n_tokens"]) >= 1 << 31:
         raise InputError("llm.c's header counts tokens in an int32: too many tokens for one file")
     if not prefix or "/" in prefix or "\\" in prefix or prefix.startswith("."):

@@ -80,7 +80,9 @@ def version_files(directory: str) -> dict[str, tuple[int, str]] | None:
     except OSError as e:
         raise StoreError(f"{path}: cannot read ({e})") from e
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise StoreError(f"{path}: corrupt manifest ({e}); pass verify=False to read the files beside it unchecked") from e
+        raise StoreError(
+            f"{path}: corrupt manifest ({e}); pass verify=False to read the files beside it unchecked"
+        ) from e
     files = published_files(manifest, path)
     with _MANIFESTS_LOCK:
         _MANIFESTS[key] = files
@@ -132,7 +134,10 @@ def _checked_npy(path: str, dtypes: Sequence[np.dtype], what: str) -> tuple[int,
     """(length, dtype, data offset) of a 1-D .npy whose file size agrees with its header."""
     shape, dtype, offset, fortran = _npy_layout(path)
     if len(shape) != 1 or fortran or dtype not in dtypes or dtype.hasobject:
-        raise InputError(f"{path}: expected a 1-D {' or '.join(d.str for d in dtypes)} array of {what}, found shape {shape} dtype {dtype}")
+        raise InputError(
+            f"{path}: expected a 1-D {' or '.join(d.str for d in dtypes)} array of {what}, found shape "
+            f"{shape} dtype {dtype}"
+        )
     expected = offset + shape[0] * dtype.itemsize
     actual = os.path.getsize(path)
     if actual != expected:
@@ -210,7 +215,9 @@ def read_doc_table(path: str, verify: bool = True) -> pa.Table:
 # --------------------------------------------------------------------------- the split
 
 
-def split_points(directory: str, meta: Mapping[str, Any], val_fraction: float | None = None, verify: bool = True) -> list[int]:
+def split_points(
+    directory: str, meta: Mapping[str, Any], val_fraction: float | None = None, verify: bool = True
+) -> list[int]:
     """Each shard's ``val_start``: tokens before it are training, from it on validation.
 
     The split the manifest records (decided at encoding, `EncodeConfig.val_fraction`); a
@@ -234,7 +241,8 @@ def split_points(directory: str, meta: Mapping[str, Any], val_fraction: float | 
             raise InputError(f"{directory}: malformed split in the manifest ({type(e).__name__}: {e})") from e
         if val_fraction is not None and abs(val_fraction - fraction) > 1e-12:
             raise InputError(
-                f"val_fraction={val_fraction}, but these tokens were split at encoding with val_fraction={fraction:g} and every reader "
+                f"val_fraction={val_fraction}, but these tokens were split at encoding with val_fraction={fraction:g} "
+                "and every reader "
                 f"uses that split: leave the fraction out, or encode again with --val-fraction {val_fraction:g}"
             )
         return points
@@ -242,6 +250,10 @@ def split_points(directory: str, meta: Mapping[str, Any], val_fraction: float | 
     points = []
     for shard in meta["shards"]:
         n = int(shard["n_tokens"])
-        ends = open_index(os.path.join(directory, f"{shard['name']}.idx.npy"), verify) if n and fraction else np.zeros(0, np.int64)
+        ends = (
+            open_index(os.path.join(directory, f"{shard['name']}.idx.npy"), verify)
+            if n and fraction
+            else np.zeros(0, np.int64)
+        )
         points.append(val_start(ends, n, fraction))
     return points

@@ -46,8 +46,24 @@ import pyarrow.parquet as pq
 from pipeline_lib.config import STRICT, doc
 from pipeline_lib.fsio import InputError
 from pipeline_lib.token_checks import check_shards
-from pipeline_lib.token_exports import LLMC_MAGIC, LLMC_VERSION, NANOGPT_META, NANOGPT_VOCAB_MULTIPLE, Placement, export_llmc, export_nanogpt, nanogpt_meta
-from pipeline_lib.token_files import DEFAULT_VAL_FRACTION, _search, check_version_file, published_files, split_record, val_start
+from pipeline_lib.token_exports import (
+    LLMC_MAGIC,
+    LLMC_VERSION,
+    NANOGPT_META,
+    NANOGPT_VOCAB_MULTIPLE,
+    Placement,
+    export_llmc,
+    export_nanogpt,
+    nanogpt_meta,
+)
+from pipeline_lib.token_files import (
+    DEFAULT_VAL_FRACTION,
+    _search,
+    check_version_file,
+    published_files,
+    split_record,
+    val_start,
+)
 from pipeline_lib.token_reads import (
     _CHECK_CHUNK,
     _HEADER_LEN,
@@ -108,8 +124,13 @@ _DOC_ROWS = 1 << 16
 class EncodeConfig:
     __pydantic_config__ = STRICT
 
-    separator: Annotated[str | None, doc("document separator, a special token of the tokenizer; none (or '') for no separator")] = "<|endoftext|>"
-    placement: Annotated[Literal["append", "prepend"], doc("separator after each document (nanoGPT, datatrove) or before it (llm.c, nanochat)")] = "append"
+    separator: Annotated[
+        str | None, doc("document separator, a special token of the tokenizer; none (or '') for no separator")
+    ] = "<|endoftext|>"
+    placement: Annotated[
+        Literal["append", "prepend"],
+        doc("separator after each document (nanoGPT, datatrove) or before it (llm.c, nanochat)"),
+    ] = "append"
     # 1: the flows already encode the shards in parallel (one task each).
     workers: Annotated[int, doc("native encoding threads per shard (0 = all cores)")] = 1
     doc_table: Annotated[bool, doc("also write <shard>.docs.parquet (one row per document)")] = True
@@ -126,7 +147,11 @@ class EncodeConfig:
             raise InputError(f"placement={self.placement!r}: choose append or prepend")
         if not isinstance(self.workers, int) or self.workers < 0:
             raise InputError(f"workers={self.workers!r}: a number of threads >= 0")
-        if not isinstance(self.val_fraction, (int, float)) or isinstance(self.val_fraction, bool) or not 0 <= self.val_fraction < 1:
+        if (
+            not isinstance(self.val_fraction, (int, float))
+            or isinstance(self.val_fraction, bool)
+            or not 0 <= self.val_fraction < 1
+        ):
             raise InputError(f"val_fraction={self.val_fraction!r}: a fraction in [0, 1)")
 
     def params(self) -> dict[str, Any]:
@@ -238,7 +263,11 @@ def encode_documents(
     dtype = token_dtype(tokenizer.vocab_size)
     writer = NpyStreamWriter(tokens_path, dtype)
     table = (
-        pq.ParquetWriter(doc_table_path, DOC_TABLE_SCHEMA, compression="zstd", use_dictionary=["source"], write_statistics=False) if doc_table_path else None
+        pq.ParquetWriter(
+            doc_table_path, DOC_TABLE_SCHEMA, compression="zstd", use_dictionary=["source"], write_statistics=False
+        )
+        if doc_table_path
+        else None
     )
     rows: list[pa.RecordBatch] = []
     ends = NpyStreamWriter(index_path, np.dtype("<u8"))  # streamed too: nothing grows with the shard
@@ -261,10 +290,16 @@ def encode_documents(
             offsets = np.asarray(offsets, dtype=np.int64)
             lengths = np.diff(offsets)
             if len(flat) and int(flat.max()) >= tokenizer.vocab_size:
-                raise InputError(f"{name}: the tokenizer produced id {int(flat.max())}, outside its vocabulary ({tokenizer.vocab_size})")
+                raise InputError(
+                    f"{name}: the tokenizer produced id {int(flat.max())}, outside its vocabulary "
+                    f"({tokenizer.vocab_size})"
+                )
             base = writer.n
             if base + len(flat) + (n if sep is not None else 0) > MAX_SHARD_TOKENS:
-                raise InputError(f"{name}: more than {MAX_SHARD_TOKENS:,} tokens in one shard; shard the corpus into more pieces (n_shards)")
+                raise InputError(
+                    f"{name}: more than {MAX_SHARD_TOKENS:,} tokens in one shard; shard the corpus into "
+                    "more pieces (n_shards)"
+                )
             if sep is not None and n <= 64:
                 # Few (maybe huge) documents: stream them with their separators, no copy of the batch.
                 sep_arr = np.array([sep], dtype=dtype)
@@ -310,7 +345,9 @@ def encode_documents(
     doc_ends = np.load(index_path, mmap_mode="r", allow_pickle=False) if n_docs else np.zeros(0, np.int64)
     start = val_start(doc_ends, writer.n, config.val_fraction)
     n_val_docs = n_docs - _search(doc_ends, start, side="right")
-    return ShardStats(name=name, n_tokens=writer.n, n_docs=n_docs, n_bytes=n_bytes, val_start=start, val_docs=n_val_docs)
+    return ShardStats(
+        name=name, n_tokens=writer.n, n_docs=n_docs, n_bytes=n_bytes, val_start=start, val_docs=n_val_docs
+    )
 
 
 def encode_shard_file(
@@ -327,7 +364,9 @@ def encode_shard_file(
     from pipeline_lib.corpus import iter_shard_buffers
 
     batches = iter_shard_buffers(src_path, with_source=doc_table_path is not None)
-    return encode_documents(tokenizer, batches, tokens_path, index_path, config, name, doc_table_path=doc_table_path, shard=shard)
+    return encode_documents(
+        tokenizer, batches, tokens_path, index_path, config, name, doc_table_path=doc_table_path, shard=shard
+    )
 
 
 # --------------------------------------------------------------------------- manifest
@@ -345,7 +384,11 @@ def build_meta(
     vocab_size = int(tokenizer_meta["vocab_size"])
     sep = None
     if config.separator is not None:
-        sep = {"token": config.separator, "id": int(tokenizer_meta["special_tokens"][config.separator]), "placement": config.placement}
+        sep = {
+            "token": config.separator,
+            "id": int(tokenizer_meta["special_tokens"][config.separator]),
+            "placement": config.placement,
+        }
     shards = []
     for r in records:
         entry = {k: r[k] for k in ("name", "n_tokens", "n_docs", "n_bytes", "sha256")}
@@ -377,5 +420,7 @@ def build_meta(
         "doc_table": bool(config.doc_table),
         "shards": shards,
         "totals": {k: int(sum(r[k] for r in records)) for k in ("n_tokens", "n_docs", "n_bytes")},
-        **({"split": split_record(config.val_fraction)} if all(r.get("val_start") is not None for r in records) else {}),
+        **(
+            {"split": split_record(config.val_fraction)} if all(r.get("val_start") is not None for r in records) else {}
+        ),
     }

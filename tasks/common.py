@@ -36,7 +36,9 @@ def to_ref(ref: Mapping[str, str] | VersionRef) -> VersionRef:
 
 # Errors a retry cannot fix: the input, the configuration, the store's content, a full disk,
 # a permission, memory. Retrying them only delays the error (and repeats it in the logs).
-_PERMANENT_ERRNOS = frozenset(getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS") if hasattr(errno, name))
+_PERMANENT_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EACCES", "EPERM", "EROFS") if hasattr(errno, name)
+)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -74,13 +76,19 @@ def staging_kept(store: ArtifactStore, kind: str, version: str, shard_records: l
     try:
         yield
     except InputError as e:
-        units = [shard_name(r["shard"]) for r in shard_records or [] if isinstance(r, dict) and isinstance(r.get("shard"), int)]
+        units = [
+            shard_name(r["shard"])
+            for r in shard_records or []
+            if isinstance(r, dict) and isinstance(r.get("shard"), int)
+        ]
         staging = store.stage(kind, version)
         lost = [u for u in units if staging.done(u) is None]
         if not lost:
             raise
         shown = ", ".join(lost[:3]) + (" ..." if len(lost) > 3 else "")
-        raise StoreError(f"{kind}/{version}: shards this run finished ({shown}) are gone from its staging area {staging.path}") from e
+        raise StoreError(
+            f"{kind}/{version}: shards this run finished ({shown}) are gone from its staging area {staging.path}"
+        ) from e
 
 
 # Progress listeners: the CLI registers a progress-bar renderer; tasks report to it (and to

@@ -25,12 +25,18 @@ def _counted(record, logger) -> None:
 
 def _reduced(store, ref, logger) -> None:
     meta = store.manifest(ref.kind, ref.version)["meta"]
-    logger.info("counts: %s distinct pieces, %s occurrences (%s pattern)", f"{meta['n_pieces']:,}", f"{meta['n_occurrences']:,}", meta["pattern"])
+    logger.info(
+        "counts: %s distinct pieces, %s occurrences (%s pattern)",
+        f"{meta['n_pieces']:,}",
+        f"{meta['n_occurrences']:,}",
+        meta["pattern"],
+    )
     pruned = meta.get("pruned")
     if pruned:
         total = meta["n_occurrences"] + pruned["occurrences_dropped"]
         logger.info(
-            "pruned mode (--count-min %d): %s pieces and %s occurrences dropped (%.3f%% of them), %d shard(s) over --count-memory",
+            "pruned mode (--count-min %d): %s pieces and %s occurrences dropped (%.3f%% of them), %d shard(s) over "
+            "--count-memory",
             pruned["count_min"],
             f"{pruned['pieces_dropped']:,}",
             f"{pruned['occurrences_dropped']:,}",
@@ -40,7 +46,13 @@ def _reduced(store, ref, logger) -> None:
     create_table_artifact(
         key=artifact_key("word-counts", store, ref),
         table=[
-            {"shard": r["shard"], "docs": r["n_docs"], "bytes": r["n_bytes"], "pieces": r["n_occurrences"], "distinct pieces": r["n_pieces"]}
+            {
+                "shard": r["shard"],
+                "docs": r["n_docs"],
+                "bytes": r["n_bytes"],
+                "pieces": r["n_occurrences"],
+                "distinct pieces": r["n_pieces"],
+            }
             | ({"pieces dropped": r["pruned"]["pieces_dropped"]} if pruned else {})
             for r in meta["shards"]
         ]
@@ -64,8 +76,15 @@ def _reduced(store, ref, logger) -> None:
     )
 
 
-@task(name="merge_counts", cache_policy=NO_CACHE, tags=["tokenmill", "stage:merge_counts"], task_run_name="merge_counts[level={level}, merge={k}]")
-def merge_counts(store_url: str, corpus: VersionRef, config: CountConfig, level: int, k: int, storage_options: dict | None = None) -> dict:
+@task(
+    name="merge_counts",
+    cache_policy=NO_CACHE,
+    tags=["tokenmill", "stage:merge_counts"],
+    task_run_name="merge_counts[level={level}, merge={k}]",
+)
+def merge_counts(
+    store_url: str, corpus: VersionRef, config: CountConfig, level: int, k: int, storage_options: dict | None = None
+) -> dict:
     """One merge of the counts tree (skipped when done: the merges resume one by one)."""
     record = stage_counts.merge_counts(store_of(store_url, storage_options), to_ref(corpus), config, level, k)
     if record.get("pruned"):
@@ -73,7 +92,9 @@ def merge_counts(store_url: str, corpus: VersionRef, config: CountConfig, level:
     return record
 
 
-def _merge_tree(store_url: str, parents: Mapping[str, VersionRef], config: CountConfig, storage_options: dict | None) -> None:
+def _merge_tree(
+    store_url: str, parents: Mapping[str, VersionRef], config: CountConfig, storage_options: dict | None
+) -> None:
     """The counts tree's merges, a level at a time, mapped on the flow's task runner (the
     publish does the last merge); none when the counts are published already, and no task
     for a table that goes up a level alone."""
@@ -82,8 +103,12 @@ def _merge_tree(store_url: str, parents: Mapping[str, VersionRef], config: Count
         return
     for level, merges in enumerate(counting.tree_levels(len(stages.corpus_shards(store, corpus))), start=1):
         ks = [k for k, tables in enumerate(merges) if len(tables) > 1]
-        merge_counts.map(store_url, unmapped(parents["corpus"]), unmapped(config), level, ks, unmapped(storage_options)).result()
+        merge_counts.map(
+            store_url, unmapped(parents["corpus"]), unmapped(config), level, ks, unmapped(storage_options)
+        ).result()
 
 
-COUNTS = dataclasses.replace(stage_tasks(stages.COUNTS, after=_reduced, unit_after=_counted), before_publish=_merge_tree)
+COUNTS = dataclasses.replace(
+    stage_tasks(stages.COUNTS, after=_reduced, unit_after=_counted), before_publish=_merge_tree
+)
 count_words, reduce_counts = COUNTS.unit_task, COUNTS.task

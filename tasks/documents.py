@@ -14,7 +14,9 @@ from tasks.factory import StageTasks, artifact_key, stage_tasks
 def _shown(entry: DocumentStage):
     def after(store, ref, logger) -> None:
         figures = dict(entry.summary(store.manifest(ref.kind, ref.version)["meta"]))
-        logger.info("%s: %s -> %s", entry.stage.name, ", ".join(f"{k} {_number(v)}" for k, v in figures.items()), ref.uri)
+        logger.info(
+            "%s: %s -> %s", entry.stage.name, ", ".join(f"{k} {_number(v)}" for k, v in figures.items()), ref.uri
+        )
         create_table_artifact(
             key=artifact_key(f"{entry.option.replace('_', '-')}-summary", store, ref),
             table=[{"figure": k, "value": v} for k, v in figures.items()],

@@ -10,7 +10,9 @@ from tasks.factory import artifact_key, stage_tasks
 
 def _encoded(record, logger) -> None:
     if "n_tokens" in record:
-        logger.info("shard %d: %s tokens for %s bytes", record["shard"], f"{record['n_tokens']:,}", f"{record['n_bytes']:,}")
+        logger.info(
+            "shard %d: %s tokens for %s bytes", record["shard"], f"{record['n_tokens']:,}", f"{record['n_bytes']:,}"
+        )
 
 
 def _published(store, ref, logger) -> None:

@@ -5,7 +5,8 @@
 
 A stage task calls the engine (`pipeline_lib.stages.spec.produce`, `run_unit`) and returns
 what tasks hand each other: a `VersionRef` (kind, version, uri, manifest sha256; stored
-as JSON in the task's result) or, for a unit task, the unit's completion record. Retries, where a stage asks for them, are for transient failures
+as JSON in the task's result) or, for a unit task, the unit's completion record. Retries, where a stage asks for them,
+are for transient failures
 only (`retry_if_transient`).
 
 Caching (`StoreCachePolicy`): the key is the output's identity (its version id, which
@@ -50,10 +51,13 @@ class StoreCachePolicy(CachePolicy):
     unit: bool = False  # a unit task of a mapped stage (its key names the unit)
 
     def _stage(self) -> Stage:
-        assert self.stage is not None, "StoreCachePolicy needs its stage"  # a dataclass field with a default, for CachePolicy's sake
+        # a dataclass field with a default, for CachePolicy's sake
+        assert self.stage is not None, "StoreCachePolicy needs its stage"
         return self.stage
 
-    def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> str | None:
+    def compute_key(
+        self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
+    ) -> str | None:
         stage = self._stage()
         store = store_of(inputs["store_url"], inputs.get("storage_options"))
         parents = {name: to_ref(ref) for name, ref in (inputs.get("parents") or {}).items()}
@@ -81,7 +85,9 @@ class StoreCachePolicy(CachePolicy):
                 return key
         return None
 
-    def holds(self, store: ArtifactStore, parents: dict[str, VersionRef], config: Any, inputs: dict[str, Any], value: Any) -> bool:
+    def holds(
+        self, store: ArtifactStore, parents: dict[str, VersionRef], config: Any, inputs: dict[str, Any], value: Any
+    ) -> bool:
         """Whether the store still backs `value`, a result recorded under this task's key."""
         stage = self._stage()
         if self.unit:
@@ -118,7 +124,11 @@ class _Progress:
     def __init__(self, name: str, artifact_key: str | None):
         self.name, self.logger = name, get_run_logger()
         # Prefect types these helpers as sync-or-async; called from a sync task they return the value.
-        self.artifact = cast(UUID, create_progress_artifact(progress=0.0, key=artifact_key, description=f"{name} progress")) if artifact_key else None
+        self.artifact = (
+            cast(UUID, create_progress_artifact(progress=0.0, key=artifact_key, description=f"{name} progress"))
+            if artifact_key
+            else None
+        )
         self.tenth = self.percent = 0
 
     def __call__(self, done: int, total: int) -> None:
@@ -146,15 +156,23 @@ def _follow(futures, sizes: list[int], units_name: str, store_url: str, parents:
     total = sum(sizes)
     inputs = "|".join(f"{name}={ref.version}" for name, ref in sorted(parents.items()))
     key = f"{units_name.replace('_', '-')}-progress-{hashlib.sha256(f'{store_url}|{inputs}'.encode()).hexdigest()[:8]}"
-    artifact = cast(UUID, create_progress_artifact(progress=0.0, key=key, description=f"{units_name}: 0 / {total:,} shards done"))
+    artifact = cast(
+        UUID, create_progress_artifact(progress=0.0, key=key, description=f"{units_name}: 0 / {total:,} shards done")
+    )
     done = 0
     for future, n in zip(futures, sizes):
         _wait_awake(future)
         done += n
-        update_progress_artifact(artifact, progress=100.0 * done / total if total else 100.0, description=f"{units_name}: {done:,} / {total:,} shards done")
+        update_progress_artifact(
+            artifact,
+            progress=100.0 * done / total if total else 100.0,
+            description=f"{units_name}: {done:,} / {total:,} shards done",
+        )
 
 
-def _group_labels(stage: Stage, store: ArtifactStore, refs: Mapping[str, VersionRef], config: Any, groups: list[range]) -> list[str | None]:
+def _group_labels(
+    stage: Stage, store: ArtifactStore, refs: Mapping[str, VersionRef], config: Any, groups: list[range]
+) -> list[str | None]:
     """What each group of units reads (its first and last unit's labels), for its task run's name."""
     if stage.units is None or stage.units.labels is None:
         return [None] * len(groups)
@@ -183,7 +201,11 @@ def _task_options(retries: int) -> dict[str, Any]:
     options: dict[str, Any] = {"persist_result": True, "result_serializer": "json"}
     if retries:
         # Backoff (2 s, 8 s, 32 s ...): a server that answered 429 or 503 needs more than a moment.
-        options.update(retries=retries, retry_delay_seconds=[2 * 4**i for i in range(retries)], retry_condition_fn=retry_if_transient)
+        options.update(
+            retries=retries,
+            retry_delay_seconds=[2 * 4**i for i in range(retries)],
+            retry_condition_fn=retry_if_transient,
+        )
     return options
 
 
@@ -211,7 +233,12 @@ class StageTasks:
     before_publish: Callable[[str, Mapping[str, VersionRef], Any, dict | None], None] | None = None
 
     def __call__(
-        self, store_url: str, parents: Mapping[str, VersionRef], config: Any, storage_options: dict | None = None, bytes_per_task: int = 0
+        self,
+        store_url: str,
+        parents: Mapping[str, VersionRef],
+        config: Any,
+        storage_options: dict | None = None,
+        bytes_per_task: int = 0,
     ) -> VersionRef:
         """Run the stage; a mapped stage's units go in groups of about `bytes_per_task`
         bytes (one task per group, `engine.unit_groups`; 0: one task per unit)."""
@@ -219,7 +246,9 @@ class StageTasks:
         if self.unit_task is None:
             ref = to_ref(cast(VersionRef, self.task(store_url, parents, config, None, storage_options)))
         else:
-            groups = engine.unit_groups(self.stage, store_of(store_url, storage_options), parents, bytes_per_task, config)
+            groups = engine.unit_groups(
+                self.stage, store_of(store_url, storage_options), parents, bytes_per_task, config
+            )
             n = sum(len(g) for g in groups)
             labels = _group_labels(self.stage, store_of(store_url, storage_options), parents, config, groups)
             futures = self.unit_task.map(
@@ -237,7 +266,9 @@ class StageTasks:
             if cancelled is not None:  # a unit task stopped in the core (flows.cancellable): the stage is cancelled
                 raise CancelledError(cancelled.message or f"{self.stage.name}: cancelled")
             # A unit task returns its group's records (a record alone: a result cached before groups).
-            records = [record for group in futures.result() for record in (group if isinstance(group, list) else [group])]
+            records = [
+                record for group in futures.result() for record in (group if isinstance(group, list) else [group])
+            ]
             if self.before_publish is not None:
                 self.before_publish(store_url, parents, config, storage_options)
             # A result cached before tasks returned VersionRefs is its JSON form: to_ref reads both.
@@ -267,7 +298,11 @@ def stage_tasks(
     """
 
     def run_stage(
-        store_url: str, parents: Mapping[str, VersionRef], config: Any, unit_records: list[dict] | None = None, storage_options: dict | None = None
+        store_url: str,
+        parents: Mapping[str, VersionRef],
+        config: Any,
+        unit_records: list[dict] | None = None,
+        storage_options: dict | None = None,
     ) -> VersionRef:
         logger = get_run_logger()
         store = store_of(store_url, storage_options)
@@ -284,7 +319,9 @@ def stage_tasks(
         return ref
 
     tags = ["tokenmill", f"stage:{stage.name}"]
-    publish = task(name=stage.name, cache_policy=StoreCachePolicy(stage=stage), tags=tags, **_task_options(retries))(_named(run_stage, stage.name))
+    publish = task(name=stage.name, cache_policy=StoreCachePolicy(stage=stage), tags=tags, **_task_options(retries))(
+        _named(run_stage, stage.name)
+    )
     if stage.units is None:
         return StageTasks(stage, publish, after=after)
 
@@ -305,7 +342,8 @@ def stage_tasks(
         `label` (what the units read) only names the task run."""
         store = store_of(store_url, storage_options)
         refs = {name: to_ref(ref) for name, ref in parents.items()}
-        total = n_units if n_units is not None else engine.unit_count(stage, store, refs, config)  # the flow passes the count it mapped
+        # the flow passes the count it mapped
+        total = n_units if n_units is not None else engine.unit_count(stage, store, refs, config)
         records = []
         for index in range(unit, (unit if last is None else last) + 1):
             try:
@@ -333,7 +371,10 @@ def cancelled_state(what: str, error: CancelledError):
     cancelled, flows.cancellable): Cancelled, not Failed, and never cached."""
     from prefect.states import Cancelled
 
-    message = f"{what}: cancelled in the compiled core ({error}); its partial output stays in the staging area for `tokenmill gc`"
+    message = (
+        f"{what}: cancelled in the compiled core ({error}); its partial output stays in the staging area for "
+        "`tokenmill gc`"
+    )
     get_run_logger().warning(message)
     return Cancelled(message=message)
 

@@ -15,7 +15,9 @@ from tasks.common import store_of, to_ref
 
 
 @task(name="tokenizer_report")
-def tokenizer_report(store_url: str, corpus: VersionRef, config: ReportConfig, storage_options: dict | None = None) -> VersionRef:
+def tokenizer_report(
+    store_url: str, corpus: VersionRef, config: ReportConfig, storage_options: dict | None = None
+) -> VersionRef:
     store = store_of(store_url, storage_options)
     ref = report_lib.tokenizer_report(store, to_ref(corpus), config.pattern, list(config.vocab_sizes))
     report = json.loads(store.read_bytes(ref.kind, ref.version, "report.json"))
@@ -31,6 +33,7 @@ def tokenizer_report(store_url: str, corpus: VersionRef, config: ReportConfig, s
     create_table_artifact(
         key="compression-curve",
         table=[{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
-        description="Held-out compression per vocabulary size: byte-level BPE, and character-level BPE trained in the same run",
+        description="Held-out compression per vocabulary size: byte-level BPE, and character-level BPE trained in the "
+        "same run",
     )
     return ref

@@ -9,7 +9,9 @@ from pipeline_lib.sweep import SweepConfig, sweep_stage
 from tasks.factory import stage_tasks
 
 
-def compare_task(store_url: str, models: Mapping[str, VersionRef], config: SweepConfig, storage_options: dict | None = None) -> VersionRef:
+def compare_task(
+    store_url: str, models: Mapping[str, VersionRef], config: SweepConfig, storage_options: dict | None = None
+) -> VersionRef:
     """Run the `compare_arms` stage over `models` (arm name -> model ref) in the current flow.
 
     The stage's inputs are the sweep's arms, so its task is made per sweep; it is cached

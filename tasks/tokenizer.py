@@ -31,9 +31,13 @@ def _show(token: str) -> str:
 
 
 def merges_markdown(meta: dict) -> str:
-    rows = "\n".join(f"| {i + 1} | {_show(a)} | {_show(b)} |" for i, (a, b) in enumerate(zip(meta["first_merges"], meta["last_merges"])))
+    rows = "\n".join(
+        f"| {i + 1} | {_show(a)} | {_show(b)} |"
+        for i, (a, b) in enumerate(zip(meta["first_merges"], meta["last_merges"]))
+    )
     return (
-        f"## Tokenizer: {meta['vocab_size']:,} ids, {meta['n_merges']:,} merges, unit `{meta.get('unit', 'byte')}`, pattern `{meta['pattern']}`\n\n"
+        f"## Tokenizer: {meta['vocab_size']:,} ids, {meta['n_merges']:,} merges, unit `{meta.get('unit', 'byte')}`, "
+        f"pattern `{meta['pattern']}`\n\n"
         f"Special tokens: {', '.join(_show(t) for t in meta['special_tokens']) or 'none'}\n\n"
         f"| # | first merges | last merges |\n|---|---|---|\n{rows}\n\n"
         f"Longest tokens: {', '.join(_show(t) for t in meta['longest_tokens'])}\n"

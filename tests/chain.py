@@ -12,7 +12,9 @@ from pipeline_lib.store import ArtifactStore, VersionRef
 from pipeline_lib.token_shards import EncodeConfig
 
 
-def publish_tokens_version(root: Path, text: str, vocab_size: int, n_shards: int = 2) -> tuple[ArtifactStore, VersionRef, Any]:
+def publish_tokens_version(
+    root: Path, text: str, vocab_size: int, n_shards: int = 2
+) -> tuple[ArtifactStore, VersionRef, Any]:
     """`text` as a corpus of `n_shards` shards under `root`, counted, a tokenizer of
     `vocab_size` learned, encoded and published: (store, tokens ref, tokenizer ref)."""
     store = ArtifactStore(str(root / "store"))
@@ -23,7 +25,9 @@ def publish_tokens_version(root: Path, text: str, vocab_size: int, n_shards: int
     cc = stages.CountConfig()
     for i in range(n_shards):
         stages.count_shard(store, corpus, i, cc)
-    tok = stages.learn_tokenizer(store, stages.reduce_counts(store, corpus, cc), stages.TokenizerConfig(vocab_size=vocab_size))
+    tok = stages.learn_tokenizer(
+        store, stages.reduce_counts(store, corpus, cc), stages.TokenizerConfig(vocab_size=vocab_size)
+    )
     ec = EncodeConfig()
     for i in range(n_shards):
         stages.encode_shard(store, corpus, tok, i, ec)

@@ -67,12 +67,15 @@ INTEGRATION_FIXTURES = {"prefect_harness", "api_url", "flows_ready", "s3_options
 
 # pyproject.toml gives each test 120 s; these wait on longer things by design.
 LONGER_TIMEOUTS = {
-    "test_deploy_clean_worker": 900,  # a worker clones the repository and pip-installs it (compiling the core): RUN_TIMEOUT 480 s
+    # a worker clones the repository and pip-installs it (compiling the core): RUN_TIMEOUT 480 s
+    "test_deploy_clean_worker": 900,
     "test_deployments": 600,  # triggered runs on a real server and worker, up to RUN_TIMEOUT 240 s each
     "test_cluster": 600,  # a Dask cluster and the CLI against it, a 600 s subprocess limit
-    "test_cli_startup": 300,  # starts and stops tokenmill's local Prefect server (~90 s under load), 300 s subprocess limits
+    # starts and stops tokenmill's local Prefect server (~90 s under load), 300 s subprocess limits
+    "test_cli_startup": 300,
     "test_bad_inputs.py::test_one_100mb_line": 300,  # a 100 MB line through the CLI, a 300 s subprocess limit
-    "test_ddp": 600,  # two spawned interpreters import torch and train twice over gloo: 10-16 s here, over 120 s once in a loaded CI run
+    # two spawned interpreters import torch and train twice over gloo: 10-16 s here, over 120 s once in a loaded CI run
+    "test_ddp": 600,
     "test_parallel_shards": 300,  # 40 sharding tasks through a flow, a killed subprocess and its rerun
     "test_store_gc_foreign": 300,  # CLI subprocesses with 300 s limits
     "test_store_verify_rm": 300,  # CLI subprocesses with 300 s limits
@@ -109,8 +112,14 @@ def pytest_collection_modifyitems(config, items):
         module = item.path.stem
         test = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
         params = getattr(item, "callspec", None)
-        on_s3 = params is not None and any(isinstance(v, str) and v == "s3" for v in params.params.values())  # the store tests' moto backend
-        if module in INTEGRATION_MODULES or test in INTEGRATION_TESTS or on_s3 or INTEGRATION_FIXTURES & set(item.fixturenames):
+        # the store tests' moto backend
+        on_s3 = params is not None and any(isinstance(v, str) and v == "s3" for v in params.params.values())
+        if (
+            module in INTEGRATION_MODULES
+            or test in INTEGRATION_TESTS
+            or on_s3
+            or INTEGRATION_FIXTURES & set(item.fixturenames)
+        ):
             item.add_marker(pytest.mark.integration)
         longer = LONGER_TIMEOUTS.get(test, LONGER_TIMEOUTS.get(module))
         if longer is not None and item.get_closest_marker("timeout") is None:
@@ -154,7 +163,10 @@ def _drain_prefect_services(timeout_s: float) -> None:
                 for key, instance in list(service._instances.items()):
                     if instance._done_event is not None and not instance._done_event.is_set():
                         del service._instances[key]
-            warnings.warn(f"Prefect's {service.__name__} did not drain within {timeout_s:g} s at the end of the session", stacklevel=1)
+            warnings.warn(
+                f"Prefect's {service.__name__} did not drain within {timeout_s:g} s at the end of the session",
+                stacklevel=1,
+            )
 
 
 @pytest.fixture(scope="session")

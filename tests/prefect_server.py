@@ -70,7 +70,13 @@ class PrefectServer:
         server_env: more environment for the server process (its database URL ...).
     """
 
-    def __init__(self, home: str | os.PathLike, ui: bool = False, startup_timeout: float = 150.0, server_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        home: str | os.PathLike,
+        ui: bool = False,
+        startup_timeout: float = 150.0,
+        server_env: dict[str, str] | None = None,
+    ):
         self.home = Path(home)
         self.server_env = dict(server_env or {})  # e.g. PREFECT_API_DATABASE_CONNECTION_URL
         self.ui = ui
@@ -144,7 +150,9 @@ class PrefectServer:
                 return self
             time.sleep(0.25)
         self.stop()
-        raise RuntimeError(f"prefect server on {self.url} not healthy after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+        raise RuntimeError(
+            f"prefect server on {self.url} not healthy after {self.startup_timeout:.0f} s:\n{self.log_tail()}"
+        )
 
     def healthy(self) -> bool:
         try:
@@ -153,7 +161,9 @@ class PrefectServer:
         except OSError:
             return False
 
-    def spawn(self, argv: Sequence[str], name: str, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None) -> subprocess.Popen:
+    def spawn(
+        self, argv: Sequence[str], name: str, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None
+    ) -> subprocess.Popen:
         """Start a supervised process against this server; stopped with the server.
 
         Output goes to ``HOME/<name>.log`` (`log_tail(name)` reads it back).
@@ -240,7 +250,9 @@ def flow_runs(flow_name: str | None = None) -> list:
         return client.read_flow_runs(flow_filter=flow_filter, flow_run_filter=started, sort=FlowRunSort.START_TIME_DESC)
 
 
-def wait_for_deployment(name: str, timeout: float = 90.0, proc: subprocess.Popen | None = None, log: Callable[[], str] = str) -> object:
+def wait_for_deployment(
+    name: str, timeout: float = 90.0, proc: subprocess.Popen | None = None, log: Callable[[], str] = str
+) -> object:
     """Poll until deployment `flow/deployment` exists (a serve process registers it)."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound

@@ -36,7 +36,11 @@ def endpoint() -> str:
             from moto.server import ThreadedMotoServer
 
             logging.getLogger("werkzeug").setLevel(logging.ERROR)
-            for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+            for var, value in (
+                ("AWS_ACCESS_KEY_ID", "testing"),
+                ("AWS_SECRET_ACCESS_KEY", "testing"),
+                ("AWS_DEFAULT_REGION", "us-east-1"),
+            ):
                 os.environ.setdefault(var, value)
             port = _free_port()
             server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -105,10 +109,22 @@ class MotoProcess:
         import sys
         import time
 
-        for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        for var, value in (
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("AWS_DEFAULT_REGION", "us-east-1"),
+        ):
             os.environ.setdefault(var, value)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from moto.server import main; main(sys.argv[1:])", "-H", "127.0.0.1", "-p", str(self.port)],
+            [
+                sys.executable,
+                "-c",
+                "import sys; from moto.server import main; main(sys.argv[1:])",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -134,9 +150,13 @@ class MotoProcess:
         import boto3
 
         name = name or f"test-{uuid.uuid4().hex[:12]}"
-        boto3.client("s3", endpoint_url=self.url, aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1").create_bucket(
-            Bucket=name
-        )
+        boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket=name)
         return name
 
     def pause(self) -> None:

@@ -42,7 +42,12 @@ def ingest(store, path, **kw):
 
 def docs_of(store, ref) -> list[bytes]:
     d = store.local_dir(ref.kind, ref.version)
-    return [doc for s in store.manifest(ref.kind, ref.version)["meta"]["shards"] for b in iter_shard_batches(os.path.join(d, s["file"])) for doc in b]
+    return [
+        doc
+        for s in store.manifest(ref.kind, ref.version)["meta"]["shards"]
+        for b in iter_shard_batches(os.path.join(d, s["file"]))
+        for doc in b
+    ]
 
 
 def nothing_published(store, kind="corpus") -> bool:
@@ -85,7 +90,12 @@ BAD = b"good line\nbad \xff\xfe here\nsplit \xe2\x82 euro\nfine again\n"
 def test_invalid_utf8_replace(store, tmp_path):
     (tmp_path / "bad.txt").write_bytes(BAD)
     ref = ingest(store, tmp_path / "bad.txt", errors="replace")
-    assert docs_of(store, ref) == [b"good line", "bad \ufffd\ufffd here".encode(), "split \ufffd euro".encode(), b"fine again"]
+    assert docs_of(store, ref) == [
+        b"good line",
+        "bad \ufffd\ufffd here".encode(),
+        "split \ufffd euro".encode(),
+        b"fine again",
+    ]
     meta = store.manifest("corpus", ref.version)["meta"]
     assert meta["replaced_documents"] == 2 and meta["invalid_bytes"] == 4 and meta["skipped_documents"] == 0
     assert meta["errors_policy"] == "replace"
@@ -166,7 +176,13 @@ def _truncate(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize(
-    "ext,compress", [(".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress), (".zst", lambda d: zstandard.ZstdCompressor().compress(d))]
+    "ext,compress",
+    [
+        (".gz", gzip.compress),
+        (".bz2", bz2.compress),
+        (".xz", lzma.compress),
+        (".zst", lambda d: zstandard.ZstdCompressor().compress(d)),
+    ],
 )
 def test_truncated_archive(store, tmp_path, ext, compress):
     text = b"".join(b"line %d of a longer text that compresses\n" % i for i in range(20000))
@@ -244,7 +260,19 @@ def test_document_cap_names_its_flag_from_the_cli(tmp_path):
     path = tmp_path / "one-line.txt.gz"
     _gzip_one_long_line(path, 4 << 20)
     p = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "tokenizer", "train", "--corpus", str(path), "--store", str(tmp_path / "S"), "--max-document-bytes", "1000000"],
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "tokenizer",
+            "train",
+            "--corpus",
+            str(path),
+            "--store",
+            str(tmp_path / "S"),
+            "--max-document-bytes",
+            "1000000",
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -374,7 +402,9 @@ def test_tokens_altered_after_publish(tokens_version):
         with pytest.raises(StoreError, match=rf"tokens/{ref.version}/shard_000001\.npy: sha256 mismatch"):
             store.local_dir(ref.kind, ref.version)  # reads verify by default
         with pytest.raises(StoreError, match=r"shard_000001\.npy: sha256 mismatch"):
-            check_shards(store.local_dir(ref.kind, ref.version, verify="size"), store.manifest(ref.kind, ref.version)["meta"])
+            check_shards(
+                store.local_dir(ref.kind, ref.version, verify="size"), store.manifest(ref.kind, ref.version)["meta"]
+            )
         with open(path, "ab") as f:
             f.write(b"\x00\x00")  # appended data: the cheap size check already sees it
         with pytest.raises(StoreError, match=r"shard_000001\.npy: .* bytes, manifest says"):

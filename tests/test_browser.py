@@ -48,7 +48,9 @@ SHAKESPEARE = ROOT / "pipeline_lib" / "data" / "tinyshakespeare.txt"
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} not installed (apt-get install -y chromium chromium-driver)"),
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} not installed (apt-get install -y chromium chromium-driver)"
+    ),
 ]
 
 FLAGS = [
@@ -128,7 +130,10 @@ class _Page:
                 return value
             if time.monotonic() > deadline:
                 text = self.text()
-                raise TimeoutError(f"{expression!r} still falsy after {timeout:.0f} s; the page shows:\n{text[:2000]}\n...\n{text[-1000:]}")
+                raise TimeoutError(
+                    f"{expression!r} still falsy after {timeout:.0f} s; the page "
+                    f"shows:\n{text[:2000]}\n...\n{text[-1000:]}"
+                )
             time.sleep(0.5)
 
     def text(self) -> str:
@@ -138,7 +143,9 @@ class _Page:
 
     def wait_for_text(self, *expected: str, timeout: float = 60) -> str:
         """Wait until the page's visible text contains every one of `expected`; return the text."""
-        self.wait_for(f"document.body && {json.dumps(list(expected))}.every(s => document.body.innerText.includes(s))", timeout)
+        self.wait_for(
+            f"document.body && {json.dumps(list(expected))}.every(s => document.body.innerText.includes(s))", timeout
+        )
         return self.text()
 
     def click_tab(self, tab_id: str) -> None:
@@ -208,7 +215,9 @@ def _artifacts_by_name(flow_run_id) -> dict[str, Any]:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
     # keys are per store and corpus: "<name>-<8 hex>"
     return {a.key.rsplit("-", 1)[0]: a for a in artifacts if a.key}
 
@@ -220,12 +229,54 @@ def runs(tmp_path_factory):
     corpus = home / "corpus.txt"
     corpus.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:120_000], encoding="utf-8")
     store = home / "store"
-    tiny_lm = ["--lm-preset", "tiny", "--lm-steps", "6", "--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "4"]
-    run = [sys.executable, "-m", "flows.cli", "run", "--store", str(store), "--corpus", str(corpus), "--vocab-size", "300", *tiny_lm, "--device", "cpu"]
-    deploy = [sys.executable, "-m", "flows.cli", "deploy", "--store", str(store), "--corpus", str(corpus), "--create-pool", "--paused"]
+    tiny_lm = [
+        "--lm-preset",
+        "tiny",
+        "--lm-steps",
+        "6",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "32",
+        "--block-size",
+        "32",
+        "--batch-size",
+        "4",
+    ]
+    run = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "run",
+        "--store",
+        str(store),
+        "--corpus",
+        str(corpus),
+        "--vocab-size",
+        "300",
+        *tiny_lm,
+        "--device",
+        "cpu",
+    ]
+    deploy = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "deploy",
+        "--store",
+        str(store),
+        "--corpus",
+        str(corpus),
+        "--create-pool",
+        "--paused",
+    ]
     with PrefectServer(home / "server", ui=True) as server:
         for cmd in (run, run, deploy):
-            done = subprocess.run(cmd, env=server.client_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=600)
+            done = subprocess.run(
+                cmd, env=server.client_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=600
+            )
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         with server.settings():
             from prefect.client.orchestration import get_client
@@ -233,7 +284,9 @@ def runs(tmp_path_factory):
             cached, first = flow_runs("tokenmill-pipeline")  # newest first
             with get_client(sync_client=True) as client:
                 deployment = client.read_deployment_by_name("tokenmill-pipeline/nightly-tokenize")
-            yield UIRuns(server, first, cached, _artifacts_by_name(first.id), _artifacts_by_name(cached.id), str(deployment.id))
+            yield UIRuns(
+                server, first, cached, _artifacts_by_name(first.id), _artifacts_by_name(cached.id), str(deployment.id)
+            )
 
 
 @pytest.fixture(scope="module")
@@ -248,9 +301,15 @@ def shots(tmp_path_factory, request) -> Path:
 def test_run_and_artifacts_in_api(runs):
     assert runs.first.state.name == "Completed" and runs.cached.state.name == "Completed"
     arts = runs.artifacts
-    assert {"token-shards", "lm-metrics", "lm-report", "tokenizer-merges", "tokenmill-summary"} <= set(arts), sorted(arts)
+    assert {"token-shards", "lm-metrics", "lm-report", "tokenizer-merges", "tokenmill-summary"} <= set(arts), sorted(
+        arts
+    )
     assert arts["token-shards"].type == "table" and arts["lm-metrics"].type == "table"
-    shards = json.loads(arts["token-shards"].data) if isinstance(arts["token-shards"].data, str) else arts["token-shards"].data
+    shards = (
+        json.loads(arts["token-shards"].data)
+        if isinstance(arts["token-shards"].data, str)
+        else arts["token-shards"].data
+    )
     assert [row["shard"] for row in shards] == ["shard_000000", "shard_000001"]
     assert arts["lm-report"].type == "markdown" and "](data:image/png;base64,iVBORw0KGgo" in arts["lm-report"].data
 
@@ -280,18 +339,28 @@ def _pipeline_field(parameter: str, name: str):
 def test_deployment_form_has_descriptions_and_choices(runs, shots, tmp_path):
     from deployments.serve import TOKENIZE_PARAMETERS
 
-    documents, vocab_size, preset = _pipeline_field("corpus", "documents"), _pipeline_field("tokenizer", "vocab_size"), _pipeline_field("lm", "preset")
+    documents, vocab_size, preset = (
+        _pipeline_field("corpus", "documents"),
+        _pipeline_field("tokenizer", "vocab_size"),
+        _pipeline_field("lm", "preset"),
+    )
     url = f"{runs.server.url}/deployments/deployment/{runs.deployment_id}/run"
     with browser(tmp_path / "profile") as devtools, page_at(devtools, url) as page:
         # each field with the description of its config annotation (doc("..."))
         page.wait_for_text("nightly-tokenize", documents.description, vocab_size.description, preset.description)
-        selects = page.wait_for(f"(() => {{ const s = {SELECTS}; return s.some(x => x[1].includes({json.dumps(preset.choices[-1])})) ? s : null }})()")
+        selects = page.wait_for(
+            f"(() => {{ const s = {SELECTS}; return s.some(x => "
+            f"x[1].includes({json.dumps(preset.choices[-1])})) ? s : null }})()"
+        )
         choices = {tuple(options): value for value, options in selects if options and any(options)}
         # Literal fields are dropdowns of their choices; the deployment's own parameters are filled in
         assert choices[tuple(documents.choices)] == TOKENIZE_PARAMETERS["corpus"]["documents"], choices
         assert choices[tuple(preset.choices)] == preset.default, choices
         values = page.evaluate("Array.from(document.querySelectorAll('input')).map(i => i.value)")
-        assert str(TOKENIZE_PARAMETERS["corpus"]["n_shards"]) in values and str(TOKENIZE_PARAMETERS["tokenizer"]["vocab_size"]) in values, values
+        assert (
+            str(TOKENIZE_PARAMETERS["corpus"]["n_shards"]) in values
+            and str(TOKENIZE_PARAMETERS["tokenizer"]["vocab_size"]) in values
+        ), values
         page.screenshot(shots / "deployment-form.png")
         page.scroll_to_text("lm (Optional)")
         page.screenshot(shots / "deployment-form-lm.png")
@@ -323,8 +392,11 @@ def test_artifact_pages_render_tables_and_loss_plot(runs, shots, tmp_path, ui):
     arts, prefix = runs.artifacts, "v2-" if ui else ""
     with browser(tmp_path / "profile") as devtools:
         with page_at(devtools, f"{runs.server.url}{ui}/artifacts/artifact/{arts['lm-report'].id}") as page:
-            images = page.wait_for(f"(() => {{ const a = {LOSS_IMAGES}; return a.length && a.every(x => x[0] && x[1] > 0) ? a : null }})()")
-            assert len(images) == 1 and images[0][1] >= 400 and images[0][2] >= 200, images  # the matplotlib figure, decoded
+            images = page.wait_for(
+                f"(() => {{ const a = {LOSS_IMAGES}; return a.length && a.every(x => x[0] && x[1] > 0) ? a : null }})()"
+            )
+            # the matplotlib figure, decoded
+            assert len(images) == 1 and images[0][1] >= 400 and images[0][2] >= 200, images
             page.screenshot(shots / f"{prefix}lm-report.png")
         for key, expected in (("token-shards", "shard_000001"), ("lm-metrics", "final_val_loss")):
             with page_at(devtools, f"{runs.server.url}{ui}/artifacts/artifact/{arts[key].id}", height=900) as page:

@@ -55,9 +55,13 @@ def test_sigterm_stops_a_task_in_the_core_and_records_it_cancelled():
     from prefect.settings import get_current_settings
 
     env = {**os.environ, "PREFECT_API_URL": get_current_settings().api.url or ""}
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY", proc.stderr.read()[-3000:] if proc.stderr else ""
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY", (
+            proc.stderr.read()[-3000:] if proc.stderr else ""
+        )
         time.sleep(1.5)  # inside the native call
         assert proc.poll() is None
         sent = time.monotonic()
@@ -70,7 +74,10 @@ def test_sigterm_stops_a_task_in_the_core_and_records_it_cancelled():
         raise
     stopped = [line for line in out.splitlines() if line.startswith("STOPPED")]
     assert stopped, out + err[-3000:]
-    print(f"\nSIGTERM -> task stopped in the core: {float(stopped[0].split()[1]) - 1.5:.2f} s after the signal; process exited after {exited_s:.2f} s")
+    print(
+        f"\nSIGTERM -> task stopped in the core: {float(stopped[0].split()[1]) - 1.5:.2f} s after the signal; "
+        f"process exited after {exited_s:.2f} s"
+    )
     assert exited_s < 15, exited_s
     # Task-run states reach the server as events, written asynchronously: let them settle.
     # A process terminated this fast may go before its last event is sent (the task then
@@ -83,4 +90,6 @@ def test_sigterm_stops_a_task_in_the_core_and_records_it_cancelled():
             if (mine and mine[0].state is not None and mine[0].state.is_final()) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-    assert mine and mine[0].state is not None and mine[0].state.name in ("Cancelled", "Running"), [(r.name, r.state) for r in mine]
+    assert mine and mine[0].state is not None and mine[0].state.name in ("Cancelled", "Running"), [
+        (r.name, r.state) for r in mine
+    ]

@@ -19,7 +19,22 @@ def cli_store(tmp_path_factory, shakespeare_text):
     corpus = root / "corpus.txt"
     corpus.write_text(shakespeare_text[:80_000], encoding="utf-8")
     store = str(root / "store")
-    rc = main(["run", "--corpus", str(corpus), "--store", store, "--vocab-size", "350", "--pattern", "gpt2", "--no-lm", "--workers", "2"])
+    rc = main(
+        [
+            "run",
+            "--corpus",
+            str(corpus),
+            "--store",
+            store,
+            "--vocab-size",
+            "350",
+            "--pattern",
+            "gpt2",
+            "--no-lm",
+            "--workers",
+            "2",
+        ]
+    )
     assert rc == 0
     return store, root
 
@@ -83,14 +98,22 @@ def test_tokenizer_encode_and_export(cli_store, capsys, tmp_path):
     capsys.readouterr()
     assert main(["tokenizer", "encode", "--store", store, "--text", "To be, or not to be"]) == 0
     ids = [int(x) for x in capsys.readouterr().out.split()]
-    tok = Tokenizer.load(ArtifactStore(store).local_dir("tokenizer", ArtifactStore(store).latest("tokenizer")["version"]))
+    tok = Tokenizer.load(
+        ArtifactStore(store).local_dir("tokenizer", ArtifactStore(store).latest("tokenizer")["version"])
+    )
     assert tok.decode(ids) == "To be, or not to be"
-    assert main(["tokenizer", "export", "--store", store, "--format", "hf", "--out", str(tmp_path / "tokenizer.json")]) == 0
+    assert (
+        main(["tokenizer", "export", "--store", store, "--format", "hf", "--out", str(tmp_path / "tokenizer.json")])
+        == 0
+    )
     import tokenizers
 
     hf = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     assert hf.encode("To be, or not to be").ids == ids
-    assert main(["tokenizer", "export", "--store", store, "--format", "tiktoken", "--out", str(tmp_path / "t.tiktoken")]) == 0
+    assert (
+        main(["tokenizer", "export", "--store", store, "--format", "tiktoken", "--out", str(tmp_path / "t.tiktoken")])
+        == 0
+    )
     assert Tokenizer.from_tiktoken(str(tmp_path / "t.tiktoken"), pattern="gpt2").mergeable_ranks == tok.mergeable_ranks
 
 
@@ -137,7 +160,14 @@ def test_run_on_s3_through_the_cli(tmp_path, shakespeare_text, capsys):
     import s3_server
 
     bucket = s3_server.make_bucket()
-    options = ["--storage-option", f"endpoint_url={s3_server.endpoint()}", "--storage-option", "key=testing", "--storage-option", "secret=testing"]
+    options = [
+        "--storage-option",
+        f"endpoint_url={s3_server.endpoint()}",
+        "--storage-option",
+        "key=testing",
+        "--storage-option",
+        "secret=testing",
+    ]
     corpus = tmp_path / "c.txt"
     corpus.write_text(shakespeare_text[:40_000], encoding="utf-8")
     store = f"s3://{bucket}/artifacts"
@@ -148,7 +178,8 @@ def test_run_on_s3_through_the_cli(tmp_path, shakespeare_text, capsys):
 
 
 def test_a_closed_pipe_is_no_error(cli_store, tmp_path):
-    """`tokenmill tokenizer encode ... | head -c 10`: the reader leaves early; no error line, status 141 as for SIGPIPE."""
+    """`tokenmill tokenizer encode ... | head -c 10`: the reader leaves early; no error line, status 141 as for
+    SIGPIPE."""
     import subprocess
     import sys
 
@@ -172,7 +203,18 @@ def test_encode_a_new_corpus_with_a_stored_tokenizer(cli_store, capsys, tmp_path
     store = ArtifactStore(store_url)
     tokenizer = store.latest("tokenizer")
     capsys.readouterr()
-    args = ["encode", "--tokenizer", "latest:tokenizer", "--corpus", str(other), "--store", store_url, "--workers", "2", "--no-doc-table"]
+    args = [
+        "encode",
+        "--tokenizer",
+        "latest:tokenizer",
+        "--corpus",
+        str(other),
+        "--store",
+        store_url,
+        "--workers",
+        "2",
+        "--no-doc-table",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     kind, version = out.split()[1].split("/")
@@ -180,5 +222,12 @@ def test_encode_a_new_corpus_with_a_stored_tokenizer(cli_store, capsys, tmp_path
     assert kind == "tokens" and manifest["parents"]["tokenizer"] == f"tokenizer/{tokenizer['version']}"
     assert store.manifest(*manifest["parents"]["corpus"].split("/"))["meta"]["sources"][0]["url"].endswith("other.txt")
     tok = Tokenizer.load(store.local_dir("tokenizer", tokenizer["version"]))
-    tokens = np.concatenate([np.load(store.file_path(kind, version, f"{s['name']}.npy"), allow_pickle=False) for s in manifest["meta"]["shards"]])
-    assert tok.decode(tokens.tolist()).replace("<|endoftext|>", "\n").split() == other.read_text(encoding="utf-8").split()
+    tokens = np.concatenate(
+        [
+            np.load(store.file_path(kind, version, f"{s['name']}.npy"), allow_pickle=False)
+            for s in manifest["meta"]["shards"]
+        ]
+    )
+    assert (
+        tok.decode(tokens.tolist()).replace("<|endoftext|>", "\n").split() == other.read_text(encoding="utf-8").split()
+    )

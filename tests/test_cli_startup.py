@@ -27,14 +27,19 @@ ROOT = Path(__file__).resolve().parent.parent
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_"))}
     env.update(
-        PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING", TOKENMILL_SERVER_IDLE_TIMEOUT="300"
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="WARNING",
+        TOKENMILL_SERVER_IDLE_TIMEOUT="300",
     )  # a server a failed test leaves stops by itself
     env.update(extra)
     return env
 
 
 def _tokenmill(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _assert_one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
@@ -63,7 +68,8 @@ def _wait_for_runner(directory: Path, timeout: float = 120) -> int:
         except (OSError, ValueError, KeyError):
             time.sleep(0.2)
     raise AssertionError(
-        f"no warm runner in {directory} after {timeout} s: {(directory / 'warm.log').read_text() if (directory / 'warm.log').exists() else ''}"
+        f"no warm runner in {directory} after {timeout} s: "
+        f"{(directory / 'warm.log').read_text() if (directory / 'warm.log').exists() else ''}"
     )
 
 
@@ -80,7 +86,18 @@ def wait_gone(pid: int, timeout: float = 60) -> None:
 
 
 def _train_args(corpus: Path, store: Path) -> list[str]:
-    return ["tokenizer", "train", "--corpus", str(corpus), "--vocab-size", "300", "--workers", "2", "--store", str(store)]
+    return [
+        "tokenizer",
+        "train",
+        "--corpus",
+        str(corpus),
+        "--vocab-size",
+        "300",
+        "--workers",
+        "2",
+        "--store",
+        str(store),
+    ]
 
 
 # ------------------------------------------------------------------------------ imports
@@ -107,7 +124,14 @@ assert main(["server", "status"]) == 0 and gc.get_freeze_count() == 0  # a calle
 sys.argv = ["tokenmill", "server", "status"]
 assert main() == 0 and gc.get_freeze_count() > 0  # the program: exiting next, its heap is left to the exit
 """
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env(tmp_path / "home"))
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(tmp_path / "home"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -138,7 +162,10 @@ def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
         state = json.loads(local.state_path.read_text())
         # It says that it starts a server, and what it leaves running.
         assert first.stderr.count("starting tokenmill's local Prefect server") == 1, first.stderr[-3000:]
-        assert f"tokenmill's local Prefect server (pid {state['pid']}) and its warm runner keep running until 5 min" in first.stderr
+        assert (
+            f"tokenmill's local Prefect server (pid {state['pid']}) and its warm runner keep running until 5 min"
+            in first.stderr
+        )
         # The first command left a warm runner (flows/warm.py) starting: the next command runs in it.
         runner = _wait_for_runner(local.directory)
         second = _tokenmill(_train_args(corpus, tmp_path / "s2"), env)
@@ -161,7 +188,12 @@ def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
         assert local.auth_path.stat().st_mode & 0o777 == 0o600
         runs = httpx.post(f"{state['api_url']}/flow_runs/filter", json={}, timeout=60, auth=auth).json()
         names = sorted(r["name"] for r in runs)
-        assert len(names) == 2 and names[0].startswith("tokenizer-corpus-") and names[0].endswith("@s1") and names[1].endswith("@s2"), names
+        assert (
+            len(names) == 2
+            and names[0].startswith("tokenizer-corpus-")
+            and names[0].endswith("@s1")
+            and names[1].endswith("@s2")
+        ), names
         # A failure in a served command reads as in a fresh process: one line, no traceback.
         bad = _tokenmill(_train_args(tmp_path / "missing.txt", tmp_path / "s3"), env)
         assert bad.returncode == 2 and "missing.txt" in (local.directory / "warm.log").read_text(), bad.stderr[-3000:]
@@ -178,7 +210,9 @@ def test_the_local_server_is_started_once_and_reused(tmp_path, corpus):
     wait_gone(runner)  # the runner leaves with its server
     assert "not running" in _tokenmill(["server", "status"], env, timeout=120).stdout
     gc = _tokenmill(["gc", "--prefect-home", "--store", str(tmp_path / "s1")], env, timeout=120)
-    assert gc.returncode == 0 and not (local.directory / "warm.log").exists() and not local.auth_path.exists(), gc.stdout
+    assert gc.returncode == 0 and not (local.directory / "warm.log").exists() and not local.auth_path.exists(), (
+        gc.stdout
+    )
 
 
 def test_local_server_clients_skip_heartbeats_and_csrf_unless_asked(tmp_path, monkeypatch):
@@ -190,19 +224,34 @@ def test_local_server_clients_skip_heartbeats_and_csrf_unless_asked(tmp_path, mo
     def effective() -> tuple[dict[str, str], Settings]:
         settings = Settings()  # from this environment
         env, updates, defaults = local_client_settings(local, "http://127.0.0.1:1/api", settings)
-        with SettingsContext(profile=get_settings_context().profile, settings=settings), temporary_settings(updates=updates, set_defaults=defaults) as s:
+        with (
+            SettingsContext(profile=get_settings_context().profile, settings=settings),
+            temporary_settings(updates=updates, set_defaults=defaults) as s,
+        ):
             return env, s
 
-    for name in ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY", "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED"):
+    for name in (
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY",
+        "PREFECT_RUNNER_HEARTBEAT_FREQUENCY",
+        "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED",
+    ):
         monkeypatch.delenv(name, raising=False)
     env, s = effective()
-    assert s.flows.heartbeat_frequency is None and s.client.csrf_support_enabled is False and s.api.url == "http://127.0.0.1:1/api"
+    assert (
+        s.flows.heartbeat_frequency is None
+        and s.client.csrf_support_enabled is False
+        and s.api.url == "http://127.0.0.1:1/api"
+    )
     assert env["PREFECT_CLIENT_CSRF_SUPPORT_ENABLED"] == "false"
     # The user's heartbeats (for the zombie automation) and a server that wants CSRF tokens are kept.
     monkeypatch.setenv("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "30")
     monkeypatch.setenv("PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED", "true")
     env, s = effective()
-    assert s.flows.heartbeat_frequency == 30 and s.client.csrf_support_enabled is True and "PREFECT_CLIENT_CSRF_SUPPORT_ENABLED" not in env
+    assert (
+        s.flows.heartbeat_frequency == 30
+        and s.client.csrf_support_enabled is True
+        and "PREFECT_CLIENT_CSRF_SUPPORT_ENABLED" not in env
+    )
 
 
 def test_task_runs_take_concurrency_slots_only_for_tags_with_a_limit(prefect_harness):
@@ -268,7 +317,9 @@ def test_a_prefect_without_the_private_names_runs_flows_unpatched(prefect_harnes
     monkeypatch.delattr(sync, "acquire_concurrency_slots_with_lease")
     with TagLimits.installed() as limits, SlotWaitLog.installed(30.0):
         assert limits is None
-        assert not hasattr(prefect.task_engine, "_concurrency") and not hasattr(sync, "acquire_concurrency_slots_with_lease")
+        assert not hasattr(prefect.task_engine, "_concurrency") and not hasattr(
+            sync, "acquire_concurrency_slots_with_lease"
+        )
     monkeypatch.undo()
 
     @task
@@ -336,7 +387,9 @@ def test_a_broken_api_is_one_error_line(tmp_path, corpus):
 
 
 def test_a_bad_mode_is_bad_input(tmp_path, corpus):
-    proc = _tokenmill(_train_args(corpus, tmp_path / "store"), _env(tmp_path / "home", TOKENMILL_PREFECT_SERVER="remote"))
+    proc = _tokenmill(
+        _train_args(corpus, tmp_path / "store"), _env(tmp_path / "home", TOKENMILL_PREFECT_SERVER="remote")
+    )
     assert proc.returncode == 2 and proc.stderr.count("tokenmill: error:") == 1, proc.stderr[-3000:]
     assert "TOKENMILL_PREFECT_SERVER" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -368,7 +421,9 @@ def _prefect_home(tmp_path: Path) -> tuple[Path, dict[str, Path], dict[str, Path
         "shm": _write(ours_dir / "prefect.db-shm"),
         "log": _write(ours_dir / "server.log"),
         "memo": _write(ours_dir / "memo_store.toml"),
-        "state": _write(ours_dir / "server.json", json.dumps({"pid": dead, "port": 1, "api_url": "http://127.0.0.1:1/api"})),
+        "state": _write(
+            ours_dir / "server.json", json.dumps({"pid": dead, "port": 1, "api_url": "http://127.0.0.1:1/api"})
+        ),
         "client": _write(ours_dir / "clients" / str(dead)),
         "result": _write(ours_dir / "storage" / "count_words-abc", age_s=7200),
         "nested": _write(ours_dir / "storage" / "sub" / "learn_merges-def", age_s=7200),
@@ -426,7 +481,8 @@ def test_server_status_and_stop_when_none_runs(tmp_path):
     assert stop.returncode == 0 and "no local Prefect server" in stop.stdout
 
 
-# ------------------------------------------------------------------------------ a shared machine, a stuck or killed server
+# ------------------------------------------------------------------------------ a shared machine, a stuck or killed
+# server
 @pytest.fixture(scope="module")
 def blocking_server(tmp_path_factory):
     """A running local server whose `tag:tokenmill` limit has its one slot taken, so every
@@ -441,11 +497,21 @@ def blocking_server(tmp_path_factory):
     assert start.returncode == 0, start.stderr[-3000:]
     state = json.loads(local.state_path.read_text())
     auth = tuple(local.auth_path.read_text().strip().split(":", 1))
-    made = httpx.post(f"{state['api_url']}/v2/concurrency_limits/", json={"name": "tag:tokenmill", "limit": 1}, auth=auth, timeout=60)
+    made = httpx.post(
+        f"{state['api_url']}/v2/concurrency_limits/", json={"name": "tag:tokenmill", "limit": 1}, auth=auth, timeout=60
+    )
     assert made.status_code == 201, made.text
     holder = "0b5e55ed-0000-4000-8000-000000000001"  # a task run of someone else's
-    lease = {"names": ["tag:tokenmill"], "slots": 1, "mode": "concurrency", "lease_duration": 3600, "holder": {"type": "task_run", "id": holder}}
-    held = httpx.post(f"{state['api_url']}/v2/concurrency_limits/increment-with-lease", json=lease, auth=auth, timeout=60)
+    lease = {
+        "names": ["tag:tokenmill"],
+        "slots": 1,
+        "mode": "concurrency",
+        "lease_duration": 3600,
+        "holder": {"type": "task_run", "id": holder},
+    }
+    held = httpx.post(
+        f"{state['api_url']}/v2/concurrency_limits/increment-with-lease", json=lease, auth=auth, timeout=60
+    )
     assert held.status_code == 200, held.text
     corpus = tmp / "corpus.txt"
     corpus.write_text("some words to count\n" * 200)
@@ -458,14 +524,21 @@ def blocking_server(tmp_path_factory):
 def _start_blocked(env: dict[str, str], corpus: Path, store: Path) -> subprocess.Popen:
     """A command blocked at its first task; returns once its log says it waits for a slot."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *_train_args(corpus, store)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "flows.cli", *_train_args(corpus, store)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     lines = []
     assert proc.stderr is not None
     for line in proc.stderr:
         lines.append(line)
         if "waiting" in line and "concurrency slot" in line:
-            assert "tag:tokenmill (1 of 1 slots taken; held by task run 0b5e55ed-0000-4000-8000-000000000001)" in line, line
+            assert (
+                "tag:tokenmill (1 of 1 slots taken; held by task run 0b5e55ed-0000-4000-8000-000000000001)" in line
+            ), line
             return proc
     proc.wait()
     raise AssertionError(f"no wait for a slot logged (exit {proc.returncode}): {''.join(lines)[-3000:]}")
@@ -483,14 +556,25 @@ try:
     print("read the credential")
 except PermissionError:
     pass
-req = urllib.request.Request({state["api_url"] + "/flow_runs/filter"!r}, data=b"{{}}", headers={{"Content-Type": "application/json"}})
+req = urllib.request.Request(
+    {state["api_url"] + "/flow_runs/filter"!r}, data=b"{{}}", headers={{"Content-Type": "application/json"}}
+)
 try:
     urllib.request.urlopen(req, timeout=60)
     print("API open")
 except urllib.error.HTTPError as e:
     print(e.code)
 """
-    proc = subprocess.run([python, "-c", script], user=65534, group=65534, extra_groups=[], capture_output=True, text=True, timeout=120, cwd="/")
+    proc = subprocess.run(
+        [python, "-c", script],
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "401", proc.stdout + proc.stderr
 
 
@@ -515,7 +599,9 @@ def test_a_killed_server_is_one_line(blocking_server, tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err[-3000:]
     # After the wait's log line (read by _start_blocked), that line and nothing else.
-    assert err == f"tokenmill's local Prefect server stopped (pid {state['pid']}); run the command again to restart it\n", err[-3000:]
+    assert err == (
+        f"tokenmill's local Prefect server stopped (pid {state['pid']}); run the command again to restart it\n"
+    ), err[-3000:]
 
 
 def test_no_secret_storage_option_reaches_the_flow_parameters(tmp_path, corpus):
@@ -526,12 +612,23 @@ def test_no_secret_storage_option_reaches_the_flow_parameters(tmp_path, corpus):
     secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
     local = LocalServer(server_dir(home))
     try:
-        proc = _tokenmill([*_train_args(corpus, tmp_path / "s"), "--storage-option", f"secret={secret}", "--storage-option", "auto_mkdir=true"], env)
+        proc = _tokenmill(
+            [
+                *_train_args(corpus, tmp_path / "s"),
+                "--storage-option",
+                f"secret={secret}",
+                "--storage-option",
+                "auto_mkdir=true",
+            ],
+            env,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         state = json.loads(local.state_path.read_text())
         auth = tuple(local.auth_path.read_text().strip().split(":", 1))
         runs = httpx.post(f"{state['api_url']}/flow_runs/filter", json={}, timeout=60, auth=auth).json()
-        assert runs and all(r["parameters"]["storage_options"]["secret"] == "***" for r in runs), [r["parameters"] for r in runs]
+        assert runs and all(r["parameters"]["storage_options"]["secret"] == "***" for r in runs), [
+            r["parameters"] for r in runs
+        ]
         assert secret not in json.dumps(runs)
     finally:
         _tokenmill(["server", "stop"], env, timeout=120)
@@ -542,7 +639,15 @@ def test_the_command_line_the_server_and_the_runner_import_no_cycle():
     goes one way (shared pieces in flows.home; the program in flows.entry)."""
     import ast
 
-    modules = ("flows.cli", "flows.prefect_api", "flows.warm", "flows.home", "flows.entry", "flows.local_server", "flows.console")
+    modules = (
+        "flows.cli",
+        "flows.prefect_api",
+        "flows.warm",
+        "flows.home",
+        "flows.entry",
+        "flows.local_server",
+        "flows.console",
+    )
     graph: dict[str, set[str]] = {}
     for name in modules:
         tree = ast.parse((ROOT / (name.replace(".", "/") + ".py")).read_text())

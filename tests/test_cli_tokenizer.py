@@ -26,7 +26,23 @@ def saved(tmp_path_factory, multilingual_text) -> str:
 def test_decode_ids_from_npy_json_text_and_stdin(saved, tmp_path, capsys, monkeypatch):
     tok = Tokenizer.load(saved)
     ids_npy = tmp_path / "ids.npy"
-    assert main(["tokenizer", "encode", "--tokenizer", saved, "--text", TEXT, "--allow-special", "all", "--output", str(ids_npy)]) == 0
+    assert (
+        main(
+            [
+                "tokenizer",
+                "encode",
+                "--tokenizer",
+                saved,
+                "--text",
+                TEXT,
+                "--allow-special",
+                "all",
+                "--output",
+                str(ids_npy),
+            ]
+        )
+        == 0
+    )
     ids = np.load(ids_npy).tolist()
     assert ids == tok.encode(TEXT, allowed_special="all")
     (tmp_path / "ids.json").write_text(json.dumps(ids))
@@ -41,7 +57,9 @@ def test_decode_ids_from_npy_json_text_and_stdin(saved, tmp_path, capsys, monkey
         assert main(["tokenizer", "decode", "--tokenizer", saved, *source]) == 0
         assert capsys.readouterr().out == TEXT + "\n", source
     monkeypatch.setattr("sys.stdin", io.StringIO(" ".join(map(str, ids))))
-    assert main(["tokenizer", "decode", "--tokenizer", saved, "--input", "-", "--output", str(tmp_path / "out.txt")]) == 0
+    assert (
+        main(["tokenizer", "decode", "--tokenizer", saved, "--input", "-", "--output", str(tmp_path / "out.txt")]) == 0
+    )
     assert (tmp_path / "out.txt").read_text(encoding="utf-8") == TEXT
 
 
@@ -77,7 +95,9 @@ def test_an_out_of_range_vocab_size_is_refused_before_any_stage(tmp_path, capsys
     for command in (["run", "--no-lm"], ["tokenizer", "train"]):
         assert main([*command, "--corpus", str(corpus), "--store", str(store), "--vocab-size", "10000000"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("tokenmill: error: --vocab-size 10000000:") and "4,194,304" in err[0], err
+        assert (
+            len(err) == 1 and err[0].startswith("tokenmill: error: --vocab-size 10000000:") and "4,194,304" in err[0]
+        ), err
         assert not store.exists()  # no stage ran: nothing was written
 
 
@@ -109,7 +129,9 @@ def test_out_of_range_vocab_sizes_are_refused_before_any_stage(tmp_path, capsys,
     corpus = tmp_path / "c.txt"
     corpus.write_text("some text\n" * 100)
     store = tmp_path / "store"
-    args = [command, "--vocab-sizes", "512,9000000", "--corpus", str(corpus)] + (["--store", str(store)] if command != "compare" else [])
+    args = [command, "--vocab-sizes", "512,9000000", "--corpus", str(corpus)] + (
+        ["--store", str(store)] if command != "compare" else []
+    )
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--vocab-sizes" in err[0] and "MAX_VOCAB_SIZE" in err[0], err

@@ -54,7 +54,9 @@ def _own_dirs(root: Path) -> dict[str, str]:
 
 
 def _env(server: PrefectServer, dirs: dict[str, str], **extra: str) -> dict[str, str]:
-    env = server.client_env(HOME=dirs["HOME"], TMPDIR=dirs["TMPDIR"], PREFECT_HOME=os.path.join(dirs["HOME"], ".prefect"))
+    env = server.client_env(
+        HOME=dirs["HOME"], TMPDIR=dirs["TMPDIR"], PREFECT_HOME=os.path.join(dirs["HOME"], ".prefect")
+    )
     env.pop("PREFECT_LOCAL_STORAGE_PATH")  # each process its own default (under its HOME), unless `extra` names one
     env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1", **extra)
     return env
@@ -76,7 +78,9 @@ def cluster(tmp_path_factory, shakespeare_text):
             from prefect.filesystems import RemoteFileSystem
 
             block = f"tokenmill-results-{uuid.uuid4().hex[:8]}"
-            RemoteFileSystem(basepath=f"s3://{bucket}/prefect-results", settings={"client_kwargs": {"endpoint_url": endpoint}}).save(block)
+            RemoteFileSystem(
+                basepath=f"s3://{bucket}/prefect-results", settings={"client_kwargs": {"endpoint_url": endpoint}}
+            ).save(block)
         driver_root = root / "driver"
         driver_root.mkdir()
         (driver_root / "sentinel").write_text("the driver's")
@@ -92,9 +96,28 @@ def cluster(tmp_path_factory, shakespeare_text):
         )
         for i in range(2):
             own = _own_dirs(root / f"worker{i}")
-            argv = [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard", "--local-directory", own["TMPDIR"]]
+            argv = [
+                str(BIN / "dask"),
+                "worker",
+                address,
+                "--nthreads",
+                "1",
+                "--no-dashboard",
+                "--local-directory",
+                own["TMPDIR"],
+            ]
             if hide:  # the driver's directory, seen from this worker: an empty tmpfs
-                argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", f'mount -t tmpfs none "{driver_root}" && exec "$@"', "worker", *argv]
+                argv = [
+                    "unshare",
+                    "-m",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    f'mount -t tmpfs none "{driver_root}" && exec "$@"',
+                    "worker",
+                    *argv,
+                ]
             server.spawn(argv, f"worker{i}", env=_env(server, own), cwd=own["cwd"])
         _wait_for_workers(address, 2, server)
         yield {
@@ -120,13 +143,30 @@ def _wait_for_workers(address: str, n: int, server: PrefectServer) -> None:
             raise AssertionError(f"{n} Dask workers did not join: {server.log_tail('worker0')}") from None
 
 
-def _tokenmill(cluster, store: str, name: str, *extra: str, block: bool = True) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+def _tokenmill(
+    cluster, store: str, name: str, *extra: str, block: bool = True
+) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
     """`tokenmill run --no-lm` as a driver process with its own HOME, TMPDIR and working dir."""
     server = cluster["server"]
     dirs = _own_dirs(cluster["driver_root"] / name)
     storage = os.path.join(dirs["HOME"], "prefect-storage")
-    env = _env(server, dirs, PREFECT_LOCAL_STORAGE_PATH=storage, **({"PREFECT_DEFAULT_RESULT_STORAGE_BLOCK": cluster["block"]} if block else {}))
-    argv = [str(BIN / "tokenmill"), "run", "--no-lm", "--corpus", cluster["corpus"], "--shards", str(SHARDS), "--vocab-size", str(VOCAB)]
+    env = _env(
+        server,
+        dirs,
+        PREFECT_LOCAL_STORAGE_PATH=storage,
+        **({"PREFECT_DEFAULT_RESULT_STORAGE_BLOCK": cluster["block"]} if block else {}),
+    )
+    argv = [
+        str(BIN / "tokenmill"),
+        "run",
+        "--no-lm",
+        "--corpus",
+        cluster["corpus"],
+        "--shards",
+        str(SHARDS),
+        "--vocab-size",
+        str(VOCAB),
+    ]
     argv += ["--store", store, "--storage-option", f"endpoint_url={cluster['endpoint']}", *extra]
     proc = subprocess.run(argv, env=env, cwd=dirs["cwd"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -172,7 +212,9 @@ def test_the_chain_on_a_cluster_with_no_shared_disk(cluster):
 
     with server.settings():
         states = task_states(_flow_run_id(proc.stdout, store_d))
-        assert states["count_words"] == ["Completed"] * SHARDS and states["encode_shard"] == ["Completed"] * SHARDS, states
+        assert states["count_words"] == ["Completed"] * SHARDS and states["encode_shard"] == ["Completed"] * SHARDS, (
+            states
+        )
         from distributed import Client
 
         with Client(cluster["address"], timeout=30) as client:
@@ -189,7 +231,9 @@ def test_the_chain_on_a_cluster_with_no_shared_disk(cluster):
 
     fs = fsspec.filesystem("s3", **s3_server.storage_options())
     assert fs.ls(f"{bucket}/prefect-results"), "no Prefect results on S3"
-    assert not os.path.exists(driver["storage"]) or not any(Path(driver["storage"]).rglob("*")), sorted(Path(driver["storage"]).rglob("*"))
+    assert not os.path.exists(driver["storage"]) or not any(Path(driver["storage"]).rglob("*")), sorted(
+        Path(driver["storage"]).rglob("*")
+    )
 
     # A second driver, with fresh local directories, finds every result on S3: nothing recomputed.
     proc2, _ = _tokenmill(cluster, store_d, "dask-again", "--runner", "dask", "--dask-address", cluster["address"])
@@ -202,8 +246,12 @@ def test_without_a_result_block_the_run_completes_and_says_where_results_stay(cl
     """No result storage block: the run still completes (results travel back with the task
     states), but the mapped tasks' cache records stay on the workers, and the run says so."""
     store = f"s3://{cluster['bucket']}/store-no-block"
-    proc, driver = _tokenmill(cluster, store, "no-block", "--runner", "dask", "--dask-address", cluster["address"], block=False)
-    assert "no Prefect result storage block is set" in proc.stderr and "docs/scale.md" in proc.stderr, proc.stderr[-3000:]
+    proc, driver = _tokenmill(
+        cluster, store, "no-block", "--runner", "dask", "--dask-address", cluster["address"], block=False
+    )
+    assert "no Prefect result storage block is set" in proc.stderr and "docs/scale.md" in proc.stderr, proc.stderr[
+        -3000:
+    ]
     records = [p.name for p in Path(driver["storage"]).rglob("*") if p.is_file()]
     assert any(name.startswith("reduce_counts-") for name in records), records  # the driver's own tasks
     assert not any(name.startswith(("count_words-", "encode_shard-")) for name in records), records  # not the workers'

@@ -141,7 +141,9 @@ def test_old_flag_names_still_work():
         ]
     )
     c = cli.configs_from_args(args, cli.RUN_CONFIGS)
-    assert c["corpus"].sources == ("a.txt", "b.txt") and c["corpus"].n_shards == 3 and c["corpus"].documents == "paragraph"
+    assert (
+        c["corpus"].sources == ("a.txt", "b.txt") and c["corpus"].n_shards == 3 and c["corpus"].documents == "paragraph"
+    )
     assert c["tokenizer"] == TokenizerConfig(vocab_size=300, special_tokens=("<|a|>", "<|b|>"), min_frequency=3)
     assert c["count"] == CountConfig(pattern="gpt2")
     assert c["encode"] == EncodeConfig(separator=None, workers=2, doc_table=False)
@@ -255,7 +257,9 @@ def test_flow_run_refuses_an_unknown_field(prefect_harness):
 
 
 def test_validate_messages():
-    assert validate(TokenizerConfig, {"vocab_size": 300, "special_tokens": ["<|a|>"]}) == TokenizerConfig(300, ("<|a|>",))
+    assert validate(TokenizerConfig, {"vocab_size": 300, "special_tokens": ["<|a|>"]}) == TokenizerConfig(
+        300, ("<|a|>",)
+    )
     with pytest.raises(ConfigError, match=r"LMConfig: steps=0"):
         validate(LMConfig, {"steps": 0})
     with pytest.raises(ConfigError, match=r"EncodeConfig\.placement"):
@@ -292,7 +296,9 @@ def test_a_new_field_appears_in_the_cli_and_the_schema_without_other_edits(monke
 
     schema = _schema(plus)
     definition = schema["definitions"][schema["properties"]["tokenizer"]["$ref"].rsplit("/", 1)[1]]
-    assert definition["properties"]["max_token_bytes"]["description"] == "longest token in bytes (made up for this test)"
+    assert definition["properties"]["max_token_bytes"]["description"] == (
+        "longest token in bytes (made up for this test)"
+    )
     assert definition["properties"]["merge_order"]["enum"] == ["count", "bytes"]
     assert definition["properties"]["vocab_size"]["default"] == 4096
 

@@ -20,8 +20,12 @@ CORE = ROOT / "pipeline_lib" / "_core"
 
 def source_hash() -> str:
     """CMakeLists.txt's CORE_SOURCE_HASH: sha256 of "<path> <sha256>\\n" per file, sorted by path."""
-    files = sorted([*CORE.glob("*.cpp"), *CORE.glob("*.h"), ROOT / "CMakeLists.txt"], key=lambda p: p.relative_to(ROOT).as_posix())
-    manifest = "".join(f"{p.relative_to(ROOT).as_posix()} {hashlib.sha256(p.read_bytes()).hexdigest()}\n" for p in files)
+    files = sorted(
+        [*CORE.glob("*.cpp"), *CORE.glob("*.h"), ROOT / "CMakeLists.txt"], key=lambda p: p.relative_to(ROOT).as_posix()
+    )
+    manifest = "".join(
+        f"{p.relative_to(ROOT).as_posix()} {hashlib.sha256(p.read_bytes()).hexdigest()}\n" for p in files
+    )
     return hashlib.sha256(manifest.encode()).hexdigest()
 
 

@@ -65,13 +65,19 @@ def make_encoder(ranks: dict[bytes, int], name: str):
 
 
 def make_tiktoken(ranks: dict[bytes, int], name: str):
-    return tiktoken.Encoding(name=f"test_{name}_{len(ranks)}", pat_str=PATTERNS[name], mergeable_ranks=ranks, special_tokens={})
+    return tiktoken.Encoding(
+        name=f"test_{name}_{len(ranks)}", pat_str=PATTERNS[name], mergeable_ranks=ranks, special_tokens={}
+    )
 
 
 @pytest.fixture(scope="module")
 def real():
     """name -> (ranks, native Encoder, tiktoken Encoding) for the published vocabularies."""
-    ranks = {"gpt2": gpt2_ranks(), "cl100k": tiktoken_file_ranks("cl100k_base"), "o200k": tiktoken_file_ranks("o200k_base")}
+    ranks = {
+        "gpt2": gpt2_ranks(),
+        "cl100k": tiktoken_file_ranks("cl100k_base"),
+        "o200k": tiktoken_file_ranks("o200k_base"),
+    }
     return {n: (r, make_encoder(r, n), make_tiktoken(r, n)) for n, r in ranks.items()}
 
 
@@ -172,7 +178,17 @@ def test_real_vocab_random_text_matches_tiktoken(real, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_real_vocab_random_alphabets_match_tiktoken(real, name):
     _, enc, tk = real[name]
-    pool = list(" \t\n\r'sStTdDllvVeErR0123456789!?./-") + ["é", "É", "中", "文", "\u0301", "😀", "\u200d", "ʰ", "\u3000"]
+    pool = list(" \t\n\r'sStTdDllvVeErR0123456789!?./-") + [
+        "é",
+        "É",
+        "中",
+        "文",
+        "\u0301",
+        "😀",
+        "\u200d",
+        "ʰ",
+        "\u3000",
+    ]
 
     @PROP
     @given(st.text(alphabet=st.sampled_from(pool), max_size=200))
@@ -199,7 +215,26 @@ def test_long_pieces_match_tiktoken(real, name):
 
 # Units whose long runs take the periodic shortcut (runs of one byte, of a UTF-8 character, of a
 # word, the 26-letter cycle of the benchmark's "1 MB line without spaces", mixed case for o200k).
-PERIODIC_UNITS = [" ", "a", "x", "-", "=", "\n", "0", "é", "中", "ab", "abc ", "apetixmbqfujyncrgvkzodshwl", "aA", "Ab", "\t", "  \n", "'s", "🙂"]
+PERIODIC_UNITS = [
+    " ",
+    "a",
+    "x",
+    "-",
+    "=",
+    "\n",
+    "0",
+    "é",
+    "中",
+    "ab",
+    "abc ",
+    "apetixmbqfujyncrgvkzodshwl",
+    "aA",
+    "Ab",
+    "\t",
+    "  \n",
+    "'s",
+    "🙂",
+]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -416,7 +451,9 @@ def test_encode_batch_empty(real):
 # must give tiktoken's rule, which bpe_reference.bpe_piece states with plain dict lookups. NUL bytes
 # and tokens that share 8+ bytes exercise the sort keys (short tokens are padded with zeros).
 
-vocab_tokens = st.lists(st.binary(min_size=2, max_size=20).map(lambda b: bytes(x % 3 for x in b)), max_size=60, unique=True)
+vocab_tokens = st.lists(
+    st.binary(min_size=2, max_size=20).map(lambda b: bytes(x % 3 for x in b)), max_size=60, unique=True
+)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -500,7 +537,8 @@ def test_encoder_rejects_bad_vocabularies():
 def test_encode_releases_the_gil(real):
     """While a long encode runs on another thread, this thread keeps running Python code."""
     _, enc, _ = real["cl100k"]
-    data = bytes(np.random.default_rng(0).integers(ord("a"), ord("z") + 1, 8_000_000, dtype=np.uint8))  # not periodic: the slow path
+    # not periodic: the slow path
+    data = bytes(np.random.default_rng(0).integers(ord("a"), ord("z") + 1, 8_000_000, dtype=np.uint8))
     assert steps_taken_during(lambda: enc.encode_ordinary(data)) > 0
 
 
@@ -522,8 +560,12 @@ def char_vocab(unknown_bytes: bool) -> dict[bytes, int]:
 def test_char_start_encoder_matches_reference(unknown_bytes):
     ranks = char_vocab(unknown_bytes)
     unk = None if unknown_bytes else len(ranks)
-    enc = tokcore.Encoder(list(ranks), np.fromiter(ranks.values(), np.uint32, len(ranks)), tokcore.PATTERN_IDS["cl100k"], True, unk)
-    whole = tokcore.Encoder(list(ranks), np.fromiter(ranks.values(), np.uint32, len(ranks)), tokcore.NO_SPLIT, True, unk)
+    enc = tokcore.Encoder(
+        list(ranks), np.fromiter(ranks.values(), np.uint32, len(ranks)), tokcore.PATTERN_IDS["cl100k"], True, unk
+    )
+    whole = tokcore.Encoder(
+        list(ranks), np.fromiter(ranks.values(), np.uint32, len(ranks)), tokcore.NO_SPLIT, True, unk
+    )
     data = open(SHAKESPEARE, "rb").read()[-20_000:] + open(MULTILINGUAL, "rb").read()[:5_000] + b"\xff\xc3 \xe2\x98"
     expected = [i for p in ref.split_bytes(data, "cl100k") for i in ref.bpe_chars(p, ranks, unk)]
     assert enc.encode_ordinary(data).tolist() == expected
@@ -541,4 +583,7 @@ def test_char_start_encoder_needs_bytes_or_an_unknown_id():
         tokcore.Encoder([bytes([i]) for i in range(256)], np.arange(256, dtype=np.uint32), 0, False, 300)
     enc = tokcore.Encoder(tokens, ranks, tokcore.NO_SPLIT, True, 3)
     assert enc.encode_ordinary(b"abxab b").tolist() == [2, 3, 2, 3, 1]
-    assert tokcore.split(b"no split at all", tokcore.NO_SPLIT) == [b"no split at all"] and tokcore.split(b"", tokcore.NO_SPLIT) == []
+    assert (
+        tokcore.split(b"no split at all", tokcore.NO_SPLIT) == [b"no split at all"]
+        and tokcore.split(b"", tokcore.NO_SPLIT) == []
+    )

@@ -27,7 +27,25 @@ from pipeline_lib.patterns import PATTERNS
 NAMES = list(PATTERNS)
 # Bytes around the ASCII letters' edges ('@' 'A' 'Z' '[' '`' 'a' 'z' '{', DEL), the other
 # classes (space, digit, newline, apostrophe), a 2-byte letter, a 3-byte symbol, invalid bytes.
-STOPS = [b"@", b"A", b"Z", b"[", b"`", b"a", b"z", b"{", b"\x7f", b" ", b"7", b"\n", b"'", "é".encode(), "€".encode(), b"\xff", b"\xc3"]
+STOPS = [
+    b"@",
+    b"A",
+    b"Z",
+    b"[",
+    b"`",
+    b"a",
+    b"z",
+    b"{",
+    b"\x7f",
+    b" ",
+    b"7",
+    b"\n",
+    b"'",
+    "é".encode(),
+    "€".encode(),
+    b"\xff",
+    b"\xc3",
+]
 
 
 def test_letter_runs_at_every_offset():
@@ -41,7 +59,9 @@ def test_letter_runs_at_every_offset():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from([b"a", b"Q", b"z", b" ", b"e\xcc\x81", "ß".encode(), b"1", b".", b"\xff"]), max_size=60))
+@given(
+    st.lists(st.sampled_from([b"a", b"Q", b"z", b" ", b"e\xcc\x81", "ß".encode(), b"1", b".", b"\xff"]), max_size=60)
+)
 def test_letter_runs_random(parts):
     data = b"".join(parts)
     for name in NAMES:
@@ -80,7 +100,9 @@ def small_vocab():
     pc = tokcore.PieceCounter(tokcore.PATTERN_IDS["cl100k"])
     pc.add(text)
     ranks = ref.ranks_from_merges(map(tuple, tokcore.learn_merges(*pc.to_arrays(), 600).tolist()))
-    enc = tokcore.Encoder(list(ranks), np.fromiter(ranks.values(), np.uint32, len(ranks)), tokcore.PATTERN_IDS["cl100k"])
+    enc = tokcore.Encoder(
+        list(ranks), np.fromiter(ranks.values(), np.uint32, len(ranks)), tokcore.PATTERN_IDS["cl100k"]
+    )
     tk = tiktoken.Encoding(name="fastpaths", pat_str=PATTERNS["cl100k"], mergeable_ranks=ranks, special_tokens={})
     return text, enc, tk
 
@@ -90,7 +112,10 @@ def test_recent_pieces_cache(small_vocab):
     # The same words many times (hits), words that are one token and words that are not,
     # one document and many (one thread, several).
     docs = [text[i : i + 3000] for i in range(0, len(text), 3000)] * 3
-    alone = [np.concatenate([enc.encode_piece(p) for p in ref.split_bytes(d, "cl100k")] or [np.zeros(0, np.uint32)]) for d in docs]
+    alone = [
+        np.concatenate([enc.encode_piece(p) for p in ref.split_bytes(d, "cl100k")] or [np.zeros(0, np.uint32)])
+        for d in docs
+    ]
     for threads in (1, 2):
         ids, offsets = enc.encode_ordinary_batch(docs, threads)
         for k, d in enumerate(docs):

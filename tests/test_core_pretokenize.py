@@ -262,7 +262,14 @@ def test_split_random_bytes(data):
 
 
 @PROP
-@given(st.lists(st.sampled_from([b"\xff", b"\xe2\x82", b"\xc3", b"\x80", b"a", b" ", b"\n", b"'", b"1", b"\xc3\xa9", b"!", b"s"]), max_size=40))
+@given(
+    st.lists(
+        st.sampled_from(
+            [b"\xff", b"\xe2\x82", b"\xc3", b"\x80", b"a", b" ", b"\n", b"'", b"1", b"\xc3\xa9", b"!", b"s"]
+        ),
+        max_size=40,
+    )
+)
 def test_split_invalid_mixed(parts):
     check_split(b"".join(parts))
 
@@ -294,7 +301,11 @@ def test_split_letter_classes(text):
 @PROP
 @given(
     st.lists(
-        st.tuples(st.sampled_from([" ", "a", "Z", "q", "K", "\n", "\t", "é", "É", "ʰ", "ǅ", "\u0301", "'", "s", "1", "!"]), st.integers(1, 30)), max_size=12
+        st.tuples(
+            st.sampled_from([" ", "a", "Z", "q", "K", "\n", "\t", "é", "É", "ʰ", "ǅ", "\u0301", "'", "s", "1", "!"]),
+            st.integers(1, 30),
+        ),
+        max_size=12,
     )
 )
 def test_split_long_runs(runs):
@@ -306,7 +317,9 @@ def test_split_long_runs(runs):
 @PROP
 @given(
     st.text(
-        alphabet=st.characters(categories=["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Zs", "Po", "Cc"]),
+        alphabet=st.characters(
+            categories=["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Zs", "Po", "Cc"]
+        ),
         max_size=40,
     )
 )

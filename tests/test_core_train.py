@@ -146,7 +146,19 @@ def test_merged_ids_follow_the_reference_rule():
     # ids are dense (len(vocab)). With merges applied to every occurrence left to right the
     # same bytes do not seem to be reachable twice (random search found no case), so this
     # checks the id allocation on inputs rich in overlaps and alternative splits.
-    counts = {b"abc": 10, b"ab": 5, b"xbc": 4, b"bcy": 4, b"abx": 1, b" a": 3, b"abcz": 1, b"aaab": 2, b"aab": 3, b"abab": 2, b"bab": 2}
+    counts = {
+        b"abc": 10,
+        b"ab": 5,
+        b"xbc": 4,
+        b"bcy": 4,
+        b"abx": 1,
+        b" a": 3,
+        b"abcz": 1,
+        b"aaab": 2,
+        b"aab": 3,
+        b"abab": 2,
+        b"bab": 2,
+    }
     mine = native(counts, 40)
     assert mine == ref.learn_merges(counts, 40)
     ids = [m[2] for m in mine]
@@ -195,7 +207,11 @@ def test_errors():
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("path,nbytes,n_merges", [(SHAKESPEARE, 40_000, 150), (MULTILINGUAL, 25_000, 150)], ids=["shakespeare", "multilingual"])
+@pytest.mark.parametrize(
+    "path,nbytes,n_merges",
+    [(SHAKESPEARE, 40_000, 150), (MULTILINGUAL, 25_000, 150)],
+    ids=["shakespeare", "multilingual"],
+)
 def test_real_counts_match_reference(name, path, nbytes, n_merges):
     data = open(path, "rb").read()[:nbytes]
     counts = ref.count_pieces([data], name)
@@ -249,9 +265,16 @@ long_pieces = st.one_of(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(long_pieces, st.integers(0, 4), min_size=1, max_size=3), st.integers(1, 40), st.integers(0, 2), st.sampled_from([None, 2, 3, 7, 64]))
+@given(
+    st.dictionaries(long_pieces, st.integers(0, 4), min_size=1, max_size=3),
+    st.integers(1, 40),
+    st.integers(0, 2),
+    st.sampled_from([None, 2, 3, 7, 64]),
+)
 def test_long_pieces_match_reference(counts, n_merges, min_frequency, max_token_bytes):
-    assert native_capped(counts, n_merges, min_frequency, max_token_bytes) == ref.learn_merges(counts, n_merges, min_frequency, None, max_token_bytes)
+    assert native_capped(counts, n_merges, min_frequency, max_token_bytes) == ref.learn_merges(
+        counts, n_merges, min_frequency, None, max_token_bytes
+    )
 
 
 @pytest.mark.parametrize("n", [255, 256, 257, 511, 512, 513, 1000, 4097])
@@ -277,7 +300,36 @@ def test_max_token_bytes():
 def synthetic_counts(n_pieces: int, seed: int = 0) -> tuple[list[bytes], np.ndarray]:
     rng = np.random.default_rng(seed)
     letters = np.frombuffer(b"etaoinshrdlcumwfgypbvkjxqz", dtype=np.uint8)
-    p = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.4, 2.2, 2.0, 2.0, 1.9, 1.5, 1.0, 0.8, 0.15, 0.15, 0.1, 0.07])
+    p = np.array(
+        [
+            12.7,
+            9.1,
+            8.2,
+            7.5,
+            7.0,
+            6.7,
+            6.3,
+            6.1,
+            6.0,
+            4.3,
+            4.0,
+            2.8,
+            2.8,
+            2.4,
+            2.4,
+            2.2,
+            2.0,
+            2.0,
+            1.9,
+            1.5,
+            1.0,
+            0.8,
+            0.15,
+            0.15,
+            0.1,
+            0.07,
+        ]
+    )
     lens = rng.integers(2, 12, size=n_pieces)
     chars = rng.choice(letters, size=int(lens.sum()), p=p / p.sum()).tobytes()
     offs = np.concatenate([[0], np.cumsum(lens)])
@@ -331,11 +383,19 @@ def test_scale_1m_pieces_30k_merges():
 # ---- learn_symbol_merges: an alphabet of symbols (characters, </w>) instead of the 256 bytes -------
 
 
-def native_symbols(alphabet: list[bytes], counts: dict[tuple[int, ...], int], n_merges: int, min_frequency: int = 1, max_token_bytes=None):
+def native_symbols(
+    alphabet: list[bytes],
+    counts: dict[tuple[int, ...], int],
+    n_merges: int,
+    min_frequency: int = 1,
+    max_token_bytes=None,
+):
     pieces = list(counts)
     offsets = np.cumsum([0] + [len(p) for p in pieces], dtype=np.int64)
     symbols = np.array([s for p in pieces for s in p], dtype=np.int32)
-    rows, merge_counts = tokcore.learn_symbol_merges(alphabet, symbols, offsets, [counts[p] for p in pieces], n_merges, min_frequency, None, max_token_bytes)
+    rows, merge_counts = tokcore.learn_symbol_merges(
+        alphabet, symbols, offsets, [counts[p] for p in pieces], n_merges, min_frequency, None, max_token_bytes
+    )
     assert rows.dtype == np.int32 and merge_counts.dtype == np.int64 and len(rows) == len(merge_counts)
     return [tuple(r) for r in rows.tolist()], merge_counts.tolist()
 
@@ -346,14 +406,22 @@ symbol_pieces = st.lists(st.integers(0, len(ALPHABET) - 1), min_size=0, max_size
 
 
 @PROP
-@given(st.dictionaries(symbol_pieces, st.integers(0, 6), max_size=12), st.integers(0, 40), st.integers(0, 3), st.sampled_from([None, 3, 5]))
+@given(
+    st.dictionaries(symbol_pieces, st.integers(0, 6), max_size=12),
+    st.integers(0, 40),
+    st.integers(0, 3),
+    st.sampled_from([None, 3, 5]),
+)
 def test_symbol_merges_match_reference(counts, n_merges, min_frequency, max_token_bytes):
     expected = ref.learn_symbol_merges(ALPHABET, counts, n_merges, min_frequency, None, max_token_bytes)
     assert native_symbols(ALPHABET, counts, n_merges, min_frequency, max_token_bytes) == expected
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.lists(st.sampled_from([0, 0, 2, 5]), min_size=200, max_size=900).map(tuple), min_size=1, max_size=3), st.integers(1, 30))
+@given(
+    st.lists(st.lists(st.sampled_from([0, 0, 2, 5]), min_size=200, max_size=900).map(tuple), min_size=1, max_size=3),
+    st.integers(1, 30),
+)
 def test_long_symbol_pieces_match_reference(pieces, n_merges):
     counts = {p: 1 + i for i, p in enumerate(pieces)}
     assert native_symbols(ALPHABET, counts, n_merges) == ref.learn_symbol_merges(ALPHABET, counts, n_merges)
@@ -365,7 +433,9 @@ def test_byte_merges_with_counts_equal_the_symbol_learner():
     pieces = sorted(counts)
     rows, merge_counts = tokcore.learn_merges(pieces, [counts[p] for p in pieces], 60, with_counts=True)
     as_symbols = {tuple(p): c for p, c in counts.items()}
-    assert ([tuple(r) for r in rows.tolist()], merge_counts.tolist()) == ref.learn_symbol_merges(ref.BYTES, as_symbols, 60)
+    assert ([tuple(r) for r in rows.tolist()], merge_counts.tolist()) == ref.learn_symbol_merges(
+        ref.BYTES, as_symbols, 60
+    )
     assert native_symbols(ref.BYTES, as_symbols, 60) == ref.learn_symbol_merges(ref.BYTES, as_symbols, 60)
 
 

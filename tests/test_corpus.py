@@ -30,7 +30,13 @@ from pipeline_lib.fsio import InputError
 from pipeline_lib.stages import download_corpus, shard_corpus
 from pipeline_lib.store import ArtifactStore
 
-DOCS = ["First document, plain ASCII.", "Zweites Dokument: äöü ß", "第三个文档", "emoji 🚀 and tabs\tinside", "last one"]
+DOCS = [
+    "First document, plain ASCII.",
+    "Zweites Dokument: äöü ß",
+    "第三个文档",
+    "emoji 🚀 and tabs\tinside",
+    "last one",
+]
 
 
 def corpus_docs(store: ArtifactStore, ref) -> list[bytes]:
@@ -56,7 +62,12 @@ def store(tmp_path) -> ArtifactStore:
 
 def write_compressed(path, data: bytes) -> None:
     ext = os.path.splitext(str(path))[1]
-    opener = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress, ".zst": lambda d: zstandard.ZstdCompressor().compress(d)}
+    opener = {
+        ".gz": gzip.compress,
+        ".bz2": bz2.compress,
+        ".xz": lzma.compress,
+        ".zst": lambda d: zstandard.ZstdCompressor().compress(d),
+    }
     with open(path, "wb") as f:
         f.write(opener[ext](data) if ext in opener else data)
 
@@ -115,7 +126,15 @@ def test_many_sources_globs_and_memory_urls(store, tmp_path):
     root = f"/corpus-{uuid.uuid4().hex}"
     fs.pipe_file(f"{root}/x.jsonl", b'{"text": "from memory"}\n')
     _, corpus = ingest(store, [str(d / "part-*.txt"), f"memory://{root}/x.jsonl"], n_shards=3)
-    assert corpus_docs(store, corpus) == [b"doc 0a", b"doc 0b", b"doc 1a", b"doc 1b", b"doc 2a", b"doc 2b", b"from memory"]
+    assert corpus_docs(store, corpus) == [
+        b"doc 0a",
+        b"doc 0b",
+        b"doc 1a",
+        b"doc 1b",
+        b"doc 2a",
+        b"doc 2b",
+        b"from memory",
+    ]
     fp = source_fingerprint((str(d / "part-*.txt"),))
     assert [f["size"] for f in fp] == [14, 14, 14]
     cfg = CorpusConfig(sources=str(d / "part-0.txt"))  # a single string is one source
@@ -263,7 +282,9 @@ def test_counts_do_not_depend_on_the_number_of_shards(tmp_path, shakespeare_text
             stages.count_shard(store, corpus, i, cc)
         ref = stages.reduce_counts(store, corpus, cc)
         tables.append(store.read_bytes(ref.kind, ref.version, counting.COUNTS_FILE))
-        pieces, counts = counting.read_counts(os.path.join(store.local_dir(ref.kind, ref.version), counting.COUNTS_FILE))
+        pieces, counts = counting.read_counts(
+            os.path.join(store.local_dir(ref.kind, ref.version), counting.COUNTS_FILE)
+        )
         assert pieces == sorted(pieces) and len(set(pieces)) == len(pieces)
         assert int(counts.sum()) == store.manifest(ref.kind, ref.version)["meta"]["n_occurrences"]
     assert tables[0] == tables[1]  # byte-identical, whatever the sharding
@@ -306,7 +327,10 @@ def test_reference_mode_reads_s3_sources_in_place(store, shakespeare_text):
     raw_ref, corpus_ref = ingest(store, sources, n_shards=3, source_mode="reference", storage_options=options)
     raw = store.manifest(raw_ref.kind, raw_ref.version)
     assert raw["files"] == {} and raw["meta"]["mode"] == "reference"
-    assert [(r["url"], r["size"]) for r in raw["meta"]["sources"]] == [(sources[0], len(text)), (sources[1], len(gzip.compress(text[:20_000])))]
+    assert [(r["url"], r["size"]) for r in raw["meta"]["sources"]] == [
+        (sources[0], len(text)),
+        (sources[1], len(gzip.compress(text[:20_000]))),
+    ]
     assert all(r["stamp"] for r in raw["meta"]["sources"])  # S3's ETag
     # Read in place, the shards are the very ones a copy gives; the sha256 is of the bytes read.
     copy_store = ArtifactStore(str(store.url) + "-copy")
@@ -331,7 +355,12 @@ def test_reference_mode_refuses_a_source_that_changed(store, shakespeare_text):
     with pytest.raises(InputError) as e:
         shard_corpus(store, raw, cfg)
     message = str(e.value)
-    assert url in message and "size 8 -> 14 bytes" in message and "ETag/modified" in message and "--source-mode copy" in message, message
+    assert (
+        url in message
+        and "size 8 -> 14 bytes" in message
+        and "ETag/modified" in message
+        and "--source-mode copy" in message
+    ), message
     assert store.list("corpus") == []  # nothing published
     again = download_corpus(store, cfg)  # recording it again: a new version
     assert again.version != raw.version
@@ -359,7 +388,8 @@ def test_reference_and_copy_are_different_raw_versions(store, tmp_path):
     src = tmp_path / "c.txt"
     src.write_text("one\ntwo\n")
     copied = download_corpus(store, CorpusConfig(sources=(str(src),)))
-    referenced = download_corpus(store, CorpusConfig(sources=(str(src),), source_mode="reference"))  # a local file: its mtime
+    # a local file: its mtime
+    referenced = download_corpus(store, CorpusConfig(sources=(str(src),), source_mode="reference"))
     assert copied.version != referenced.version
     assert stages.DOWNLOAD.fingerprint is not None
     assert stages.DOWNLOAD.fingerprint(CorpusConfig(sources=(str(src),))) != stages.DOWNLOAD.fingerprint(
@@ -433,7 +463,10 @@ def test_reference_mode_over_http_needs_an_etag(store):
         server.files["/corpus.txt"] = body
         cfg = CorpusConfig(sources=(f"{server.url}/corpus.txt",), source_mode="reference")
         raw = download_corpus(store, cfg)
-        assert store.manifest("raw", raw.version)["meta"]["sources"][0]["stamp"] == '"' + hashlib.md5(body).hexdigest() + '"'
+        assert (
+            store.manifest("raw", raw.version)["meta"]["sources"][0]["stamp"]
+            == '"' + hashlib.md5(body).hexdigest() + '"'
+        )
         assert corpus_docs(store, shard_corpus(store, raw, cfg)) == [b"alpha", b"beta", b"gamma"]
         server.files["/corpus.txt"] = b"alpha\nBETA\ngamma\n"  # same size, new ETag
         with pytest.raises(InputError, match="changed since it was recorded in place.*ETag/modified"):

@@ -16,14 +16,19 @@ from pipeline_lib.counting import CountConfig, count_shard, parse_memory, read_c
 from pipeline_lib.errors import InputError
 from pipeline_lib.tokenizer import count_documents
 
-FREQUENT = "the of and to in a is that for it as was with be by on not he I this are or his from at which but have an they".split()
+FREQUENT = (
+    "the of and to in a is that for it as was with be by on not he I this are or his from at which but have an they"
+).split()
 
 
 @pytest.fixture(scope="module")
 def rare_corpus(tmp_path_factory) -> str:
     """6,000 lines of frequent words, each with one word seen nowhere else (6,000 pieces of count 1)."""
     rng = random.Random(13)
-    lines = [" ".join(rng.choices(FREQUENT, k=6) + ["zq" + "".join(rng.choices(string.ascii_lowercase, k=8))]) for _ in range(6000)]
+    lines = [
+        " ".join(rng.choices(FREQUENT, k=6) + ["zq" + "".join(rng.choices(string.ascii_lowercase, k=8))])
+        for _ in range(6000)
+    ]
     path = tmp_path_factory.mktemp("rare") / "rare.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return str(path)
@@ -57,7 +62,8 @@ def test_memory_sizes_parse_and_bad_ones_are_refused():
 
 def test_exact_mode_keeps_the_version_ids_and_pruned_mode_names_its_params():
     assert CountConfig().params() == {"pattern": "cl100k"}
-    assert CountConfig(count_memory="64KiB", count_min=5).params() == {"pattern": "cl100k"}  # exact: same counts or a failure
+    # exact: same counts or a failure
+    assert CountConfig(count_memory="64KiB", count_min=5).params() == {"pattern": "cl100k"}
     assert CountConfig(count_mode="pruned", count_memory="1GiB", count_min=5).params() == {
         "pattern": "cl100k",
         "count_mode": "pruned",
@@ -81,7 +87,9 @@ def test_exact_with_a_budget_that_fits_gives_the_exact_counts(sharded):
 
 def test_exact_over_the_budget_fails_early_naming_the_flags(sharded):
     _, _, paths = sharded
-    with pytest.raises(InputError, match=r"over --count-memory 64KiB; raise --count-memory, or use --count-mode pruned"):
+    with pytest.raises(
+        InputError, match=r"over --count-memory 64KiB; raise --count-memory, or use --count-mode pruned"
+    ):
         count_shard(paths[0], CountConfig(count_memory="64KiB"))
 
 
@@ -101,7 +109,10 @@ def test_pruned_drops_rare_pieces_records_them_and_learns_the_same_merges(sharde
         assert record["pruned"]["pieces_dropped"] >= 2900 and record["pruned"]["occurrences_dropped"] >= 2900
     summary = meta["pruned"]
     assert summary["count_min"] == 2 and summary["shard_thresholds"] == [2] and summary["reduce"]["threshold"] == 2
-    assert summary["pieces_dropped"] == sum(r["pruned"]["pieces_dropped"] for r in meta["shards"]) + summary["reduce"]["pieces_dropped"]
+    assert (
+        summary["pieces_dropped"]
+        == sum(r["pruned"]["pieces_dropped"] for r in meta["shards"]) + summary["reduce"]["pieces_dropped"]
+    )
     # What is left: the frequent pieces, with their exact counts; the rare words are gone.
     kept = dict(zip(pieces, counts.tolist()))
     assert kept == {p: c for p, c in exact.items() if not p.lstrip().startswith(b"zq")}
@@ -124,12 +135,24 @@ def test_pruned_raises_the_threshold_until_the_table_fits(sharded):
 def test_cli_exact_over_the_budget_is_one_clear_error(rare_corpus, tmp_path, capsys):
     from flows.cli import main
 
-    argv = ["tokenizer", "train", "--corpus", rare_corpus, "--store", str(tmp_path / "s"), "--vocab-size", "300", "--workers", "1"]
+    argv = [
+        "tokenizer",
+        "train",
+        "--corpus",
+        rare_corpus,
+        "--store",
+        str(tmp_path / "s"),
+        "--vocab-size",
+        "300",
+        "--workers",
+        "1",
+    ]
     assert main([*argv, "--count-memory", "lots"]) == 2
     assert "--count-memory lots" in capsys.readouterr().err
     assert main([*argv, "--count-memory", "64KiB"]) == 2
     err = capsys.readouterr().err
-    (line,) = [line for line in err.splitlines() if line.startswith("tokenmill: error: ")]  # Prefect's log lines go there too
+    # Prefect's log lines go there too
+    (line,) = [line for line in err.splitlines() if line.startswith("tokenmill: error: ")]
     assert "over --count-memory 64KiB" in line and "--count-mode pruned" in line and "Traceback" not in err
     logged: list[str] = []
     handler = logging.Handler()

@@ -182,7 +182,9 @@ def test_sigkill_at_a_random_write(tmp_path, reference, seed):
     url = str(tmp_path / "store")
     p = _worker(url, kill_at=kill_at)
     _, err = p.communicate(timeout=300)
-    assert p.returncode == -signal.SIGKILL, f"worker was not killed at write {kill_at}/{n_events}: rc={p.returncode} {err[-2000:]}"
+    assert p.returncode == -signal.SIGKILL, (
+        f"worker was not killed at write {kill_at}/{n_events}: rc={p.returncode} {err[-2000:]}"
+    )
     _check_after_kill_and_rerun(url, reference)
 
 

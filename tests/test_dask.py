@@ -77,7 +77,9 @@ def test_dask_local_cluster_matches_default_runner(threads_run, corpus, tmp_path
     summary_d, states = _run(corpus, store_d, runner)
     # Computed on the cluster, not read back from the threads run's cache.
     assert states["encode_shard"] == ["Completed"] * 4 and states["count_words"] == ["Completed"] * 4, states
-    assert {k: r["version"] for k, r in summary_d["refs"].items() if r} == {k: r["version"] for k, r in summary_t["refs"].items() if r}
+    assert {k: r["version"] for k, r in summary_d["refs"].items() if r} == {
+        k: r["version"] for k, r in summary_t["refs"].items() if r
+    }
     snap_t, snap_d = _snapshot(store_t), _snapshot(store_d)
     assert set(snap_t) == set(snap_d)
     assert {k.split("/")[0] for k in snap_d} == {"raw", "corpus", "counts", "tokenizer", "tokens"}

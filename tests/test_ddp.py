@@ -33,7 +33,18 @@ def byte_dir(tmp_path_factory):
 
 
 def tiny(**kw):
-    base = dict(device="cpu", max_steps=3, block_size=32, n_layer=1, n_embd=32, n_head=2, batch_size=4, grad_accum_steps=4, eval_iters=2, ckpt_every_s=0)
+    base = dict(
+        device="cpu",
+        max_steps=3,
+        block_size=32,
+        n_layer=1,
+        n_embd=32,
+        n_head=2,
+        batch_size=4,
+        grad_accum_steps=4,
+        eval_iters=2,
+        ckpt_every_s=0,
+    )
     return preset("tiny", **{**base, **kw})
 
 
@@ -46,9 +57,14 @@ def _free_port() -> int:
 def _one_step_gradient(model, shards: TokenShards, cfg, rank: int, world: int) -> torch.nn.Module:
     """What the trainer does for one step's gradient: this rank's slice, accumulated."""
     split = shards.split(None, cfg.model.block_size + 1)
-    sampler = WindowSampler(shards, split.train, cfg.model.block_size + 1, cfg.batch_size * cfg.accum_steps, seed=[cfg.seed, 0, 0])
+    sampler = WindowSampler(
+        shards, split.train, cfg.model.block_size + 1, cfg.batch_size * cfg.accum_steps, seed=[cfg.seed, 0, 0]
+    )
     micro = cfg.micro_steps_per_rank(world)
-    x, y = _to_batch(sampler.next_batch(slice(rank * micro * cfg.batch_size, (rank + 1) * micro * cfg.batch_size)), torch.device("cpu"))
+    x, y = _to_batch(
+        sampler.next_batch(slice(rank * micro * cfg.batch_size, (rank + 1) * micro * cfg.batch_size)),
+        torch.device("cpu"),
+    )
     accumulate_gradients(model, x, y, micro, contextlib.nullcontext, grad_scaler(None, torch.device("cpu")))
     return model
 
@@ -56,7 +72,9 @@ def _one_step_gradient(model, shards: TokenShards, cfg, rank: int, world: int) -
 def _worker(rank: int, ports: tuple[int, int], data_dir: str, out: str) -> None:
     """One rank: one step's gradient under DDP, then a training run (the trainer creating
     the process group from the environment, as under torchrun)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]), RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]), RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(1)
     cfg = tiny()
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -85,7 +103,13 @@ def ddp_out(byte_dir, tmp_path_factory):
     already runs Prefect's and torch's threads can leave a child stuck or dead): their
     gradient of one step and their training run."""
     out = tmp_path_factory.mktemp("ddp")
-    mp.start_processes(_worker, args=((_free_port(), _free_port()), str(byte_dir), str(out)), nprocs=WORLD, join=True, start_method="spawn")
+    mp.start_processes(
+        _worker,
+        args=((_free_port(), _free_port()), str(byte_dir), str(out)),
+        nprocs=WORLD,
+        join=True,
+        start_method="spawn",
+    )
     return out
 
 
@@ -107,7 +131,8 @@ def test_a_two_rank_run_follows_the_one_process_run(byte_dir, ddp_out, tmp_path)
     assert np.allclose(loss_one, loss_two, rtol=1e-4), (loss_one, loss_two)  # same windows, same weights, step by step
     val_one = [h["val_loss"] for h in one.history if h.get("val_loss") is not None]
     val_two = [h["val_loss"] for h in two["history"] if h.get("val_loss") is not None]
-    assert len(val_one) == 2 and np.allclose(val_one, val_two, rtol=1e-4), (val_one, val_two)  # the same val batches, split between ranks
+    # the same val batches, split between ranks
+    assert len(val_one) == 2 and np.allclose(val_one, val_two, rtol=1e-4), (val_one, val_two)
     assert np.isclose(one.history[-1]["train_eval_loss"], two["history"][-1]["train_eval_loss"], rtol=1e-4)
     ckpt = sorted((ddp_out / "run").glob("ckpt_*"))[-1]
     state = json.loads((ckpt / "data_state.json").read_text())

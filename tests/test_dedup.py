@@ -25,7 +25,18 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.filterwarnings("ignore:the corpus gave only")
 
 # 10 documents (one per line), 4 of them repeats of an earlier one: 6 distinct.
-LINES = ["alpha beta", "gamma", "alpha beta", "delta epsilon zeta", "gamma", "eta", "theta iota", "alpha beta", "eta", "kappa"]
+LINES = [
+    "alpha beta",
+    "gamma",
+    "alpha beta",
+    "delta epsilon zeta",
+    "gamma",
+    "eta",
+    "theta iota",
+    "alpha beta",
+    "eta",
+    "kappa",
+]
 
 
 def _run(stage: Stage, store: ArtifactStore, parents: dict[str, VersionRef], config: Any) -> VersionRef:
@@ -51,8 +62,12 @@ def chain(root: Path, dedup: DedupConfig, lines: list[str] = LINES, **configs: A
         if entry.enabled(config):
             refs["documents"] = refs[entry.option] = _run(entry.stage, store, {"corpus": refs["documents"]}, config)
     refs["counts"] = _run(stages.COUNTS, store, {"corpus": refs["documents"]}, stages.CountConfig())
-    refs["tokenizer"] = _run(stages.TOKENIZER, store, {"counts": refs["counts"]}, stages.TokenizerConfig(vocab_size=300))
-    refs["tokens"] = _run(stages.TOKENS, store, {"corpus": refs["documents"], "tokenizer": refs["tokenizer"]}, stages.EncodeConfig())
+    refs["tokenizer"] = _run(
+        stages.TOKENIZER, store, {"counts": refs["counts"]}, stages.TokenizerConfig(vocab_size=300)
+    )
+    refs["tokens"] = _run(
+        stages.TOKENS, store, {"corpus": refs["documents"], "tokenizer": refs["tokenizer"]}, stages.EncodeConfig()
+    )
     return refs
 
 
@@ -76,7 +91,11 @@ def test_dedup_on_drops_the_repeated_documents_and_counts_them(tmp_path):
     }
     assert meta["n_docs"] == 6 == sum(s["n_docs"] for s in meta["shards"])
     store = ArtifactStore(str(tmp_path / "store"))
-    kept = [t for s in meta["shards"] for t in pq.read_table(store.local_file("dedup", refs["dedup"].version, s["file"])).column("text").to_pylist()]
+    kept = [
+        t
+        for s in meta["shards"]
+        for t in pq.read_table(store.local_file("dedup", refs["dedup"].version, s["file"])).column("text").to_pylist()
+    ]
     assert kept == list(dict.fromkeys(LINES))  # the first of each, in corpus order
     # Counting and encoding read the dedup output, not the corpus.
     assert store.manifest("counts", refs["counts"].version)["parents"] == {"corpus": refs["dedup"].key}
@@ -89,7 +108,8 @@ def test_dedup_off_leaves_the_chain_and_its_ids_as_they_are(tmp_path):
     off = chain(tmp_path / "off", DedupConfig())
     on = chain(tmp_path / "on", DedupConfig(mode="exact"))
     assert "dedup" not in off
-    assert off["counts"].version == stages.counts_version(off["corpus"], stages.CountConfig())  # counted from the corpus itself
+    # counted from the corpus itself
+    assert off["counts"].version == stages.counts_version(off["corpus"], stages.CountConfig())
     assert _meta(tmp_path / "off", off["tokens"])["totals"]["n_docs"] == 10
     assert on["corpus"].version == off["corpus"].version
     assert on["counts"].version != off["counts"].version
@@ -123,11 +143,20 @@ def _lowercase(ctx: Context) -> Output:
     shards = []
     for s in engine.corpus_shards(ctx.store, corpus):
         table = pq.read_table(ctx.store.local_file(corpus.kind, corpus.version, s["file"]))
-        lowered = pa.table([pa.array([t.lower() for t in table.column("text").to_pylist()], pa.large_string()), table.column("source")], schema=SHARD_SCHEMA)
+        lowered = pa.table(
+            [
+                pa.array([t.lower() for t in table.column("text").to_pylist()], pa.large_string()),
+                table.column("source"),
+            ],
+            schema=SHARD_SCHEMA,
+        )
         with ctx.staging.open_write(s["file"]) as tmp:
             pq.write_table(lowered, tmp)
         shards.append(dict(s))
-    return Output(files=dict(ctx.staging.written), meta={"shards": shards, "n_docs": sum(s["n_docs"] for s in shards), "lowercased": True})
+    return Output(
+        files=dict(ctx.staging.written),
+        meta={"shards": shards, "n_docs": sum(s["n_docs"] for s in shards), "lowercased": True},
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,9 +174,22 @@ class ToyLowercaseConfig:
 
 @pytest.fixture
 def toy_stage():
-    stage = Stage(name="lowercase_documents", kind="lowered", inputs=("corpus",), config=ToyLowercaseConfig, output_version=1, run=_lowercase)
+    stage = Stage(
+        name="lowercase_documents",
+        kind="lowered",
+        inputs=("corpus",),
+        config=ToyLowercaseConfig,
+        output_version=1,
+        run=_lowercase,
+    )
     entry = register(
-        DocumentStage(stage, option="lowered", title="toy options", summary=lambda meta: {"documents": meta["n_docs"]}, example=ToyLowercaseConfig(True))
+        DocumentStage(
+            stage,
+            option="lowered",
+            title="toy options",
+            summary=lambda meta: {"documents": meta["n_docs"]},
+            example=ToyLowercaseConfig(True),
+        )
     )
     yield entry
     unregister("lowered")
@@ -166,9 +208,19 @@ def test_a_registered_stage_is_picked_up_by_configs_cli_and_flow_parameters(tmp_
     args = build_parser(["run"]).parse_args(["run", "--lowercase-documents", "--dedup", "exact"])
     documents = configs_from_args(args, RUN_CONFIGS)["documents"]
     assert documents.lowered == config_cls(lowercase_documents=True) and documents.dedup == DedupConfig(mode="exact")
-    assert validate(documents_config(), {"lowered": {"lowercase_documents": True}}, "documents").lowered.lowercase_documents is True
+    assert (
+        validate(
+            documents_config(), {"lowered": {"lowercase_documents": True}}, "documents"
+        ).lowered.lowercase_documents
+        is True
+    )
 
-    refs = chain(tmp_path, DedupConfig(mode="exact"), lines=["Alpha", "alpha", "Beta", "Alpha"], lowered=config_cls(lowercase_documents=True))
+    refs = chain(
+        tmp_path,
+        DedupConfig(mode="exact"),
+        lines=["Alpha", "alpha", "Beta", "Alpha"],
+        lowered=config_cls(lowercase_documents=True),
+    )
     store = ArtifactStore(str(tmp_path / "store"))
     # In option order: dedup (Alpha, alpha, Beta), then lowercase; counting reads the last.
     assert store.manifest("counts", refs["counts"].version)["parents"] == {"corpus": refs["lowered"].key}

@@ -11,7 +11,14 @@ from pipeline_lib import ArtifactStore
 
 pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.filterwarnings("ignore:the corpus gave only")]
 
-LINES = ["to be or not to be", "that is the question", "to be or not to be", "whether tis nobler", "that is the question", "in the mind"]
+LINES = [
+    "to be or not to be",
+    "that is the question",
+    "to be or not to be",
+    "whether tis nobler",
+    "that is the question",
+    "in the mind",
+]
 
 
 def test_the_pipeline_with_dedup_on_shows_its_counts(tmp_path):
@@ -23,7 +30,12 @@ def test_the_pipeline_with_dedup_on_shows_its_counts(tmp_path):
     source = tmp_path / "dups.txt"
     source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     store_url = str(tmp_path / "store")
-    params = {"corpus": {"sources": [str(source)], "n_shards": 2}, "store": store_url, "tokenizer": {"vocab_size": 300}, "train_model": False}
+    params = {
+        "corpus": {"sources": [str(source)], "n_shards": 2},
+        "store": store_url,
+        "tokenizer": {"vocab_size": 300},
+        "train_model": False,
+    }
     state = tokenmill_pipeline(return_state=True, documents={"dedup": {"mode": "exact"}}, **params)
     assert state.is_completed(), state
     summary = state.result()
@@ -35,7 +47,9 @@ def test_the_pipeline_with_dedup_on_shows_its_counts(tmp_path):
     tokens = summary["refs"]["tokens"]
     assert store.manifest(tokens["kind"], tokens["version"])["meta"]["totals"]["n_docs"] == 4
     with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+        )
     tables = {a.key.rsplit("-", 1)[0]: a for a in artifacts if a.key}
     rows = {row["figure"]: row["value"] for row in json.loads(tables["dedup-summary"].data)}
     assert rows["documents_in"] == 6 and rows["documents_out"] == 4 and rows["documents_removed"] == 2

@@ -46,7 +46,12 @@ def snapshot_repository(dest: Path) -> Path:
     """A one-commit repository on branch BRANCH with this working tree's files (tracked
     and untracked, not ignored, that exist now)."""
     listed = (
-        subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=str(ROOT), capture_output=True, check=True)
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=str(ROOT),
+            capture_output=True,
+            check=True,
+        )
         .stdout.decode()
         .split("\0")
     )
@@ -59,7 +64,9 @@ def snapshot_repository(dest: Path) -> Path:
             os.chmod(dest / rel, src.stat().st_mode & 0o777)
     _git("init", "-q", "-b", BRANCH, cwd=dest)
     _git("add", "-A", cwd=dest)
-    _git("-c", "user.name=tokenmill-test", "-c", "user.email=test@example.invalid", "commit", "-qm", "snapshot", cwd=dest)
+    _git(
+        "-c", "user.name=tokenmill-test", "-c", "user.email=test@example.invalid", "commit", "-qm", "snapshot", cwd=dest
+    )
     return dest
 
 
@@ -82,7 +89,16 @@ def checkout(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pool(server):
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "prefect"), "--no-prompt", "work-pool", "create", POOL, "--type", "process", "--overwrite"],
+        [
+            str(Path(sys.executable).parent / "prefect"),
+            "--no-prompt",
+            "work-pool",
+            "create",
+            POOL,
+            "--type",
+            "process",
+            "--overwrite",
+        ],
         env=server.client_env(),
         capture_output=True,
         text=True,
@@ -119,16 +135,26 @@ def _read_all(names) -> dict[str, dict]:
                 "job_variables": d.job_variables,
                 "paused": d.paused,
                 "schedules": [(s.schedule.cron, s.schedule.timezone) for s in d.schedules],
-                "concurrency": limit and (limit.limit, d.concurrency_options and d.concurrency_options.collision_strategy.value),
+                "concurrency": limit
+                and (limit.limit, d.concurrency_options and d.concurrency_options.collision_strategy.value),
             }
     return out
 
 
-def _prefect_deploy(server, checkout: Path, pool: str, store: str, corpus: str, install: str, result_storage: str | None = None):
+def _prefect_deploy(
+    server, checkout: Path, pool: str, store: str, corpus: str, install: str, result_storage: str | None = None
+):
     env = server.client_env(TOKENMILL_STORE=store, TOKENMILL_CORPUS=corpus, TOKENMILL_INSTALL=install)
     if result_storage:
         env["TOKENMILL_RESULT_STORAGE"] = result_storage
-    argv = [str(Path(sys.executable).parent / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"]
+    argv = [
+        str(Path(sys.executable).parent / "prefect"),
+        "--no-prompt",
+        "deploy",
+        "--all",
+        "--prefect-file",
+        "deployments/prefect.yaml",
+    ]
     done = subprocess.run(argv, env=env, cwd=str(checkout), capture_output=True, text=True, timeout=DEPLOY_TIMEOUT)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return done
@@ -180,8 +206,11 @@ def test_tokenmill_deploy_matches_prefect_yaml(server, checkout, pool, small_cor
     assert nightly["schedules"] == [("0 2 * * *", "UTC")]
     from deployments.automations import heartbeat_env
 
-    assert from_yaml["tokenmill-pipeline/on-demand-dask"]["job_variables"] == {"env": {**heartbeat_env(), "TOKENMILL_RUNNER": "dask"}}
-    assert from_yaml["tokenmill-pipeline/on-demand"]["job_variables"] == {"env": heartbeat_env()}  # the zombie automation's heartbeat
+    assert from_yaml["tokenmill-pipeline/on-demand-dask"]["job_variables"] == {
+        "env": {**heartbeat_env(), "TOKENMILL_RUNNER": "dask"}
+    }
+    # the zombie automation's heartbeat
+    assert from_yaml["tokenmill-pipeline/on-demand"]["job_variables"] == {"env": heartbeat_env()}
     with get_client(sync_client=True) as client:
         assert client.read_work_queue_by_name("scheduled", work_pool_name=pool).concurrency_limit == 1
     _delete(NAMES)  # start from nothing: `tokenmill deploy` must create, not inherit
@@ -194,13 +223,34 @@ def test_tokenmill_deploy_matches_prefect_yaml(server, checkout, pool, small_cor
         os.chdir(cwd)
     assert rc == 0
     from_cli = _read_all(NAMES)
-    diff = [(n, k, from_yaml[n][k], from_cli[n][k]) for n in NAMES for k in from_yaml[n] if from_yaml[n][k] != from_cli[n][k]]
+    diff = [
+        (n, k, from_yaml[n][k], from_cli[n][k])
+        for n in NAMES
+        for k in from_yaml[n]
+        if from_yaml[n][k] != from_cli[n][k]
+    ]
     assert not diff, diff
 
     # Other schedules from the command line; a bad one is one clear error.
     os.chdir(checkout)
     try:
-        assert deploy_main(["--store", store, "--pool", pool, "--nightly-cron", "30 1 * * *", "--weekly-cron", "0 5 * * 6", "--install-command", install]) == 0
+        assert (
+            deploy_main(
+                [
+                    "--store",
+                    store,
+                    "--pool",
+                    pool,
+                    "--nightly-cron",
+                    "30 1 * * *",
+                    "--weekly-cron",
+                    "0 5 * * 6",
+                    "--install-command",
+                    install,
+                ]
+            )
+            == 0
+        )
         assert deploy_main(["--store", store, "--pool", pool, "--nightly-cron", "every night"]) == 2
     finally:
         os.chdir(cwd)
@@ -237,7 +287,9 @@ def test_failure_notification_automation_fires(server, tmp_path):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}/hook"
-        CustomWebhookNotificationBlock(name="tokenmill-test", url=url, json_data={"subject": "{{subject}}", "body": "{{body}}"}).save("ops", overwrite=True)
+        CustomWebhookNotificationBlock(
+            name="tokenmill-test", url=url, json_data={"subject": "{{subject}}", "body": "{{body}}"}
+        ).save("ops", overwrite=True)
         Secret(value="x").save("not-a-notifier", overwrite=True)
         with pytest.raises(InputError, match="not a notification block"):
             install_failure_notification("secret/not-a-notifier")
@@ -246,7 +298,10 @@ def test_failure_notification_automation_fires(server, tmp_path):
         install_failure_notification("custom-webhook/ops")
         install_failure_notification("custom-webhook/ops")  # idempotent: replaced, not doubled
         automation = Automation.read(name=FAILURE_NAME)
-        assert automation.enabled and automation.trigger.expect == {"prefect.flow-run.Failed", "prefect.flow-run.Crashed"}
+        assert automation.enabled and automation.trigger.expect == {
+            "prefect.flow-run.Failed",
+            "prefect.flow-run.Crashed",
+        }
 
         @flow(name="tokenmill-notify-probe")
         def probe(store: str):
@@ -315,7 +370,12 @@ def test_serve_refuses_pool_deployments_and_stops_on_one_sigterm(server, checkou
             "tokenmill-pipeline/on-demand",
             timeout=0,
             as_subflow=False,
-            parameters={"corpus": {"sources": [small_corpus], "n_shards": 2}, "tokenizer": {"vocab_size": 300}, "train_model": True, "lm": {"steps": 100_000}},
+            parameters={
+                "corpus": {"sources": [small_corpus], "n_shards": 2},
+                "tokenizer": {"vocab_size": 300},
+                "train_model": True,
+                "lm": {"steps": 100_000},
+            },
         )
         deadline = time.monotonic() + 180
         with get_client(sync_client=True) as client:
@@ -345,10 +405,15 @@ def _worker_venv(path: Path) -> Path:
     import sysconfig
 
     base = sys.base_prefix
-    subprocess.run([os.path.join(base, "bin", "python3"), "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
+    subprocess.run(
+        [os.path.join(base, "bin", "python3"), "-m", "venv", "--without-pip", str(path)], check=True, timeout=120
+    )
     site = Path(
         subprocess.run(
-            [str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True
+            [str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
     )
     (site / "_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
@@ -370,10 +435,19 @@ def test_clean_worker_runs_a_deployment(server, checkout, pool, small_corpus, tm
     from pipeline_lib import ArtifactStore
 
     results = tmp_path / "results"
-    LocalFileSystem(basepath=str(results)).save("tokenmill-test-results", overwrite=True)  # a shared mount, for the test
+    # a shared mount, for the test
+    LocalFileSystem(basepath=str(results)).save("tokenmill-test-results", overwrite=True)
     store = str(tmp_path / "store")
     venv = _worker_venv(tmp_path / "worker-venv")
-    _prefect_deploy(server, checkout, pool, store, small_corpus, "python -m pip install --no-deps .", result_storage="local-file-system/tokenmill-test-results")
+    _prefect_deploy(
+        server,
+        checkout,
+        pool,
+        store,
+        small_corpus,
+        "python -m pip install --no-deps .",
+        result_storage="local-file-system/tokenmill-test-results",
+    )
     workdir = tmp_path / "worker"
     workdir.mkdir()
     env = server.client_env(PREFECT_WORKER_QUERY_SECONDS="1")
@@ -381,7 +455,10 @@ def test_clean_worker_runs_a_deployment(server, checkout, pool, small_corpus, tm
     env.pop("PYTHONPATH", None)
     t0 = time.monotonic()
     worker = server.spawn(
-        [str(venv / "bin" / "python"), "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"], "clean-worker", env=env, cwd=str(workdir)
+        [str(venv / "bin" / "python"), "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
+        "clean-worker",
+        env=env,
+        cwd=str(workdir),
     )
     try:
         run = run_deployment(
@@ -392,12 +469,17 @@ def test_clean_worker_runs_a_deployment(server, checkout, pool, small_corpus, tm
             parameters={"corpus": {"sources": [small_corpus], "n_shards": 2}, "tokenizer": {"vocab_size": 300}},
         )
         elapsed = time.monotonic() - t0
-        assert run.state is not None and run.state.is_completed(), f"{run.state}\n{server.log_tail('clean-worker', 12000)}"
+        assert run.state is not None and run.state.is_completed(), (
+            f"{run.state}\n{server.log_tail('clean-worker', 12000)}"
+        )
         print(f"worker start -> clean-worker run Completed: {elapsed:.1f} s")
     finally:
         stop_process(worker)
     with get_client(sync_client=True) as client:
-        logs = [log.message for log in client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])), limit=200)]
+        logs = [
+            log.message
+            for log in client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])), limit=200)
+        ]
     for step in ("git_clone", "run_shell_script", "set_working_directory"):
         assert any(f"Executing deployment step: {step}" in m for m in logs), logs
     states = task_states(run.id)
@@ -406,7 +488,9 @@ def test_clean_worker_runs_a_deployment(server, checkout, pool, small_corpus, tm
     assert tok["meta"]["vocab_size"] == 300
     assert tok["backend"]["backend"] == "native", tok["backend"]  # the core the pull step compiled
     site = next((venv / "lib").glob("python3*/site-packages"))
-    assert list((site / "pipeline_lib").glob("_tokcore*.so")), "the pull step did not install the compiled core into the worker's venv"
+    assert list((site / "pipeline_lib").glob("_tokcore*.so")), (
+        "the pull step did not install the compiled core into the worker's venv"
+    )
     assert not (workdir / "deployments").exists()  # the clone lives in the run's own temporary directory
     assert any(p.is_file() for p in results.rglob("*")), "no task result written to the result storage block"
 
@@ -437,14 +521,21 @@ def test_start_latency_of_the_worker_setups(server, checkout, pool, small_corpus
     _delete(NAMES)
     store = str(tmp_path / "store")
     cache = tmp_path / "wheels"
-    params = {"corpus": {"sources": [small_corpus], "n_shards": 2}, "tokenizer": {"vocab_size": 300}, "train_model": False}
+    params = {
+        "corpus": {"sources": [small_corpus], "n_shards": 2},
+        "tokenizer": {"vocab_size": 300},
+        "train_model": False,
+    }
     figures: dict[str, float] = {}
 
     def deploy(install: str) -> None:
         cwd = os.getcwd()
         os.chdir(checkout)
         try:
-            assert deploy_main(["--store", store, "--corpus", small_corpus, "--pool", pool, "--install-command", install]) == 0
+            assert (
+                deploy_main(["--store", store, "--corpus", small_corpus, "--pool", pool, "--install-command", install])
+                == 0
+            )
         finally:
             os.chdir(cwd)
 
@@ -455,11 +546,22 @@ def test_start_latency_of_the_worker_setups(server, checkout, pool, small_corpus
         env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
         env.pop("PYTHONPATH", None)
         worker = server.spawn(
-            [str(venv / "bin" / "python"), "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"], f"w-{key}", env=env, cwd=str(workdir)
+            [str(venv / "bin" / "python"), "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
+            f"w-{key}",
+            env=env,
+            cwd=str(workdir),
         )
         try:
-            run = run_deployment("tokenmill-pipeline/on-demand", timeout=RUN_TIMEOUT, poll_interval=1, as_subflow=False, parameters=params)
-            assert run.state is not None and run.state.is_completed(), f"{label}: {run.state}\n{server.log_tail(f'w-{key}', 12000)}"
+            run = run_deployment(
+                "tokenmill-pipeline/on-demand",
+                timeout=RUN_TIMEOUT,
+                poll_interval=1,
+                as_subflow=False,
+                parameters=params,
+            )
+            assert run.state is not None and run.state.is_completed(), (
+                f"{label}: {run.state}\n{server.log_tail(f'w-{key}', 12000)}"
+            )
         finally:
             stop_process(worker)
         figures[label] = _first_task_latency(run.id)

@@ -23,7 +23,15 @@ import pytest
 import yaml
 
 sys.path.insert(0, os.path.dirname(__file__))
-from prefect_server import PrefectServer, flow_runs, free_port, stop_process, task_runs, task_states, wait_for_deployment  # noqa: E402
+from prefect_server import (  # noqa: E402
+    PrefectServer,
+    flow_runs,
+    free_port,
+    stop_process,
+    task_runs,
+    task_states,
+    wait_for_deployment,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAKESPEARE = ROOT / "pipeline_lib" / "data" / "tinyshakespeare.txt"
@@ -76,9 +84,13 @@ def test_prefect_yaml_mirrors_serve_specs():
         params = {k: v for k, v in params.items() if not (k == "storage_options" and v is None)}
         assert params == spec.parameters, key
         assert set(d["tags"]) == set(spec.tags)
-        assert _render(d["work_pool"]["job_variables"]["env"], settings) == job_env("remote-file-system/r", spec.runner), key
+        assert _render(d["work_pool"]["job_variables"]["env"], settings) == job_env(
+            "remote-file-system/r", spec.runner
+        ), key
         limit = d.get("concurrency_limit")
-        assert (limit and (limit["limit"], limit["collision_strategy"])) == (spec.concurrency_limit and (spec.concurrency_limit, "ENQUEUE")), key
+        assert (limit and (limit["limit"], limit["collision_strategy"])) == (
+            spec.concurrency_limit and (spec.concurrency_limit, "ENQUEUE")
+        ), key
     # The scheduled deployments: one run at a time each, and one queue between them.
     assert {(s.name, s.concurrency_limit, s.work_queue) for s in specs.values() if s.cron} == {
         ("nightly-tokenize", 1, "scheduled"),
@@ -87,7 +99,9 @@ def test_prefect_yaml_mirrors_serve_specs():
     # The YAML's pull steps are the ones `tokenmill deploy` writes.
     raw = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
     assert _render(raw["pull"], settings) == pull_steps("/r", "b", "i")
-    assert {"deployments.steps.work_queue": {"pool": WORK_POOL, "name": "scheduled", "concurrency_limit": 1}} in raw["build"]
+    assert {"deployments.steps.work_queue": {"pool": WORK_POOL, "name": "scheduled", "concurrency_limit": 1}} in raw[
+        "build"
+    ]
 
 
 def test_deployed_lm_budget_trains_the_promised_steps():
@@ -156,7 +170,11 @@ def test_deploy_settings_step(monkeypatch, tmp_path):
     assert out["storage_options"] == {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}
     assert (out["branch"], out["install"]) == ("release", "python -m pip install --no-deps .")
     assert out["env"] == {**heartbeat_env(), "PREFECT_DEFAULT_RESULT_STORAGE_BLOCK": "remote-file-system/results"}
-    assert out["dask_env"] == {**heartbeat_env(), "PREFECT_DEFAULT_RESULT_STORAGE_BLOCK": "remote-file-system/results", "TOKENMILL_RUNNER": "dask"}
+    assert out["dask_env"] == {
+        **heartbeat_env(),
+        "PREFECT_DEFAULT_RESULT_STORAGE_BLOCK": "remote-file-system/results",
+        "TOKENMILL_RUNNER": "dask",
+    }
     monkeypatch.setenv("TOKENMILL_RESULT_STORAGE", "results")
     with pytest.raises(InputError, match="BLOCK-TYPE/NAME"):
         settings()
@@ -191,7 +209,9 @@ def test_deploy_source_defaults_from_the_checkout(tmp_path):
 def test_preinstalled_workers_get_no_clone_and_no_install():
     from deployments.steps import PREINSTALLED, pull_steps
 
-    assert pull_steps("/r", "b", PREINSTALLED) == [{"prefect.deployments.steps.set_working_directory": {"directory": "."}}]
+    assert pull_steps("/r", "b", PREINSTALLED) == [
+        {"prefect.deployments.steps.set_working_directory": {"directory": "."}}
+    ]
     assert [next(iter(s)) for s in pull_steps("/r", "b", "python -m deployments.wheel_cache")] == [
         "prefect.deployments.steps.git_clone",
         "prefect.deployments.steps.run_shell_script",
@@ -205,7 +225,10 @@ def test_serve_refuses_without_server(monkeypatch):
     from deployments.serve import serve
     from pipeline_lib.fsio import InputError
 
-    with temporary_settings(updates={PREFECT_API_URL: None}), pytest.raises(InputError, match="^tokenmill serve needs a Prefect server.*prefect server start"):
+    with (
+        temporary_settings(updates={PREFECT_API_URL: None}),
+        pytest.raises(InputError, match="^tokenmill serve needs a Prefect server.*prefect server start"),
+    ):
         serve("/tmp/never-used")
 
 
@@ -215,7 +238,10 @@ def test_deploy_refuses_without_server(tmp_path):
     from deployments.deploy import deploy
     from pipeline_lib.fsio import InputError
 
-    with temporary_settings(updates={PREFECT_API_URL: None}), pytest.raises(InputError, match="^tokenmill deploy needs a Prefect server.*prefect server start"):
+    with (
+        temporary_settings(updates={PREFECT_API_URL: None}),
+        pytest.raises(InputError, match="^tokenmill deploy needs a Prefect server.*prefect server start"),
+    ):
         deploy(str(tmp_path / "store"), repo=str(tmp_path))
 
 
@@ -239,7 +265,15 @@ def test_runner_from_env():
 def test_zombie_automation_scope_window_and_heartbeat(monkeypatch, capsys):
     """The automation matches only tokenmill's flows, its window spans several of the
     heartbeats tokenmill's runs are given, and a window too short for them is refused."""
-    from deployments.automations import FLOW_NAMES, HEARTBEAT_ENV, HEARTBEAT_S, MIN_HEARTBEATS, WITHIN_S, main, zombie_automation
+    from deployments.automations import (
+        FLOW_NAMES,
+        HEARTBEAT_ENV,
+        HEARTBEAT_S,
+        MIN_HEARTBEATS,
+        WITHIN_S,
+        main,
+        zombie_automation,
+    )
     from deployments.steps import job_env
 
     trigger = zombie_automation().trigger
@@ -362,13 +396,21 @@ def test_served_triggered_pipeline_completes(served, server, small_corpus):
     assert tok["meta"]["vocab_size"] == 300
 
 
-@pytest.mark.parametrize("parameters, named", [({"tokenizer": {"vocab_sise": 300}}, "vocab_sise"), ({"count": {"pattern": "gpt4"}}, "gpt4")])
+@pytest.mark.parametrize(
+    "parameters, named", [({"tokenizer": {"vocab_sise": 300}}, "vocab_sise"), ({"count": {"pattern": "gpt4"}}, "gpt4")]
+)
 def test_trigger_with_an_unknown_field_or_choice_is_refused(served, server, parameters, named):
     """A config dict is checked against the config's schema when the run is triggered."""
     from prefect.deployments import run_deployment
 
     try:
-        run = run_deployment("tokenmill-pipeline/on-demand", parameters=parameters, timeout=RUN_TIMEOUT, poll_interval=1, as_subflow=False)
+        run = run_deployment(
+            "tokenmill-pipeline/on-demand",
+            parameters=parameters,
+            timeout=RUN_TIMEOUT,
+            poll_interval=1,
+            as_subflow=False,
+        )
     except Exception as e:  # noqa: BLE001 - the server refuses to create the run
         assert named in str(e), e
         return
@@ -383,7 +425,9 @@ def test_bad_corpus_url_fails_download_after_retries(served, server):
     (download,) = [t for t in task_runs(run.id) if t.name.startswith("download_corpus")]
     assert download.state.name == "Failed"
     assert download.run_count == 3  # the first try and retries=2
-    assert "missing-corpus.txt" in download.state.message and "connection refused" in download.state.message, download.state.message
+    assert "missing-corpus.txt" in download.state.message and "connection refused" in download.state.message, (
+        download.state.message
+    )
     # Each failed try was visible as AwaitingRetry in the task run's history.
     from prefect.client.orchestration import get_client
 
@@ -398,7 +442,12 @@ def _logs(flow_run_id) -> list[str]:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     with get_client(sync_client=True) as client:
-        return [log.message for log in client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)]
+        return [
+            log.message
+            for log in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200
+            )
+        ]
 
 
 _CRASH_SCRIPT = textwrap.dedent("""
@@ -449,7 +498,9 @@ def test_crash_mid_encoding_resumes_from_finished_shards(server, small_corpus, t
     first = run(2)
     assert first.returncode == -9, first.stdout[-3000:] + first.stderr[-3000:]
     crashed = latest_run()
-    (staging,) = [p for p in (Path(store) / "tokens" / ".staging").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    (staging,) = [
+        p for p in (Path(store) / "tokens" / ".staging").iterdir() if p.is_dir() and not p.name.startswith(".")
+    ]
     done = sorted(os.listdir(staging / "_done"))
     assert done == ["shard_000000.json", "shard_000001.json"], done
     second = run(-1)
@@ -545,7 +596,10 @@ def test_cancel_stops_the_compiled_core_mid_task(served, server, big_corpus, tmp
             assert time.monotonic() - cancel_at < 120, flow_state
             time.sleep(0.5)
         cancelled_s = time.monotonic() - cancel_at
-    print(f"\ncancel -> count_words stopped {stopped_s:.1f} s, flow run {flow_state.name} {cancelled_s:.1f} s (incl. API polling)")
+    print(
+        f"\ncancel -> count_words stopped {stopped_s:.1f} s, flow run {flow_state.name} {cancelled_s:.1f} s (incl. "
+        "API polling)"
+    )
     assert task_state.name == "Cancelled", task_state
     assert "compiled core" in (task_state.message or ""), task_state.message
     assert flow_state.name == "Cancelled", flow_state
@@ -567,8 +621,15 @@ def test_zombie_automation_is_scoped_and_spares_long_healthy_runs(server, small_
     install(within=within)
     env = server.client_env(**heartbeat_env())
     long_s = within + 40
-    healthy = server.spawn([sys.executable, "-c", _SLEEP_FLOW, "tokenmill-heartbeat-check", str(long_s), "live"], "healthy", env=env, cwd=str(ROOT))
-    other = server.spawn([sys.executable, "-c", _SLEEP_FLOW, "other-team-etl", "5", "kill"], "other", env=env, cwd=str(ROOT))
+    healthy = server.spawn(
+        [sys.executable, "-c", _SLEEP_FLOW, "tokenmill-heartbeat-check", str(long_s), "live"],
+        "healthy",
+        env=env,
+        cwd=str(ROOT),
+    )
+    other = server.spawn(
+        [sys.executable, "-c", _SLEEP_FLOW, "other-team-etl", "5", "kill"], "other", env=env, cwd=str(ROOT)
+    )
     crash = subprocess.run(
         [sys.executable, "-c", _CRASH_SCRIPT, small_corpus, str(tmp_path / "store"), "1"],
         env=env,
@@ -583,7 +644,10 @@ def test_zombie_automation_is_scoped_and_spares_long_healthy_runs(server, small_
     state = _final_or_crashed(killed.id, time.monotonic() + within + 120)
     assert state.name == "Crashed" and NAME in (state.message or ""), state
     detected_s = state.timestamp.timestamp() - killed_at
-    print(f"\nzombie automation: killed tokenmill run Crashed {detected_s:.0f} s after the kill (window {within} s, heartbeat {HEARTBEAT_S} s)")
+    print(
+        f"\nzombie automation: killed tokenmill run Crashed {detected_s:.0f} s after the kill (window {within} s, "
+        f"heartbeat {HEARTBEAT_S} s)"
+    )
     assert detected_s <= within + 60, detected_s  # the window plus the triggers service's own pace
 
     assert healthy.wait(timeout=long_s + 240) == 0, server.log_tail("healthy")

@@ -20,7 +20,9 @@ from pipeline_lib.tokenizer.core import safe_cuts
 ENCODINGS = {"gpt2": "gpt2", "cl100k": "cl100k_base", "o200k": "o200k_base"}
 # the characters the split patterns treat apart: newlines, other spaces, letters of each case,
 # digits, punctuation, marks, contractions
-ALPHABET = st.sampled_from(["\n", "\r", " ", "\t", "\u00a0", "\u2028", "a", "B", "é", "Ω", "日", "1", "7", ".", "'", "s", "<", "\u0301", "🙂"])
+ALPHABET = st.sampled_from(
+    ["\n", "\r", " ", "\t", "\u00a0", "\u2028", "a", "B", "é", "Ω", "日", "1", "7", ".", "'", "s", "<", "\u0301", "🙂"]
+)
 TEXTS = st.lists(ALPHABET, max_size=60).map("".join)
 
 
@@ -48,7 +50,9 @@ def test_a_crlf_is_a_cut_for_cl100k_and_o200k_but_not_gpt2():
 @pytest.mark.parametrize("round_bytes", [100, 4096, 16 << 20])
 def test_the_file_encodes_as_the_whole_text(tmp_path, multilingual_text, name, round_bytes):
     tok = get_encoding(name)
-    raw = (multilingual_text[:30_000] + "\r\nbad \xff\xfe bytes\nend <|endoftext|> x\n" + "y" * 5000).encode("utf-8", "surrogateescape")
+    raw = (multilingual_text[:30_000] + "\r\nbad \xff\xfe bytes\nend <|endoftext|> x\n" + "y" * 5000).encode(
+        "utf-8", "surrogateescape"
+    )
     raw = raw.replace("\xff\xfe".encode(), b"\xff\xfe")
     path, out = tmp_path / "in.txt", tmp_path / "ids.npy"
     path.write_bytes(raw)
@@ -74,12 +78,46 @@ def test_the_command_streams_and_keeps_its_errors(tmp_path, multilingual_text, c
     get_encoding("cl100k_base").save(saved)
     path = tmp_path / "in.txt"
     path.write_text(multilingual_text + "a <|endoftext|> b\n", encoding="utf-8")
-    assert main(["tokenizer", "encode", "--tokenizer", saved, "--input", str(path), "--output", str(tmp_path / "ids"), "--allow-special", "all"]) == 0
+    assert (
+        main(
+            [
+                "tokenizer",
+                "encode",
+                "--tokenizer",
+                saved,
+                "--input",
+                str(path),
+                "--output",
+                str(tmp_path / "ids"),
+                "--allow-special",
+                "all",
+            ]
+        )
+        == 0
+    )
     tok = get_encoding("cl100k_base")
     assert np.load(tmp_path / "ids.npy").tolist() == tok.encode(path.read_text(encoding="utf-8"), allowed_special="all")
-    assert main(["tokenizer", "encode", "--tokenizer", saved, "--input", str(path), "--output", str(tmp_path / "ids.npy")]) == 2
+    assert (
+        main(["tokenizer", "encode", "--tokenizer", saved, "--input", str(path), "--output", str(tmp_path / "ids.npy")])
+        == 2
+    )
     assert "--special-as-text" in capsys.readouterr().err
-    assert main(["tokenizer", "encode", "--tokenizer", saved, "--input", str(path), "--special-as-text", "--output", str(tmp_path / "no" / "ids.npy")]) == 2
+    assert (
+        main(
+            [
+                "tokenizer",
+                "encode",
+                "--tokenizer",
+                saved,
+                "--input",
+                str(path),
+                "--special-as-text",
+                "--output",
+                str(tmp_path / "no" / "ids.npy"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--output" in err[0] and "no such directory" in err[0], err
 
@@ -105,7 +143,11 @@ def test_peak_memory_does_not_grow_with_the_file(tmp_path, multilingual_text):
             for _ in range(copies):
                 f.write(block)
         result = subprocess.run(
-            [sys.executable, "-c", PEAK_RSS, str(path), str(tmp_path / "ids.npy")], capture_output=True, text=True, check=True, env=os.environ
+            [sys.executable, "-c", PEAK_RSS, str(path), str(tmp_path / "ids.npy")],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=os.environ,
         )
         growth.append(int(result.stdout.strip()))
     small_bytes = 40 * len(block)

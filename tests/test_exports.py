@@ -35,7 +35,9 @@ def made_up_with_gaps() -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def trained_gapped(shakespeare_text) -> Tokenizer:
-    return Tokenizer.train([shakespeare_text[:300_000]], vocab_size=600, pattern="cl100k", special_tokens=GAPPED_SPECIALS)
+    return Tokenizer.train(
+        [shakespeare_text[:300_000]], vocab_size=600, pattern="cl100k", special_tokens=GAPPED_SPECIALS
+    )
 
 
 @pytest.fixture(scope="module", params=["gpt2", "cl100k_base", "o200k_base"])
@@ -55,7 +57,9 @@ def assert_hf_ids(tok: Tokenizer, path, text: str) -> None:
     for name, i in tok.special_tokens.items():
         assert hf.token_to_id(name) == i, name
         assert hf.id_to_token(i) == name
-        assert hf.encode(f"a{name}b", add_special_tokens=False).ids == tok.encode(f"a{name}b", allowed_special="all"), name
+        assert hf.encode(f"a{name}b", add_special_tokens=False).ids == tok.encode(f"a{name}b", allowed_special="all"), (
+            name
+        )
     assert hf.encode(text, add_special_tokens=False).ids == tok.encode(text, allowed_special="all")
     assert hf.decode(tok.encode_ordinary(text)) == text
 
@@ -83,7 +87,11 @@ def test_openai_special_ids_survive_hf_and_transformers(openai_export, multiling
     assert_transformers_ids(tok, directory, text)
     config = json.loads((directory / "tokenizer_config.json").read_text())
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["model_max_length"] == 1024
-    assert json.loads((directory / "special_tokens_map.json").read_text()) == {"bos_token": EOT, "eos_token": EOT, "pad_token": EOT}
+    assert json.loads((directory / "special_tokens_map.json").read_text()) == {
+        "bos_token": EOT,
+        "eos_token": EOT,
+        "pad_token": EOT,
+    }
 
 
 def test_trained_tokenizer_with_gapped_special_ids(tmp_path, trained_gapped, multilingual_text):
@@ -193,12 +201,28 @@ def test_gpt2_files_refuse_a_split_they_cannot_carry(tmp_path, shakespeare_text,
         tok.to_gpt2(str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
     tok.save(str(tmp_path / "tok"))
-    assert main(["tokenizer", "export", "--tokenizer", str(tmp_path / "tok"), "--format", "gpt2", "--out", str(tmp_path / "out")]) == 2
+    assert (
+        main(
+            [
+                "tokenizer",
+                "export",
+                "--tokenizer",
+                str(tmp_path / "tok"),
+                "--format",
+                "gpt2",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--format hf" in err[0] and "Traceback" not in err[0]
 
 
-def test_gpt2_files_load_with_the_same_ids_in_gpt2_tokenizer_fast(tmp_path, trained_gpt2_pattern, multilingual_text, shakespeare_text):
+def test_gpt2_files_load_with_the_same_ids_in_gpt2_tokenizer_fast(
+    tmp_path, trained_gpt2_pattern, multilingual_text, shakespeare_text
+):
     from transformers import GPT2TokenizerFast
 
     tok = trained_gpt2_pattern
@@ -252,19 +276,38 @@ def test_cli_export_llmc_with_placement(tokens_store, tmp_path, capsys):
     # the split recorded at encoding: each shard's head is training, its tail validation
     heads = np.concatenate([t[: s["val_start"]] for t, s in zip(shards, meta["shards"])])
     tails = np.concatenate([t[s["val_start"] :] for t, s in zip(shards, meta["shards"])])
-    assert main(["export-llmc", "--store", url, "--out", str(tmp_path / "a"), "--val-fraction", "0.1"]) == 0  # the recorded fraction: a check that passes
+    # the recorded fraction: a check that passes
+    assert main(["export-llmc", "--store", url, "--out", str(tmp_path / "a"), "--val-fraction", "0.1"]) == 0
     assert "tokens_train.bin" in capsys.readouterr().out
     body = np.fromfile(tmp_path / "a" / "tokens_train.bin", dtype="<u2", offset=1024)
     assert np.array_equal(body, heads) and body[-1] == sep  # as encoded: append
-    assert main(["export-llmc", "--store", url, "--out", str(tmp_path / "p"), "--prefix", "shk", "--separator-placement", "prepend"]) == 0
+    assert (
+        main(
+            [
+                "export-llmc",
+                "--store",
+                url,
+                "--out",
+                str(tmp_path / "p"),
+                "--prefix",
+                "shk",
+                "--separator-placement",
+                "prepend",
+            ]
+        )
+        == 0
+    )
     header = np.fromfile(tmp_path / "p" / "shk_train.bin", dtype="<i4", count=256)
     train = np.fromfile(tmp_path / "p" / "shk_train.bin", dtype="<u2", offset=1024)
     val = np.fromfile(tmp_path / "p" / "shk_val.bin", dtype="<u2", offset=1024)
     assert header[2] == len(train) and train[0] == sep and val[0] == sep
-    assert np.array_equal(np.concatenate([train[1:], [sep]]), heads) and np.array_equal(np.concatenate([val[1:], [sep]]), tails)
+    assert np.array_equal(np.concatenate([train[1:], [sep]]), heads) and np.array_equal(
+        np.concatenate([val[1:], [sep]]), tails
+    )
     assert main(["export-llmc", "--store", url, "--out", str(tmp_path / "b"), "--val-fraction", "2"]) == 2
     assert "val_fraction=2.0" in capsys.readouterr().err
-    assert main(["export-llmc", "--store", url, "--out", str(tmp_path / "c"), "--val-fraction", "0"]) == 2  # not the recorded split
+    # not the recorded split
+    assert main(["export-llmc", "--store", url, "--out", str(tmp_path / "c"), "--val-fraction", "0"]) == 2
     assert "split at encoding with val_fraction=0.1" in capsys.readouterr().err
 
 
@@ -292,6 +335,10 @@ def test_cli_tokenizer_export_formats(tokens_store, tmp_path, fmt):
 def test_special_tokens_added_in_tokenmill_keep_their_ids_in_transformers(tmp_path, trained_gpt2_pattern):
     """docs/exports.md's recipe: add special tokens in tokenmill, then export."""
     tok = trained_gpt2_pattern
-    chat = Tokenizer(tok.mergeable_ranks, tok.pattern, {**tok.special_tokens, "<|im_start|>": tok.vocab_size, "<|im_end|>": tok.vocab_size + 1})
+    chat = Tokenizer(
+        tok.mergeable_ranks,
+        tok.pattern,
+        {**tok.special_tokens, "<|im_start|>": tok.vocab_size, "<|im_end|>": tok.vocab_size + 1},
+    )
     chat.to_transformers(str(tmp_path))
     assert_transformers_ids(chat, tmp_path, "<|im_start|>user\nhi there<|im_end|><|endoftext|>")

@@ -90,13 +90,25 @@ def _free_port() -> int:
         (ConfigError("vocab_size=10 is too small"), 2, ["vocab_size=10"]),
         (ShardError("/s/tokens/v/shard_000001.npy: truncated"), 1, ["shard_000001.npy"]),
         (CheckpointError("/s/model/ckpt: incomplete checkpoint"), 1, ["ckpt"]),
-        (StoreError("tokens/abc (staging): shard_000000.npy is missing"), 1, ["shard_000000.npy", "tokenmill gc", "--min-age"]),
-        (OSError(errno.ENOSPC, "No space left on device", "/data/store/x.part"), 1, ["no space left", "/data/store/x.part", "another --store"]),
+        (
+            StoreError("tokens/abc (staging): shard_000000.npy is missing"),
+            1,
+            ["shard_000000.npy", "tokenmill gc", "--min-age"],
+        ),
+        (
+            OSError(errno.ENOSPC, "No space left on device", "/data/store/x.part"),
+            1,
+            ["no space left", "/data/store/x.part", "another --store"],
+        ),
         (OSError(errno.ENOSPC, "No space left on device"), 1, ["no space left", "/the/store"]),
         (OSError(errno.EDQUOT, "Disk quota exceeded"), 1, ["quota", "/the/store"]),
         (OSError(28, "Error writing bytes to file. Detail: [errno 28] No space left on device"), 1, ["no space left"]),
         (RuntimeError("PytorchStreamWriter failed writing file data/0: No space left on device"), 1, ["no space left"]),
-        (PermissionError(errno.EACCES, "Permission denied", "/data/store/raw"), 1, ["permission denied", "/data/store/raw"]),
+        (
+            PermissionError(errno.EACCES, "Permission denied", "/data/store/raw"),
+            1,
+            ["permission denied", "/data/store/raw"],
+        ),
         (PermissionError("Access Denied"), 1, ["permission denied", "/the/store", "credentials"]),
         (MemoryError(), 1, ["out of memory", "--shards"]),
         (OverflowError("Python int too large to convert to C long"), 1, ["overflow", "out of range"]),
@@ -121,9 +133,15 @@ def test_describe_failure(exc, code, words):
 def test_botocore_errors_name_the_endpoint():
     from botocore import exceptions as botocore
 
-    refused = botocore.EndpointConnectionError(endpoint_url="http://127.0.0.1:9/bucket?list-type=2", error=ConnectionRefusedError(111, "Connection refused"))
+    refused = botocore.EndpointConnectionError(
+        endpoint_url="http://127.0.0.1:9/bucket?list-type=2", error=ConnectionRefusedError(111, "Connection refused")
+    )
     failure = describe_failure(refused, store="s3://bucket/tm")
-    assert failure.exit_code == 1 and "connection refused" in failure.message and "http://127.0.0.1:9/bucket" in failure.message
+    assert (
+        failure.exit_code == 1
+        and "connection refused" in failure.message
+        and "http://127.0.0.1:9/bucket" in failure.message
+    )
     assert "no such file" not in failure.message and "list-type" not in failure.message
     hung = botocore.ReadTimeoutError(endpoint_url="http://127.0.0.1:9/bucket/key")
     failure = describe_failure(hung, store="s3://bucket/tm")
@@ -134,7 +152,9 @@ def test_failure_log_is_private_and_redacted(log_dir):
     try:
         raise KeyError("boom")
     except KeyError as e:
-        path = failures.write_failure_log(e, ["versions", "--storage-option", "secret=hunter2", "--store", "s3://me:pw@host/b"], "unexpected KeyError")
+        path = failures.write_failure_log(
+            e, ["versions", "--storage-option", "secret=hunter2", "--store", "s3://me:pw@host/b"], "unexpected KeyError"
+        )
     assert path and os.path.dirname(path) == str(log_dir)
     text = pathlib.Path(path).read_text()
     assert "Traceback" in text and "KeyError: 'boom'" in text
@@ -148,10 +168,17 @@ def test_s3_defaults_bound_every_request():
 
     fs, _ = filesystem("s3://bucket/x", key="k", secret="s")
     assert fs.config_kwargs == S3_CONFIG_DEFAULTS
-    assert all(fs.config_kwargs[k] for k in ("connect_timeout", "read_timeout")) and fs.config_kwargs["retries"]["total_max_attempts"] >= 1
+    assert (
+        all(fs.config_kwargs[k] for k in ("connect_timeout", "read_timeout"))
+        and fs.config_kwargs["retries"]["total_max_attempts"] >= 1
+    )
     mine = {"read_timeout": 5, "retries": {"max_attempts": 1}}
     fs, _ = filesystem("s3://bucket/x", key="k", secret="s", config_kwargs=mine)
-    assert fs.config_kwargs == {"connect_timeout": S3_CONFIG_DEFAULTS["connect_timeout"], "read_timeout": 5, "retries": {"max_attempts": 1, "mode": "standard"}}
+    assert fs.config_kwargs == {
+        "connect_timeout": S3_CONFIG_DEFAULTS["connect_timeout"],
+        "read_timeout": 5,
+        "retries": {"max_attempts": 1, "mode": "standard"},
+    }
     fs.connect()  # botocore rewrites the retries dict it is given: neither ours nor the caller's
     assert mine == {"read_timeout": 5, "retries": {"max_attempts": 1}}
     assert S3_CONFIG_DEFAULTS["retries"] == {"total_max_attempts": 3, "mode": "standard"}
@@ -168,9 +195,16 @@ def test_http_defaults_and_refused_connection_is_not_a_missing_file():
 
     fs, _ = filesystem("http://127.0.0.1:9/corpus.txt")
     timeout = fs.client_kwargs["timeout"]
-    assert timeout.total is None and timeout.sock_read == HTTP_TIMEOUT_DEFAULTS["sock_read"] and timeout.sock_connect == HTTP_TIMEOUT_DEFAULTS["sock_connect"]
+    assert (
+        timeout.total is None
+        and timeout.sock_read == HTTP_TIMEOUT_DEFAULTS["sock_read"]
+        and timeout.sock_connect == HTTP_TIMEOUT_DEFAULTS["sock_connect"]
+    )
     fs2, _ = filesystem("http://127.0.0.1:9/corpus.txt", client_kwargs={"timeout": {"sock_read": 300}})
-    assert fs2.client_kwargs["timeout"].sock_read == 300 and fs2.client_kwargs["timeout"].sock_connect == HTTP_TIMEOUT_DEFAULTS["sock_connect"]
+    assert (
+        fs2.client_kwargs["timeout"].sock_read == 300
+        and fs2.client_kwargs["timeout"].sock_connect == HTTP_TIMEOUT_DEFAULTS["sock_connect"]
+    )
     url = f"http://user:pw@127.0.0.1:{_free_port()}/corpus.txt"
     with pytest.raises(ConnectionRefusedError, match="connection refused") as e:
         filesystem(url)[0].info(url)
@@ -254,7 +288,11 @@ def _raise(exc: BaseException):
 
 # Where the tasks enter a stage (`pipeline_lib.stages.spec`): the engine's entry point and
 # the stage's output kind, by the library function the cases are named after.
-_ENTRIES = {"learn_tokenizer": ("produce", "tokenizer"), "count_shard": ("run_unit", "counts"), "publish_tokens": ("produce", "tokens")}
+_ENTRIES = {
+    "learn_tokenizer": ("produce", "tokenizer"),
+    "count_shard": ("run_unit", "counts"),
+    "publish_tokens": ("produce", "tokens"),
+}
 
 
 def _patch_stage(monkeypatch, stage: str, replacement) -> None:
@@ -272,10 +310,30 @@ def _patch_stage(monkeypatch, stage: str, replacement) -> None:
 @pytest.mark.parametrize(
     "stage, exc, code, words",
     [
-        ("learn_tokenizer", ShardError("/s/tokens/v/shard_000001.npy: 100 bytes, the header says 400"), 1, ["shard_000001.npy"]),
-        ("learn_tokenizer", CheckpointError("/s/model/v/ckpt_000100: incomplete (no completion marker)"), 1, ["ckpt_000100"]),
-        ("count_shard", MemoryError("Unable to allocate 64.0 GiB for an array"), 1, ["out of memory", "count_words", "--shards"]),
-        ("learn_tokenizer", OverflowError("Python int too large to convert to C long"), 1, ["overflow", "--vocab-size"]),
+        (
+            "learn_tokenizer",
+            ShardError("/s/tokens/v/shard_000001.npy: 100 bytes, the header says 400"),
+            1,
+            ["shard_000001.npy"],
+        ),
+        (
+            "learn_tokenizer",
+            CheckpointError("/s/model/v/ckpt_000100: incomplete (no completion marker)"),
+            1,
+            ["ckpt_000100"],
+        ),
+        (
+            "count_shard",
+            MemoryError("Unable to allocate 64.0 GiB for an array"),
+            1,
+            ["out of memory", "count_words", "--shards"],
+        ),
+        (
+            "learn_tokenizer",
+            OverflowError("Python int too large to convert to C long"),
+            1,
+            ["overflow", "--vocab-size"],
+        ),
         (
             "count_shard",
             PermissionError(errno.EACCES, "Permission denied", "/data/store/counts/.staging/x"),
@@ -284,9 +342,23 @@ def _patch_stage(monkeypatch, stage: str, replacement) -> None:
         ),
         ("learn_tokenizer", KeyboardInterrupt(), 130, ["interrupted", "rerun the same command"]),
         ("learn_tokenizer", CancelledError("cancelled"), 130, ["cancelled"]),
-        ("learn_tokenizer", ZeroDivisionError("division by zero"), 1, ["unexpected ZeroDivisionError", "a bug", "--debug"]),
+        (
+            "learn_tokenizer",
+            ZeroDivisionError("division by zero"),
+            1,
+            ["unexpected ZeroDivisionError", "a bug", "--debug"],
+        ),
     ],
-    ids=["ShardError", "CheckpointError", "MemoryError", "OverflowError", "PermissionError", "KeyboardInterrupt", "CancelledError", "bug"],
+    ids=[
+        "ShardError",
+        "CheckpointError",
+        "MemoryError",
+        "OverflowError",
+        "PermissionError",
+        "KeyboardInterrupt",
+        "CancelledError",
+        "bug",
+    ],
 )
 def test_failing_stage(stage, exc, code, words, corpus, tmp_path, monkeypatch, capsys, log_dir):
     _patch_stage(monkeypatch, stage, _raise(exc))
@@ -347,7 +419,12 @@ def full_disk(path, size="192k"):
     """A tiny tmpfs at `path` (real ENOSPC from the kernel), or None where mounting is not
     allowed (not root, no CAP_SYS_ADMIN): the caller then simulates the error."""
     os.makedirs(path, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, check=False).returncode == 0
+    mounted = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, check=False
+        ).returncode
+        == 0
+    )
     try:
         yield path if mounted else None
     finally:
@@ -363,7 +440,9 @@ def test_disk_full(tmp_path, shakespeare_text, monkeypatch, capsys, log_dir):
         if mount is None:  # no tmpfs here: the copy into the store fails as a full disk would
             import pipeline_lib.corpus_sources
 
-            monkeypatch.setattr(pipeline_lib.corpus_sources, "hash_stream", _raise(OSError(errno.ENOSPC, "No space left on device")))
+            monkeypatch.setattr(
+                pipeline_lib.corpus_sources, "hash_stream", _raise(OSError(errno.ENOSPC, "No space left on device"))
+            )
         store = str(tmp_path / "full" / "store")
         assert main(run_args(str(corpus), store)) == 1
         captured = capsys.readouterr()
@@ -380,7 +459,14 @@ def _cli_process(tmp_path, args, inject: str = "", api_url: str | None = None) -
     env.pop(cli.PREFECT_CONSOLE_CLASS[0], None)  # as a fresh shell has it: main() sets it
     if api_url:
         env["PREFECT_API_URL"] = api_url
-    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.fixture
@@ -391,7 +477,11 @@ def api_url(flows_ready):
 
 
 def test_console_bad_input(tmp_path, api_url):
-    proc = _cli_process(tmp_path, ["run", "--corpus", str(tmp_path / "nonexistent.txt"), "--no-lm", "--store", str(tmp_path / "s")], api_url=api_url)
+    proc = _cli_process(
+        tmp_path,
+        ["run", "--corpus", str(tmp_path / "nonexistent.txt"), "--no-lm", "--store", str(tmp_path / "s")],
+        api_url=api_url,
+    )
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err
     line = one_error_line(err, out)

@@ -21,7 +21,12 @@ LM = {"lm": {"preset": "tiny", "steps": 6, "n_layer": 1, "n_embd": 32, "n_head":
 
 def _params(corpus: str, store: str, vocab_size: int, shards: int = 2, **kwargs) -> dict:
     """The pipeline's parameters as a deployment gives them: config dicts."""
-    return {"corpus": {"sources": [corpus], "n_shards": shards, "documents": "paragraph"}, "store": store, "tokenizer": {"vocab_size": vocab_size}, **kwargs}
+    return {
+        "corpus": {"sources": [corpus], "n_shards": shards, "documents": "paragraph"},
+        "store": store,
+        "tokenizer": {"vocab_size": vocab_size},
+        **kwargs,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +82,10 @@ def test_full_chain_publishes_every_artifact(first_run, small_corpus):
     meta = tokens_manifest["meta"]
     check_shards(store.local_dir("tokens", refs["tokens"]["version"]), meta)
     assert meta["dtype"] == "uint16"
-    assert tokens_manifest["parents"] == {"corpus": f"corpus/{refs['corpus']['version']}", "tokenizer": f"tokenizer/{refs['tokenizer']['version']}"}
+    assert tokens_manifest["parents"] == {
+        "corpus": f"corpus/{refs['corpus']['version']}",
+        "tokenizer": f"tokenizer/{refs['tokenizer']['version']}",
+    }
 
     # The shards decode back to the corpus documents, separators between them.
     text = open(small_corpus, encoding="utf-8").read()
@@ -121,22 +129,30 @@ def test_runs_read_well_in_the_ui(first_run, small_corpus):
     runs = task_runs(flow_run_id)  # task-run states reach the server as events: let them settle
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(flow_run_id)
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
     store_name = os.path.basename(store_url.rstrip("/"))
     assert flow_run.name == f"pipeline-shakespeare_head-cl100k-400@{store_name}", flow_run.name
     assert {r.state.name for r in runs} == {"Cached"}
     names = sorted(r.name for r in runs)
     assert "count_words[shard=0/2]" in names and "encode_shard[shard=1/2]" in names, names
     count_run = next(r for r in runs if r.name == "count_words[shard=0/2]")
-    assert {"tokenmill", "stage:count_words", f"store:{store_name}", "corpus:shakespeare_head"} <= set(count_run.tags), count_run.tags
+    assert {"tokenmill", "stage:count_words", f"store:{store_name}", "corpus:shakespeare_head"} <= set(
+        count_run.tags
+    ), count_run.tags
     assert "stage:reduce_counts" not in count_run.tags  # a unit task carries its own stage only
     # a progress artifact per mapped stage, finished: all its shards done
     progress = {a.key.rsplit("-", 1)[0]: a for a in artifacts if a.type == "progress" and a.key}
     for stage in ("count-words", "encode-shard"):
         assert progress[f"{stage}-progress"].data == 100.0, (stage, progress[f"{stage}-progress"])
-        assert progress[f"{stage}-progress"].description.endswith("2 / 2 shards done"), progress[f"{stage}-progress"].description
+        assert progress[f"{stage}-progress"].description.endswith("2 / 2 shards done"), progress[
+            f"{stage}-progress"
+        ].description
     keys = {a.key.rsplit("-", 1)[0]: a.key for a in artifacts if a.key and a.type != "progress"}
-    assert {"word-counts", "tokenizer-merges", "token-shards", "lm-metrics", "lm-report", "tokenmill-summary"} <= set(keys), sorted(keys)
+    assert {"word-counts", "tokenizer-merges", "token-shards", "lm-metrics", "lm-report", "tokenmill-summary"} <= set(
+        keys
+    ), sorted(keys)
     suffixes = {k.rsplit("-", 1)[1] for k in keys.values()}
     assert len(suffixes) == 1 and len(suffixes.pop()) == 8  # one key suffix: this store and corpus
 

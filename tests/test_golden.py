@@ -65,7 +65,18 @@ def _lm_stage() -> Stage:
 def _train_config() -> Any:
     from pipeline_lib.lm import preset
 
-    return preset("tiny", device="cpu", max_steps=12, block_size=16, n_layer=1, n_embd=32, eval_iters=1, warmup_steps=2, ckpt_every_s=0, seed=1337)
+    return preset(
+        "tiny",
+        device="cpu",
+        max_steps=12,
+        block_size=16,
+        n_layer=1,
+        n_embd=32,
+        eval_iters=1,
+        warmup_steps=2,
+        ckpt_every_s=0,
+        seed=1337,
+    )
 
 
 def run_chain(root: Path, with_lm: bool = True) -> dict[str, tuple[Stage, ArtifactStore, VersionRef]]:
@@ -138,13 +149,18 @@ def output_digests(store: ArtifactStore, ref: VersionRef) -> dict[str, str]:
         return _model_digests(store, ref)
     files = store.manifest(ref.kind, ref.version)["files"]
     return {
-        name: parquet_digest(store.local_file(ref.kind, ref.version, name)) if name.endswith(".parquet") else info["sha256"]
+        name: parquet_digest(store.local_file(ref.kind, ref.version, name))
+        if name.endswith(".parquet")
+        else info["sha256"]
         for name, info in sorted(files.items())
     }
 
 
 def current(chain: dict[str, tuple[Stage, ArtifactStore, VersionRef]]) -> dict[str, dict[str, Any]]:
-    return {name: {"output_version": stage.output_version, "files": output_digests(store, ref)} for name, (stage, store, ref) in chain.items()}
+    return {
+        name: {"output_version": stage.output_version, "files": output_digests(store, ref)}
+        for name, (stage, store, ref) in chain.items()
+    }
 
 
 # --------------------------------------------------------------------------- the check
@@ -160,15 +176,23 @@ def golden_problem(stage: str, golden: dict[str, Any] | None, now: dict[str, Any
     same_output = golden["files"] == now["files"]
     if same_version and same_output:
         return None
-    changed = sorted(k for k in golden["files"].keys() | now["files"].keys() if golden["files"].get(k) != now["files"].get(k))
+    changed = sorted(
+        k for k in golden["files"].keys() | now["files"].keys() if golden["files"].get(k) != now["files"].get(k)
+    )
     if same_version:
         return (
             f"{stage}: output changed ({', '.join(changed[:5])}) but output_version is still {now['output_version']}: "
             f"bump the stage's output_version, then run `{UPDATE}`"
         )
     if same_output:
-        return f"{stage}: output_version {golden['output_version']} -> {now['output_version']} but the output is byte-identical: undo the bump"
-    return f"{stage}: output and output_version both changed ({golden['output_version']} -> {now['output_version']}): run `{UPDATE}` and commit the goldens"
+        return (
+            f"{stage}: output_version {golden['output_version']} -> {now['output_version']} but the output is "
+            "byte-identical: undo the bump"
+        )
+    return (
+        f"{stage}: output and output_version both changed ({golden['output_version']} -> {now['output_version']}): "
+        f"run `{UPDATE}` and commit the goldens"
+    )
 
 
 def load_goldens() -> dict[str, Any]:
@@ -190,9 +214,14 @@ def torch_one_thread_module():
     torch.set_num_threads(n)
 
 
-STAGE_NAMES = ("download_corpus", "shard_corpus", "reduce_counts", "learn_merges", "write_token_manifest", "train_lm") + tuple(
-    entry.stage.name for entry in document_stages()
-)
+STAGE_NAMES = (
+    "download_corpus",
+    "shard_corpus",
+    "reduce_counts",
+    "learn_merges",
+    "write_token_manifest",
+    "train_lm",
+) + tuple(entry.stage.name for entry in document_stages())
 
 
 @pytest.mark.parametrize("stage", STAGE_NAMES)
@@ -228,20 +257,31 @@ def test_the_python_reference_makes_the_golden_output(tmp_path, monkeypatch):
     monkeypatch.setattr(tokenizer.native, "_CORE", None)
     monkeypatch.setattr(corpus, "_SCAN", None)
     goldens = load_goldens()["stages"]
-    problems = [golden_problem(name, goldens.get(name), now) for name, now in current(run_chain(tmp_path, with_lm=False)).items()]
+    problems = [
+        golden_problem(name, goldens.get(name), now)
+        for name, now in current(run_chain(tmp_path, with_lm=False)).items()
+    ]
     assert [p for p in problems if p] == []
 
 
 @pytest.mark.parametrize(
     ("change", "want"),
     [
-        (lambda g: {**g, "files": {**g["files"], "a.bin": "f" * 64}}, "output changed (a.bin) but output_version is still 1: bump"),
+        (
+            lambda g: {**g, "files": {**g["files"], "a.bin": "f" * 64}},
+            "output changed (a.bin) but output_version is still 1: bump",
+        ),
         (lambda g: {**g, "output_version": 2}, "output_version 1 -> 2 but the output is byte-identical: undo the bump"),
-        (lambda g: {"output_version": 2, "files": {"a.bin": "0" * 64}}, "both changed (1 -> 2): run `python tests/test_golden.py --update`"),
+        (
+            lambda g: {"output_version": 2, "files": {"a.bin": "0" * 64}},
+            "both changed (1 -> 2): run `python tests/test_golden.py --update`",
+        ),
         (lambda g: g, None),
     ],
 )
-def test_the_check_catches_a_change_without_a_bump_and_a_bump_without_a_change(change: Callable[[dict], dict], want: str | None):
+def test_the_check_catches_a_change_without_a_bump_and_a_bump_without_a_change(
+    change: Callable[[dict], dict], want: str | None
+):
     golden = {"output_version": 1, "files": {"a.bin": "a" * 64}}
     problem = golden_problem("some_stage", golden, change(golden))
     assert problem is None if want is None else (problem is not None and want in problem), problem
@@ -253,7 +293,8 @@ def test_the_check_catches_a_change_without_a_bump_and_a_bump_without_a_change(c
 IDS_SCRIPT = """
 import json, sys
 tree, source = sys.argv[1], sys.argv[2]
-sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("_editable")]  # an editable install's redirect
+# an editable install's redirect
+sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("_editable")]
 sys.path.insert(0, tree)
 import pipeline_lib, pipeline_lib.tokenizer
 from pipeline_lib import stages
@@ -271,7 +312,9 @@ ids = {
     "shard_corpus": stages.SHARD.version({"raw": ref("raw")}, cfg),
     "reduce_counts": stages.COUNTS.version({"corpus": ref("corpus")}, stages.CountConfig()),
     "learn_merges": stages.TOKENIZER.version({"counts": ref("counts")}, stages.TokenizerConfig()),
-    "write_token_manifest": stages.TOKENS.version({"corpus": ref("corpus"), "tokenizer": ref("tokenizer")}, stages.EncodeConfig()),
+    "write_token_manifest": stages.TOKENS.version(
+        {"corpus": ref("corpus"), "tokenizer": ref("tokenizer")}, stages.EncodeConfig()
+    ),
     "train_lm": LM.version({"tokens": ref("tokens"), "tokenizer": ref("tokenizer")}, preset("tiny")),
     "compare_arms": sweep_stage(["a", "b"]).version({"a": ref("model"), "b": ref("model")}, SweepConfig()),
     "backend": pipeline_lib.tokenizer.backend_info()["backend"],
@@ -294,7 +337,11 @@ def _copy_tree(dest: Path, comment: bool) -> Path:
     edited = 0
     if comment:
         for path in sorted((dest / "pipeline_lib").rglob("*")):
-            mark = {".py": "\n# a comment that changes no output\n", ".cpp": "\n// a comment\n", ".h": "\n// a comment\n"}.get(path.suffix)
+            mark = {
+                ".py": "\n# a comment that changes no output\n",
+                ".cpp": "\n// a comment\n",
+                ".h": "\n// a comment\n",
+            }.get(path.suffix)
             if mark:
                 path.write_text(path.read_text(encoding="utf-8") + mark, encoding="utf-8")
                 edited += 1
@@ -305,7 +352,9 @@ def _copy_tree(dest: Path, comment: bool) -> Path:
 def _ids(tree: Path, source: Path) -> dict[str, str]:
     import subprocess
 
-    done = subprocess.run([sys.executable, "-c", IDS_SCRIPT, str(tree), str(source)], capture_output=True, text=True, timeout=None)
+    done = subprocess.run(
+        [sys.executable, "-c", IDS_SCRIPT, str(tree), str(source)], capture_output=True, text=True, timeout=None
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -328,7 +377,8 @@ def update_goldens(root: Path) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     goldens = {
-        "about": "tests/test_golden.py: file digests of every stage's output on the golden corpus; regenerate with `python tests/test_golden.py --update`",
+        "about": "tests/test_golden.py: file digests of every stage's output on the golden corpus; regenerate with "
+        "`python tests/test_golden.py --update`",
         "corpus": [f"pipeline_lib/data/{name}[:{n}]" for name, n in CORPUS_PARTS],
         "stages": current(run_chain(root)),
     }
@@ -344,4 +394,7 @@ if __name__ == "__main__":
 
     with tempfile.TemporaryDirectory() as tmp:
         written = update_goldens(Path(tmp))
-    print(f"wrote {os.path.relpath(GOLDEN)}: " + ", ".join(f"{k} v{v['output_version']}" for k, v in written["stages"].items()))
+    print(
+        f"wrote {os.path.relpath(GOLDEN)}: "
+        + ", ".join(f"{k} v{v['output_version']}" for k, v in written["stages"].items())
+    )

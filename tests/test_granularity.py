@@ -84,7 +84,9 @@ def _run(corpus_file: str, store: str, task_bytes: int):
     from flows.pipeline import tokenmill_pipeline
 
     corpus = {"sources": [corpus_file], "n_shards": SHARDS, "task_bytes": task_bytes}
-    return tokenmill_pipeline(corpus=corpus, tokenizer={"vocab_size": 300}, store=store, train_model=False, return_state=True)
+    return tokenmill_pipeline(
+        corpus=corpus, tokenizer={"vocab_size": 300}, store=store, train_model=False, return_state=True
+    )
 
 
 def _shard_sizes(corpus_file: str, store: str) -> list[int]:
@@ -108,7 +110,9 @@ def _library_chain(corpus_file: str, store_url: str) -> None:
     corpus = stages.shard_corpus(store, stages.download_corpus(store, config), config)
     for i in range(SHARDS):
         stages.count_shard(store, corpus, i, CountConfig())
-    tokenizer = stages.learn_tokenizer(store, stages.reduce_counts(store, corpus, CountConfig()), stages.TokenizerConfig(vocab_size=300))
+    tokenizer = stages.learn_tokenizer(
+        store, stages.reduce_counts(store, corpus, CountConfig()), stages.TokenizerConfig(vocab_size=300)
+    )
     for i in range(SHARDS):
         stages.encode_shard(store, corpus, tokenizer, i, EncodeConfig())
     stages.publish_tokens(store, corpus, tokenizer, EncodeConfig())
@@ -123,7 +127,9 @@ def test_grouped_tasks_give_the_same_artifacts_and_name_their_shards(corpus_file
     assert state.is_completed(), state
     names = sorted(r.name for r in task_runs(state.state_details.flow_run_id))
     counts = [n for n in names if n.startswith("count_words[")]
-    assert len(counts) == 3 and all(n.startswith("count_words[shards=") and n.endswith(f"/{SHARDS}]") for n in counts), names
+    assert len(counts) == 3 and all(
+        n.startswith("count_words[shards=") and n.endswith(f"/{SHARDS}]") for n in counts
+    ), names
     assert len([n for n in names if n.startswith("encode_shard[")]) == 3, names
     assert _published(one_each) == _published(grouped)
 
@@ -132,7 +138,10 @@ def _published(store_url: str) -> dict[str, dict]:
     """``{kind/version: {file: (size, sha256)}}`` of every version in a store."""
     from pipeline_lib import ArtifactStore
 
-    return {f"{m['kind']}/{m['version']}": {n: (i["size"], i["sha256"]) for n, i in m["files"].items()} for m in ArtifactStore(store_url).list()}
+    return {
+        f"{m['kind']}/{m['version']}": {n: (i["size"], i["sha256"]) for n, i in m["files"].items()}
+        for m in ArtifactStore(store_url).list()
+    }
 
 
 @pytest.mark.usefixtures("prefect_harness", "small_floor")

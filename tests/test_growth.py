@@ -49,7 +49,11 @@ def _train_on(text: str, vocab_size: int) -> Tokenizer:
 
 def test_train_on_one_repeated_character():
     assert max(_train_on("a" * (1 << 20), 4096).token_byte_lengths()) == 1 << 20  # tokens as long as the piece
-    r = growth(lambda: _train_on("a" * (1 << 20), 4096), lambda: _train_on("a" * (FACTOR << 20), 4096), "Tokenizer.train, 1 MB -> 8 MB of 'a'")
+    r = growth(
+        lambda: _train_on("a" * (1 << 20), 4096),
+        lambda: _train_on("a" * (FACTOR << 20), 4096),
+        "Tokenizer.train, 1 MB -> 8 MB of 'a'",
+    )
     assert r <= LIMIT
 
 
@@ -94,7 +98,11 @@ def test_encode_one_long_run(tok, tok_a, char):
     width = len(char.encode())
     small_text, big_text = char * (SMALL_RUN // width), char * (FACTOR * SMALL_RUN // width)
     assert t.decode(t.encode_ordinary(small_text)) == small_text
-    r = growth(lambda: t.encode_ordinary(small_text), lambda: t.encode_ordinary(big_text), f"encode, 192 KiB -> 1.5 MiB of {char!r}")
+    r = growth(
+        lambda: t.encode_ordinary(small_text),
+        lambda: t.encode_ordinary(big_text),
+        f"encode, 192 KiB -> 1.5 MiB of {char!r}",
+    )
     assert r <= LIMIT
 
 
@@ -106,7 +114,12 @@ def test_the_check_flags_a_quadratic_encoder(tok_a):
     ranks = tok_a.mergeable_ranks
     small, big = b"a" * 127, b"a" * (128 * FACTOR - 1)  # not tokens themselves: 2**k - 1 bytes
     assert ref.bpe_piece(big, ranks) == tok_a.encode_ordinary(big.decode())
-    r = growth(lambda: ref.bpe_piece(small, ranks), lambda: ref.bpe_piece(big, ranks), "reference bpe_piece, 127 -> 1023 bytes of 'a'", repeats=3)
+    r = growth(
+        lambda: ref.bpe_piece(small, ranks),
+        lambda: ref.bpe_piece(big, ranks),
+        "reference bpe_piece, 127 -> 1023 bytes of 'a'",
+        repeats=3,
+    )
     assert r > LIMIT, "the growth check no longer tells a quadratic algorithm from a linear one"
 
 

@@ -19,8 +19,14 @@ from pipeline_lib.errors import InputError
 
 # The split regexes of Llama 3's and Qwen 2's tokenizer.json files (cl100k's before tiktoken
 # made it possessive; Qwen 2 splits digits one by one).
-LLAMA3_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-QWEN2_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| "
+    r"?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| "
+    r"?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 LLAMA3_SPECIALS = {"<|begin_of_text|>": 128000, "<|end_of_text|>": 128001, "<|eot_id|>": 128009}
 
 
@@ -50,7 +56,9 @@ def _assert_same_ids(path: str, lines: list[str], specials_text: str | None = No
     for line in lines:
         assert ours.encode_ordinary(line) == hf.encode(line, add_special_tokens=False).ids, line
     if specials_text is not None:
-        assert ours.encode(specials_text, allowed_special="all") == hf.encode(specials_text, add_special_tokens=False).ids
+        assert (
+            ours.encode(specials_text, allowed_special="all") == hf.encode(specials_text, add_special_tokens=False).ids
+        )
     return ours
 
 
@@ -60,7 +68,12 @@ def test_a_bpe_trained_by_hf_tokenizers_gpt2_style(tmp_path, multilingual_text, 
     hf = tokenizers.Tokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=2000,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     hf.train_from_iterator([shakespeare_text[:200_000], multilingual_text[:100_000]], trainer)
     path = str(tmp_path / "tokenizer.json")
     hf.save(path)
@@ -68,7 +81,9 @@ def test_a_bpe_trained_by_hf_tokenizers_gpt2_style(tmp_path, multilingual_text, 
     assert ours.pattern == "gpt2" and ours.special_tokens == {"<|endoftext|>": 0}
 
 
-@pytest.mark.parametrize(("regex", "expected_pattern"), [(LLAMA3_REGEX, LLAMA3_REGEX), (QWEN2_REGEX, QWEN2_REGEX), (None, "cl100k")])
+@pytest.mark.parametrize(
+    ("regex", "expected_pattern"), [(LLAMA3_REGEX, LLAMA3_REGEX), (QWEN2_REGEX, QWEN2_REGEX), (None, "cl100k")]
+)
 @pytest.mark.parametrize("in_vocab", [True, False])
 def test_llama3_and_qwen2_layouts(tmp_path, hf_json_of, multilingual_text, regex, expected_pattern, in_vocab):
     """Added tokens in model.vocab keep their ids; others get HF's next free id, whatever
@@ -79,16 +94,29 @@ def test_llama3_and_qwen2_layouts(tmp_path, hf_json_of, multilingual_text, regex
         doc["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": regex}
     doc["model"]["ignore_merges"] = True  # as Llama 3's file has it
     doc["added_tokens"] = [
-        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+        {
+            "id": i,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
         for t, i in LLAMA3_SPECIALS.items()
     ]
     if in_vocab:
         doc["model"]["vocab"].update(LLAMA3_SPECIALS)
     doc["post_processor"] = {
         "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "single": [
+            {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
         "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [128000], "tokens": ["<|begin_of_text|>"]}},
+        "special_tokens": {
+            "<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [128000], "tokens": ["<|begin_of_text|>"]}
+        },
     }
     path.write_text(json.dumps(doc), encoding="utf-8")
     text = "<|begin_of_text|>user: 12345 apples, naïve café<|eot_id|>"
@@ -123,10 +151,16 @@ def _edited(tmp_path, gpt2_hf_json: str, edit) -> str:
         (lambda d: d["model"].update(type="WordPiece"), 'model.type "WordPiece" is not supported'),
         (lambda d: d["model"].update(type="Unigram"), 'model.type "Unigram" is not supported'),
         (lambda d: d.update(normalizer={"type": "NFC"}), "normalizer .* is not supported"),
-        (lambda d: d.update(pre_tokenizer={"type": "Metaspace", "replacement": "▁"}), "pre_tokenizer .* is not supported"),
+        (
+            lambda d: d.update(pre_tokenizer={"type": "Metaspace", "replacement": "▁"}),
+            "pre_tokenizer .* is not supported",
+        ),
         (lambda d: d["model"].update(byte_fallback=True), "model.byte_fallback true is not supported"),
         (lambda d: d["model"].update(dropout=0.1), "model.dropout 0.1 is not supported"),
-        (lambda d: d["pre_tokenizer"]["pretokenizers"][0].update(behavior="Removed"), "only Split with a Regex pattern"),
+        (
+            lambda d: d["pre_tokenizer"]["pretokenizers"][0].update(behavior="Removed"),
+            "only Split with a Regex pattern",
+        ),
         (lambda d: d["pre_tokenizer"]["pretokenizers"][1].update(add_prefix_space=True), "add_prefix_space"),
         (lambda d: d["model"]["merges"].reverse(), "merges must be in id order"),
     ],

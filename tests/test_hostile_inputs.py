@@ -133,10 +133,29 @@ def test_encode_refuses_a_special_token_before_reading_the_whole_file(tmp_path, 
 
     writer = threading.Thread(target=feed, daemon=True)
     writer.start()
-    assert main(["tokenizer", "encode", "--tokenizer", eot_tokenizer, "--input", fifo, "--output", str(tmp_path / "ids.npy")]) == 2
+    assert (
+        main(
+            [
+                "tokenizer",
+                "encode",
+                "--tokenizer",
+                eot_tokenizer,
+                "--input",
+                fifo,
+                "--output",
+                str(tmp_path / "ids.npy"),
+            ]
+        )
+        == 2
+    )
     writer.join(timeout=60)
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "'<|endoftext|>' (at byte 10)" in err[0] and "--special-as-text" in err[0] and "--allow-special" in err[0], err
+    assert (
+        len(err) == 1
+        and "'<|endoftext|>' (at byte 10)" in err[0]
+        and "--special-as-text" in err[0]
+        and "--allow-special" in err[0]
+    ), err
     assert written[0] < 64 << 20  # the scan's block and the pipe's buffer, not the 256 MB offered
 
 
@@ -146,10 +165,35 @@ def test_special_as_text_encodes_special_token_text_as_ordinary_text(tmp_path, e
     path = tmp_path / "in.txt"
     path.write_text(text)
     out = tmp_path / "ids.npy"
-    assert main(["tokenizer", "encode", "--tokenizer", eot_tokenizer, "--input", str(path), "--special-as-text", "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "tokenizer",
+                "encode",
+                "--tokenizer",
+                eot_tokenizer,
+                "--input",
+                str(path),
+                "--special-as-text",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert np.load(out).tolist() == tok.encode_ordinary(text)
     capsys.readouterr()
-    args = ["tokenizer", "encode", "--tokenizer", eot_tokenizer, "--text", text, "--special-as-text", "--allow-special", "<|pad|>"]
+    args = [
+        "tokenizer",
+        "encode",
+        "--tokenizer",
+        eot_tokenizer,
+        "--text",
+        text,
+        "--special-as-text",
+        "--allow-special",
+        "<|pad|>",
+    ]
     assert main(args) == 0
     printed = [int(i) for i in capsys.readouterr().out.split()]
     assert printed == tok.encode(text, allowed_special={"<|pad|>"}, disallowed_special=())

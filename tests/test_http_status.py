@@ -120,7 +120,18 @@ def test_a_503_is_retried_by_the_download_task(server, tmp_path, capsys):
     the download task's retry fetches it and the run completes."""
     server.plan["corpus.txt"] = [503, 503, 200]
     store = str(tmp_path / "store")
-    args = ["run", "--corpus", f"{server.url}/corpus.txt", "--store", store, "--no-lm", "--vocab-size", "260", "--workers", "1"]
+    args = [
+        "run",
+        "--corpus",
+        f"{server.url}/corpus.txt",
+        "--store",
+        store,
+        "--no-lm",
+        "--vocab-size",
+        "260",
+        "--workers",
+        "1",
+    ]
     assert main(args) == 0, capsys.readouterr().err
     assert ArtifactStore(store).latest("tokens") is not None
     assert server.hits["corpus.txt"] > 2
@@ -131,7 +142,18 @@ def test_a_503_is_retried_by_the_download_task(server, tmp_path, capsys):
 def test_permanent_statuses_fail_at_once_with_one_line(server, tmp_path, capsys, status, words):
     server.plan["corpus.txt"] = [status]
     url = f"{server.url}/corpus.txt"
-    args = ["run", "--corpus", url, "--store", str(tmp_path / "store"), "--no-lm", "--vocab-size", "260", "--workers", "1"]
+    args = [
+        "run",
+        "--corpus",
+        url,
+        "--store",
+        str(tmp_path / "store"),
+        "--no-lm",
+        "--vocab-size",
+        "260",
+        "--workers",
+        "1",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("tokenmill: error:")]

@@ -62,7 +62,13 @@ def run_and_signal(body: str, signum: int) -> tuple[subprocess.CompletedProcess,
     process and the seconds from the signal to its exit, for the log: the work would take
     minutes, so a process that ignored the signal prints FINISHED or runs into the per-test
     timeout."""
-    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "READY", proc.stderr.read()[-3000:]
         ready = _cpu_s(proc.pid)
@@ -165,7 +171,10 @@ def test_cancel_all_stops_running_calls_and_the_next_call_works(threads):
     doc = b"a" * ((1 << 20) - 1)
     big = open(os.path.join(ROOT, "pipeline_lib", "data", "tinyshakespeare.txt"), "rb").read() * 8
     counter = PieceCounts("cl100k")
-    jobs = [_in_thread(lambda: tok.encode_ordinary_batch_to_numpy([doc] * 100_000, threads)), _in_thread(lambda: counter.add_documents([big] * 4096))]
+    jobs = [
+        _in_thread(lambda: tok.encode_ordinary_batch_to_numpy([doc] * 100_000, threads)),
+        _in_thread(lambda: counter.add_documents([big] * 4096)),
+    ]
     # cancel_all() stops the calls that started before it: repeat it until both calls have
     # started and stopped (their work takes minutes; a call that ignored it would run on,
     # and the per-test timeout would fail the test).

@@ -45,7 +45,8 @@ def test_drawing_shows_every_token_and_its_id(tok, text, width):
     lines = lab.show_tokens(tok, text, ids, width=width).splitlines()
     cells = _cells(lines[:-1])
     assert [int(i) for _, i in cells] == ids
-    shown = lab.mark_split_characters([tok.decode_single_token_bytes(i) for i in ids], lab.token_texts(tok, ids))  # split characters marked
+    # split characters marked
+    shown = lab.mark_split_characters([tok.decode_single_token_bytes(i) for i in ids], lab.token_texts(tok, ids))
     assert [t.rstrip(" ") for t, _ in cells] == [t.rstrip(" ") for t in shown]
     assert all(len(line) <= max(width, max(len(c) for c, _ in cells) + 2) for line in lines[:-1])
     # Whitespace is visible: no raw space, tab or newline inside a token's text.
@@ -65,13 +66,19 @@ def test_compression_line(tok):
     text = "the king and the queen"
     shown = lab.show_tokens(tok, text, tok.encode(text)).splitlines()[-1]
     n = len(tok.encode(text))
-    assert shown.startswith(f"{n} tokens for 22 characters (22 bytes): {22 / n:.2f} bytes/token, {22 / n:.2f} chars/token")
+    assert shown.startswith(
+        f"{n} tokens for 22 characters (22 bytes): {22 / n:.2f} bytes/token, {22 / n:.2f} chars/token"
+    )
     assert "␣ ' '" in shown
 
 
 def test_special_tokens_are_refused_with_the_flag_that_allows_them(tok):
     text = "one<|endoftext|>two"
-    with pytest.raises(InputError, match=r"--text holds the special token '<\|endoftext\|>' \(at character 3\).*--allow-special '<\|endoftext\|>'"):
+    with pytest.raises(
+        InputError,
+        match=r"--text holds the special token '<\|endoftext\|>' \(at character "
+        r"3\).*--allow-special '<\|endoftext\|>'",
+    ):
         lab.check_special_tokens(tok, text, [], "--text")
     with pytest.raises(InputError, match="not a special token of this tokenizer"):
         lab.check_special_tokens(tok, text, ["<|nope|>"], "--text")
@@ -83,8 +90,27 @@ def test_special_tokens_are_refused_with_the_flag_that_allows_them(tok):
 def test_encode_cli_special_token_error_and_show(tok, saved, capsys):
     assert main(["tokenizer", "encode", "--tokenizer", saved, "--text", "a <|endoftext|> b"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("tokenmill: error: --text holds the special token '<|endoftext|>'") and "--allow-special" in err[0]
-    assert main(["tokenizer", "encode", "--tokenizer", saved, "--text", "a <|endoftext|> b", "--allow-special", "<|endoftext|>", "--show"]) == 0
+    assert (
+        len(err) == 1
+        and err[0].startswith("tokenmill: error: --text holds the special token '<|endoftext|>'")
+        and "--allow-special" in err[0]
+    )
+    assert (
+        main(
+            [
+                "tokenizer",
+                "encode",
+                "--tokenizer",
+                saved,
+                "--text",
+                "a <|endoftext|> b",
+                "--allow-special",
+                "<|endoftext|>",
+                "--show",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     assert "<|endoftext|>" in out[0] and "511" in out[1]  # the special token and its id (after 256 bytes + 255 merges)
     n = len(tok.encode("a <|endoftext|> b", allowed_special="all"))
@@ -117,7 +143,9 @@ def test_inspect_cli_knows_the_training_counts_from_the_store(tmp_path, shakespe
     cfg = CorpusConfig(sources=(str(source),), n_shards=1)
     corpus = stages.shard_corpus(store, stages.download_corpus(store, cfg), cfg)
     stages.count_shard(store, corpus, 0, stages.CountConfig())
-    stages.learn_tokenizer(store, stages.reduce_counts(store, corpus, stages.CountConfig()), stages.TokenizerConfig(vocab_size=400))
+    stages.learn_tokenizer(
+        store, stages.reduce_counts(store, corpus, stages.CountConfig()), stages.TokenizerConfig(vocab_size=400)
+    )
     assert main(["tokenizer", "inspect", "--store", store.url, "--json", "--top", "3"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["vocab_size"] == 400 and len(report["longest"]) == 3
@@ -128,7 +156,10 @@ def test_inspect_cli_knows_the_training_counts_from_the_store(tmp_path, shakespe
 
 def test_compare_measures_every_row(shakespeare_text):
     config = lab.CompareConfig(vocab_sizes=(300, 600), production=("gpt2",), hf=True)
-    multilingual = "### UDHR [eng] English (x)\nAll human beings are born free.\n### UDHR [fra] French (x)\nTous les êtres humains naissent libres.\n"
+    multilingual = (
+        "### UDHR [eng] English (x)\nAll human beings are born free.\n### UDHR [fra] French (x)\nTous les "
+        "êtres humains naissent libres.\n"
+    )
     result = lab.compare(shakespeare_text[:60_000], config, "sample", multilingual)
     rows = {r["name"]: r for r in result["rows"]}
     heldout = shakespeare_text[:60_000][-result["heldout_chars"] :]
@@ -137,7 +168,8 @@ def test_compare_measures_every_row(shakespeare_text):
     ours300, ours600 = rows["ours byte cl100k 300"], rows["ours byte cl100k 600"]
     assert 1 < ours300["chars_per_token"] < ours600["chars_per_token"] < rows["gpt2"]["chars_per_token"]
     assert rows["gpt2"]["vocab_size"] == 50257 and rows["gpt2"]["embedding_params"] == 50257 * 768
-    assert abs(rows["HF byte-level BPE 600"]["chars_per_token"] - ours600["chars_per_token"]) < 0.1  # the same algorithm, other ties
+    # the same algorithm, other ties
+    assert abs(rows["HF byte-level BPE 600"]["chars_per_token"] - ours600["chars_per_token"]) < 0.1
     assert all(r["mb_per_s"] > 0 for r in result["rows"] if r["family"] not in ("character level", "word level"))
     assert [f["text"] for f in result["fertility"]] == ["eng English", "fra French"]
     english = "All human beings are born free."
@@ -150,7 +182,9 @@ def test_lab_options_come_from_the_config_and_bad_values_are_one_line(capsys):
     from flows import cli
     from pipeline_lib.config import fields_of
 
-    args = cli.build_parser(["compare"]).parse_args(["compare", "--vocab-sizes", "64,128", "--units", "word", "--no-hf", "--production", "none"])
+    args = cli.build_parser(["compare"]).parse_args(
+        ["compare", "--vocab-sizes", "64,128", "--units", "word", "--no-hf", "--production", "none"]
+    )
     config = cli.configs_from_args(args, cli.COMPARE_CONFIGS)["compare"]
     assert config == lab.CompareConfig(vocab_sizes=(64, 128), units=("word",), hf=False, production=())
     assert all(f.description and not f.description.endswith(".") for f in fields_of(lab.CompareConfig))
@@ -159,16 +193,24 @@ def test_lab_options_come_from_the_config_and_bad_values_are_one_line(capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line]
     assert err == [
         "tokenmill: error: --log-merges -1: give a step of at least 1 (0: no merge log)",
-        "tokenmill: error: --tokenizer /no/such/dir: not a saved tokenizer directory (no tokenmill.json there); give one, or a REF in the store (latest:tokenizer)",
+        "tokenmill: error: --tokenizer /no/such/dir: not a saved tokenizer directory (no tokenmill.json there); give "
+        "one, or a REF in the store (latest:tokenizer)",
     ]
 
 
 def test_compare_says_what_it_left_out(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # HF tokenizers not installed
-    assert lab.hf_bpe("some text to train on", [300]) == ([], "HF tokenizers is not installed (pip install tokenizers): its rows are left out")
+    assert lab.hf_bpe("some text to train on", [300]) == (
+        [],
+        "HF tokenizers is not installed (pip install tokenizers): its rows are left out",
+    )
     found, notes = lab.production(["gpt2", "cl100k_base"], {"cl100k_base": str(tmp_path / "missing.tiktoken")})
     assert [c.name for c in found] == ["gpt2"]
-    assert len(notes) == 1 and notes[0].startswith("cl100k_base left out: ") and "--encoding-file cl100k_base=PATH" in notes[0]
+    assert (
+        len(notes) == 1
+        and notes[0].startswith("cl100k_base left out: ")
+        and "--encoding-file cl100k_base=PATH" in notes[0]
+    )
 
 
 def test_compare_cli(tmp_path, shakespeare_text, capsys):
@@ -176,7 +218,23 @@ def test_compare_cli(tmp_path, shakespeare_text, capsys):
     corpus.write_text(shakespeare_text[:20_000], encoding="utf-8")
     out = tmp_path / "out"
     assert (
-        main(["compare", "--corpus", str(corpus), "--vocab-sizes", "300", "--production", "none", "--no-hf", "--multilingual", "none", "--out", str(out)]) == 0
+        main(
+            [
+                "compare",
+                "--corpus",
+                str(corpus),
+                "--vocab-sizes",
+                "300",
+                "--production",
+                "none",
+                "--no-hf",
+                "--multilingual",
+                "none",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
     )
     printed = capsys.readouterr().out
     assert "ours byte cl100k 300" in printed and "character level" in printed
@@ -195,7 +253,9 @@ def _artifacts(flow_run_id) -> dict:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
     return {a.key: a for a in found if a.key}
 
 
@@ -207,13 +267,21 @@ def test_compare_flow_publishes_the_table_and_the_plot(prefect_harness, tmp_path
     config = lab.CompareConfig(vocab_sizes=(300,), units=("byte", "char"), production=(), hf=False)
     state = compare_flow(str(corpus), config, "none", out=str(tmp_path / "out"), return_state=True)
     result = state.result()
-    assert [r["name"] for r in result["rows"]] == ["character level", "word level", "ours byte cl100k 300", "ours char 300"]
+    assert [r["name"] for r in result["rows"]] == [
+        "character level",
+        "word level",
+        "ours byte cl100k 300",
+        "ours char 300",
+    ]
     artifacts = _artifacts(state.state_details.flow_run_id)
     table = json.loads(artifacts["tokenizer-comparison"].data)
     assert [row["name"] for row in table] == [r["name"] for r in result["rows"]]
     assert table[2]["chars_per_token"] == round(result["rows"][2]["chars_per_token"], 3)
     report = artifacts["tokenizer-comparison-report"].data
-    assert report.startswith("![compression against vocabulary size](data:image/png;base64,") and "| ours char 300 |" in report
+    assert (
+        report.startswith("![compression against vocabulary size](data:image/png;base64,")
+        and "| ours char 300 |" in report
+    )
     assert (tmp_path / "out" / "compare.md").read_text(encoding="utf-8") == lab.compare_text(result, markdown=True)
 
 
@@ -239,7 +307,9 @@ def test_tokenizer_flow_logs_every_nth_merge_with_its_count(prefect_harness, tmp
     run_logger.addHandler(handler)
     run_logger.setLevel(logging.INFO)
     try:
-        state = tokenizer_train_flow(corpus, CountConfig(pattern="none"), config, store=store, log_merges=40, return_state=True)
+        state = tokenizer_train_flow(
+            corpus, CountConfig(pattern="none"), config, store=store, log_merges=40, return_state=True
+        )
     finally:
         run_logger.removeHandler(handler)
         run_logger.setLevel(level)
@@ -247,10 +317,13 @@ def test_tokenizer_flow_logs_every_nth_merge_with_its_count(prefect_harness, tmp
     tok = Tokenizer.load(ArtifactStore(store).local_dir(ref.kind, ref.version))
     expected = lab.merge_log(tok, 40)
     assert [r["merge"] for r in expected] == [0, 40, 80, 120, len(tok.merges) - 1]
-    assert expected[0]["count"] == shakespeare_text[:30_000].count("e ")  # 'e' + ' ', the most frequent pair, counted here
+    # 'e' + ' ', the most frequent pair, counted here
+    assert expected[0]["count"] == shakespeare_text[:30_000].count("e ")
     logged = [r.getMessage() for r in records if r.getMessage().startswith("merge ")]
     assert logged == [lab.merge_line(r) for r in expected]
-    table = next(a for key, a in _artifacts(state.state_details.flow_run_id).items() if key.startswith("tokenizer-merge-log-"))
+    table = next(
+        a for key, a in _artifacts(state.state_details.flow_run_id).items() if key.startswith("tokenizer-merge-log-")
+    )
     assert json.loads(table.data) == expected
 
 
@@ -261,7 +334,8 @@ def test_encode_trace_ends_in_the_ids_encode_gives(tok, text):
     trace = lab.encode_trace(tok, text)
     assert [i for entry in trace for i in entry["ids"]] == tok.encode_ordinary(text)
     for entry in trace:
-        assert all(len(s["parts"]) == len(entry["start"]) - k - 1 for k, s in enumerate(entry["steps"]))  # one merge per step
+        # one merge per step
+        assert all(len(s["parts"]) == len(entry["start"]) - k - 1 for k, s in enumerate(entry["steps"]))
 
 
 def test_encode_trace_of_char_and_word_units(shakespeare_text):
@@ -287,9 +361,17 @@ def test_encode_cli_takes_a_production_encoding_by_name_and_traces(capsys):
 def test_encode_input_shows_the_ratio(saved, tmp_path, capsys, tok):
     source = tmp_path / "in.txt"
     source.write_text("To be, or not to be, that is the question.", encoding="utf-8")
-    assert main(["tokenizer", "encode", "--tokenizer", saved, "--input", str(source), "--output", str(tmp_path / "ids.npy")]) == 0
+    assert (
+        main(
+            ["tokenizer", "encode", "--tokenizer", saved, "--input", str(source), "--output", str(tmp_path / "ids.npy")]
+        )
+        == 0
+    )
     n = len(tok.encode("To be, or not to be, that is the question."))
-    assert capsys.readouterr().out == f"{n} tokens -> {tmp_path / 'ids.npy'} (42 characters, 42 bytes: {42 / n:.2f} chars/token, {42 / n:.2f} bytes/token)\n"
+    assert capsys.readouterr().out == (
+        f"{n} tokens -> {tmp_path / 'ids.npy'} (42 characters, 42 bytes: {42 / n:.2f} "
+        f"chars/token, {42 / n:.2f} bytes/token)\n"
+    )
 
 
 def test_train_trace_replays_the_cat_in_the_hat():
@@ -327,16 +409,28 @@ def test_tokenizer_flow_traces_training_plainly(prefect_harness, tmp_path):
     run_logger.addHandler(handler)
     run_logger.setLevel(logging.INFO)
     try:
-        state = tokenizer_train_flow(corpus, CountConfig(pattern="none"), config, store=str(tmp_path / "store"), log_merges=1, trace=True, return_state=True)
+        state = tokenizer_train_flow(
+            corpus,
+            CountConfig(pattern="none"),
+            config,
+            store=str(tmp_path / "store"),
+            log_merges=1,
+            trace=True,
+            return_state=True,
+        )
     finally:
         run_logger.removeHandler(handler)
         run_logger.setLevel(level)
     plain = [r.getMessage() for r in records if getattr(r, "plain", False)]
     assert plain[0] == "initial alphabet 256, special 0, merges to learn 3, target 259"
-    assert plain[1].startswith("compression on the training text: 18 characters (18 bytes) -> 12 tokens, 1.50 chars/token")
+    assert plain[1].startswith(
+        "compression on the training text: 18 characters (18 bytes) -> 12 tokens, 1.50 chars/token"
+    )
     assert "merge 2: 'the' + '␣' -> 'the␣' (id 258) (count 2)" in plain
     assert "merge 0: 't' + 'h' -> 'th'   th e ␣ c a t ␣ i n ␣ th e ␣ h a t" in plain
-    artifact = next(a for key, a in _artifacts(state.state_details.flow_run_id).items() if key.startswith("tokenizer-train-trace-"))
+    artifact = next(
+        a for key, a in _artifacts(state.state_details.flow_run_id).items() if key.startswith("tokenizer-train-trace-")
+    )
     assert "the␣ c a t ␣ i n ␣ the␣ h a t" in artifact.data
     # The console prints a plain record as its message alone.
     console = ConsoleHandler()
@@ -364,7 +458,9 @@ def test_compare_measures_your_tokenizer_beside_the_others(tok, shakespeare_text
     config = lab.CompareConfig(vocab_sizes=(300,), units=("byte",), production=(), hf=False)
     result = lab.compare(shakespeare_text[:30_000], config, tokenizers={"mine": tok})
     rows = {r["name"]: r for r in result["rows"]}
-    assert rows["mine"]["vocab_size"] == tok.vocab_size and rows["mine"]["family"].startswith("yours (byte-level BPE, gpt2 split)")
+    assert rows["mine"]["vocab_size"] == tok.vocab_size and rows["mine"]["family"].startswith(
+        "yours (byte-level BPE, gpt2 split)"
+    )
     heldout = lab.split_heldout(shakespeare_text[:30_000], config.heldout_fraction)[1]
     assert rows["mine"]["tokens"] == len(tok.encode_ordinary(heldout))
 
@@ -383,7 +479,8 @@ def test_a_character_split_over_byte_tokens_is_marked():
     drawn = lab.show_tokens(gpt2, text, gpt2.encode(text))
     assert drawn.splitlines()[0].replace(" ", "") == "|猫[1/3]|猫[2/3]|猫[3/3]|␣好[1/3]|好[2/3]|好[3/3]|␣é|"
     assert "X[i/n]: part i of a character split over n tokens" in drawn
-    assert lab.mark_split_characters([b"a", b"\xe5"], ["a", "\\xe5"]) == ["a", "\\xe5"]  # an incomplete end stays as bytes
+    # an incomplete end stays as bytes
+    assert lab.mark_split_characters([b"a", b"\xe5"], ["a", "\\xe5"]) == ["a", "\\xe5"]
 
 
 def test_merges_vocab_and_decode_commands(saved, tok, capsys):
@@ -401,7 +498,9 @@ def test_merges_vocab_and_decode_commands(saved, tok, capsys):
     assert main(["tokenizer", "decode", "--tokenizer", "gpt2", "--ids", "1 x"]) == 2
     assert main(["tokenizer", "merges", "--tokenizer", "gpt2"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("tokenmill: error: --ids: 'x' is not a token id") and err[1].startswith("tokenmill: error: --tokenizer gpt2: keeps no merge list")
+    assert err[0].startswith("tokenmill: error: --ids: 'x' is not a token id") and err[1].startswith(
+        "tokenmill: error: --tokenizer gpt2: keeps no merge list"
+    )
 
 
 def test_report_measures_your_tokenizers_on_its_held_out_shard(tmp_path, saved, tok, shakespeare_text):

@@ -47,7 +47,8 @@ def test_page_is_self_contained(tok):
     page = lab_page.build_page(TEXT + " </script>", tok, "mine", production)
     data = page_data(page)
     assert [i for i, _ in data["tokens"]] == tok.encode_ordinary(TEXT + " </script>")
-    assert not re.search(r"<(link|img|iframe)\b|\bsrc=|\bhref=|https?://(?!www\.w3\.org/2000/svg)", page)  # nothing fetched
+    # nothing fetched
+    assert not re.search(r"<(link|img|iframe)\b|\bsrc=|\bhref=|https?://(?!www\.w3\.org/2000/svg)", page)
     assert page.count("</script>") == 2  # the text's own "</script>" is escaped in the JSON
     assert ">gpt2</text>" in page  # the production encoding labelled on the curve
     assert [r["index"] for r in data["compare"]] == [0, 1, 2, 3]  # characters, words, mine, gpt2
@@ -66,14 +67,18 @@ def test_lab_page_cli(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} not installed (apt-get install -y chromium chromium-driver)")
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} not installed (apt-get install -y chromium chromium-driver)"
+)
 def test_lab_page_in_chromium(tok, tmp_path):
     sys.path.insert(0, os.path.dirname(__file__))
     from test_browser import browser
 
     page_file = tmp_path / "lab.html"
     production = {n: get_encoding(n) for n in ("gpt2", "cl100k_base", "o200k_base")}
-    page_file.write_text(lab_page.build_page(TEXT, tok, "byte-level BPE, 300 merges on tiny Shakespeare", production), encoding="utf-8")
+    page_file.write_text(
+        lab_page.build_page(TEXT, tok, "byte-level BPE, 300 merges on tiny Shakespeare", production), encoding="utf-8"
+    )
     events: list[dict] = []
     with browser(tmp_path / "profile") as devtools:
         page = devtools.open("about:blank", width=1200, height=1100)
@@ -97,7 +102,9 @@ def test_lab_page_in_chromium(tok, tmp_path):
             call("Page.enable")
             call("Page.navigate", url=page_file.as_uri())
             deadline = time.monotonic() + 60
-            while evaluate("document.readyState") != "complete" or not evaluate("document.querySelectorAll('#replay .tok').length"):
+            while evaluate("document.readyState") != "complete" or not evaluate(
+                "document.querySelectorAll('#replay .tok').length"
+            ):
                 assert time.monotonic() < deadline, "the page did not render its tokens"
                 time.sleep(0.2)
             full = evaluate("Array.from(document.querySelectorAll('#replay .tok')).map(e => e.textContent)")
@@ -106,7 +113,11 @@ def test_lab_page_in_chromium(tok, tmp_path):
             hover = evaluate("document.querySelector('#tokens .tok').title")
             assert hover == f"id {tok.encode_ordinary(TEXT)[0]}: {full[0]}"
             # The slider back to 0 merges: the bytes; half-way: between the two.
-            slide = "(k => { const s = document.getElementById('slider'); s.value = k; s.dispatchEvent(new Event('input')); return Array.from(document.querySelectorAll('#replay .tok')).map(e => e.textContent) })"
+            slide = (
+                "(k => { const s = document.getElementById('slider'); s.value = k; s.dispatchEvent(new "
+                "Event('input')); return Array.from(document.querySelectorAll('#replay .tok')).map(e => "
+                "e.textContent) })"
+            )
             none = evaluate(f"{slide}(0)")
             half = evaluate(f"{slide}(150)")
             assert len(none) == len(TEXT.encode()) > len(half) > len(full)
@@ -138,10 +149,17 @@ def test_lab_page_flow_links_the_page(prefect_harness, tmp_path, tok):
     page = tmp_path / "lab.html"
     rows = lab_page.compare_rows(TEXT, [("mine", tok)])
     page.write_text(lab_page.build_page(TEXT, tok, "mine", {}, rows), encoding="utf-8")
-    state = lab_page_flow(str(page), "tokenmill lab: mine", [{k: r[k] for k in ("name", "tokens", "chars_per_token")} for r in rows], return_state=True)
+    state = lab_page_flow(
+        str(page),
+        "tokenmill lab: mine",
+        [{k: r[k] for k in ("name", "tokens", "chars_per_token")} for r in rows],
+        return_state=True,
+    )
     assert state.result() == page.resolve().as_uri()
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+        )
     by_key = {a.key: a for a in found}
     assert page.resolve().as_uri() in by_key["lab-page"].data
     assert f"| mine | {len(tok.encode_ordinary(TEXT))} | " in by_key["lab-page-compare"].data

@@ -38,12 +38,19 @@ def module_name(path: Path) -> str:
 
 
 def project_modules() -> dict[str, Path]:
-    return {module_name(p): p for layer in LAYERS for p in sorted((ROOT / layer).rglob("*.py")) if "__pycache__" not in p.parts}
+    return {
+        module_name(p): p
+        for layer in LAYERS
+        for p in sorted((ROOT / layer).rglob("*.py"))
+        if "__pycache__" not in p.parts
+    }
 
 
 def _type_checking_only(node: ast.If) -> bool:
     test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
@@ -96,7 +103,10 @@ def layer_violations(graph: dict[str, list[tuple[str, int]]]) -> list[str]:
         for target, line in imported:
             layer = layer_of(target)
             if layer is not None and LAYERS.index(layer) > mine and (module, target) not in KNOWN_UPWARD:
-                problems.append(f"{module}:{line} imports {target}: {layer_of(module)} is below {layer} ({' -> '.join(reversed(LAYERS))})")
+                problems.append(
+                    f"{module}:{line} imports {target}: {layer_of(module)} is below {layer} "
+                    f"({' -> '.join(reversed(LAYERS))})"
+                )
             if layer_of(module) in NO_PREFECT and target.split(".")[0].split("_")[0] == "prefect":
                 problems.append(f"{module}:{line} imports {target}: {layer_of(module)} stays free of Prefect")
     return problems
@@ -167,7 +177,10 @@ def test_the_checker_sees_what_it_must(tmp_path):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from . import b\n\ndef f():\n    import prefect\n    from flows import cli\n")
-    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pipeline_lib import c\nfrom pipeline_lib.a import f\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pipeline_lib import "
+        "c\nfrom pipeline_lib.a import f\n"
+    )
     (pkg / "c.py").write_text("from pipeline_lib import b\n")
     modules = {f"pipeline_lib.{p.stem}" if p.stem != "__init__" else "pipeline_lib": p for p in pkg.glob("*.py")}
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}

@@ -133,7 +133,12 @@ def test_budget_ends_training_with_the_schedule_completed(byte_dir, tmp_path, mo
     assert any(f"-> {planned} of at most 200 steps" in m for m in logs)
     plan = json.loads((tmp_path / "run" / PLAN_FILE).read_text())
     assert plan["planned_steps"] == planned and plan["calibration_steps"] == c.warmup_steps + 1
-    assert plan_steps(c, done=plan["calibration_steps"], elapsed_s=plan["elapsed_s"], step_s=plan["step_s"], eval_s=plan["eval_s"]) == planned
+    assert (
+        plan_steps(
+            c, done=plan["calibration_steps"], elapsed_s=plan["elapsed_s"], step_s=plan["step_s"], eval_s=plan["eval_s"]
+        )
+        == planned
+    )
     # the LR schedule ran to its end: the last step used the decay's last value
     lrs = [h["lr"] for h in r.history if h["step"] >= 1]
     span = c.learning_rate - c.min_lr
@@ -270,5 +275,9 @@ def test_budget_bounds_the_wall_time_on_the_real_clock(byte_dir, tmp_path):
     elapsed = time.monotonic() - t0
     assert r.steps < r.max_steps and r.stopped_by_budget
     assert r.wall_s <= elapsed
-    assert elapsed <= budget + r.longest_step_s + r.final_s + (elapsed - r.wall_s), (elapsed, r.longest_step_s, r.final_s)
+    assert elapsed <= budget + r.longest_step_s + r.final_s + (elapsed - r.wall_s), (
+        elapsed,
+        r.longest_step_s,
+        r.final_s,
+    )
     assert r.wall_s <= budget + r.longest_step_s + r.final_s

@@ -17,8 +17,13 @@ from pipeline_lib.lm.testing import TEST_DEVICE_ENV, test_device, write_token_di
 DEVICE = test_device()
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(not DEVICE.startswith("cuda"), reason=f"the CUDA tier: set {TEST_DEVICE_ENV}=cuda on a GPU (it is {DEVICE!r})"),
-    pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(), reason=f"{TEST_DEVICE_ENV}={DEVICE} but CUDA is not available"),
+    pytest.mark.skipif(
+        not DEVICE.startswith("cuda"), reason=f"the CUDA tier: set {TEST_DEVICE_ENV}=cuda on a GPU (it is {DEVICE!r})"
+    ),
+    pytest.mark.skipif(
+        DEVICE.startswith("cuda") and not torch.cuda.is_available(),
+        reason=f"{TEST_DEVICE_ENV}={DEVICE} but CUDA is not available",
+    ),
 ]
 
 
@@ -26,14 +31,27 @@ pytestmark = [
 def tokens(tmp_path_factory):
     """Random documents over a 1000-id vocabulary with a separator, 2 shards, a val split."""
     rng = np.random.default_rng(0)
-    shards = [[rng.integers(0, 999, size=int(n)).astype(np.uint16) for n in rng.integers(50, 400, size=300)] for _ in range(2)]
-    return write_token_dir(tmp_path_factory.mktemp("tokens"), shards, vocab_size=1000, separator_id=999, val_fraction=0.1)
+    shards = [
+        [rng.integers(0, 999, size=int(n)).astype(np.uint16) for n in rng.integers(50, 400, size=300)] for _ in range(2)
+    ]
+    return write_token_dir(
+        tmp_path_factory.mktemp("tokens"), shards, vocab_size=1000, separator_id=999, val_fraction=0.1
+    )
 
 
 def cfg(**kw):
     from pipeline_lib.lm.config import preset
 
-    base = dict(device=DEVICE, max_steps=12, eval_interval=6, eval_iters=2, log_interval=1, ckpt_interval=6, ckpt_every_s=0, warmup_steps=2)
+    base = dict(
+        device=DEVICE,
+        max_steps=12,
+        eval_interval=6,
+        eval_iters=2,
+        log_interval=1,
+        ckpt_interval=6,
+        ckpt_every_s=0,
+        warmup_steps=2,
+    )
     base.update(kw)
     return preset("tiny", **base)
 
@@ -113,7 +131,9 @@ def test_memory_plan_against_the_allocator(tokens, tmp_path):
     from pipeline_lib.lm.plan import memory_plan
     from pipeline_lib.lm.trainer import train
 
-    c = cfg(max_steps=2, n_layer=4, n_head=4, n_embd=256, block_size=256, batch_size=8, ckpt_interval=1000, eval_iters=1)
+    c = cfg(
+        max_steps=2, n_layer=4, n_head=4, n_embd=256, block_size=256, batch_size=8, ckpt_interval=1000, eval_iters=1
+    )
     torch.cuda.reset_peak_memory_stats()
     train(c, tokens, tmp_path / "run", log=quiet)
     peak = torch.cuda.max_memory_allocated()

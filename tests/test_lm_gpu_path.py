@@ -29,7 +29,18 @@ def byte_dir(tmp_path_factory):
 
 
 def tiny(**kw):
-    base = dict(device="cpu", max_steps=4, block_size=32, n_layer=1, n_embd=32, n_head=2, batch_size=4, eval_iters=1, eval_interval=100, ckpt_every_s=0)
+    base = dict(
+        device="cpu",
+        max_steps=4,
+        block_size=32,
+        n_layer=1,
+        n_embd=32,
+        n_head=2,
+        batch_size=4,
+        eval_iters=1,
+        eval_interval=100,
+        ckpt_every_s=0,
+    )
     return preset("tiny", **{**base, **kw})
 
 
@@ -47,7 +58,10 @@ def test_autocast_dtype_choice():
     assert autocast_dtype("auto", "mps", bf16_supported=False) is None
     assert autocast_dtype("float16", "cpu", False) is torch.float16 and autocast_dtype("float32", "cuda", True) is None
     assert grad_scaler(torch.float16, torch.device("cpu")).is_enabled()
-    assert not grad_scaler(torch.bfloat16, torch.device("cpu")).is_enabled() and not grad_scaler(None, torch.device("cpu")).is_enabled()
+    assert (
+        not grad_scaler(torch.bfloat16, torch.device("cpu")).is_enabled()
+        and not grad_scaler(None, torch.device("cpu")).is_enabled()
+    )
 
 
 def test_a_disabled_scaler_changes_nothing():
@@ -98,7 +112,11 @@ def test_float16_with_grad_scaler_trains_and_resumes_exactly(byte_dir, tmp_path)
 def test_batches_reach_a_device_by_the_non_blocking_path():
     arr = np.arange(2 * 9, dtype=np.int64).reshape(2, 9)
     x, y = _to_batch(arr, torch.device("cpu"))
-    assert x.dtype == torch.int64 and torch.equal(x, torch.from_numpy(arr[:, :-1])) and torch.equal(y, torch.from_numpy(arr[:, 1:]))
+    assert (
+        x.dtype == torch.int64
+        and torch.equal(x, torch.from_numpy(arr[:, :-1]))
+        and torch.equal(y, torch.from_numpy(arr[:, 1:]))
+    )
     assert x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr() == arr.ctypes.data  # to the CPU: no copy
     # another device takes the same .to(device, non_blocking=True) call (pinned first when a GPU is present)
     mx, my = _to_batch(arr, torch.device("meta"))
@@ -110,7 +128,11 @@ def test_pinned_transfer_to_cuda():
     arr = np.random.default_rng(0).integers(0, 1000, size=(4, 33))
     x, y = _to_batch(arr, torch.device("cuda"))
     torch.cuda.synchronize()
-    assert x.is_cuda and torch.equal(x.cpu(), torch.from_numpy(arr[:, :-1])) and torch.equal(y.cpu(), torch.from_numpy(arr[:, 1:]))
+    assert (
+        x.is_cuda
+        and torch.equal(x.cpu(), torch.from_numpy(arr[:, :-1]))
+        and torch.equal(y.cpu(), torch.from_numpy(arr[:, 1:]))
+    )
 
 
 # -- the padded vocabulary -------------------------------------------------------------
@@ -121,13 +143,18 @@ def test_padded_vocabulary_is_never_in_the_loss_or_sampled(tmp_path):
     assert cfg.padded_vocab_size == 320
     torch.manual_seed(0)
     m = GPT(cfg).eval()
-    assert m.transformer.wte.weight.shape == (320, 16) and m.num_params(non_embedding=False) == sum(p.numel() for p in m.parameters()) - 63 * 16
+    assert (
+        m.transformer.wte.weight.shape == (320, 16)
+        and m.num_params(non_embedding=False) == sum(p.numel() for p in m.parameters()) - 63 * 16
+    )
     with torch.no_grad():  # padded rows that would win every softmax, were they in it
         m.transformer.wte.weight[257:] = 50 * m.transformer.ln_f.weight
     x = torch.randint(0, 257, (2, 16))
     logits, loss = m(x[:, :-1], x[:, 1:])
     assert logits.shape == (2, 15, 257)
-    hidden = m.transformer.ln_f(m.transformer.h[0](m.transformer.drop(m.transformer.wte(x[:, :-1]) + m.transformer.wpe(torch.arange(15)))))
+    hidden = m.transformer.ln_f(
+        m.transformer.h[0](m.transformer.drop(m.transformer.wte(x[:, :-1]) + m.transformer.wpe(torch.arange(15))))
+    )
     want = F.cross_entropy((hidden @ m.transformer.wte.weight[:257].T).reshape(-1, 257), x[:, 1:].reshape(-1))
     assert loss is not None and torch.allclose(loss, want, atol=1e-5)
     ids = sample(m, [1, 2, 3], 40, temperature=1.0, top_k=None, seed=0)
@@ -141,7 +168,12 @@ def test_padded_vocabulary_is_never_in_the_loss_or_sampled(tmp_path):
 
 
 def test_weights_written_before_padding_still_load():
-    assert GPTConfig.from_dict({"vocab_size": 257, "block_size": 8, "n_layer": 1, "n_head": 1, "n_embd": 8}).padded_vocab_size == 257
+    assert (
+        GPTConfig.from_dict(
+            {"vocab_size": 257, "block_size": 8, "n_layer": 1, "n_head": 1, "n_embd": 8}
+        ).padded_vocab_size
+        == 257
+    )
     assert GPTConfig(vocab_size=257).to_dict()["pad_vocab_to"] == 64
 
 
@@ -167,7 +199,12 @@ def test_a_run_warns_when_it_spans_many_epochs(byte_dir, tmp_path):
     logs = []
     r = train(tiny(max_steps=2, batch_size=64, block_size=64), byte_dir, tmp_path / "big-step", log=logs.append)
     assert not any("epochs" in m for m in r.messages)
-    r = train(tiny(max_steps=2, batch_size=64, block_size=256, total_batch_tokens=64 * 256 * 2), byte_dir, tmp_path / "huge", log=logs.append)
+    r = train(
+        tiny(max_steps=2, batch_size=64, block_size=256, total_batch_tokens=64 * 256 * 2),
+        byte_dir,
+        tmp_path / "huge",
+        log=logs.append,
+    )
     assert any("one optimizer step draws 32,768 tokens" in m for m in r.messages)
     cfg = tiny(max_steps=40_000, time_budget_s=None)
     from pipeline_lib.lm.trainer import _epoch_warnings
@@ -215,12 +252,21 @@ def test_compiled_training_matches_eager(byte_dir, tmp_path):
 def test_memory_plan_of_gpt2_124m_allocates_nothing():
     plan = memory_plan(preset("gpt2-124m"), 50257, "cuda", world_size=8)
     assert plan.n_params == 124_439_808 and plan.n_tensor_values == 124_439_808 + 47 * 768
-    assert plan.params_bytes == plan.grads_bytes == 4 * plan.n_tensor_values and plan.optimizer_bytes == 8 * plan.n_tensor_values
+    assert (
+        plan.params_bytes == plan.grads_bytes == 4 * plan.n_tensor_values
+        and plan.optimizer_bytes == 8 * plan.n_tensor_values
+    )
     assert plan.tokens_per_step == 524288 and plan.micro_steps_per_rank == 4 and plan.precision == "bf16 autocast"
     assert 5 << 30 < plan.activations_bytes < 15 << 30  # 16 x 1024 windows of a 12-layer, 768-wide model
     assert memory_plan(preset("gpt2-124m"), 50257, "cuda", bf16=False).precision == "fp16 autocast + GradScaler"
     text = "\n".join(plan.lines())
-    assert "parameters" in text and "AdamW state" in text and "activations" in text and "total" in text and "524,288" in text
+    assert (
+        "parameters" in text
+        and "AdamW state" in text
+        and "activations" in text
+        and "total" in text
+        and "524,288" in text
+    )
 
 
 def test_activation_estimate_bounds_what_autograd_keeps():
@@ -254,9 +300,9 @@ def test_plan_command(capsys):
     assert "16 windows x 16 micro-steps x 2 rank(s)" in out and "GiB" in out
     assert main(["plan", "--preset", "gpt2-124m", "--world-size", "3"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "python -m pipeline_lib.lm plan: error: 32 micro-steps per optimizer step do not divide among 3 ranks: " + (
-        "set grad_accum_steps (or total_batch_tokens) to a multiple of the world size"
-    )
+    assert err == (
+        "python -m pipeline_lib.lm plan: error: 32 micro-steps per optimizer step do not divide among 3 ranks: "
+    ) + ("set grad_accum_steps (or total_batch_tokens) to a multiple of the world size")
     assert main(["plan", "--preset", "tiny", "--batch-size", "0"]) == 2
     assert capsys.readouterr().err.strip().endswith("(set with --batch-size)")
 

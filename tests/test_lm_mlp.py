@@ -38,7 +38,14 @@ def test_the_preset_has_the_tutorials_sizes_and_parameter_count():
     cfg = preset("mlp", vocab_size=V)
     assert cfg.model == MLPConfig(vocab_size=V, block_size=C, n_embd=E, n_hidden=H)
     assert cfg.tokens_per_step == 2048  # the tutorial's batch of 2,048 predictions
-    assert (cfg.learning_rate, cfg.min_lr, cfg.warmup_steps, cfg.weight_decay, cfg.beta2, cfg.grad_clip) == (1e-3, 1e-3, 0, 0.01, 0.999, 0.0)
+    assert (cfg.learning_rate, cfg.min_lr, cfg.warmup_steps, cfg.weight_decay, cfg.beta2, cfg.grad_clip) == (
+        1e-3,
+        1e-3,
+        0,
+        0.01,
+        0.999,
+        0.0,
+    )
     with torch.device("meta"):
         model = build_model(cfg.model)
     assert isinstance(model, MLPLanguageModel)
@@ -51,7 +58,11 @@ def test_the_preset_has_the_tutorials_sizes_and_parameter_count():
 
 
 def test_a_gpt_setting_on_the_mlp_is_one_clear_error():
-    with pytest.raises(ConfigError, match=r"n_layer: not a setting of the mlp model \(its settings: block_size, n_embd, n_hidden, vocab_size\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"n_layer: not a setting of the mlp model \(its settings: block_size, "
+        r"n_embd, n_hidden, vocab_size\)",
+    ):
         LMConfig(preset="mlp", n_layer=2)
     with pytest.raises(ConfigError, match=r"n_hidden: not a setting of the gpt model"):
         LMConfig(preset="small", n_hidden=64)
@@ -76,7 +87,9 @@ def test_the_last_position_is_the_tutorials_forward_pass():
     all_logits, _ = ours(long, torch.zeros_like(long))
     assert all_logits is not None
     for t in range(5, 15):
-        torch.testing.assert_close(all_logits[:, t], output(torch.tanh(hidden(emb(long[:, t - 5 : t + 1]).view(2, -1)))))
+        torch.testing.assert_close(
+            all_logits[:, t], output(torch.tanh(hidden(emb(long[:, t - 5 : t + 1]).view(2, -1))))
+        )
 
 
 def test_a_position_reads_only_the_block_size_tokens_up_to_it():
@@ -105,10 +118,21 @@ def byte_dir(tmp_path_factory):
 def test_the_trainer_trains_it_and_it_loads_back_and_samples(byte_dir, tmp_path):
     """A short run at the tutorial's sizes, 8 windows a step: the loss falls from about
     ln(257), bits/byte is measured, the checkpoint loads back as the MLP and samples."""
-    cfg = preset("mlp", device="cpu", max_steps=20, batch_size=8, eval_interval=10, eval_iters=2, log_interval=1, ckpt_interval=20)
+    cfg = preset(
+        "mlp",
+        device="cpu",
+        max_steps=20,
+        batch_size=8,
+        eval_interval=10,
+        eval_iters=2,
+        log_interval=1,
+        ckpt_interval=20,
+    )
     evals: list[dict] = []
     lines: list[str] = []
-    r = train(cfg, byte_dir, tmp_path / "run", token_byte_lengths=byte_token_lengths(), log=lines.append, on_eval=evals.append)
+    r = train(
+        cfg, byte_dir, tmp_path / "run", token_byte_lengths=byte_token_lengths(), log=lines.append, on_eval=evals.append
+    )
     n = tutorial_count(257, C, E, H)
     assert r.n_params == n and any(f"{n:,} params" in line for line in lines)  # printed at the start, as the GPT's
     losses = [h["train_loss"] for h in r.history if h["train_loss"] is not None]
@@ -132,7 +156,13 @@ def test_its_versions_are_its_own_and_the_gpts_ids_stay():
     tokenizer = VersionRef("tokenizer", "k" * 20, "file:///k", "0" * 64)
     gpt, mlp = LMConfig().train_config(), LMConfig(preset="mlp").train_config()
     assert "arch" not in gpt.versioned_dict()["model"]  # a GPT's params are what they were
-    assert mlp.versioned_dict()["model"] == {"arch": "mlp", "vocab_size": None, "block_size": 32, "n_embd": 64, "n_hidden": 512}
+    assert mlp.versioned_dict()["model"] == {
+        "arch": "mlp",
+        "vocab_size": None,
+        "block_size": 32,
+        "n_embd": 64,
+        "n_hidden": 512,
+    }
     assert TrainConfig.from_dict(mlp.to_dict()) == mlp and TrainConfig.from_dict(gpt.to_dict()) == gpt
     ids = {model_version(tokens, tokenizer, c) for c in (gpt, mlp, LMConfig(preset="mlp", n_hidden=256).train_config())}
     assert len(ids) == 3

@@ -81,7 +81,12 @@ def corpus():
 def token_dir(corpus, tmp_path_factory):
     tok, docs = corpus
     half = len(docs) // 2
-    return write_token_dir(tmp_path_factory.mktemp("tokens"), [docs[:half], docs[half:]], tok.vocab_size, tok.special_tokens["<|endoftext|>"])
+    return write_token_dir(
+        tmp_path_factory.mktemp("tokens"),
+        [docs[:half], docs[half:]],
+        tok.vocab_size,
+        tok.special_tokens["<|endoftext|>"],
+    )
 
 
 def make_store(url, corpus, tmp):
@@ -371,7 +376,17 @@ def test_concurrent_runs_train_once(corpus, tmp_path, sys_tmp, monkeypatch, capl
     def run():
         try:
             start.wait()
-            refs.append(train_language_model(ArtifactStore(str(tmp_path / "store")), tokens, tokenizer, c, log=quiet, n_samples=1, sample_tokens=8))
+            refs.append(
+                train_language_model(
+                    ArtifactStore(str(tmp_path / "store")),
+                    tokens,
+                    tokenizer,
+                    c,
+                    log=quiet,
+                    n_samples=1,
+                    sample_tokens=8,
+                )
+            )
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 

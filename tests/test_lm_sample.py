@@ -57,7 +57,9 @@ def test_stop_and_errors(model):
 
 
 @pytest.mark.parametrize("prompt", [[1], [3, 1, 4, 1, 5], list(range(11))])  # 11 > block_size 8
-@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=1.0, top_k=None, seed=5), dict(temperature=0.8, top_k=7, seed=11)])
+@pytest.mark.parametrize(
+    "kw", [dict(temperature=0.0), dict(temperature=1.0, top_k=None, seed=5), dict(temperature=0.8, top_k=7, seed=11)]
+)
 def test_kv_cache_generates_what_full_recompute_does(model, prompt, kw):
     # 20 new tokens: the cache fills block_size 8, then the context is cropped and recomputed
     cached = sample(model, prompt, 20, kv_cache=True, **kw)
@@ -83,7 +85,9 @@ def test_kv_cache_logits_match_the_full_forward(model):
 
 def test_top_k_0_is_no_filter(model):
     for s in range(5):
-        assert sample(model, [2], 15, temperature=1.0, top_k=0, seed=s) == sample(model, [2], 15, temperature=1.0, top_k=None, seed=s)
+        assert sample(model, [2], 15, temperature=1.0, top_k=0, seed=s) == sample(
+            model, [2], 15, temperature=1.0, top_k=None, seed=s
+        )
     with pytest.raises(ValueError, match="top_k"):
         sample(model, [2], 3, top_k=-1)
 
@@ -109,19 +113,40 @@ def test_sample_text_splits_documents_at_the_separator(tmp_path):
     doc = np.asarray(tok.encode_ordinary("ab"), dtype=np.int64)
     store = ArtifactStore(str(tmp_path / "store"))
     staging = store.stage("tokenizer", "tok-test")
-    tokenizer = store.publish(staging, files={n: staging.put_bytes(n, b) for n, b in tokenizer_files(tok).items()}, meta=tok.metadata())
+    tokenizer = store.publish(
+        staging, files={n: staging.put_bytes(n, b) for n, b in tokenizer_files(tok).items()}, meta=tok.metadata()
+    )
     d = write_token_dir(tmp_path / "tokens", [[doc] * 300, [doc] * 300], tok.vocab_size, sep)
     staging = store.stage("tokens", "tokens-test")
     files = {p.name: staging.put_file(p.name, str(p)) for p in sorted(d.glob("shard_*"))}
-    tokens = store.publish(staging, files=files, parents={"tokenizer": tokenizer}, meta=json.loads((d / "manifest.json").read_text())["meta"])
-    cfg = preset("tiny", device="cpu", max_steps=40, block_size=8, n_layer=1, n_embd=32, eval_iters=1, learning_rate=1e-2, warmup_steps=2, ckpt_every_s=0)
+    tokens = store.publish(
+        staging,
+        files=files,
+        parents={"tokenizer": tokenizer},
+        meta=json.loads((d / "manifest.json").read_text())["meta"],
+    )
+    cfg = preset(
+        "tiny",
+        device="cpu",
+        max_steps=40,
+        block_size=8,
+        n_layer=1,
+        n_embd=32,
+        eval_iters=1,
+        learning_rate=1e-2,
+        warmup_steps=2,
+        ckpt_every_s=0,
+    )
     ref = train_language_model(store, tokens, tokenizer, cfg, log=lambda _m: None, n_samples=1, sample_tokens=8)
     n = len(doc) + 1  # tokens per document with its separator
     published = store.manifest(ref.kind, ref.version)["meta"]["samples"]  # sampled at temperature 0.8
     assert len(published) == 1 and "<|endoftext|>" not in published[0] and published[0].count("\n") >= 1
     greedy = sample_text(store, ref, SampleConfig(max_new_tokens=3 * n, temperature=0.0))
     assert greedy == "ab\nab\nab\n"
-    assert sample_text(store, ref.version, SampleConfig(prompt="ab", max_new_tokens=2 * n, temperature=0.0)) == "ab\nab\nab"
+    assert (
+        sample_text(store, ref.version, SampleConfig(prompt="ab", max_new_tokens=2 * n, temperature=0.0))
+        == "ab\nab\nab"
+    )
     text = sample_text(store, ref, SampleConfig(max_new_tokens=20, top_k=0, seed=3))  # no top-k filter
     assert "<|endoftext|>" not in text and text.count("\n") >= 2
     # the device is the caller's choice (auto: CUDA when there is one); one missing is bad input, named by its flag

@@ -69,7 +69,8 @@ def test_a_split_off_a_document_boundary_is_caught(tmp_path):
     docs = [[np.arange(10), np.arange(10)], [np.arange(20)]]
     d = write_token_dir(tmp_path / "t", docs, vocab_size=64, separator_id=63, val_fraction=0.4)
     shards = TokenShards(d)
-    assert shards.val_starts() == [11, 21]  # targets 13.2 and 12.6: shard 0 splits at 11, shard 1 (one document) has no val
+    # targets 13.2 and 12.6: shard 0 splits at 11, shard 1 (one document) has no val
+    assert shards.val_starts() == [11, 21]
     import json
 
     m = json.loads((d / "manifest.json").read_text())

@@ -84,16 +84,48 @@ def test_the_lm_cli_trains_samples_and_plans_without_them(blocked_env, tmp_path)
     data = write_byte_token_dir(tmp_path / "tokens", b"All the world's a stage.\n" * 400, n_shards=1)
     out = tmp_path / "run"
     r = run(
-        ["-m", "pipeline_lib.lm", "train", "--data", str(data), "--out", str(out), "--preset", "tiny", "--steps", "2", "--device", "cpu", "--no-report"],
+        [
+            "-m",
+            "pipeline_lib.lm",
+            "train",
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--preset",
+            "tiny",
+            "--steps",
+            "2",
+            "--device",
+            "cpu",
+            "--no-report",
+        ],
         blocked_env,
     )
     assert r.returncode == 0, r.stderr
     assert (Path(out) / "ckpt_000002").is_dir()
     r = run(
-        ["-m", "pipeline_lib.lm", "sample", "--ckpt", str(out), "--prompt-ids", "65,66", "--max-new-tokens", "5", "--device", "cpu", "--seed", "0"], blocked_env
+        [
+            "-m",
+            "pipeline_lib.lm",
+            "sample",
+            "--ckpt",
+            str(out),
+            "--prompt-ids",
+            "65,66",
+            "--max-new-tokens",
+            "5",
+            "--device",
+            "cpu",
+            "--seed",
+            "0",
+        ],
+        blocked_env,
     )
     assert r.returncode == 0, r.stderr
-    r = run(["-m", "pipeline_lib.lm", "plan", "--preset", "tiny", "--device", "cpu", "--vocab-size", "300"], blocked_env)
+    r = run(
+        ["-m", "pipeline_lib.lm", "plan", "--preset", "tiny", "--device", "cpu", "--vocab-size", "300"], blocked_env
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()
     json.dumps(r.stdout)  # printable text

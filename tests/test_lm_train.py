@@ -53,15 +53,28 @@ def quiet(_msg):
 def test_small_cpu_model_trains_on_one_thread_and_gives_the_count_back(byte_dir, tmp_path, monkeypatch):
     """The rule sampling follows: one intra-op thread under ONE_THREAD_BELOW parameters on the
     CPU, torch's own count again afterwards; a larger model keeps torch's count."""
-    lm_sample = importlib.import_module("pipeline_lib.lm.sampling")  # the module (the package's `sample` is the function)
+    # the module (the package's `sample` is the function)
+    lm_sample = importlib.import_module("pipeline_lib.lm.sampling")
 
     torch.set_num_threads(2)
     seen = []
-    train(tiny(max_steps=2), byte_dir, tmp_path / "small", log=quiet, on_step=lambda _e: seen.append(torch.get_num_threads()))
+    train(
+        tiny(max_steps=2),
+        byte_dir,
+        tmp_path / "small",
+        log=quiet,
+        on_step=lambda _e: seen.append(torch.get_num_threads()),
+    )
     assert seen == [1, 1] and torch.get_num_threads() == 2
     monkeypatch.setattr(lm_sample, "ONE_THREAD_BELOW", 0)  # every model is "large" now
     seen.clear()
-    train(tiny(max_steps=2), byte_dir, tmp_path / "large", log=quiet, on_step=lambda _e: seen.append(torch.get_num_threads()))
+    train(
+        tiny(max_steps=2),
+        byte_dir,
+        tmp_path / "large",
+        log=quiet,
+        on_step=lambda _e: seen.append(torch.get_num_threads()),
+    )
     assert seen == [2, 2] and torch.get_num_threads() == 2
 
 
@@ -90,7 +103,9 @@ def _weights(path):
 
 
 def test_exact_resume_with_dropout(byte_dir, tmp_path):
-    cfg = tiny(max_steps=12, dropout=0.1, grad_accum_steps=2, ckpt_interval=4, keep_last=2, eval_interval=4, warmup_steps=3)
+    cfg = tiny(
+        max_steps=12, dropout=0.1, grad_accum_steps=2, ckpt_interval=4, keep_last=2, eval_interval=4, warmup_steps=3
+    )
     full = train(cfg, byte_dir, tmp_path / "full", log=quiet)
     assert [s for s, _ in list_checkpoints(tmp_path / "full")] == [8, 12]  # keep_last=2
 
@@ -243,7 +258,9 @@ def test_ddp_world_size_1_gloo(byte_dir, tmp_path):
 def test_bits_per_byte_hand_checked(tmp_path):
     assert bits_per_byte(8 * math.log(2), 4) == pytest.approx(2.0)
     # vocab 4, every token is id 1 (2 bytes); the manifest claims 4 bytes per token.
-    d = write_token_dir(tmp_path / "t", [[np.ones(100, dtype=np.int64)]], vocab_size=4, separator_id=None, n_bytes=[400])
+    d = write_token_dir(
+        tmp_path / "t", [[np.ones(100, dtype=np.int64)]], vocab_size=4, separator_id=None, n_bytes=[400]
+    )
     ds = TokenShards(d)
     model = GPT(GPTConfig(vocab_size=4, block_size=8, n_layer=1, n_head=1, n_embd=8))
     with torch.no_grad():
@@ -259,7 +276,9 @@ def test_bits_per_byte_hand_checked(tmp_path):
 
 def test_bits_per_byte_leaves_the_separator_out(tmp_path):
     # documents of 3 tokens (id 1, 2 bytes each) + separator 3: a quarter of the targets are the separator
-    d = write_token_dir(tmp_path / "t", [[np.ones(3, dtype=np.int64)] * 30], vocab_size=4, separator_id=3, n_bytes=[180])
+    d = write_token_dir(
+        tmp_path / "t", [[np.ones(3, dtype=np.int64)] * 30], vocab_size=4, separator_id=3, n_bytes=[180]
+    )
     ds = TokenShards(d)
     model = GPT(GPTConfig(vocab_size=4, block_size=8, n_layer=1, n_head=1, n_embd=8))
     with torch.no_grad():
@@ -271,7 +290,9 @@ def test_bits_per_byte_leaves_the_separator_out(tmp_path):
     assert ds.bytes_per_text_token == pytest.approx(2.0)
     approx = evaluate(model, ds, ds.split(0.0, 9).train, bytes_per_token=ds.bytes_per_text_token, **kw)
     assert approx["val_bpb"] == pytest.approx(1.0)
-    counted = evaluate(model, ds, ds.split(0.0, 9).train, token_byte_lengths=torch.tensor([0, 2, 2, 0]), **{**kw, "separator_id": None})
+    counted = evaluate(
+        model, ds, ds.split(0.0, 9).train, token_byte_lengths=torch.tensor([0, 2, 2, 0]), **{**kw, "separator_id": None}
+    )
     assert counted["val_bpb"] > 1.2  # what counting the separators' nats over the text's bytes gave
 
 

@@ -58,7 +58,10 @@ def aiohttp_get(port: int) -> None:
 
     async def get() -> None:
         timeout = aiohttp.ClientTimeout(sock_connect=5, sock_read=READ_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(f"http://127.0.0.1:{port}/x") as response:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(f"http://127.0.0.1:{port}/x") as response,
+        ):
             await response.read()
 
     asyncio.run(get())
@@ -137,7 +140,16 @@ def _aiohttp_404() -> BaseException:
         _botocore_no_credentials,
         _aiohttp_404,
     ],
-    ids=["missing-file", "permission", "disk-full", "input", "store", "value", "botocore-no-credentials", "aiohttp-404"],
+    ids=[
+        "missing-file",
+        "permission",
+        "disk-full",
+        "input",
+        "store",
+        "value",
+        "botocore-no-credentials",
+        "aiohttp-404",
+    ],
 )
 def test_what_is_not_a_network_error(make):
     e = make()

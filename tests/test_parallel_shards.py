@@ -129,7 +129,9 @@ def _published_tokenizer_and_tokens(store_url: str, summary: dict) -> tuple[dict
     store = ArtifactStore(store_url)
     tok, tokens = summary["refs"]["tokenizer"], summary["refs"]["tokens"]
     # tokenmill.json names the counts version it was learnt from: compare the vocabulary itself
-    files = {n: i["sha256"] for n, i in store.manifest(tok["kind"], tok["version"])["files"].items() if n != "tokenmill.json"}
+    files = {
+        n: i["sha256"] for n, i in store.manifest(tok["kind"], tok["version"])["files"].items() if n != "tokenmill.json"
+    }
     return files, store.manifest(tokens["kind"], tokens["version"])["meta"]["totals"]["n_tokens"]
 
 
@@ -174,7 +176,11 @@ def test_a_killed_group_is_the_only_one_redone(tmp_path, many_files, monkeypatch
     url = str(tmp_path / "store")
     kill_group = 3
     p = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), url, json.dumps(files), str(kill_group)], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, os.path.abspath(__file__), url, json.dumps(files), str(kill_group)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert p.returncode == -signal.SIGKILL, (p.returncode, p.stdout, p.stderr[-2000:])
 

@@ -35,7 +35,9 @@ pytestmark = pytest.mark.slow
 
 def _postgres_bin() -> Path | None:
     found = shutil.which("initdb")
-    candidates = ([str(Path(found).resolve().parent)] if found else []) + sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
+    candidates = ([str(Path(found).resolve().parent)] if found else []) + sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"), reverse=True
+    )
     for directory in candidates:
         if (Path(directory) / "initdb").exists() and (Path(directory) / "postgres").exists():
             return Path(directory)
@@ -67,12 +69,28 @@ def postgres() -> Iterator[str]:
     if prefix:
         shutil.chown(directory, "postgres", "postgres")
     subprocess.run(
-        [*prefix, str(bin_dir / "initdb"), "-D", str(data), "-U", USER, "--auth=trust", "--no-sync", "-E", "UTF8"], check=True, capture_output=True, timeout=300
+        [*prefix, str(bin_dir / "initdb"), "-D", str(data), "-U", USER, "--auth=trust", "--no-sync", "-E", "UTF8"],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     port = free_port()
     log = open(directory / "postgres.log", "ab")
     proc = subprocess.Popen(
-        [*prefix, str(bin_dir / "postgres"), "-D", str(data), "-h", "127.0.0.1", "-p", str(port), "-k", str(directory), "-c", "fsync=off"],
+        [
+            *prefix,
+            str(bin_dir / "postgres"),
+            "-D",
+            str(data),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-k",
+            str(directory),
+            "-c",
+            "fsync=off",
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -80,7 +98,12 @@ def postgres() -> Iterator[str]:
     log.close()
     try:
         deadline = time.monotonic() + 120
-        while subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True).returncode != 0:
+        while (
+            subprocess.run(
+                [str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True
+            ).returncode
+            != 0
+        ):
             assert proc.poll() is None and time.monotonic() < deadline, (directory / "postgres.log").read_text()[-3000:]
             time.sleep(0.3)
         yield f"postgresql+asyncpg://{USER}@127.0.0.1:{port}/postgres"
@@ -107,7 +130,10 @@ def test_pipeline_runs_at_once_on_a_postgres_backed_server(tmp_path):
     corpus.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:150_000], encoding="utf-8")
     with postgres() as db_url:
         started = time.monotonic()
-        with PrefectServer(tmp_path / "prefect", server_env={"PREFECT_API_DATABASE_CONNECTION_URL": db_url}) as server, server.settings():
+        with (
+            PrefectServer(tmp_path / "prefect", server_env={"PREFECT_API_DATABASE_CONNECTION_URL": db_url}) as server,
+            server.settings(),
+        ):
             server_s = time.monotonic() - started
             env = server.client_env()
             runs = []
@@ -138,5 +164,6 @@ def test_pipeline_runs_at_once_on_a_postgres_backed_server(tmp_path):
             assert _count_flow_runs(db_url) == 3  # the runs are in PostgreSQL, not in a SQLite file
             assert not list((tmp_path / "prefect").glob("*.db"))
             print(
-                f"\npostgres-backed Prefect server: started in {server_s:.1f} s (with PostgreSQL); 3 concurrent `tokenmill run --no-lm` Completed in {elapsed:.1f} s"
+                f"\npostgres-backed Prefect server: started in {server_s:.1f} s (with PostgreSQL); 3 concurrent "
+                f"`tokenmill run --no-lm` Completed in {elapsed:.1f} s"
             )

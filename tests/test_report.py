@@ -8,7 +8,15 @@ import pytest
 
 from pipeline_lib import ArtifactStore, Tokenizer
 from pipeline_lib.corpus import CorpusConfig
-from pipeline_lib.report import char_level_curve, compression_curve, fertility, stop_reason, tokenizer_report, truncate, udhr_sections
+from pipeline_lib.report import (
+    char_level_curve,
+    compression_curve,
+    fertility,
+    stop_reason,
+    tokenizer_report,
+    truncate,
+    udhr_sections,
+)
 from pipeline_lib.stages import download_corpus, shard_corpus
 from pipeline_lib.tokenizer import count_documents
 
@@ -28,7 +36,11 @@ def test_truncating_a_character_level_tokenizer_equals_training_at_that_size(sha
     big = Tokenizer.train([text], 600, unit="char", pattern="none", special_tokens=())
     small = Tokenizer.train([text], 200, unit="char", pattern="none", special_tokens=())
     cut = truncate(big, 200)
-    assert cut.mergeable_ranks == small.mergeable_ranks and cut.special_tokens == small.special_tokens and cut.vocab_size == 200
+    assert (
+        cut.mergeable_ranks == small.mergeable_ranks
+        and cut.special_tokens == small.special_tokens
+        and cut.vocab_size == 200
+    )
     assert cut.merge_counts == small.merge_counts
     assert cut.encode(shakespeare_text[-3000:]) == small.encode(shakespeare_text[-3000:])
 
@@ -40,7 +52,10 @@ def test_a_size_the_corpus_cannot_reach_is_said_with_the_reason():
         tok = Tokenizer.train(dict(zip(pieces, counts.tolist())), 5000, pattern="gpt2", special_tokens=())
     assert tok.vocab_size < 5000
     reason = stop_reason(tok, pieces)
-    assert f"each of the corpus's {len(pieces)} distinct pieces is one token" in reason and f"after {len(tok.merges)} merges" in reason
+    assert (
+        f"each of the corpus's {len(pieces)} distinct pieces is one token" in reason
+        and (f"after {len(tok.merges)} merges") in reason
+    )
     rows = {r["vocab_size"]: r for r in compression_curve(tok, text, [256, 260, 5000], reason)}
     assert rows[260]["reached"] == 260 and rows[260]["tokens"] == len(truncate(tok, 260).encode(text))
     assert rows[5000]["reached"] == tok.vocab_size and rows[5000]["tokens"] is None and rows[5000]["note"] == reason
@@ -85,7 +100,9 @@ def test_report_version(tmp_path):
 
     shards = store.manifest(corpus.kind, corpus.version)["meta"]["shards"]
     root = store.local_dir(corpus.kind, corpus.version)
-    train_chars = {c for s in shards[:-1] for batch in iter_shard_batches(f"{root}/{s['file']}") for d in batch for c in d.decode()}
+    train_chars = {
+        c for s in shards[:-1] for batch in iter_shard_batches(f"{root}/{s['file']}") for d in batch for c in d.decode()
+    }
     char = report["char_level"]
     assert char["base_vocab"] == len(train_chars) == 65
     char_at = {r["vocab_size"]: r for r in char["compression"]}

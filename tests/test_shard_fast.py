@@ -39,7 +39,16 @@ TEXT = [
     b"a", b"word", b" ", b"\t", b"\n", b"\n", b"\n", b"\r", b"\r\n", b"\x0b", b"\x0c", b"\x1c", b"\x00", b"\x85",
     b"\xef\xbb\xbf", b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x9a\x80",
 ]  # fmt: skip
-INVALID = [b"\xff", b"\xc3", b"\xe2\x82", b"\xed\xa0\x80", b"\xc0\xaf", b"\xe0\x80\xaf", b"\xf4\x90\x80\x80", b"\xf8\x88\x80\x80\x80"]
+INVALID = [
+    b"\xff",
+    b"\xc3",
+    b"\xe2\x82",
+    b"\xed\xa0\x80",
+    b"\xc0\xaf",
+    b"\xe0\x80\xaf",
+    b"\xf4\x90\x80\x80",
+    b"\xf8\x88\x80\x80\x80",
+]
 # mostly text: a file with too many invalid bytes or NULs is refused as binary before any document
 pieces = st.lists(st.sampled_from(TEXT * 4 + INVALID), max_size=60)
 
@@ -87,7 +96,9 @@ def test_scanner_matches_the_per_document_reader(pieces, documents_mode, errors,
 
 @native
 @settings(max_examples=500, deadline=None)
-@given(data=st.one_of(st.binary(max_size=40), st.lists(st.sampled_from(TEXT[13:] + INVALID), max_size=12).map(b"".join)))
+@given(
+    data=st.one_of(st.binary(max_size=40), st.lists(st.sampled_from(TEXT[13:] + INVALID), max_size=12).map(b"".join))
+)
 def test_utf8_check_is_pythons(data):
     from pipeline_lib import _tokcore
 
@@ -107,10 +118,14 @@ def test_utf8_check_is_pythons(data):
 def test_scanner_carries_incomplete_lines_and_paragraphs():
     from pipeline_lib import _tokcore
 
-    packed, offsets, ends, consumed, lines, chars, empty, invalid, invalid_lines = _tokcore.scan_documents(bytearray(b"ab\r\n \x0c\n\xffc\nlast"), 0, False)
+    packed, offsets, ends, consumed, lines, chars, empty, invalid, invalid_lines = _tokcore.scan_documents(
+        bytearray(b"ab\r\n \x0c\n\xffc\nlast"), 0, False
+    )
     assert (bytes(packed), offsets.tolist(), ends.tolist()) == (b"ab\xffc", [0, 2, 4], [4, 10])
     assert (consumed, lines, chars, empty, invalid.tolist(), invalid_lines.tolist()) == (10, 3, 2, 1, [1], [2])
-    packed, offsets, ends, consumed, lines, *_ = _tokcore.scan_documents(memoryview(b"p1\nl2\n \x0b\np2\n\np3\nopen"), 1, False)
+    packed, offsets, ends, consumed, lines, *_ = _tokcore.scan_documents(
+        memoryview(b"p1\nl2\n \x0b\np2\n\np3\nopen"), 1, False
+    )
     assert (bytes(packed), offsets.tolist(), ends.tolist(), consumed, lines) == (b"p1\nl2p2", [0, 5, 7], [6, 12], 13, 5)
     with pytest.raises(ValueError, match="mode"):
         _tokcore.scan_documents(b"x", 2, True)
@@ -167,7 +182,12 @@ def plan_by_batch(total: int, n: int, steps) -> tuple[list[tuple[int, bool, bool
 
 
 sizes = st.one_of(st.integers(1, 50), st.integers(1, 10**6), st.sampled_from([1, 10**9]))
-steps = st.lists(st.one_of(st.tuples(st.just("batch"), st.lists(sizes, max_size=30)), st.tuples(st.just("skip"), st.integers(0, 100))), max_size=8)
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("batch"), st.lists(sizes, max_size=30)), st.tuples(st.just("skip"), st.integers(0, 100))
+    ),
+    max_size=8,
+)
 
 
 @settings(max_examples=500, deadline=None)
@@ -210,7 +230,9 @@ def shard_documents(store: ArtifactStore, ref) -> tuple[list[tuple[bytes, str]],
     return docs, meta
 
 
-def reference_shards(sources, config: CorpusConfig) -> tuple[list[tuple[bytes, str]], list[tuple[int, bool]], DecodeStats]:
+def reference_shards(
+    sources, config: CorpusConfig
+) -> tuple[list[tuple[bytes, str]], list[tuple[int, bool]], DecodeStats]:
     """Documents, (documents, oversize) per shard and stats, the way the sharder decided them
     document by document (`_iter_docs` and `_ShardPlan.place`)."""
     extents = [os.path.getsize(p) for p, _ in sources]
@@ -254,11 +276,18 @@ def test_shards_hold_the_per_document_readers_documents(tmp_path, monkeypatch, d
         docs, meta = shard_documents(store, shard_corpus(store, raw, config))
         raw_dir = store.local_dir(raw.kind, raw.version)
         names = [s["name"] for s in store.manifest(raw.kind, raw.version)["meta"]["sources"]]
-        expected_docs, expected_shards, stats = reference_shards([(os.path.join(raw_dir, "sources", n), n) for n in names], config)
+        expected_docs, expected_shards, stats = reference_shards(
+            [(os.path.join(raw_dir, "sources", n), n) for n in names], config
+        )
         assert docs == expected_docs
         assert [(s["n_docs"], bool(s.get("oversize"))) for s in meta["shards"]] == expected_shards
         assert (meta["n_docs"], meta["n_bytes"], meta["n_chars"]) == (stats.documents, stats.bytes, stats.chars)
-        assert (meta["replaced_documents"], meta["invalid_bytes"], meta["skipped_documents"], meta["empty_documents"]) == (
+        assert (
+            meta["replaced_documents"],
+            meta["invalid_bytes"],
+            meta["skipped_documents"],
+            meta["empty_documents"],
+        ) == (
             stats.replaced_documents,
             stats.invalid_bytes,
             stats.skipped_documents,
@@ -353,7 +382,12 @@ def test_a_100_mb_line_takes_a_few_times_its_size(tmp_path, documents_mode):
     """One document of 100 MB (a line with no end): peak memory above the baseline stays under 4x it (~3x measured)."""
     path = tmp_path / "line.txt"
     path.write_bytes(b"word " * (20 << 20))
-    done = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(path), str(tmp_path / "store"), documents_mode], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, str(path), str(tmp_path / "store"), documents_mode],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     peak = int(done.stdout.split()[-1])
     print(f"100 MB line, {documents_mode}: peak RSS +{peak / 1e6:.0f} MB")
     assert peak < 4 * path.stat().st_size

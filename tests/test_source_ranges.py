@@ -41,7 +41,15 @@ def _shard(root: Path, sources: list[str], **config) -> tuple[ArtifactStore, Ver
     return store, ref, store.manifest(ref.kind, ref.version)
 
 
-_COUNTS = ("n_docs", "n_bytes", "n_chars", "replaced_documents", "invalid_bytes", "skipped_documents", "empty_documents")
+_COUNTS = (
+    "n_docs",
+    "n_bytes",
+    "n_chars",
+    "replaced_documents",
+    "invalid_bytes",
+    "skipped_documents",
+    "empty_documents",
+)
 
 
 def _same_as_whole(path: str, group_bytes: int, **config) -> dict:
@@ -55,7 +63,9 @@ def _same_as_whole(path: str, group_bytes: int, **config) -> dict:
                 _shard(Path(tmp) / "split", [path], source_group_bytes=group_bytes, **config)
             assert str(split_error.value) == str(e)
             return {}
-        split_store, split, split_manifest = _shard(Path(tmp) / "split", [path], source_group_bytes=group_bytes, **config)
+        split_store, split, split_manifest = _shard(
+            Path(tmp) / "split", [path], source_group_bytes=group_bytes, **config
+        )
         assert _documents(split_store, split) == _documents(whole_store, whole)
         for key in _COUNTS:
             assert split_manifest["meta"][key] == whole_manifest["meta"][key], key
@@ -84,7 +94,9 @@ def scanner(request, monkeypatch):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=_TEXT, group_bytes=st.integers(min_value=1, max_value=400), documents=st.sampled_from(["line", "paragraph"]))
+@given(
+    text=_TEXT, group_bytes=st.integers(min_value=1, max_value=400), documents=st.sampled_from(["line", "paragraph"])
+)
 def test_text_ranges_give_the_documents_of_the_whole_file(tmp_path_factory, scanner, text, group_bytes, documents):
     path = tmp_path_factory.mktemp("text") / "big.txt"
     path.write_bytes(text)
@@ -108,7 +120,11 @@ def test_jsonl_ranges_give_the_records_of_the_whole_file(tmp_path_factory, recor
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rows=st.lists(st.text(alphabet="pq é", max_size=30), min_size=1, max_size=80), row_group=st.integers(1, 20), group_bytes=st.integers(50, 2000))
+@given(
+    rows=st.lists(st.text(alphabet="pq é", max_size=30), min_size=1, max_size=80),
+    row_group=st.integers(1, 20),
+    group_bytes=st.integers(50, 2000),
+)
 def test_parquet_row_group_ranges_give_the_rows_of_the_whole_file(tmp_path_factory, rows, row_group, group_bytes):
     path = tmp_path_factory.mktemp("parquet") / "big.parquet"
     pq.write_table(pa.table({"text": rows, "n": list(range(len(rows)))}), path, row_group_size=row_group)
@@ -142,12 +158,23 @@ def test_a_bom_and_the_size_cap_are_the_whole_files(tmp_path):
     big.write_bytes(b"line\n" * 100)
     for split in (0, 100):  # read in place (a copy is refused when it is made)
         with pytest.raises(corpus_lib.InputError, match="big.txt: 500 bytes, more than the 400-byte cap"):
-            _shard(tmp_path / f"capped-{split}", [str(big)], source_group_bytes=split, max_source_bytes=400, source_mode="reference")
+            _shard(
+                tmp_path / f"capped-{split}",
+                [str(big)],
+                source_group_bytes=split,
+                max_source_bytes=400,
+                source_mode="reference",
+            )
 
 
 def test_small_files_and_compressed_ones_are_not_split():
     cfg = CorpusConfig(source_group_bytes=100)
-    records = [{"name": "a.txt", "size": 100}, {"name": "b.txt.zst", "size": 500}, {"name": "c.txt", "size": 250}, {"name": "d.parquet", "size": 150}]
+    records = [
+        {"name": "a.txt", "size": 100},
+        {"name": "b.txt.zst", "size": 500},
+        {"name": "c.txt", "size": 250},
+        {"name": "d.parquet", "size": 150},
+    ]
     units = source_ranges.plan_units(records, cfg)
     assert [(u.sources, u.split, u.span) for u in units] == [
         (range(0, 1), False, (0, 0)),
@@ -173,7 +200,9 @@ def test_each_row_group_goes_to_the_range_holding_its_middle(tmp_path):
     assert sum(1 for p in picked if p) > 1
 
 
-def test_split_shards_are_deterministic_and_a_rerun_redoes_only_the_missing_range(tmp_path, shakespeare_text, monkeypatch):
+def test_split_shards_are_deterministic_and_a_rerun_redoes_only_the_missing_range(
+    tmp_path, shakespeare_text, monkeypatch
+):
     path = tmp_path / "big.txt"
     path.write_text(shakespeare_text[:60_000])
     cfg = CorpusConfig(sources=(str(path),), n_shards=6, source_group_bytes=15_000)
@@ -200,7 +229,9 @@ def test_split_shards_are_deterministic_and_a_rerun_redoes_only_the_missing_rang
     mine, theirs = store.manifest(corpus.kind, corpus.version), other.manifest(again.kind, again.version)
     assert mine["files"] == theirs["files"] and mine["meta"] == theirs["meta"]
     names = [s["name"] for s in mine["meta"]["shards"]]
-    assert names == sorted(names) and all(name.startswith(("shard_000000_", "shard_000001_", "shard_000002_", "shard_000003_")) for name in names)
+    assert names == sorted(names) and all(
+        name.startswith(("shard_000000_", "shard_000001_", "shard_000002_", "shard_000003_")) for name in names
+    )
     assert [g["sources"] for g in mine["meta"]["groups"]] == [["00000_big.txt"]] * 4
     (source,) = mine["meta"]["sources"]
     assert source["ranges"] == 4 and source["n_docs"] == mine["meta"]["n_docs"]
@@ -217,7 +248,9 @@ def test_split_corpus_learns_the_tokenizer_of_the_whole_file(tmp_path, shakespea
         counts = stages.CountConfig()
         for i in range(len(store.manifest(corpus.kind, corpus.version)["meta"]["shards"])):
             stages.count_shard(store, corpus, i, counts)
-        tok = stages.learn_tokenizer(store, stages.reduce_counts(store, corpus, counts), stages.TokenizerConfig(vocab_size=400))
+        tok = stages.learn_tokenizer(
+            store, stages.reduce_counts(store, corpus, counts), stages.TokenizerConfig(vocab_size=400)
+        )
         files = store.manifest(tok.kind, tok.version)["files"]
         tokenizers.append({name: info["sha256"] for name, info in files.items() if name != "tokenmill.json"})
     assert tokenizers[0] == tokenizers[1] and tokenizers[0]
@@ -235,7 +268,10 @@ def fineweb_dir(tmp_path, shakespeare_text) -> tuple[Path, list[str]]:
         part = paras[i * 20 : (i + 1) * 20]
         sub = root / "CC-MAIN-2024-10"
         sub.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table({"id": [f"{i}-{k}" for k in range(len(part))], "text": part, "url": ["u"] * len(part)}), sub / f"{i:03d}_00000.parquet")
+        pq.write_table(
+            pa.table({"id": [f"{i}-{k}" for k in range(len(part))], "text": part, "url": ["u"] * len(part)}),
+            sub / f"{i:03d}_00000.parquet",
+        )
         docs += part
     for i in range(2):
         part = paras[60 + i * 15 : 60 + (i + 1) * 15]
@@ -250,7 +286,13 @@ def fineweb_dir(tmp_path, shakespeare_text) -> tuple[Path, list[str]]:
 def test_a_directory_of_parquet_and_jsonl_zst_files_is_read_in_place(tmp_path, fineweb_dir):
     root, docs = fineweb_dir
     urls = corpus_lib.expand_sources((str(root),))
-    assert [Path(u).name for u in urls] == ["000_00000.parquet", "001_00000.parquet", "002_00000.parquet", "shard-0.jsonl.zst", "shard-1.jsonl.zst"]
+    assert [Path(u).name for u in urls] == [
+        "000_00000.parquet",
+        "001_00000.parquet",
+        "002_00000.parquet",
+        "shard-0.jsonl.zst",
+        "shard-1.jsonl.zst",
+    ]
     store = ArtifactStore(str(tmp_path / "store"))
     cfg = CorpusConfig(sources=(str(root),), n_shards=4, source_mode="reference", source_group_bytes=0)
     raw = stages.download_corpus(store, cfg)
@@ -259,7 +301,13 @@ def test_a_directory_of_parquet_and_jsonl_zst_files_is_read_in_place(tmp_path, f
     corpus = stages.shard_corpus(store, raw, cfg)
     assert [d.decode() for d in _documents(store, corpus)] == docs
     labels = source_ranges.unit_labels(store, raw, cfg)
-    assert labels == ["000_00000.parquet", "001_00000.parquet", "002_00000.parquet", "shard-0.jsonl.zst", "shard-1.jsonl.zst"]
+    assert labels == [
+        "000_00000.parquet",
+        "001_00000.parquet",
+        "002_00000.parquet",
+        "shard-0.jsonl.zst",
+        "shard-1.jsonl.zst",
+    ]
     # a glob of the same layout names the same files
     assert corpus_lib.expand_sources((str(root / "*" / "*.parquet"),)) == urls[:3]
 
@@ -280,7 +328,12 @@ def test_the_flow_names_each_sharding_task_after_its_files_and_ranges(tmp_path, 
     big = tmp_path / "big.txt"
     big.write_text(shakespeare_text[:30_000])
     state = corpus_flow(
-        corpus={"sources": [str(root), str(big)], "n_shards": 4, "source_group_bytes": 10_000, "source_mode": "reference"},
+        corpus={
+            "sources": [str(root), str(big)],
+            "n_shards": 4,
+            "source_group_bytes": 10_000,
+            "source_mode": "reference",
+        },
         store=str(tmp_path / "store"),
         return_state=True,
     )
@@ -294,7 +347,9 @@ def test_a_referenced_large_source_is_split_as_a_copied_one(tmp_path, shakespear
     path = tmp_path / "big.jsonl"
     path.write_text("".join(json.dumps({"text": line}) + "\n" for line in shakespeare_text[:30_000].splitlines()))
     _, copied, copied_manifest = _shard(tmp_path / "copy", [str(path)], n_shards=3, source_group_bytes=8_000)
-    ref_store, referenced, ref_manifest = _shard(tmp_path / "ref", [str(path)], n_shards=3, source_group_bytes=8_000, source_mode="reference")
+    ref_store, referenced, ref_manifest = _shard(
+        tmp_path / "ref", [str(path)], n_shards=3, source_group_bytes=8_000, source_mode="reference"
+    )
     raw = ref_manifest["parents"]["raw"]
     assert ref_store.manifest(*raw.split("/"))["files"] == {}  # read in place
     assert ref_manifest["files"] == copied_manifest["files"]

@@ -58,7 +58,9 @@ def test_engine_publishes_the_ids_the_stage_helpers_compute(tmp_path, corpus_fil
     cfg = stages.CorpusConfig(sources=(corpus_file,), n_shards=3)
     cc, tc, ec = stages.CountConfig(), stages.TokenizerConfig(vocab_size=300), stages.EncodeConfig()
     raw, corpus, counts, tok = refs["raw"], refs["corpus"], refs["counts"], refs["tokenizer"]
-    content = [{"name": s["name"], "sha256": s["sha256"]} for s in store.manifest("raw", raw.version)["meta"]["sources"]]
+    content = [
+        {"name": s["name"], "sha256": s["sha256"]} for s in store.manifest("raw", raw.version)["meta"]["sources"]
+    ]
     expected = {
         "raw": _expected(stages.DOWNLOAD, {}, {"content": content}),
         "corpus": _expected(stages.SHARD, {"raw": raw}, cfg.shard_params()),
@@ -83,7 +85,9 @@ def test_engine_publishes_the_ids_the_stage_helpers_compute(tmp_path, corpus_fil
     published = {k: refs[k].version for k in expected}
     assert expected == helpers == specs == published
     for ref in refs.values():  # the manifest records the code part of the id: the output version
-        stage = {s.kind: s for s in (stages.DOWNLOAD, stages.SHARD, stages.COUNTS, stages.TOKENIZER, stages.TOKENS)}[ref.kind]
+        stage = {s.kind: s for s in (stages.DOWNLOAD, stages.SHARD, stages.COUNTS, stages.TOKENIZER, stages.TOKENS)}[
+            ref.kind
+        ]
         assert store.manifest(ref.kind, ref.version)["code_version"] == output_code(stage.output_version)
     # The library's own entry points land on the same versions (and reuse them).
     assert stages.reduce_counts(store, corpus, cc) == counts
@@ -95,7 +99,9 @@ def test_engine_publishes_the_ids_the_stage_helpers_compute(tmp_path, corpus_fil
     train = LMConfig().train_config()
     tokens = refs["tokens"]
     assert LM.version({"tokens": tokens, "tokenizer": tok}, train) == model_version(tokens, tok, train)
-    assert model_version(tokens, tok, train) == _expected(LM, {"tokens": tokens, "tokenizer": tok}, train.versioned_dict())
+    assert model_version(tokens, tok, train) == _expected(
+        LM, {"tokens": tokens, "tokenizer": tok}, train.versioned_dict()
+    )
 
 
 def test_versions_of_an_older_id_scheme_stay_readable(tmp_path, corpus_file, monkeypatch):
@@ -114,7 +120,9 @@ def test_versions_of_an_older_id_scheme_stay_readable(tmp_path, corpus_file, mon
     assert stages.tokenizer_version(old["counts"], tc) != old["tokenizer"].version  # today's id for the same work
     tok = stages.learn_tokenizer(store, old["counts"], tc)
     assert store.manifest("tokenizer", tok.version)["parents"] == {"counts": old["counts"].key}
-    assert store.read_bytes("tokenizer", tok.version, "vocab.tiktoken") == store.read_bytes("tokenizer", old["tokenizer"].version, "vocab.tiktoken")
+    assert store.read_bytes("tokenizer", tok.version, "vocab.tiktoken") == store.read_bytes(
+        "tokenizer", old["tokenizer"].version, "vocab.tiktoken"
+    )
     # A bumped output version is a new id for new runs; the published one stays.
     bumped = dataclasses.replace(stages.TOKENIZER, output_version=stages.TOKENIZER.output_version + 1)
     assert bumped.version({"counts": old["counts"]}, tc) not in (tok.version, old["tokenizer"].version)
@@ -132,7 +140,9 @@ def test_every_manifest_records_the_backend(tmp_path, corpus_file):
 
 
 def _parents(kind: str) -> tuple[str, ...]:
-    return {s.kind: s.inputs for s in (stages.DOWNLOAD, stages.SHARD, stages.COUNTS, stages.TOKENIZER, stages.TOKENS)}[kind]
+    return {s.kind: s.inputs for s in (stages.DOWNLOAD, stages.SHARD, stages.COUNTS, stages.TOKENIZER, stages.TOKENS)}[
+        kind
+    ]
 
 
 def test_a_stage_without_params_or_identify_is_refused(tmp_path, corpus_file):
@@ -192,7 +202,12 @@ def test_cache_holds_while_the_store_does(tmp_path, corpus_file):
     store = ArtifactStore(store_url)
     cfg = stages.CorpusConfig(sources=(corpus_file,), n_shards=2)
     corpus = stages.shard_corpus(store, stages.download_corpus(store, cfg), cfg)
-    corpus_dict = {"kind": corpus.kind, "version": corpus.version, "uri": corpus.uri, "manifest_sha256": corpus.manifest_sha256}
+    corpus_dict = {
+        "kind": corpus.kind,
+        "version": corpus.version,
+        "uri": corpus.uri,
+        "manifest_sha256": corpus.manifest_sha256,
+    }
 
     @flow(name="stage-spec-counts")
     def counts_flow() -> VersionRef:

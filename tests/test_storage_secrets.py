@@ -13,9 +13,19 @@ from pipeline_lib.storage_secrets import ENV, REDACTED, redact, remember, resolv
 
 def test_secrets_are_redacted_and_put_back(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
-    options = {"key": "AKIA", "secret": "s3cr3t", "anon": False, "client_kwargs": {"endpoint_url": "http://x", "aws_session_token": "sess-9f2c"}}
+    options = {
+        "key": "AKIA",
+        "secret": "s3cr3t",
+        "anon": False,
+        "client_kwargs": {"endpoint_url": "http://x", "aws_session_token": "sess-9f2c"},
+    }
     shown, secrets = redact(options)
-    assert shown == {"key": REDACTED, "secret": REDACTED, "anon": False, "client_kwargs": {"endpoint_url": "http://x", "aws_session_token": REDACTED}}
+    assert shown == {
+        "key": REDACTED,
+        "secret": REDACTED,
+        "anon": False,
+        "client_kwargs": {"endpoint_url": "http://x", "aws_session_token": REDACTED},
+    }
     assert "s3cr3t" not in repr(shown) and "sess-9f2c" not in repr(shown)
     remember(secrets)
     assert resolve(shown) == options

@@ -84,8 +84,10 @@ def store_with_user_files(tmp_path):
         _write(path)
     shutil.rmtree(root / "corpus" / STAGING_DIR)
     os.symlink(outside, root / "corpus" / STAGING_DIR, target_is_directory=True)  # a linked .staging
-    os.symlink(outside, root / "tokens" / STAGING_DIR / "0123456789abcdef0123", target_is_directory=True)  # a link inside the store's own staging root
-    os.symlink(outside, root / "tokens" / "fedcba9876543210fedc", target_is_directory=True)  # a link named like a version
+    # a link inside the store's own staging root
+    os.symlink(outside, root / "tokens" / STAGING_DIR / "0123456789abcdef0123", target_is_directory=True)
+    # a link named like a version
+    os.symlink(outside, root / "tokens" / "fedcba9876543210fedc", target_is_directory=True)
     _old(root)
     _old(outside)
     return store, user, outside
@@ -106,7 +108,9 @@ def test_gc_keeps_everything_the_store_did_not_write(store_with_user_files, min_
         rel = os.path.relpath(path, root)
         assert after.get(rel) == before[rel], f"gc touched the user's file {label}"
     assert _hashes(outside) == before_outside  # nothing followed through a link
-    assert {k: v for k, v in before.items() if ".staging" not in k} == {k: v for k, v in after.items() if ".staging" not in k}
+    assert {k: v for k, v in before.items() if ".staging" not in k} == {
+        k: v for k, v in after.items() if ".staging" not in k
+    }
     for m in store.list():
         store.verify(m["kind"], m["version"])
 
@@ -133,7 +137,12 @@ def test_foreign_entries_are_listed(store_with_user_files):
 def test_cli_gc_lists_foreign_entries_and_keeps_them(store_with_user_files):
     store, user, _ = store_with_user_files
     before = _hashes(store.root)
-    p = subprocess.run([sys.executable, "-m", "flows.cli", "gc", "--store", store.root, "--min-age", "0"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "gc", "--store", store.root, "--min-age", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     assert f"kept (not written by the store): {store.root}/notes" in p.stdout
     after = _hashes(store.root)
@@ -145,18 +154,33 @@ def test_cli_gc_lists_foreign_entries_and_keeps_them(store_with_user_files):
 def test_export_into_the_store_is_refused(tmp_path):
     store = ArtifactStore(str(tmp_path / "S"))
     _publish(store, "tokens")
-    for command in (["export-nanogpt"], ["export-llmc"], ["tokenizer", "export", "--format", "hf"], ["tokenizer", "train"]):
+    for command in (
+        ["export-nanogpt"],
+        ["export-llmc"],
+        ["tokenizer", "export", "--format", "hf"],
+        ["tokenizer", "train"],
+    ):
         out = tmp_path / "S" / "exports" / command[-1]
         p = subprocess.run(
-            [sys.executable, "-m", "flows.cli", *command, "--store", str(tmp_path / "S"), "--out", str(out)], capture_output=True, text=True, timeout=300
+            [sys.executable, "-m", "flows.cli", *command, "--store", str(tmp_path / "S"), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert p.returncode == 2, p.stderr
         lines = p.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("tokenmill: error:") and "--out" in lines[0] and "inside the store" in lines[0]
+        assert (
+            len(lines) == 1
+            and lines[0].startswith("tokenmill: error:")
+            and "--out" in lines[0]
+            and ("inside the store") in lines[0]
+        )
         assert not out.exists()
 
 
-def _hold_claim(store: ArtifactStore, kind: str, version: str, ready: threading.Event, release: threading.Event) -> threading.Thread:
+def _hold_claim(
+    store: ArtifactStore, kind: str, version: str, ready: threading.Event, release: threading.Event
+) -> threading.Thread:
     def hold() -> None:
         with store.claim(kind, version, poll_s=0.05, ttl_s=30):
             staging = store.stage(kind, version)
@@ -211,7 +235,11 @@ def test_object_store_gc_takes_only_its_own(backend, request, monkeypatch):
     else:
         store = ArtifactStore(s3_url(), **request.getfixturevalue("s3_options"))
     kept = _publish(store, "tokens")
-    user = [f"{store.root}/notes/2019/letter.txt", f"{store.root}/tokens/my-export/train.bin", f"{store.root}/tokens/{'0' * 20}/y.bin"]
+    user = [
+        f"{store.root}/notes/2019/letter.txt",
+        f"{store.root}/tokens/my-export/train.bin",
+        f"{store.root}/tokens/{'0' * 20}/y.bin",
+    ]
     for path in user:
         store.fs.pipe_file(path, b"precious user data")
     killed = version_id("tokens", {}, {"killed": 1}, "test")
@@ -232,5 +260,9 @@ def test_object_store_gc_takes_only_its_own(backend, request, monkeypatch):
         store._invalidate(path)
         assert store.fs.cat_file(path) == b"precious user data"
     foreign = store.foreign_entries()
-    assert f"{store.root}/notes" in foreign and f"{store.root}/tokens/my-export" in foreign and f"{store.root}/tokens/{'0' * 20}" in foreign
+    assert (
+        f"{store.root}/notes" in foreign
+        and f"{store.root}/tokens/my-export" in foreign
+        and f"{store.root}/tokens/{'0' * 20}" in foreign
+    )
     store.verify("tokens", kept)

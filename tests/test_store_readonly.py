@@ -23,9 +23,15 @@ from pipeline_lib.token_shards import EncodeConfig
 def read_only_view(src: Path, dst: Path) -> Iterator[Path]:
     dst.mkdir()
     if subprocess.run(["mount", "--bind", str(src), str(dst)], capture_output=True, check=False).returncode != 0:
-        pytest.skip("bind mounts are not permitted here (a read-only store needs a real read-only mount: root ignores chmod a-w)")
+        pytest.skip(
+            "bind mounts are not permitted here (a read-only store needs a real read-only mount: root ignores "
+            "chmod a-w)"
+        )
     try:
-        if subprocess.run(["mount", "-o", "remount,ro,bind", str(dst)], capture_output=True, check=False).returncode != 0:
+        if (
+            subprocess.run(["mount", "-o", "remount,ro,bind", str(dst)], capture_output=True, check=False).returncode
+            != 0
+        ):
             pytest.skip("read-only remounts are not permitted here")
         with pytest.raises(OSError):
             (dst / "probe").write_bytes(b"x")  # really read-only, even for root
@@ -50,8 +56,18 @@ def test_a_complete_store_on_a_read_only_mount_is_reused(tmp_path, shakespeare_t
             stages.encode_shard(s2, corpus, tok2, i, ec)
         tokens2 = stages.publish_tokens(s2, corpus, tok2, ec)
         assert (tokens2.version, tok2.version) == (tokens.version, tok.version)
-        p = subprocess.run([sys.executable, "-m", "flows.cli", "verify", "--all", "--store", str(ro)], capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "verify", "--all", "--store", str(ro)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert p.returncode == 0 and f"tokens/{tokens.version}: " in p.stdout, p.stderr
-        p = subprocess.run([sys.executable, "-m", "flows.cli", "gc", "--dry-run", "--store", str(ro)], capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "gc", "--dry-run", "--store", str(ro)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert p.returncode == 0, p.stderr
     assert sorted(p.relative_to(tmp_path / "store") for p in (tmp_path / "store").rglob("*")) == before

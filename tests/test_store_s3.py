@@ -31,7 +31,11 @@ def test_endpoint_url_reaches_the_local_server(s3_options):
 
     bucket, prefix = url[len("s3://") :].split("/", 1)
     client = boto3.client(
-        "s3", endpoint_url=s3_options["client_kwargs"]["endpoint_url"], aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+        "s3",
+        endpoint_url=s3_options["client_kwargs"]["endpoint_url"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
     )
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"])
     # (the staging root's marker stays: gc's proof that `notes` is the store's kind)
@@ -93,7 +97,11 @@ def test_two_processes_publish_the_same_version(s3_options):
     start = time.time() + 2.0
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _WRITER, url, json.dumps(s3_options), who, str(start)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-c", _WRITER, url, json.dumps(s3_options), who, str(start)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for who in ("a", "b")
     ]
@@ -120,7 +128,10 @@ def test_chain_on_s3(s3_options, tmp_path, shakespeare_text):
     store = ArtifactStore(s3_url(), **s3_options)
     cfg = CorpusConfig(sources=(glob,), n_shards=2, storage_options=s3_options)
     raw = stages.download_corpus(store, cfg)
-    assert [s["size"] for s in store.manifest("raw", raw.version)["meta"]["sources"]] == [30_000, len(head[30_000:].encode())]
+    assert [s["size"] for s in store.manifest("raw", raw.version)["meta"]["sources"]] == [
+        30_000,
+        len(head[30_000:].encode()),
+    ]
     corpus = stages.shard_corpus(store, raw, cfg)
     cc = stages.CountConfig()
     for i in range(2):

@@ -61,7 +61,9 @@ def test_cli_gc_on_a_folder_that_is_not_a_store(tmp_path):
     home = tmp_path / "home"
     _home_like(home)
     before = _tree(home)
-    p = subprocess.run([sys.executable, "-m", "flows.cli", "gc", "--store", str(home)], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "gc", "--store", str(home)], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode != 0
     assert "Traceback" not in p.stderr + p.stdout
     assert p.stderr.strip().splitlines()[-1].startswith("tokenmill: error:") and "not a tokenmill store" in p.stderr
@@ -153,7 +155,10 @@ def test_a_corrupt_version_is_quarantined_and_recomputed(tmp_path, damage, caplo
     assert "quarantined notes/v1" in caplog.text
     assert not store.exists("notes", "v1")
     (moved,) = os.listdir(tmp_path / "store" / "notes" / QUARANTINE_DIR)
-    assert moved.startswith("v1-") and sorted(os.listdir(tmp_path / "store" / "notes" / QUARANTINE_DIR / moved)) == ["a.txt", MANIFEST]
+    assert moved.startswith("v1-") and sorted(os.listdir(tmp_path / "store" / "notes" / QUARANTINE_DIR / moved)) == [
+        "a.txt",
+        MANIFEST,
+    ]
     _publish(store)  # the rerun recomputes the same bytes
     assert store.usable("notes", "v1") and store.read_bytes("notes", "v1", "a.txt") == b"hello"
 

@@ -28,7 +28,8 @@ def _chain(store: ArtifactStore) -> tuple[str, str, str, str]:
     """raw <- corpus <- model, and an unrelated raw."""
     raw = _publish(store, "raw", b"raw text")
     corpus = _publish(store, "corpus", b"corpus", {"raw": raw})
-    tokens = _publish(store, "model", b"model", {"corpus": corpus})  # (no shards: a "tokens" kind would fail its shard checks)
+    # (no shards: a "tokens" kind would fail its shard checks)
+    tokens = _publish(store, "model", b"model", {"corpus": corpus})
     other = _publish(store, "raw", b"other raw")
     return raw, corpus, tokens, other
 
@@ -123,7 +124,13 @@ def test_rm_on_an_object_store(request):
     ],
 )
 def test_store_urls_are_checked_before_any_work(tmp_path, url, expected):
-    p = subprocess.run([sys.executable, "-m", "flows.cli", "versions", "--store", url], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "versions", "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert p.returncode == 2, (p.stdout, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tokenmill: error: --store") and expected in lines[0], p.stderr
@@ -141,6 +148,12 @@ def test_versions_of_a_bogus_kind_lists_the_valid_ones(tmp_path):
     p = _cli("versions", "--kind", "bogus", "--store", str(tmp_path / "S"))
     assert p.returncode == 2
     line = p.stderr.strip().splitlines()[-1]
-    assert line.startswith("tokenmill: error: --kind bogus") and "raw" in line and "corpus" in line and "tokens" in line and "model" in line, p.stderr
+    assert (
+        line.startswith("tokenmill: error: --kind bogus")
+        and "raw" in line
+        and "corpus" in line
+        and "tokens" in line
+        and "model" in line
+    ), p.stderr
     p = _cli("versions", "--kind", "raw", "--store", str(tmp_path / "S"))
     assert p.returncode == 0 and p.stdout.count("raw ") == 2

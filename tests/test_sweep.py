@@ -58,10 +58,14 @@ def test_equal_flops_plan_gives_bigger_vocabularies_fewer_steps():
     assert given.lm["byte-300"].train_config().max_steps == 6
     with pytest.raises(ConfigError, match="--flops-per-arm .* buys arm byte-300 no training step"):
         plan(SweepConfig(vocab_sizes=(300,), flops_per_arm=1.0), lm, {"byte-300": 300})
-    timed = plan(SweepConfig(vocab_sizes=(300,), compute="time"), LMConfig(**{**TINY_LM, "minutes": 0.5}), {"byte-300": 300})
+    timed = plan(
+        SweepConfig(vocab_sizes=(300,), compute="time"), LMConfig(**{**TINY_LM, "minutes": 0.5}), {"byte-300": 300}
+    )
     assert timed.minutes_per_arm == 0.5 and timed.lm["byte-300"].train_config().time_budget_s == 30.0
     with pytest.raises(ConfigError, match="--compute time .* give --lm-minutes"):
-        plan(SweepConfig(vocab_sizes=(300,), compute="time"), LMConfig(**{**TINY_LM, "minutes": None}), {"byte-300": 300})
+        plan(
+            SweepConfig(vocab_sizes=(300,), compute="time"), LMConfig(**{**TINY_LM, "minutes": None}), {"byte-300": 300}
+        )
 
 
 def test_bad_vocab_size_is_one_error_line_before_any_work(tmp_path, capsys):
@@ -70,7 +74,9 @@ def test_bad_vocab_size_is_one_error_line_before_any_work(tmp_path, capsys):
     store = tmp_path / "store"
     assert main(["sweep", "--vocab-sizes", "512,100", "--store", str(store)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("tokenmill: error: --vocab-sizes 512 100:") and "too small" in err[0], err
+    assert len(err) == 1 and err[0].startswith("tokenmill: error: --vocab-sizes 512 100:") and "too small" in err[0], (
+        err
+    )
     assert not store.exists()
     assert main(["sweep", "--units", "byte,syllable", "--store", str(store)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -107,7 +113,12 @@ def test_sweep_compares_arms_at_equal_flops(sweep_run):
     result = out["result"]
     rows = {r["arm"]: r for r in result["rows"]}
     assert list(rows) == ["byte-300", "byte-600"]  # one row per arm
-    assert len(states["train_lm"]) == 2 and len(states["learn_merges"]) == 2 and states["reduce_counts"] == ["Completed", "Cached"]  # counts shared
+    # counts shared
+    assert (
+        len(states["train_lm"]) == 2
+        and len(states["learn_merges"]) == 2
+        and states["reduce_counts"] == ["Completed", "Cached"]
+    )
 
     # equal compute: the smallest vocabulary trains the asked steps, the other fewer, same FLOPs within half a step
     assert rows["byte-300"]["steps"] == TINY_LM["steps"] and rows["byte-600"]["steps"] < TINY_LM["steps"]
@@ -116,7 +127,10 @@ def test_sweep_compares_arms_at_equal_flops(sweep_run):
         assert abs(r["train_flops"] / budget - 1) <= 0.5 / r["steps"]
         assert r["train_flops"] == r["steps"] * r["tokens_per_step"] * r["flops_per_token"]
     assert rows["byte-600"]["bytes_per_token"] > rows["byte-300"]["bytes_per_token"] > 1.0
-    assert rows["byte-600"]["embedding_params"] - rows["byte-300"]["embedding_params"] == (rows["byte-600"]["vocab_size"] - rows["byte-300"]["vocab_size"]) * 32
+    assert (
+        rows["byte-600"]["embedding_params"] - rows["byte-300"]["embedding_params"]
+        == (rows["byte-600"]["vocab_size"] - rows["byte-300"]["vocab_size"]) * 32
+    )
 
     # bits per byte: the model's val loss over the bytes its tokens encode (separators: 0 bytes)
     for name, r in rows.items():
@@ -128,7 +142,11 @@ def test_sweep_compares_arms_at_equal_flops(sweep_run):
         assert r["tokens_per_s"] > 0 and r["bytes_per_s"] == pytest.approx(r["tokens_per_s"] * stream_bytes_per_token)
         # where the arm started: the untrained model's step-0 evaluation, above where it ended
         history = json.loads(store.read_bytes("model", out["models"][name]["version"], "history.json"))
-        assert r["start_val_bpb"] == history[0]["val_bpb"] and history[0]["step"] == 0 and r["start_val_bpb"] > r["val_bpb"]
+        assert (
+            r["start_val_bpb"] == history[0]["val_bpb"]
+            and history[0]["step"] == 0
+            and r["start_val_bpb"] > r["val_bpb"]
+        )
 
     # the sweep version: content-addressed, its parents the arms' models, table and plot as files
     ref = out["sweep"]
@@ -150,7 +168,9 @@ def test_rerun_is_cached_and_shows_the_table(sweep_run):
     assert all(s == "Cached" for names in states.values() for s in names), states
     assert again["sweep"] == first["sweep"] and again["models"] == first["models"]
     with get_client(sync_client=True) as client:  # made in the flow: a Cached run shows them too
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[again["flow_run_id"]])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[again["flow_run_id"]]))
+        )
     markdown = [a for a in artifacts if a.type == "markdown" and (a.key or "").startswith("tokenmill-sweep-")]
     assert len(markdown) == 1 and "data:image/png;base64," in markdown[0].data and "| byte-600 |" in markdown[0].data
     tables = [a for a in artifacts if a.type == "table" and (a.key or "").startswith("tokenmill-sweep-")]
@@ -180,9 +200,13 @@ def test_arms_train_in_parallel_on_processes_with_the_same_results(sweep_run, tm
     from flows.sweep import sweep_flow
 
     params, (first, _) = sweep_run
-    state = sweep_flow.with_options(task_runner=ProcessPoolTaskRunner(max_workers=2))(return_state=True, **{**params, "store": str(tmp_path / "store")})
+    state = sweep_flow.with_options(task_runner=ProcessPoolTaskRunner(max_workers=2))(
+        return_state=True, **{**params, "store": str(tmp_path / "store")}
+    )
     assert state.is_completed(), state
     out = state.result()
     assert {k: m["version"] for k, m in out["models"].items()} == {k: m["version"] for k, m in first["models"].items()}
     same = ("val_loss", "val_bpb", "steps", "train_flops", "bytes_per_token")
-    assert [{k: r[k] for k in same} for r in out["result"]["rows"]] == [{k: r[k] for k in same} for r in first["result"]["rows"]]
+    assert [{k: r[k] for k in same} for r in out["result"]["rows"]] == [
+        {k: r[k] for k in same} for r in first["result"]["rows"]
+    ]

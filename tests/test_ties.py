@@ -53,7 +53,16 @@ def tutorial_merges(words: dict[tuple[str, ...], int], n: int) -> list[tuple[str
 
 def native_bytes(counts: dict[bytes, int], n: int, min_frequency: int = 1, max_token_bytes=None):
     pieces = list(counts)
-    rows, merge_counts = tokcore.learn_merges(pieces, [counts[p] for p in pieces], n, min_frequency, None, max_token_bytes, with_counts=True, ties="first-seen")
+    rows, merge_counts = tokcore.learn_merges(
+        pieces,
+        [counts[p] for p in pieces],
+        n,
+        min_frequency,
+        None,
+        max_token_bytes,
+        with_counts=True,
+        ties="first-seen",
+    )
     return [tuple(r) for r in rows.tolist()], merge_counts.tolist()
 
 
@@ -61,12 +70,16 @@ def native_symbols(alphabet, counts, n, min_frequency=1):
     pieces = list(counts)
     offsets = np.cumsum([0] + [len(p) for p in pieces], dtype=np.int64)
     symbols = np.array([s for p in pieces for s in p], dtype=np.int32)
-    rows, merge_counts = tokcore.learn_symbol_merges(alphabet, symbols, offsets, [counts[p] for p in pieces], n, min_frequency, None, None, ties="first-seen")
+    rows, merge_counts = tokcore.learn_symbol_merges(
+        alphabet, symbols, offsets, [counts[p] for p in pieces], n, min_frequency, None, None, ties="first-seen"
+    )
     return [tuple(r) for r in rows.tolist()], merge_counts.tolist()
 
 
 def reference(counts: dict[bytes, int], n: int, min_frequency: int = 1, max_token_bytes=None):
-    return ref.learn_symbol_merges(ref.BYTES, {tuple(p): c for p, c in counts.items()}, n, min_frequency, None, max_token_bytes, "first-seen")
+    return ref.learn_symbol_merges(
+        ref.BYTES, {tuple(p): c for p, c in counts.items()}, n, min_frequency, None, max_token_bytes, "first-seen"
+    )
 
 
 def test_first_seen_differs_from_byte_order_where_counts_tie():
@@ -85,7 +98,9 @@ def test_reference_equals_the_tutorials_trainer():
     vocab = dict(enumerate(ref.alphabet_of({w.encode(): 1 for w in words}, "word")))
     for left, right, new in merges:
         vocab[new] = vocab[left] + vocab[right]
-    shown = [(vocab[a].replace(b"\xff", b"</w>").decode(), vocab[b].replace(b"\xff", b"</w>").decode()) for a, b, _ in merges]
+    shown = [
+        (vocab[a].replace(b"\xff", b"</w>").decode(), vocab[b].replace(b"\xff", b"</w>").decode()) for a, b, _ in merges
+    ]
     assert shown == expected
 
 
@@ -112,7 +127,11 @@ long_pieces = st.one_of(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(long_pieces, st.integers(0, 4), min_size=1, max_size=3), st.integers(1, 40), st.sampled_from([None, 2, 3, 7]))
+@given(
+    st.dictionaries(long_pieces, st.integers(0, 4), min_size=1, max_size=3),
+    st.integers(1, 40),
+    st.sampled_from([None, 2, 3, 7]),
+)
 def test_native_equals_reference_across_blocks(counts, n, max_token_bytes):
     # pieces over 256 symbols are chains of blocks in the native trainer: first occurrences across them
     assert native_bytes(counts, n, 1, max_token_bytes) == reference(counts, n, 1, max_token_bytes)
@@ -142,7 +161,9 @@ def test_tokenizer_train_first_seen_keeps_the_text_order_and_default_ids():
 
 def test_n_merges_sets_the_vocabulary_and_reports_the_plan():
     plans = []
-    tok = Tokenizer.train(["low lower newest widest"], 0, unit="word", pattern="none", special_tokens=(), n_merges=5, on_plan=plans.append)
+    tok = Tokenizer.train(
+        ["low lower newest widest"], 0, unit="word", pattern="none", special_tokens=(), n_merges=5, on_plan=plans.append
+    )
     assert len(tok.merges or []) == 5
     (plan,) = plans
     assert plan.line() == f"initial alphabet 11, special 1, merges to learn 5, target {11 + 1 + 5}"
@@ -156,7 +177,9 @@ def test_native_equals_reference_on_real_text(shakespeare_text):
     alphabet = sorted({s for piece in char for s in piece})
     id_of = {s: i for i, s in enumerate(alphabet)}
     symbols = {tuple(id_of[s] for s in piece): c for piece, c in char.items()}
-    assert native_symbols(alphabet, symbols, 300) == ref.learn_symbol_merges(alphabet, symbols, 300, 1, None, None, "first-seen")
+    assert native_symbols(alphabet, symbols, 300) == ref.learn_symbol_merges(
+        alphabet, symbols, 300, 1, None, None, "first-seen"
+    )
 
 
 def test_many_ties_stay_fast_growth():
@@ -169,6 +192,9 @@ def test_many_ties_stay_fast_growth():
 
     small, big = pieces(10_000), pieces(40_000)
     r = growth(
-        lambda: native_bytes(small, len(small) // 2), lambda: native_bytes(big, len(big) // 2), "first-seen ties, 10k -> 40k pieces seen once", limit=10.0
+        lambda: native_bytes(small, len(small) // 2),
+        lambda: native_bytes(big, len(big) // 2),
+        "first-seen ties, 10k -> 40k pieces seen once",
+        limit=10.0,
     )
     assert r <= 10.0

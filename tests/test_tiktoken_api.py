@@ -136,7 +136,12 @@ def test_list_and_model_names_match_tiktoken():
     from tiktoken.model import MODEL_PREFIX_TO_ENCODING, MODEL_TO_ENCODING
 
     assert set(list_encoding_names()) == set(tiktoken.list_encoding_names())
-    for model in [*MODEL_TO_ENCODING, *(p + "x-2025" for p in MODEL_PREFIX_TO_ENCODING), "ft:gpt-4o-mini:org", "gpt-4o-2024-05-13"]:
+    for model in [
+        *MODEL_TO_ENCODING,
+        *(p + "x-2025" for p in MODEL_PREFIX_TO_ENCODING),
+        "ft:gpt-4o-mini:org",
+        "gpt-4o-2024-05-13",
+    ]:
         assert encoding_name_for_model(model) == tiktoken.encoding_name_for_model(model), model
     with pytest.raises(KeyError):
         tiktoken.encoding_name_for_model("no-such-model")
@@ -153,7 +158,10 @@ def test_unknown_encoding_and_missing_files_are_one_clear_error(monkeypatch):
         get_encoding("cl99k")
     for var in ("TOKENMILL_ENCODING_P50K_BASE", "TOKENMILL_ENCODING_P50K_EDIT", registry.ENV_DIR):
         monkeypatch.delenv(var, raising=False)
-    with pytest.raises(InputError, match="TOKENMILL_ENCODING_P50K_BASE.*does not download|does not download.*TOKENMILL_ENCODING_P50K_BASE"):
+    with pytest.raises(
+        InputError,
+        match="TOKENMILL_ENCODING_P50K_BASE.*does not download|does not download.*TOKENMILL_ENCODING_P50K_BASE",
+    ):
         get_encoding("p50k_base")
     with pytest.raises(InputError, match="TOKENMILL_ENCODING_P50K_EDIT"):
         encoding_for_model("text-davinci-edit-001")
@@ -189,7 +197,9 @@ def test_registry_sources(tmp_path, monkeypatch, cl100k):
     monkeypatch.delenv("TOKENMILL_ENCODING_CL100K_BASE")
     monkeypatch.setenv(registry.ENV_DIR, str(tmp_path / "empty"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InputError, match=r"TOKENMILL_ENCODINGS_DIR.*no cl100k_base.tiktoken or cl100k_base.tiktoken.gz"):
+    with pytest.raises(
+        InputError, match=r"TOKENMILL_ENCODINGS_DIR.*no cl100k_base.tiktoken or cl100k_base.tiktoken.gz"
+    ):
         get_encoding("cl100k_base")
     monkeypatch.setenv(registry.ENV_DIR, str(d))
     assert get_encoding("cl100k_base").mergeable_ranks == expected
@@ -260,7 +270,9 @@ def test_special_token_policies_equal_tiktoken(ours, theirs, name):
             assert got[0] == expect[0] and (got[0] == "raised" or got[1].tolist() == expect[1])
         batch = [*WITH_SPECIALS, "plain text"]
         assert _outcome(a.encode_batch, batch, **kwargs) == _outcome(b.encode_batch, batch, **kwargs), kwargs
-        assert _outcome(a.encode_batch, ["plain", "text"], **kwargs) == _outcome(b.encode_batch, ["plain", "text"], **kwargs)
+        assert _outcome(a.encode_batch, ["plain", "text"], **kwargs) == _outcome(
+            b.encode_batch, ["plain", "text"], **kwargs
+        )
     with pytest.raises(ValueError, match="allowed_special"):
         a.encode("hello <|endoftext|>")
 
@@ -279,7 +291,11 @@ def test_single_tokens_and_decoding_equal_tiktoken(ours, theirs, name, multiling
             assert a.encode_single_token(data.decode()) == b.encode_single_token(data.decode())
     # unknown tokens: a KeyError in both (ours is also an InputError, a ValueError)
     calls = [("encode_single_token", bad) for bad in (b"no such single token", "<|nope|>", b"\xff\xfe\xfd")]
-    calls += [(f, bad) for bad in (b.n_vocab, 10**7) for f in ("decode_single_token_bytes", "decode", "decode_bytes", "decode_tokens_bytes")]
+    calls += [
+        (f, bad)
+        for bad in (b.n_vocab, 10**7)
+        for f in ("decode_single_token_bytes", "decode", "decode_bytes", "decode_tokens_bytes")
+    ]
     for method, bad in calls:
         arg = bad if method.endswith("single_token") or method.endswith("token_bytes") else [1, bad]
         for tok in (a, b):
@@ -315,7 +331,9 @@ def test_harmony_shares_an_id_as_tiktoken_does(ours, theirs):
 
 
 # ---------------------------------------------------------------- bytes that are not UTF-8
-_UTF8_PIECES = st.sampled_from(["é", "€", "😀", "日本", " ", "\n", "  ", "\t", "hello", " world", "'s", "123", "<|endoftext|>"])
+_UTF8_PIECES = st.sampled_from(
+    ["é", "€", "😀", "日本", " ", "\n", "  ", "\t", "hello", " world", "'s", "123", "<|endoftext|>"]
+)
 _BYTES = st.lists(
     st.one_of(
         st.binary(max_size=6),
@@ -359,15 +377,27 @@ def test_encode_bytes_edge_cases(ours, theirs):
 def test_tiktoken_constructor_keywords_and_extension_recipe(cl100k):
     a, b = cl100k
     extra = {"<|im_start|>": 100264, "<|im_end|>": 100265}
-    mine = Tokenizer(name="cl100k_im", pat_str=a._pat_str, mergeable_ranks=a._mergeable_ranks, special_tokens={**a._special_tokens, **extra})
-    real = tiktoken.Encoding(name="cl100k_im", pat_str=b._pat_str, mergeable_ranks=b._mergeable_ranks, special_tokens={**b._special_tokens, **extra})
+    mine = Tokenizer(
+        name="cl100k_im",
+        pat_str=a._pat_str,
+        mergeable_ranks=a._mergeable_ranks,
+        special_tokens={**a._special_tokens, **extra},
+    )
+    real = tiktoken.Encoding(
+        name="cl100k_im",
+        pat_str=b._pat_str,
+        mergeable_ranks=b._mergeable_ranks,
+        special_tokens={**b._special_tokens, **extra},
+    )
     text = "<|im_start|>user\nhi<|im_end|>"
     assert mine.encode(text, allowed_special="all") == real.encode(text, allowed_special="all")
     assert mine.pattern == "cl100k" and mine.name == "cl100k_im"
     with pytest.raises(InputError, match="pat_str"):
         Tokenizer(name="x", pat_str=r"\w+|\s+", mergeable_ranks=a._mergeable_ranks, special_tokens={})
     with pytest.raises(InputError, match="explicit_n_vocab"):
-        Tokenizer(name="x", pat_str=a._pat_str, mergeable_ranks=a._mergeable_ranks, special_tokens={}, explicit_n_vocab=5)
+        Tokenizer(
+            name="x", pat_str=a._pat_str, mergeable_ranks=a._mergeable_ranks, special_tokens={}, explicit_n_vocab=5
+        )
 
 
 def _encode_in_worker(tok: Tokenizer, texts: list[str]) -> tuple[list[list[int]], str, str]:
@@ -455,7 +485,10 @@ def test_pure_python_backend_gives_the_same_ids(ours):
 CHAT = [
     {"role": "system", "content": "You are a helpful, pattern-following assistant."},
     {"role": "system", "name": "example_user", "content": "New synergies will help drive top-line growth."},
-    {"role": "user", "content": "This late pivot means we don't have time to boil the ocean for the client deliverable."},
+    {
+        "role": "user",
+        "content": "This late pivot means we don't have time to boil the ocean for the client deliverable.",
+    },
 ]
 
 
@@ -499,7 +532,9 @@ def test_a_program_written_for_tiktoken_runs_on_pipeline_lib(theirs, multilingua
 
     import pipeline_lib as stand_in
 
-    assert {"Encoding", "encoding_name_for_model", "list_encoding_names", "get_encoding", "encoding_for_model"} <= set(stand_in.__all__)
+    assert {"Encoding", "encoding_name_for_model", "list_encoding_names", "get_encoding", "encoding_for_model"} <= set(
+        stand_in.__all__
+    )
     text = multilingual_text[:20_000]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tiktoken.load, "read_file_cached", lambda url, expected_hash=None: _checked(url, expected_hash))
@@ -525,7 +560,10 @@ def test_encode_with_unstable_equals_tiktoken(ours, theirs, name):
         "don't",
         "x\xa0",
     ]:
-        mine, real = a.encode_with_unstable(text, allowed_special="all"), b.encode_with_unstable(text, allowed_special="all")
+        mine, real = (
+            a.encode_with_unstable(text, allowed_special="all"),
+            b.encode_with_unstable(text, allowed_special="all"),
+        )
         assert mine[0] == real[0] and sorted(mine[1]) == sorted(real[1]), (name, text)
     with pytest.raises(ValueError, match="special token"):
         a.encode_with_unstable("x<|endoftext|>")

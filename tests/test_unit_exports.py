@@ -66,8 +66,17 @@ def test_hf_gives_our_ids_on_the_corpus_and_unseen_characters(exported, corpus):
     assert_same(tok, hf, corpus[:50_000])
     assert_same(tok, hf, f"{UNSEEN} To be{EOT}or not")
     # a vocabulary loaded without its merge list exports the same way
-    ranks_only = Tokenizer(tok.mergeable_ranks, tok.pattern, tok.special_tokens, unit=tok.unit, unknown=tok.unknown, lowercase=tok.lowercase)
-    assert tokenizers.Tokenizer.from_str(json.dumps(hf_json(ranks_only))).encode(corpus[:20_000]).ids == tok.encode(corpus[:20_000])
+    ranks_only = Tokenizer(
+        tok.mergeable_ranks,
+        tok.pattern,
+        tok.special_tokens,
+        unit=tok.unit,
+        unknown=tok.unknown,
+        lowercase=tok.lowercase,
+    )
+    assert tokenizers.Tokenizer.from_str(json.dumps(hf_json(ranks_only))).encode(corpus[:20_000]).ids == tok.encode(
+        corpus[:20_000]
+    )
     ids = tok.encode(UNSEEN)
     if tok.unknown == "unk":  # byte-level: None
         assert tok.special_tokens["<unk>"] in ids
@@ -80,7 +89,9 @@ def test_hf_gives_our_ids_on_the_corpus_and_unseen_characters(exported, corpus):
 def test_hf_gives_our_ids_on_text_from_the_training_alphabet(exported, corpus, data):
     tok, hf = exported
     alphabet = sorted(set(corpus[:20_000]))
-    text = data.draw(st.text(st.sampled_from(alphabet), max_size=80) | st.text(st.sampled_from([*alphabet, *UNSEEN]), max_size=40))
+    text = data.draw(
+        st.text(st.sampled_from(alphabet), max_size=80) | st.text(st.sampled_from([*alphabet, *UNSEEN]), max_size=40)
+    )
     assert_same(tok, hf, text)
 
 
@@ -139,6 +150,7 @@ def test_cli_exports_char_and_word_and_refuses_byte_level_formats(tmp_path, corp
         assert main([*export, str(tmp_path / "gpt2"), "--format", "gpt2"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [
-            f"tokenmill: error: GPT-2's vocab.json + merges.txt cannot carry a {unit}-level tokenizer: it holds byte-level BPE only;"
+            f"tokenmill: error: GPT-2's vocab.json + merges.txt cannot carry a {unit}-level tokenizer: it holds "
+            "byte-level BPE only;"
             " export this one with --format hf or --format transformers (to_hf_json / to_transformers)"
         ]

@@ -18,7 +18,9 @@ from pipeline_lib.errors import InputError
 from pipeline_lib.tokenizer import Tokenizer
 from pipeline_lib.tokenizer import native as compiled
 
-PROP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+PROP = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 CAT_RAT = [
     "the cat sat on the mat",
     "the cat saw the rat",
@@ -54,7 +56,13 @@ def test_char_level_tiny_shakespeare_as_the_first_tutorial(shakespeare_text):
     assert len(alphabet) == 65 and len(tok.merges) == 235 and tok.special_tokens == {"<unk>": 300}
     assert [tok.token_str(i) for i in range(10)] == ["\n", " ", "!", "$", "&", "'", ",", "-", ".", "3"]
     log = merge_log(tok)
-    assert [log[k] for k in range(0, 235, 50)] == [("e", " ", 27643), ("l", "i", 2358), ("w", "ith", 1258), ("a", "y ", 849), ("s", "ha", 636)]
+    assert [log[k] for k in range(0, 235, 50)] == [
+        ("e", " ", 27643),
+        ("l", "i", 2358),
+        ("w", "ith", 1258),
+        ("a", "y ", 849),
+        ("s", "ha", 636),
+    ]
     ids = tok.encode_ordinary(shakespeare_text)
     assert len(shakespeare_text) == 1_115_394
     assert abs(len(ids) - 578_590) <= 5_786 and f"{len(shakespeare_text) / len(ids):.2f}" == "1.93"
@@ -83,7 +91,20 @@ def test_word_bpe_cat_rat_corpus_to_50_ids():
         ("c", "at</w>", 3),
     ]
     tokens = {a + b for a, b, _ in log}
-    tutorial_tokens = {"at", "e</w>", "at</w>", "the</w>", "s</w>", "an", "ats</w>", "cat</w>", "n</w>", "rats</w>", "and</w>", "from</w>"}
+    tutorial_tokens = {
+        "at",
+        "e</w>",
+        "at</w>",
+        "the</w>",
+        "s</w>",
+        "an",
+        "ats</w>",
+        "cat</w>",
+        "n</w>",
+        "rats</w>",
+        "and</w>",
+        "from</w>",
+    }
     assert tutorial_tokens <= tokens
     ids = tok.encode("The cat catches rats")
     assert [tok.token_str(i) for i in ids] == ["the</w>", "cat</w>", "c", "atch", "e", "s</w>", "rats</w>"]
@@ -122,7 +143,9 @@ def test_word_bpe_low_lower_newest_widest():
 def test_native_equals_reference(monkeypatch, shakespeare_text, multilingual_text, unit, pattern, unknown):
     train = shakespeare_text[:6_000] + multilingual_text[:1_500]
     vocab = 300 if unit == "byte" else 200 if unknown == "unk" else 420
-    native, python = train_both(monkeypatch, [train], vocab, pattern=pattern, unit=unit, unknown=unknown, special_tokens=())
+    native, python = train_both(
+        monkeypatch, [train], vocab, pattern=pattern, unit=unit, unknown=unknown, special_tokens=()
+    )
     assert native.merges == python.merges and native.merge_counts == python.merge_counts
     assert native.mergeable_ranks == python.mergeable_ranks and native.special_tokens == python.special_tokens
     sample = shakespeare_text[-1_500:] + multilingual_text[-1_000:] + "\x00 ☃ 👨‍👩‍👧"
@@ -149,7 +172,9 @@ def char_and_word() -> list[Tokenizer]:
 def test_char_and_word_ids_equal_the_reference_on_any_text(char_and_word, text):
     """Native encoding (characters first, <unk> / byte fallback) == bpe_reference, id for id."""
     for tok in char_and_word:
-        expected = ref.encode_ordinary(ref.utf8(text), tok.mergeable_ranks, tok.pattern, tok.unit, tok._unknown_id, tok.lowercase)
+        expected = ref.encode_ordinary(
+            ref.utf8(text), tok.mergeable_ranks, tok.pattern, tok.unit, tok._unknown_id, tok.lowercase
+        )
         assert tok.encode_ordinary(text) == expected, tok
 
 
@@ -159,7 +184,9 @@ def test_reference_unit_learner_equals_the_tokenizer(shakespeare_text):
     for unit, pattern in (("char", "gpt2"), ("word", "none")):
         tok = Tokenizer.train([text], 150, pattern=pattern, unit=unit, special_tokens=())
         counts = ref.count_pieces([text], pattern)
-        alphabet, merges, merge_counts = ref.learn_unit_merges(ref.word_counts(counts, pattern) if unit == "word" else counts, unit, len(tok.merges))
+        alphabet, merges, merge_counts = ref.learn_unit_merges(
+            ref.word_counts(counts, pattern) if unit == "word" else counts, unit, len(tok.merges)
+        )
         assert (merges, merge_counts) == (tok.merges, tok.merge_counts)
         assert ref.ranks_from_merges(merges, alphabet) == tok.mergeable_ranks
 
@@ -212,7 +239,8 @@ def test_unseen_characters_unk_or_byte_fallback():
     assert unk.encode("abé") == [unk.encode_single_token("ab"), unk.special_tokens["<unk>"]]
     assert unk.decode(unk.encode("abé")) == "ab<unk>"
     fallback = Tokenizer.train(["abc abc"], 300, unit="char", pattern="none", unknown="bytes", special_tokens=())
-    assert len(fallback.mergeable_ranks) == 4 + len(fallback.merges) + 252 and not fallback.special_tokens  # " abc", merges, the other bytes
+    # " abc", merges, the other bytes
+    assert len(fallback.mergeable_ranks) == 4 + len(fallback.merges) + 252 and not fallback.special_tokens
     assert [fallback.decode_single_token_bytes(i) for i in fallback.encode("abé")] == [b"ab", b"\xc3", b"\xa9"]
 
 
@@ -272,7 +300,11 @@ def test_cli_offers_the_units_and_refuses_a_bad_pattern(tmp_path, capsys):
     assert "lossy" in out
     assert main(["tokenizer", "train", "--pattern", "(", "--unit", "char", "--store", str(tmp_path / "store")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("tokenmill: error: --pattern (:") and "not a valid regular expression" in err[0], err
+    assert (
+        len(err) == 1
+        and err[0].startswith("tokenmill: error: --pattern (:")
+        and "not a valid regular expression" in err[0]
+    ), err
 
 
 def test_stages_train_each_unit_and_version_ids_name_it(tmp_path, shakespeare_text):
@@ -299,9 +331,16 @@ def test_stages_train_each_unit_and_version_ids_name_it(tmp_path, shakespeare_te
     for config in (char, word):
         ref_ = stages.learn_tokenizer(store, counts, config)
         meta = store.manifest(ref_.kind, ref_.version)["meta"]
-        assert (meta["unit"], meta["pattern"], meta["lossy"], meta["vocab_size"]) == (config.unit, r"\w+|\W", config.unit == "word", 300)
+        assert (meta["unit"], meta["pattern"], meta["lossy"], meta["vocab_size"]) == (
+            config.unit,
+            r"\w+|\W",
+            config.unit == "word",
+            300,
+        )
         tok = stages.load_tokenizer(store, ref_)
-        assert tok.unit == config.unit and tok.lowercase == config.lowercase and len(tok.merge_counts) == len(tok.merges)
+        assert (
+            tok.unit == config.unit and tok.lowercase == config.lowercase and len(tok.merge_counts) == len(tok.merges)
+        )
     with pytest.raises(InputError, match="vocab_size=100 is too small"):
         stages.TokenizerConfig(vocab_size=100)
     assert stages.TokenizerConfig(vocab_size=100, unit="char").vocab_size == 100

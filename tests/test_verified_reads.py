@@ -43,7 +43,9 @@ def byte_tokenizer() -> Tokenizer:
 
 def encode_into(tok, cfg, shard_docs, i, paths):
     name = f"shard_{i:06d}"
-    stats = encode_documents(tok, [(shard_docs, ["src"] * len(shard_docs))], *paths[:2], cfg, name, doc_table_path=paths[2], shard=i)
+    stats = encode_documents(
+        tok, [(shard_docs, ["src"] * len(shard_docs))], *paths[:2], cfg, name, doc_table_path=paths[2], shard=i
+    )
     return name, stats
 
 
@@ -59,8 +61,12 @@ def published_version(root) -> tuple[str, dict]:
             tmps = [stack.enter_context(staging.open_write(n)) for n in names]
             _, stats = encode_into(tok, cfg, docs, i, tmps)
         infos = {n: staging.written[n] for n in names}
-        records.append({**asdict(stats), "sha256": infos[names[0]].sha256, "files": {n: asdict(fi) for n, fi in infos.items()}})
-    meta = build_meta(records, {"vocab_size": tok.vocab_size, "special_tokens": tok.special_tokens}, "tokenizer/test", cfg)
+        records.append(
+            {**asdict(stats), "sha256": infos[names[0]].sha256, "files": {n: asdict(fi) for n, fi in infos.items()}}
+        )
+    meta = build_meta(
+        records, {"vocab_size": tok.vocab_size, "special_tokens": tok.special_tokens}, "tokenizer/test", cfg
+    )
     files = {n: FileInfo(**fi) for r in records for n, fi in r["files"].items()}
     ref = store.publish(staging, files=files, meta=meta)
     return store.version_path(ref.kind, ref.version), meta
@@ -75,7 +81,9 @@ def own_directory(path) -> tuple[str, dict]:
         paths = [str(path / f"shard_{i:06d}{ext}") for ext in (".npy", ".idx.npy", ".docs.parquet")]
         _, stats = encode_into(tok, cfg, docs, i, paths)
         records.append({**asdict(stats), "sha256": hashlib.sha256(read(paths[0])).hexdigest()})
-    return str(path), build_meta(records, {"vocab_size": tok.vocab_size, "special_tokens": tok.special_tokens}, "tokenizer/test", cfg)
+    return str(path), build_meta(
+        records, {"vocab_size": tok.vocab_size, "special_tokens": tok.special_tokens}, "tokenizer/test", cfg
+    )
 
 
 def read(path) -> bytes:
@@ -212,7 +220,8 @@ def test_own_directory_without_manifest_still_loads(tmp_path, hashes):
     export_nanogpt(d, meta, str(tmp_path / "out"))
     head = meta["shards"][0]["val_start"]  # train.bin opens with shard 0's training documents
     assert np.fromfile(tmp_path / "out" / "train.bin", dtype="<u2")[:head].tolist() == expected[:head]
-    assert not hashes  # no store manifest: nothing to check against but sizes (and meta's hashes, in check_shards' scan)
+    # no store manifest: nothing to check against but sizes (and meta's hashes, in check_shards' scan)
+    assert not hashes
     # A manifest.json that is not the store's (lm.testing's) is a directory of one's own too.
     t = write_token_dir(tmp_path / "lm", [[np.arange(20)] * 3], vocab_size=32, separator_id=31)
     a = np.load(t / "shard_000000.npy")
@@ -259,5 +268,12 @@ def test_exports_get_the_users_umask(tmp_path, umask, mode):
     finally:
         os.umask(old)
         fsio._umask.cache_clear()
-    for p in ("nano/train.bin", "nano/val.bin", "llmc/tokens_train.bin", "llmc/tokens_val.bin", "tok/vocab.tiktoken", "tok/tokenmill.json"):
+    for p in (
+        "nano/train.bin",
+        "nano/val.bin",
+        "llmc/tokens_train.bin",
+        "llmc/tokens_val.bin",
+        "tok/vocab.tiktoken",
+        "tok/tokenmill.json",
+    ):
         assert os.stat(tmp_path / p).st_mode & 0o777 == mode, p

@@ -33,7 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_"))}
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING", TOKENMILL_WARM="1")
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="WARNING",
+        TOKENMILL_WARM="1",
+    )
     env.update(extra)
     return env
 
@@ -66,16 +71,31 @@ def runner(tmp_path_factory):
 
 
 def _tokenmill(args: list[str], env: dict[str, str], cwd: Path = ROOT, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, **kw
+    )
 
 
 def _served(directory: Path) -> list[str]:
-    return [line.split(": tokenmill ", 1)[1] for line in (directory / warm.LOG_FILE).read_text().splitlines() if ": tokenmill " in line]
+    return [
+        line.split(": tokenmill ", 1)[1]
+        for line in (directory / warm.LOG_FILE).read_text().splitlines()
+        if ": tokenmill " in line
+    ]
 
 
 def test_a_command_runs_in_the_runner_as_in_a_fresh_process(runner, tmp_path):
     directory, env = runner
-    args = ["tokenizer", "encode", "--tokenizer", env["TEST_TOKENIZER"], "--text", "This is some text", "--output", "ids.npy"]
+    args = [
+        "tokenizer",
+        "encode",
+        "--tokenizer",
+        env["TEST_TOKENIZER"],
+        "--text",
+        "This is some text",
+        "--output",
+        "ids.npy",
+    ]
     served = _tokenmill(args, env, cwd=tmp_path, input="")
     assert served.returncode == 0, served.stderr[-3000:]
     assert " ".join(args) in _served(directory)
@@ -83,7 +103,10 @@ def test_a_command_runs_in_the_runner_as_in_a_fresh_process(runner, tmp_path):
     assert re.search(r"pid \d+: exit 0, [\d.]+ s CPU\n$", (directory / warm.LOG_FILE).read_text())
     assert np.load(tmp_path / "ids.npy").tolist() == [1212, 318, 617, 2420]  # in the caller's directory
     usual = _tokenmill(args, {**env, warm.ENV_WARM: "0"}, cwd=tmp_path, input="")  # TOKENMILL_WARM=0: the usual way
-    assert usual.returncode == 0 and usual.stdout == served.stdout == "4 tokens -> ids.npy\n", (served.stdout, usual.stdout)
+    assert usual.returncode == 0 and usual.stdout == served.stdout == "4 tokens -> ids.npy\n", (
+        served.stdout,
+        usual.stdout,
+    )
     assert _served(directory).count(" ".join(args)) == 1
 
 
@@ -91,14 +114,20 @@ def test_bad_input_gives_its_one_line_and_status(runner, tmp_path):
     directory, env = runner
     proc = _tokenmill(["show", "tokenizer/abc", "--store", str(tmp_path / "none")], env, input="")
     assert proc.returncode == 2, proc.stderr
-    assert [line for line in proc.stderr.splitlines() if line.startswith("tokenmill: error:")] and "Traceback" not in proc.stderr
+    assert [
+        line for line in proc.stderr.splitlines() if line.startswith("tokenmill: error:")
+    ] and "Traceback" not in proc.stderr
     assert f"show tokenizer/abc --store {tmp_path / 'none'}" in _served(directory)
 
 
 def test_another_environment_or_code_runs_the_usual_way(runner, tmp_path):
     directory, env = runner
     before = len(_served(directory))
-    other = _tokenmill(["tokenizer", "encode", "--tokenizer", env["TEST_TOKENIZER"], "--text", "hi"], {**env, "TOKENMILL_SOMETHING": "1"}, input="")
+    other = _tokenmill(
+        ["tokenizer", "encode", "--tokenizer", env["TEST_TOKENIZER"], "--text", "hi"],
+        {**env, "TOKENMILL_SOMETHING": "1"},
+        input="",
+    )
     assert other.returncode == 0 and other.stdout.strip() == "5303"
     assert len(_served(directory)) == before
     # A runner whose code is not the caller's (an edited checkout, a pip install) is not used.
@@ -117,7 +146,17 @@ def _start_blocked(env: dict[str, str], directory: Path) -> tuple[subprocess.Pop
     """A served command blocked reading its stdin (a pipe the test holds open); its child's pid."""
     before = len(_served(directory))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "tokenizer", "encode", "--tokenizer", env["TEST_TOKENIZER"], "--input", "/dev/stdin"],
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "tokenizer",
+            "encode",
+            "--tokenizer",
+            env["TEST_TOKENIZER"],
+            "--input",
+            "/dev/stdin",
+        ],
         cwd=ROOT,
         env=env,
         stdin=subprocess.PIPE,
@@ -216,7 +255,11 @@ def other_user_python() -> str:
         pytest.skip("needs root to act as another uid")
     for python in ("/usr/bin/python3", "/usr/local/bin/python3"):
         probe = (
-            subprocess.run([python, "-c", "pass"], user=65534, group=65534, extra_groups=[], capture_output=True, cwd="/") if os.path.exists(python) else None
+            subprocess.run(
+                [python, "-c", "pass"], user=65534, group=65534, extra_groups=[], capture_output=True, cwd="/"
+            )
+            if os.path.exists(python)
+            else None
         )
         if probe is not None and probe.returncode == 0:
             return python
@@ -235,7 +278,16 @@ def test_the_runner_refuses_another_uid_and_the_caller_another_pid(runner, tmp_p
         for p in [directory, *above]:
             p.chmod(modes[p] | 0o005)
         sock.chmod(0o777)
-        other = subprocess.run([python, "-c", script], user=65534, group=65534, extra_groups=[], capture_output=True, text=True, timeout=60, cwd="/")
+        other = subprocess.run(
+            [python, "-c", script],
+            user=65534,
+            group=65534,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
     finally:
         sock.chmod(0o600)
         for p, m in modes.items():
@@ -257,7 +309,12 @@ def test_a_command_under_other_limits_niceness_or_affinity_runs_the_usual_way(ru
 
     directory, env = runner
     cpu = resource.getrlimit(resource.RLIMIT_CPU)
-    assert _count_served(directory, _hi(env), env, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CPU, (3600, cpu[1]))) == 0
+    assert (
+        _count_served(
+            directory, _hi(env), env, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CPU, (3600, cpu[1]))
+        )
+        == 0
+    )
     assert _count_served(directory, _hi(env), env, preexec_fn=lambda: os.nice(5)) == 0
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) > 1:
@@ -314,7 +371,13 @@ class _FakeRunner:
         os.chmod(directory / warm.SOCKET_FILE, 0o600)
         self.listener.listen(1)
         caller_env = {k: v for k, v in env.items()}
-        info = {"pid": os.getpid(), "salt": "ab", "env": warm.env_key(caller_env, "ab"), "context": warm.process_context(), "files": []}
+        info = {
+            "pid": os.getpid(),
+            "salt": "ab",
+            "env": warm.env_key(caller_env, "ab"),
+            "context": warm.process_context(),
+            "files": [],
+        }
         info["fingerprint"] = warm.fingerprint([])
         (directory / warm.INFO_FILE).write_text(json.dumps(info))
         (directory / warm.INFO_FILE).chmod(0o600)
@@ -341,7 +404,16 @@ def test_no_secret_is_sent_and_a_taken_command_never_runs_twice(tmp_path):
     secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
     env = _env(home, AWS_SECRET_ACCESS_KEY=secret)
     get_encoding("gpt2").save(str(tmp_path / "gpt2"))
-    args = ["tokenizer", "encode", "--tokenizer", str(tmp_path / "gpt2"), "--text", "hi", "--output", str(tmp_path / "ids.npy")]
+    args = [
+        "tokenizer",
+        "encode",
+        "--tokenizer",
+        str(tmp_path / "gpt2"),
+        "--text",
+        "hi",
+        "--output",
+        str(tmp_path / "ids.npy"),
+    ]
     fake = _FakeRunner(home / SERVER_DIR, env, reply={"refused": "test"})
     proc = _tokenmill(args, env, input="")
     fake.thread.join(60)
@@ -360,10 +432,22 @@ def test_no_secret_is_sent_and_a_taken_command_never_runs_twice(tmp_path):
 
 def test_the_interpreter_by_another_of_its_names_is_served(runner):
     directory, env = runner
-    names = [p for p in (Path(sys.executable).with_name(n) for n in ("python", "python3")) if p.exists() and str(p) != sys.executable]
+    names = [
+        p
+        for p in (Path(sys.executable).with_name(n) for n in ("python", "python3"))
+        if p.exists() and str(p) != sys.executable
+    ]
     if not names:
         pytest.skip("no second name for this interpreter")
     before = len(_served(directory))
-    proc = subprocess.run([str(names[0]), "-m", "flows.cli", *_hi(env)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, input="")
+    proc = subprocess.run(
+        [str(names[0]), "-m", "flows.cli", *_hi(env)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        input="",
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "5303", proc.stderr[-3000:]
     assert len(_served(directory)) == before + 1  # the `tokenmill` script says python3, a shell python

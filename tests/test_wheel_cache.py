@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _git(*args: str, cwd: Path) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=str(cwd), check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=str(cwd), check=True, capture_output=True
+    )
 
 
 @pytest.fixture
@@ -42,9 +44,16 @@ def project(tmp_path) -> Path:
 def _venv(path: Path) -> Path:
     """A virtual environment with this one's packages importable (pip, setuptools) but
     whatever it installs its own (see test_deploy_clean_worker._worker_venv)."""
-    subprocess.run([os.path.join(sys.base_prefix, "bin", "python3"), "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
+    subprocess.run(
+        [os.path.join(sys.base_prefix, "bin", "python3"), "-m", "venv", "--without-pip", str(path)],
+        check=True,
+        timeout=120,
+    )
     site = subprocess.run(
-        [str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True
+        [str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     (Path(site) / "_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return path
@@ -65,7 +74,12 @@ def _install(venv: Path, project: Path, cache: Path) -> str:
 
 
 def _generation(venv: Path) -> int:
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", "import tm_probe; print(tm_probe.GENERATION)"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import tm_probe; print(tm_probe.GENERATION)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(out.stdout)
 
 

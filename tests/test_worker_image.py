@@ -38,9 +38,17 @@ def test_recipe_flags_exist_and_heartbeat_matches():
     from deployments.deploy import add_arguments
     from deployments.steps import PREINSTALLED
 
-    recipe = next(line for line in DOCKERFILE.splitlines() if "tokenmill deploy" in line).split("tokenmill deploy", 1)[1]
-    args = add_arguments(argparse.ArgumentParser()).parse_args(shlex.split(recipe.replace("$(git rev-parse --short HEAD)", "abc123")))
-    assert args.install_command == PREINSTALLED and args.image == "tokenmill-worker:abc123" and args.pool == "tokenmill-docker"
+    recipe = next(line for line in DOCKERFILE.splitlines() if "tokenmill deploy" in line).split("tokenmill deploy", 1)[
+        1
+    ]
+    args = add_arguments(argparse.ArgumentParser()).parse_args(
+        shlex.split(recipe.replace("$(git rev-parse --short HEAD)", "abc123"))
+    )
+    assert (
+        args.install_command == PREINSTALLED
+        and args.image == "tokenmill-worker:abc123"
+        and args.pool == "tokenmill-docker"
+    )
     assert f"ENV {HEARTBEAT_ENV}={HEARTBEAT_S}" in DOCKERFILE
 
 

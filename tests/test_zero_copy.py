@@ -21,7 +21,9 @@ from pipeline_lib.store import ArtifactStore
 from pipeline_lib.token_shards import EncodeConfig, encode_documents, encode_shard_file, sha256_documents
 from pipeline_lib.tokenizer import PieceCounts, Tokenizer, native
 
-PROP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+PROP = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 # Documents: ASCII, multi-byte characters, invalid UTF-8 bytes, empty ones.
 piece = st.one_of(
     st.text(alphabet="ab c\n\t'1.", max_size=20).map(str.encode),
@@ -62,7 +64,10 @@ def counts_of(counter) -> tuple[list[bytes], list[int], int]:
 @PROP
 @given(docs=documents, lead=st.binary(max_size=5), pattern=st.sampled_from(["gpt2", "cl100k", "o200k"]))
 def test_add_buffer_counts_what_add_batch_counts(docs, lead, pattern):
-    by_list, by_buffer = tokcore.PieceCounter(tokcore.PATTERN_IDS[pattern]), tokcore.PieceCounter(tokcore.PATTERN_IDS[pattern])
+    by_list, by_buffer = (
+        tokcore.PieceCounter(tokcore.PATTERN_IDS[pattern]),
+        tokcore.PieceCounter(tokcore.PATTERN_IDS[pattern]),
+    )
     by_list.add_batch(docs)
     by_buffer.add_buffer(*as_buffer(docs, lead))
     assert counts_of(by_buffer) == counts_of(by_list)
@@ -132,7 +137,10 @@ def test_python_split_paths_take_buffers_too(shakespeare_text):
 
 
 @PROP
-@given(docs=st.lists(st.one_of(st.binary(max_size=200), st.integers(50, 130).map(lambda n: b"x" * n)), max_size=20), lead=st.binary(max_size=3))
+@given(
+    docs=st.lists(st.one_of(st.binary(max_size=200), st.integers(50, 130).map(lambda n: b"x" * n)), max_size=20),
+    lead=st.binary(max_size=3),
+)
 def test_sha256_documents_equals_hashlib(docs, lead, monkeypatch):
     """Every padding case (lengths around 55/56 and 64 bytes included), with the CPU's SHA
     instructions and without, and the pure-Python fallback."""
@@ -149,7 +157,10 @@ def test_sha256_documents_equals_hashlib(docs, lead, monkeypatch):
 
 def test_sha256_of_a_big_document_and_bad_offsets():
     big = os.urandom((1 << 20) + 17)
-    assert tokcore.sha256_documents(big, [0, len(big), len(big)]) == hashlib.sha256(big).digest() + hashlib.sha256(b"").digest()
+    assert (
+        tokcore.sha256_documents(big, [0, len(big), len(big)])
+        == hashlib.sha256(big).digest() + hashlib.sha256(b"").digest()
+    )
     with pytest.raises(ValueError, match="non-decreasing"):
         tokcore.sha256_documents(big, [5, 4])
 
@@ -159,7 +170,9 @@ def test_sha256_of_a_big_document_and_bad_offsets():
 def test_doc_batch_from_docs_round_trips(docs):
     batch = DocBatch.from_docs(docs, [f"s{i}" for i in range(len(docs))])
     assert batch.docs() == docs and len(batch) == len(docs) and batch.n_bytes == sum(map(len, docs))
-    assert batch.lengths().tolist() == [len(d) for d in docs] and batch.sources.to_pylist() == [f"s{i}" for i in range(len(docs))]
+    assert batch.lengths().tolist() == [len(d) for d in docs] and batch.sources.to_pylist() == [
+        f"s{i}" for i in range(len(docs))
+    ]
 
 
 @pytest.mark.parametrize("batch_bytes", [4 << 20, 20_000])
@@ -209,8 +222,14 @@ def test_encode_shard_file_writes_what_the_list_api_gives(tmp_path, tokenizer, s
     small = [str(tmp_path / f) for f in ("s.npy", "s.idx.npy", "s.docs.parquet")]
     batches = iter_shard_buffers(path, batch_bytes=20_000, with_source=True)  # offsets that do not start at 0
     for out, stats in [
-        (whole, encode_shard_file(tokenizer, path, *whole[:2], config, "shard_000001", shard=1, doc_table_path=whole[2])),
-        (small, encode_documents(tokenizer, batches, *small[:2], config, "shard_000001", doc_table_path=small[2], shard=1)),
+        (
+            whole,
+            encode_shard_file(tokenizer, path, *whole[:2], config, "shard_000001", shard=1, doc_table_path=whole[2]),
+        ),
+        (
+            small,
+            encode_documents(tokenizer, batches, *small[:2], config, "shard_000001", doc_table_path=small[2], shard=1),
+        ),
     ]:
         assert np.load(out[0], allow_pickle=False).tolist() == expected
         assert np.load(out[1], allow_pickle=False).tolist() == ends.tolist()
@@ -222,5 +241,7 @@ def test_encode_shard_file_writes_what_the_list_api_gives(tmp_path, tokenizer, s
 
     plain = [str(tmp_path / f) for f in ("p.npy", "p.idx.npy")]
     encode_shard_file(tokenizer, path, *plain, EncodeConfig(separator=None, workers=2), "shard_000001")
-    assert np.load(plain[0], allow_pickle=False).tolist() == flat.tolist() and not os.path.exists(tmp_path / "p.docs.parquet")
+    assert np.load(plain[0], allow_pickle=False).tolist() == flat.tolist() and not os.path.exists(
+        tmp_path / "p.docs.parquet"
+    )
     assert np.load(plain[1], allow_pickle=False).tolist() == offsets[1:].tolist()

@@ -29,7 +29,12 @@ def statements(spec: str) -> dict[str, list[str]]:
     nodes = list(ast.parse(source(spec), spec).body)
     while nodes:
         node = nodes.pop(0)
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING" and not node.orelse:
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Name)
+            and node.test.id == "TYPE_CHECKING"
+            and not node.orelse
+        ):
             nodes[:0] = node.body  # its imports are imports; anything else in it is compared
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -52,7 +57,9 @@ def main(argv: list[str]) -> int:
         for dump, specs in statements(spec).items():
             new.setdefault(dump, []).extend(specs)
     problems = [f"changed or missing: {dump[:200]}" for dump in old if dump not in new]
-    problems += [f"in {len(new[d])} modules {new[d]}: {d[:160]}" for d in old if len(new.get(d, [])) > 1 and len(old[d]) == 1]
+    problems += [
+        f"in {len(new[d])} modules {new[d]}: {d[:160]}" for d in old if len(new.get(d, [])) > 1 and len(old[d]) == 1
+    ]
     problems += [f"new in {specs}: {dump[:200]}" for dump, specs in new.items() if dump not in old]
     print(f"{sum(map(len, old.values()))} statements of {argv[0]}, {len(argv) - 1} modules now")
     print("\n".join(problems) or "a pure move: every statement is unchanged, each in one module")

@@ -59,15 +59,25 @@ _OVERRIDES = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipeline_lib.lm", description="tokenmill language model (a GPT, or the tutorial's MLP)")
+    p = argparse.ArgumentParser(
+        prog="python -m pipeline_lib.lm", description="tokenmill language model (a GPT, or the tutorial's MLP)"
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="train (or resume) a GPT on a token-shard directory")
     t.add_argument("--data", required=True, help="token directory (manifest.json + shard_*.npy)")
     t.add_argument("--out", required=True, help="run directory for checkpoints and reports")
-    t.add_argument("--preset", default="small", help="tiny | small | gpt2-124m | mlp (the first BPE tutorial's MLP) (default small)")
+    t.add_argument(
+        "--preset",
+        default="small",
+        help="tiny | small | gpt2-124m | mlp (the first BPE tutorial's MLP) (default small)",
+    )
     t.add_argument("--steps", type=int, help="max optimizer steps")
-    t.add_argument("--time-budget-s", type=float, help="seconds for the run: the step count (at most --steps) is planned after a few measured steps")
+    t.add_argument(
+        "--time-budget-s",
+        type=float,
+        help="seconds for the run: the step count (at most --steps) is planned after a few measured steps",
+    )
     t.add_argument("--device", help="auto | cpu | cuda | cuda:N | mps")
     t.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
     t.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
@@ -147,10 +157,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     result = train(cfg, args.data, args.out, token_byte_lengths=lengths, resume=args.resume)
     if int(os.environ.get("RANK", "0")) == 0:
         if not args.no_report:
-            png = write_loss_plot(result.history, Path(args.out) / "loss.png", title=f"{'MLP' if args.preset == 'mlp' else 'GPT'} ({args.preset})")
+            png = write_loss_plot(
+                result.history,
+                Path(args.out) / "loss.png",
+                title=f"{'MLP' if args.preset == 'mlp' else 'GPT'} ({args.preset})",
+            )
             mpath = write_metrics(result, Path(args.out) / "metrics.json")
             print(f"wrote {png} and {mpath}")
-        summary = {k: getattr(result, k) for k in ("final_train_loss", "final_val_loss", "val_bpb", "steps", "tokens_per_s", "checkpoint_dir")}
+        summary = {
+            k: getattr(result, k)
+            for k in ("final_train_loss", "final_val_loss", "val_bpb", "steps", "tokens_per_s", "checkpoint_dir")
+        }
         print(json.dumps(summary))
     return 0
 

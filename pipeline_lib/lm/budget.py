@@ -25,7 +25,9 @@ CALIBRATION_STEPS = 10  # most steps measured before a time-budgeted run is plan
 PLAN_FILE = "plan.json"  # in out_dir: the step plan of a time-budgeted run
 
 
-def plan_steps(cfg: TrainConfig, *, done: int, elapsed_s: float, step_s: float, eval_s: float, evals: bool = True) -> int:
+def plan_steps(
+    cfg: TrainConfig, *, done: int, elapsed_s: float, step_s: float, eval_s: float, evals: bool = True
+) -> int:
     """The step count a time-budgeted run commits to, `done` steps and `elapsed_s` seconds in.
 
     The largest count up to cfg.max_steps for which the remaining steps (`step_s` each)
@@ -190,7 +192,11 @@ def make_plan(
         }
         write_plan(out_dir, plan)
         need = elapsed_s + (planned - done) * step_s
-        over = f" (~{need:.0f} s: the shortest complete schedule overruns the budget)" if need > (cfg.time_budget_s or 0) else ""
+        over = (
+            f" (~{need:.0f} s: the shortest complete schedule overruns the budget)"
+            if need > (cfg.time_budget_s or 0)
+            else ""
+        )
         emit(
             f"time budget {cfg.time_budget_s:g} s: {elapsed_s:.1f} s used, {step_s:.3f} s/step, {eval_s:.2f} s/eval "
             f"-> {planned} of at most {cfg.max_steps} steps, LR schedule stretched to end there{over}"

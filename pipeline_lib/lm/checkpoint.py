@@ -128,7 +128,11 @@ def _fsync_dir(path: Path) -> None:
 def model_state_tensors(model: LanguageModel, to_cpu: bool = True) -> dict[str, torch.Tensor]:
     """The model's state dict for safetensors: tied weights once, contiguous, on CPU
     (`to_cpu` False: where they are, for a caller that copies them itself)."""
-    return {k: (v.detach().contiguous().cpu() if to_cpu else v.detach()) for k, v in model.state_dict().items() if k not in _TIED_KEYS}
+    return {
+        k: (v.detach().contiguous().cpu() if to_cpu else v.detach())
+        for k, v in model.state_dict().items()
+        if k not in _TIED_KEYS
+    }
 
 
 def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
@@ -283,7 +287,9 @@ def open_checkpoint(ckpt_dir: str | os.PathLike[str], verify: bool = True) -> Ch
             raise CheckpointError(f"{p}: missing from the checkpoint")
         size = p.stat().st_size
         if size != info.get("bytes"):
-            raise CheckpointError(f"{p}: {size} bytes but the checkpoint marker says {info.get('bytes')} (truncated or corrupt)")
+            raise CheckpointError(
+                f"{p}: {size} bytes but the checkpoint marker says {info.get('bytes')} (truncated or corrupt)"
+            )
         if verify:
             if hash_file(str(p))[1] != info.get("sha256"):
                 raise CheckpointError(f"{p}: sha256 mismatch with the checkpoint marker (corrupt)")
@@ -335,7 +341,9 @@ def load_weights_into(model: LanguageModel, path: str | os.PathLike[str]) -> Non
     load_state_into(model, state, p)
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, meta: Any, tensors: dict[str, torch.Tensor], label: str | os.PathLike[str]) -> None:
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, meta: Any, tensors: dict[str, torch.Tensor], label: str | os.PathLike[str]
+) -> None:
     """Load ``optimizer.json`` contents (`meta`) and ``optimizer.safetensors`` tensors into
     `optimizer`; `label` names the source in errors."""
     try:
@@ -360,7 +368,9 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, meta: Any, tensors: d
 
 
 def load_optimizer_into(optimizer: torch.optim.Optimizer, ckpt: Checkpoint) -> None:
-    load_optimizer_state(optimizer, ckpt.json("optimizer.json"), ckpt.tensors("optimizer.safetensors"), ckpt.file("optimizer.json"))
+    load_optimizer_state(
+        optimizer, ckpt.json("optimizer.json"), ckpt.tensors("optimizer.safetensors"), ckpt.file("optimizer.json")
+    )
 
 
 def load_model(path: str | os.PathLike[str], device: str | torch.device = "cpu", verify: bool = True) -> LanguageModel:

@@ -121,7 +121,11 @@ def pick_resume(out_dir: Path, d: Dist, device: torch.device, emit: LogFn, warn:
                     where = f"moved aside to {quarantine_checkpoint(path)}"
                 except OSError as oe:
                     where = f"could not move it aside ({oe})"
-                then = f"falling back to the previous checkpoint {ckpts[i - 1][1].name}" if i > 0 else "no valid checkpoint left: starting from scratch"
+                then = (
+                    f"falling back to the previous checkpoint {ckpts[i - 1][1].name}"
+                    if i > 0
+                    else ("no valid checkpoint left: starting from scratch")
+                )
                 warn(f"resume: checkpoint {path.name} is unusable ({e}); {where}; {then}")
     if d.enabled:
         step = broadcast_int(chosen.step if chosen is not None else -1, d, device)

@@ -233,24 +233,32 @@ class TrainConfig:
         if self.total_batch_tokens is not None:
             _check(
                 self.grad_accum_steps == 1,
-                f"TrainConfig: give total_batch_tokens ({self.total_batch_tokens}) or grad_accum_steps ({self.grad_accum_steps}), not both",
+                f"TrainConfig: give total_batch_tokens ({self.total_batch_tokens}) or grad_accum_steps "
+                f"({self.grad_accum_steps}), not both",
             )
             per_micro = self.batch_size * self.model.block_size
             _check(
                 self.total_batch_tokens % per_micro == 0,
-                f"TrainConfig.total_batch_tokens {self.total_batch_tokens} is not a multiple of batch_size * block_size = {per_micro}",
+                f"TrainConfig.total_batch_tokens {self.total_batch_tokens} is not a multiple of batch_size * "
+                f"block_size = {per_micro}",
             )
         _check(
             _is_int(self.ckpt_interval) and self.ckpt_interval >= 0,
             f"TrainConfig.ckpt_interval must be an int >= 0 (0: derived from max_steps), got {self.ckpt_interval!r}",
         )
         _check(
-            isinstance(self.ckpt_every_s, (int, float)) and not isinstance(self.ckpt_every_s, bool) and self.ckpt_every_s >= 0,
+            isinstance(self.ckpt_every_s, (int, float))
+            and not isinstance(self.ckpt_every_s, bool)
+            and self.ckpt_every_s >= 0,
             f"TrainConfig.ckpt_every_s must be a number of seconds >= 0 (0: off), got {self.ckpt_every_s!r}",
         )
         _check(
             self.time_budget_s is None
-            or (isinstance(self.time_budget_s, (int, float)) and not isinstance(self.time_budget_s, bool) and self.time_budget_s > 0),
+            or (
+                isinstance(self.time_budget_s, (int, float))
+                and not isinstance(self.time_budget_s, bool)
+                and self.time_budget_s > 0
+            ),
             f"TrainConfig.time_budget_s must be None or a number of seconds > 0, got {self.time_budget_s!r}",
         )
         _check(
@@ -275,10 +283,15 @@ class TrainConfig:
         )
         _check(_is_int(self.seed) and self.seed >= 0, f"TrainConfig.seed must be an int >= 0, got {self.seed!r}")
         dev = self.device.split(":")[0] if isinstance(self.device, str) else None
-        _check(dev in DEVICES, f"TrainConfig.device must be one of {DEVICES} (optionally 'cuda:N'), got {self.device!r}")
+        _check(
+            dev in DEVICES, f"TrainConfig.device must be one of {DEVICES} (optionally 'cuda:N'), got {self.device!r}"
+        )
         _check(self.dtype in DTYPES, f"TrainConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check(isinstance(self.compile, bool), "TrainConfig.compile must be a bool")
-        _check(self.compile_mode in COMPILE_MODES, f"TrainConfig.compile_mode must be one of {COMPILE_MODES}, got {self.compile_mode!r}")
+        _check(
+            self.compile_mode in COMPILE_MODES,
+            f"TrainConfig.compile_mode must be one of {COMPILE_MODES}, got {self.compile_mode!r}",
+        )
         _check(isinstance(self.fit_micro_batch, bool), "TrainConfig.fit_micro_batch must be a bool")
         _check(
             not (self.fit_micro_batch and isinstance(self.model, MLPConfig)),
@@ -333,7 +346,11 @@ class TrainConfig:
         train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
         other_models = {f.name for c in MODEL_CONFIGS.values() for f in dataclasses.fields(c)} - model_fields
         elsewhere = sorted(set(overrides) & other_models)
-        _check(not elsewhere, f"{', '.join(elsewhere)}: not a setting of the {arch_of(model)} model (its settings: {', '.join(sorted(model_fields))})")
+        _check(
+            not elsewhere,
+            f"{', '.join(elsewhere)}: not a setting of the {arch_of(model)} model (its settings: "
+            f"{', '.join(sorted(model_fields))})",
+        )
         unknown = set(overrides) - train_fields
         _check(not unknown, f"unknown config fields: {sorted(unknown)}")
         model = dataclasses.replace(model, **model_kw)

@@ -50,7 +50,12 @@ from pipeline_lib.store import MAX_MANIFEST_BYTES
 from pipeline_lib.token_files import DEFAULT_VAL_FRACTION, check_version_file, published_files, val_start
 
 TOKENS_FORMAT = "tokenmill.tokens/1"
-_DTYPES: dict[str, np.dtype[np.unsignedinteger[Any]]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4"), "<u2": np.dtype("<u2"), "<u4": np.dtype("<u4")}
+_DTYPES: dict[str, np.dtype[np.unsignedinteger[Any]]] = {
+    "uint16": np.dtype("<u2"),
+    "uint32": np.dtype("<u4"),
+    "<u2": np.dtype("<u2"),
+    "<u4": np.dtype("<u4"),
+}
 _IDX_DTYPE = np.dtype("<u8")
 
 
@@ -227,7 +232,10 @@ class TokenShards:
                     for p in (info.path, info.idx_path):
                         check_version_file(str(self.data_dir), p.name, files)
                     if info.sha256 and info.sha256 != files[info.path.name][1]:
-                        raise StoreError(f"{mpath}: shard {info.name}'s sha256 in meta differs from the file list's: corrupt manifest")
+                        raise StoreError(
+                            f"{mpath}: shard {info.name}'s sha256 in meta differs from the file list's: "
+                            "corrupt manifest"
+                        )
                 elif verify_hashes and info.sha256:
                     check_local_file(str(info.path), os.path.getsize(info.path), info.sha256, label=str(info.path))
             except StoreError as e:
@@ -240,7 +248,11 @@ class TokenShards:
                 except Exception as e:
                     raise ShardError(f"{info.path}: cannot memory-map ({e})") from e
             try:  # mapped too: an index grows with the documents (8 bytes each)
-                ends = np.load(info.idx_path, mmap_mode="r", allow_pickle=False) if info.n_docs else np.zeros(0, _IDX_DTYPE)
+                ends = (
+                    np.load(info.idx_path, mmap_mode="r", allow_pickle=False)
+                    if info.n_docs
+                    else np.zeros(0, _IDX_DTYPE)
+                )
             except Exception as e:
                 raise ShardError(f"{info.idx_path}: cannot read ({e})") from e
             if len(ends) and np.any(ends[1:] < ends[:-1]):
@@ -299,8 +311,10 @@ class TokenShards:
             return [val_start(self._doc_ends[i], info.n_tokens, fraction) for i, info in enumerate(self.shards)]
         if val_fraction is not None and abs(val_fraction - recorded) > 1e-12:
             raise ShardError(
-                f"{mpath}: val_fraction {val_fraction:g} asked, but these tokens were split at encoding with val_fraction "
-                f"{recorded:g}, the split every reader uses: leave val_fraction unset, or encode again with --val-fraction {val_fraction:g}"
+                f"{mpath}: val_fraction {val_fraction:g} asked, but these tokens were split at encoding with "
+                "val_fraction "
+                f"{recorded:g}, the split every reader uses: leave val_fraction unset, or encode again with "
+                f"--val-fraction {val_fraction:g}"
             )
         starts = []
         for i, (info, s) in enumerate(zip(self.shards, self.manifest["meta"]["shards"])):
@@ -308,7 +322,9 @@ class TokenShards:
             ends = self._doc_ends[i]
             at_boundary = isinstance(b, int) and 0 <= b <= info.n_tokens and (b == 0 or bool(np.any(ends == b)))
             if not at_boundary:
-                raise ShardError(f"{mpath}: shard {info.name}'s val_start {b!r} is not a document boundary of {info.idx_path.name}")
+                raise ShardError(
+                    f"{mpath}: shard {info.name}'s val_start {b!r} is not a document boundary of {info.idx_path.name}"
+                )
             starts.append(int(b))
         return starts
 
@@ -365,7 +381,10 @@ class WindowSampler:
         self.batch_size = batch_size
         self.regions = [r for r in regions if r.n_tokens >= window]
         if not self.regions:
-            raise ShardError(f"{shards.data_dir}: no region holds a full window of {window} tokens (block_size + 1); regions: {[r.n_tokens for r in regions]}")
+            raise ShardError(
+                f"{shards.data_dir}: no region holds a full window of {window} tokens (block_size + 1); "
+                f"regions: {[r.n_tokens for r in regions]}"
+            )
         counts = np.array([r.n_tokens - window + 1 for r in self.regions], dtype=np.int64)
         self._cum = np.cumsum(counts)  # window starts, cumulative over regions
         self.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed)))
@@ -393,7 +412,9 @@ class WindowSampler:
             out[row] = self.shards.tokens(r.shard)[start : start + self.window]
             if out[row].max() >= vocab:
                 bad = int(out[row].max())
-                raise ShardError(f"{self.shards.shards[r.shard].path}: token id {bad} near offset {start} is >= vocab_size {vocab}")
+                raise ShardError(
+                    f"{self.shards.shards[r.shard].path}: token id {bad} near offset {start} is >= vocab_size {vocab}"
+                )
         return out
 
     def state(self) -> dict[str, Any]:

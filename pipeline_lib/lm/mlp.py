@@ -77,7 +77,9 @@ class MLPLanguageModel(nn.Module):
         """Training FLOPs per token (forward + backward): 6 per weight of the two matmuls."""
         return 6.0 * (self.hidden.weight.numel() + self.output.weight.numel())
 
-    def configure_optimizer(self, weight_decay: float, learning_rate: float, betas: tuple[float, float], fused: bool = False) -> torch.optim.AdamW:
+    def configure_optimizer(
+        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], fused: bool = False
+    ) -> torch.optim.AdamW:
         """AdamW with weight decay on every parameter, as `AdamW(model.parameters())` in the tutorial."""
         kwargs = {"fused": True} if fused else {}
         return torch.optim.AdamW(self.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay, **kwargs)

@@ -185,7 +185,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab: int, reduction: str = "mean", chunk: int = LOSS_CHUNK_ROWS
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    vocab: int,
+    reduction: str = "mean",
+    chunk: int = LOSS_CHUNK_ROWS,
 ) -> torch.Tensor:
     """`F.cross_entropy(hidden @ weight[:vocab].T, targets, reduction)` in float32, for
     (N, C) rows, without the (N, vocab) logits: at most `chunk` rows of them at a time.
@@ -194,7 +199,10 @@ def linear_cross_entropy(
         if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
             raise ValueError("linear_cross_entropy: reduction='none' has no gradient; use it under torch.no_grad()")
         w = weight[:vocab]
-        out = [F.cross_entropy((hidden[a : a + chunk] @ w.T).float(), targets[a : a + chunk], reduction="none") for a in range(0, hidden.size(0), chunk)]
+        out = [
+            F.cross_entropy((hidden[a : a + chunk] @ w.T).float(), targets[a : a + chunk], reduction="none")
+            for a in range(0, hidden.size(0), chunk)
+        ]
         return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
     if reduction not in ("mean", "sum"):
         raise ValueError(f"linear_cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
@@ -266,7 +274,9 @@ class GPT(nn.Module):
             return self.lm_head(x[:, [-1], :])[..., : self.vocab_size], None
         if not return_logits:
             flat = x.reshape(-1, x.size(-1))
-            return None, linear_cross_entropy(flat, self.lm_head.weight, targets.reshape(-1), self.vocab_size, reduction, LOSS_CHUNK_ROWS)
+            return None, linear_cross_entropy(
+                flat, self.lm_head.weight, targets.reshape(-1), self.vocab_size, reduction, LOSS_CHUNK_ROWS
+            )
         logits = self.lm_head(x)[..., : self.vocab_size]  # the padded ids' logits: never in the loss
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
         return logits, loss
@@ -289,7 +299,9 @@ class GPT(nn.Module):
         T = seq_len if seq_len is not None else cfg.block_size
         return 6.0 * self.num_params() + 12.0 * cfg.n_layer * cfg.n_embd * T
 
-    def configure_optimizer(self, weight_decay: float, learning_rate: float, betas: tuple[float, float], fused: bool = False) -> torch.optim.AdamW:
+    def configure_optimizer(
+        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], fused: bool = False
+    ) -> torch.optim.AdamW:
         """AdamW with weight decay on >= 2-D parameters (matmuls, embeddings) only."""
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]

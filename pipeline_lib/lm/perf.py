@@ -106,7 +106,9 @@ class Peak:
         return {"mfu": share(self.datasheet), "mfu_measured": share(self.measured)}
 
     def describe(self) -> str:
-        measured = f"{self.measured / 1e12:.0f} TFLOP/s measured (8192^3 matmul)" if self.measured else "no measured rate"
+        measured = (
+            f"{self.measured / 1e12:.0f} TFLOP/s measured (8192^3 matmul)" if self.measured else ("no measured rate")
+        )
         if self.datasheet is None:
             return f"MFU: {self.card} is not in the datasheet table (PEAK_FLOPS_BF16): MFU against the {measured} only"
         return f"MFU against {self.card}'s datasheet peak {self.datasheet / 1e12:.0f} TFLOP/s and {measured}"

@@ -67,7 +67,9 @@ class MemoryPlan:
 
     @property
     def total_bytes(self) -> int:
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.loss_chunk_bytes
+        return (
+            self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.loss_chunk_bytes
+        )
 
     def lines(self) -> list[str]:
         def gib(n: int) -> str:
@@ -75,15 +77,18 @@ class MemoryPlan:
 
         return [
             f"device {self.device}, {self.precision}, {self.world_size} rank(s); per rank:",
-            f"  parameters   {gib(self.params_bytes)}  ({self.n_params / 1e6:.2f}M, {self.n_tensor_values:,} float32 values with the padded table)",
+            f"  parameters   {gib(self.params_bytes)}  ({self.n_params / 1e6:.2f}M, {self.n_tensor_values:,} float32 "
+            "values with the padded table)",
             f"  gradients    {gib(self.grads_bytes)}",
             f"  AdamW state  {gib(self.optimizer_bytes)}  (two float32 moments)",
-            f"  activations  {gib(self.activations_bytes)}  (one micro-batch of {self.micro_batch} windows, kept for backward)",
+            f"  activations  {gib(self.activations_bytes)}  (one micro-batch of {self.micro_batch} windows, kept for "
+            "backward)",
             f"  loss chunk   {gib(self.loss_chunk_bytes)}  (logits of at most {LOSS_CHUNK_ROWS} tokens at a time)",
             f"  total        {gib(self.total_bytes)}  (+ CUDA context and allocator slack)"
             if self.device == "cuda"
             else f"  total        {gib(self.total_bytes)}",
-            f"tokens per optimizer step {self.tokens_per_step:,} = {self.micro_batch} windows x {self.micro_steps_per_rank} micro-steps x "
+            f"tokens per optimizer step {self.tokens_per_step:,} = {self.micro_batch} windows x "
+            f"{self.micro_steps_per_rank} micro-steps x "
             f"{self.world_size} rank(s) x context; {self.flops_per_step:.3g} FLOPs per step",
         ]
 
@@ -112,7 +117,9 @@ def loss_chunk_bytes(cfg: TrainConfig, act_bytes: int) -> int:
     return min(cfg.batch_size * m.block_size, LOSS_CHUNK_ROWS) * m.vocab_size * (act_bytes + 8)
 
 
-def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "cuda", world_size: int = 1, bf16: bool = True) -> MemoryPlan:
+def memory_plan(
+    cfg: TrainConfig, vocab_size: int | None = None, device: str = "cuda", world_size: int = 1, bf16: bool = True
+) -> MemoryPlan:
     """The per-rank memory of training `cfg` on `device` ("cuda" or "cpu"), without allocating.
 
     `vocab_size` fills a config that leaves it to the data; `bf16`: the GPU supports
@@ -149,7 +156,9 @@ def memory_plan(cfg: TrainConfig, vocab_size: int | None = None, device: str = "
     )
 
 
-def fit_micro_batch(cfg: TrainConfig, memory_bytes: int, world_size: int = 1, bf16: bool = True, use: float = 0.75) -> int:
+def fit_micro_batch(
+    cfg: TrainConfig, memory_bytes: int, world_size: int = 1, bf16: bool = True, use: float = 0.75
+) -> int:
     """The largest micro-batch (windows per forward pass) whose memory plan fits in `use` of
     `memory_bytes`, among those that divide a rank's windows per optimizer step (so the
     tokens per step stay the same); cfg.batch_size when none larger fits.

@@ -19,7 +19,9 @@ from pipeline_lib.lm.trainer import TrainResult
 RUN_METRICS = ("tokens_per_s", "mfu", "mfu_measured", "wall_s", "device", "checkpoint_dir", "run_messages")
 
 
-def write_loss_plot(history: list[dict[str, Any]], path_png: str | os.PathLike[str], title: str = "GPT training") -> Path:
+def write_loss_plot(
+    history: list[dict[str, Any]], path_png: str | os.PathLike[str], title: str = "GPT training"
+) -> Path:
     """Train and val loss (nats/token) against step, val bits/byte on a second axis.
 
     Uses the Agg canvas directly (no pyplot, no global backend switch)."""

@@ -109,7 +109,16 @@ def sample(
     model.eval()
     try:
         with one_thread_for(model):
-            return _decode(model, [int(i) for i in prompt_ids], max_new_tokens, temperature, top_k, gen, {int(s) for s in stop_ids}, kv_cache)
+            return _decode(
+                model,
+                [int(i) for i in prompt_ids],
+                max_new_tokens,
+                temperature,
+                top_k,
+                gen,
+                {int(s) for s in stop_ids},
+                kv_cache,
+            )
     finally:
         model.train(was_training)
 

@@ -29,9 +29,13 @@ class LMConfig:
     __pydantic_config__ = STRICT
 
     preset: Annotated[
-        Literal["tiny", "small", "gpt2-124m", "mlp"], doc("model size and recipe (mlp: not a GPT, the first BPE tutorial's MLP language model)")
+        Literal["tiny", "small", "gpt2-124m", "mlp"],
+        doc("model size and recipe (mlp: not a GPT, the first BPE tutorial's MLP language model)"),
     ] = "small"
-    steps: Annotated[int | None, doc("optimizer steps, at most (none: the preset's own: 600 for small, 19073 for gpt2-124m, 141500 for mlp)")] = None
+    steps: Annotated[
+        int | None,
+        doc("optimizer steps, at most (none: the preset's own: 600 for small, 19073 for gpt2-124m, 141500 for mlp)"),
+    ] = None
     minutes: Annotated[
         float | None,
         doc(
@@ -43,9 +47,13 @@ class LMConfig:
     seed: Annotated[int, doc("seed for model init, dropout and data order")] = 1337
     n_layer: Annotated[int | None, doc("override the preset's n_layer (transformer blocks)")] = None
     n_head: Annotated[int | None, doc("override the preset's n_head (attention heads per block)")] = None
-    n_embd: Annotated[int | None, doc("override the preset's n_embd (residual stream width; the mlp's embedding width per token)")] = None
+    n_embd: Annotated[
+        int | None, doc("override the preset's n_embd (residual stream width; the mlp's embedding width per token)")
+    ] = None
     n_hidden: Annotated[int | None, doc("override the mlp preset's n_hidden (tanh units of its hidden layer)")] = None
-    block_size: Annotated[int | None, doc("override the preset's block_size (context length in tokens; the mlp reads this many)")] = None
+    block_size: Annotated[
+        int | None, doc("override the preset's block_size (context length in tokens; the mlp reads this many)")
+    ] = None
     batch_size: Annotated[int | None, doc("override the preset's batch_size (windows per micro-batch)")] = None
 
     def __post_init__(self) -> None:
@@ -69,5 +77,7 @@ class LMConfig:
         cfg = preset(self.preset, device=self.device, seed=self.seed, max_steps=steps, **overrides)
         interval = max(1, min(cfg.eval_interval, steps // 4 or 1))
         return cfg.replace(
-            eval_interval=interval, ckpt_interval=max(interval, min(cfg.ckpt_interval, steps)), warmup_steps=min(cfg.warmup_steps, max(0, steps // 10))
+            eval_interval=interval,
+            ckpt_interval=max(interval, min(cfg.ckpt_interval, steps)),
+            warmup_steps=min(cfg.warmup_steps, max(0, steps // 10)),
         )

@@ -89,7 +89,9 @@ def write_token_dir(
             "format": TOKENS_FORMAT,
             "dtype": "uint16" if dtype.itemsize == 2 else "uint32",
             "vocab_size": vocab_size,
-            "separator": None if separator_id is None else {"token": "<|endoftext|>", "id": separator_id, "placement": "append"},
+            "separator": None
+            if separator_id is None
+            else {"token": "<|endoftext|>", "id": separator_id, "placement": "append"},
             "shards": metas,
             "totals": {
                 "n_tokens": sum(m["n_tokens"] for m in metas),
@@ -110,7 +112,9 @@ def byte_docs(text: bytes, sep: bytes = b"\n\n") -> list[np.ndarray]:
     return [np.frombuffer(d, dtype=np.uint8).astype(np.int64) for d in docs if d]
 
 
-def write_byte_token_dir(out_dir: str | os.PathLike[str], text: bytes, n_shards: int = 2, val_fraction: float | None = None) -> Path:
+def write_byte_token_dir(
+    out_dir: str | os.PathLike[str], text: bytes, n_shards: int = 2, val_fraction: float | None = None
+) -> Path:
     """Raw bytes as tokens (vocab 257, separator 256), documents split at blank lines,
     dealt into n_shards contiguous shards (`val_fraction`: as `write_token_dir`)."""
     docs = byte_docs(text)

@@ -90,7 +90,15 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pipeline_lib.lm.budget as time_budget  # its `clock` looked up at each use: tests replace it
-from pipeline_lib.lm.budget import CALIBRATION_STEPS, Budget, is_pos_int, make_plan, plan_key, read_plan, stretch_schedule
+from pipeline_lib.lm.budget import (
+    CALIBRATION_STEPS,
+    Budget,
+    is_pos_int,
+    make_plan,
+    plan_key,
+    read_plan,
+    stretch_schedule,
+)
 from pipeline_lib.lm.checkpoint import (
     _json_bytes,
     latest_checkpoint,
@@ -148,8 +156,10 @@ class TrainResult:
     planned_by_budget: bool = False  # max_steps came from the time budget's plan
     stopped_by_budget: bool = False  # the budget ran out before max_steps (see `Budget`)
     wall_s: float | None = None  # from the start of `train` to its result, by the budget's clock
-    longest_step_s: float | None = None  # under a time budget: the longest step (start to start, evaluations and checkpoints excluded)
-    final_s: float | None = None  # under a time budget: from the last step's end to the result (final evaluations, checkpoint)
+    # under a time budget: the longest step (start to start, evaluations and checkpoints excluded)
+    longest_step_s: float | None = None
+    # under a time budget: from the last step's end to the result (final evaluations, checkpoint)
+    final_s: float | None = None
     ckpt_copy_s: float | None = None  # the last checkpoint: the training thread's part (state to host memory)
     ckpt_write_s: float | None = None  # the last checkpoint: the background write (serialise, hash, fsync)
     micro_batch: int | None = None  # windows per forward pass (batch_size unless fitted to the GPU's memory)
@@ -261,12 +271,18 @@ def evaluate(
         losses = loss.double()
         nats += losses.sum()
         n_tok += y.numel()
-        text = (y != separator_id).reshape(-1) if separator_id is not None else torch.ones(y.numel(), dtype=torch.bool, device=y.device)
+        text = (
+            (y != separator_id).reshape(-1)
+            if separator_id is not None
+            else torch.ones(y.numel(), dtype=torch.bool, device=y.device)
+        )
         text_nats += losses[text].sum()
         n_text += text.sum()
         if token_byte_lengths is not None:
             n_bytes += token_byte_lengths[y].sum().double()
-    stats = torch.stack([nats, torch.tensor(float(n_tok), dtype=torch.float64, device=device), n_bytes, text_nats, n_text])
+    stats = torch.stack(
+        [nats, torch.tensor(float(n_tok), dtype=torch.float64, device=device), n_bytes, text_nats, n_text]
+    )
     if d is not None and d.enabled:
         if dist.get_backend() != "nccl":
             stats = stats.cpu()
@@ -323,13 +339,15 @@ def _epoch_warnings(cfg: TrainConfig, tokens_per_step: int, n_train_tokens: int,
     per_step = tokens_per_step / n_train_tokens
     if per_step > EPOCH_FRACTION_PER_STEP:
         out.append(
-            f"one optimizer step draws {tokens_per_step:,} tokens, {per_step:.0%} of the {n_train_tokens:,} training tokens of {data}: "
+            f"one optimizer step draws {tokens_per_step:,} tokens, {per_step:.0%} of the {n_train_tokens:,} training "
+            f"tokens of {data}: "
             "use a smaller batch (batch_size, grad_accum_steps, total_batch_tokens) or more data"
         )
     epochs = cfg.max_steps * per_step
     if epochs > MANY_EPOCHS:
         out.append(
-            f"{cfg.max_steps:,} steps of {tokens_per_step:,} tokens are {epochs:.0f} epochs of the {n_train_tokens:,} training tokens "
+            f"{cfg.max_steps:,} steps of {tokens_per_step:,} tokens are {epochs:.0f} epochs of the {n_train_tokens:,} "
+            "training tokens "
             f"of {data} (a time budget may stop it sooner): expect overfitting; use fewer steps or more data"
         )
     return out
@@ -436,8 +454,24 @@ class _Run:
     plan), then `train`: evaluate at step 0, and per optimizer step `step`, `log_entry`,
     `evaluate_if_due`, `checkpoint_if_due`, `budget_says_stop`; then the result."""
 
-    def __init__(self, t_start: float, cfg: TrainConfig, data_dir: Path, out_dir: Path, log: LogFn, d: Dist, stack: contextlib.ExitStack) -> None:
-        self.t_start, self.cfg, self.data_dir, self.out_dir, self.d, self.stack = t_start, cfg, data_dir, out_dir, d, stack
+    def __init__(
+        self,
+        t_start: float,
+        cfg: TrainConfig,
+        data_dir: Path,
+        out_dir: Path,
+        log: LogFn,
+        d: Dist,
+        stack: contextlib.ExitStack,
+    ) -> None:
+        self.t_start, self.cfg, self.data_dir, self.out_dir, self.d, self.stack = (
+            t_start,
+            cfg,
+            data_dir,
+            out_dir,
+            d,
+            stack,
+        )
         self.master = d.rank == 0
         self.emit: LogFn = log if self.master else (lambda _msg: None)
         self.messages: list[str] = []  # about the data: published with the model
@@ -448,13 +482,19 @@ class _Run:
             torch.cuda.set_device(device)
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        self.amp_dtype = autocast_dtype(cfg.dtype, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported())
+        self.amp_dtype = autocast_dtype(
+            cfg.dtype, device.type, device.type == "cuda" and torch.cuda.is_bf16_supported()
+        )
         self.scaler = grad_scaler(self.amp_dtype, device)
         self.writer = CheckpointWriter(clock=lambda: _write_clock())
         stack.callback(self.writer.close)  # a run that fails still completes the checkpoint it started
 
     def autocast(self) -> Any:
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype) if self.amp_dtype is not None else nullcontext()
+        return (
+            torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+            if self.amp_dtype is not None
+            else nullcontext()
+        )
 
     def warn_run(self, msg: str) -> None:
         self.run_messages.append(msg)
@@ -485,7 +525,10 @@ class _Run:
         if mcfg.vocab_size is None:
             mcfg = mcfg.with_vocab(shards.vocab_size)
         elif mcfg.vocab_size < shards.vocab_size:
-            raise ValueError(f"{type(mcfg).__name__}.vocab_size {mcfg.vocab_size} is smaller than the data's vocab_size {shards.vocab_size}")
+            raise ValueError(
+                f"{type(mcfg).__name__}.vocab_size {mcfg.vocab_size} is smaller than the data's "
+                f"vocab_size {shards.vocab_size}"
+            )
         self.mcfg = mcfg
         window = mcfg.block_size + 1
         self.split = split = shards.split(cfg.val_fraction, window)
@@ -511,7 +554,8 @@ class _Run:
             arr = np.asarray(token_byte_lengths)
             if arr.ndim != 1 or arr.shape[0] < shards.vocab_size or not np.issubdtype(arr.dtype, np.integer):
                 raise ValueError(
-                    f"token_byte_lengths must be a 1-D integer array of length >= vocab_size {shards.vocab_size}, got dtype {arr.dtype} shape {arr.shape}"
+                    f"token_byte_lengths must be a 1-D integer array of length >= vocab_size {shards.vocab_size}, got "
+                    f"dtype {arr.dtype} shape {arr.shape}"
                 )
             if (arr < 0).any():
                 raise ValueError("token_byte_lengths must be >= 0")
@@ -525,11 +569,16 @@ class _Run:
         cfg, d, device = self.cfg, self.d, self.device
         latest = latest_checkpoint(self.out_dir)
         if latest is not None and not resume:
-            raise ValueError(f"{self.out_dir} already holds checkpoint {latest.name}; pass resume=True to continue it or use an empty out_dir")
+            raise ValueError(
+                f"{self.out_dir} already holds checkpoint {latest.name}; pass resume=True to continue it "
+                "or use an empty out_dir"
+            )
         self.resume = resume
         self.ckpt = ckpt = pick_resume(self.out_dir, d, device, self.emit, self.warn_run) if resume else None
         if ckpt is not None and ckpt.model_config != self.mcfg:
-            raise ValueError(f"{ckpt.path}: checkpoint model {ckpt.model_config} differs from the requested {self.mcfg}")
+            raise ValueError(
+                f"{ckpt.path}: checkpoint model {ckpt.model_config} differs from the requested {self.mcfg}"
+            )
         # same init on every rank; DDP broadcasts rank 0's anyway
         torch.manual_seed(cfg.seed + d.rank)
         self.raw_model = raw_model = build_model(self.mcfg).to(device)
@@ -539,7 +588,9 @@ class _Run:
         # for a descheduled worker): `python benchmarks/bench_lm.py --steps 10 --threads 1 2`.
         # The time budget makes up part of the idle loss; the collapse under load it cannot.
         self.stack.enter_context(one_thread_for(raw_model))
-        self.optimizer = raw_model.configure_optimizer(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), fused=device.type == "cuda")
+        self.optimizer = raw_model.configure_optimizer(
+            cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), fused=device.type == "cuda"
+        )
         self.start_step = 0
         self.history: list[dict[str, Any]] = []
         if ckpt is not None:
@@ -550,7 +601,9 @@ class _Run:
             self.history = [{**h, **{k: None for k in RUN_KEYS}} for h in ckpt.state["history"]]
             saved_version = (ckpt.state.get("data") or {}).get("version")
             if saved_version != self.shards.version:
-                self.warn_run(f"resume: data version {self.shards.version!r} differs from the checkpoint's {saved_version!r}")
+                self.warn_run(
+                    f"resume: data version {self.shards.version!r} differs from the checkpoint's {saved_version!r}"
+                )
         model: torch.nn.Module = raw_model
         if cfg.compile:
             # An OptimizedModule at runtime; the stubs only promise a callable. Evaluation runs
@@ -575,7 +628,9 @@ class _Run:
         free, _total = torch.cuda.mem_get_info(self.device)
         bf16 = self.amp_dtype != torch.float16
         b = fit_micro_batch(cfg.replace(vocab_size=self.mcfg.vocab_size), free, world_size=self.d.world_size, bf16=bf16)
-        self.emit(f"micro-batch {b} windows (memory plan, {free / (1 << 30):.1f} GiB free): {rows // b} micro-steps per step")
+        self.emit(
+            f"micro-batch {b} windows (memory plan, {free / (1 << 30):.1f} GiB free): {rows // b} micro-steps per step"
+        )
         return b
 
     def _restore_randomness(self, ckpt: Resume) -> None:
@@ -595,7 +650,8 @@ class _Run:
                 random.setstate((py[0], tuple(py[1]), py[2]))
         else:
             self.warn_run(
-                f"resume: world size changed ({data_state.get('world_size')} -> {d.world_size}); the data order continues "
+                f"resume: world size changed ({data_state.get('world_size')} -> {d.world_size}); the data order "
+                "continues "
                 "exactly but dropout is re-seeded, so with dropout the run is not an exact continuation"
             )
             torch.manual_seed(self.cfg.seed + d.rank + 7919 * self.start_step)
@@ -627,8 +683,10 @@ class _Run:
         self.emit(
             f"device {dev} ({PRECISION_NAMES[self.amp_dtype]}{', compiled' if cfg.compile else ''}"
             f"{f', DDP x{d.world_size}' if d.enabled else ''}) | {self.n_params:,} params | "
-            f"data {self.shards.n_tokens:,} tokens: train {self.split.n_train_tokens:,} / val {self.split.n_val_tokens:,} | "
-            f"{self.tokens_per_step:,} tokens/step" + (f" | resuming at step {self.start_step} from {ckpt.path}" if ckpt is not None else "")
+            f"data {self.shards.n_tokens:,} tokens: train {self.split.n_train_tokens:,} / val "
+            f"{self.split.n_val_tokens:,} | "
+            f"{self.tokens_per_step:,} tokens/step"
+            + (f" | resuming at step {self.start_step} from {ckpt.path}" if ckpt is not None else "")
         )
         if dev.type == "cuda":
             self.emit(self.peak.describe())
@@ -746,14 +804,24 @@ class _Run:
         cfg, step = self.cfg, self.step
         self.last = last
         evaluates = (self.has_val and step % cfg.eval_interval == 0) or last
-        entry: dict[str, Any] = {"step": step, "train_loss": None, "val_loss": None, "val_bpb": None, "lr": lr, "tokens_per_s": None, "mfu": None}
+        entry: dict[str, Any] = {
+            "step": step,
+            "train_loss": None,
+            "val_loss": None,
+            "val_bpb": None,
+            "lr": lr,
+            "tokens_per_s": None,
+            "mfu": None,
+        }
         self.logged = step % cfg.log_interval == 0 or evaluates or last or step == self.start_step + 1
         if self.logged:
             train_loss = float(loss.item())  # waits for the device
             if not math.isfinite(train_loss):
                 raise FloatingPointError(f"non-finite training loss {train_loss} at step {step}")
             tps = self.throughput.at(time.perf_counter(), step, self.tokens_per_step)
-            entry.update(train_loss=train_loss, tokens_per_s=tps, **self.peak.mfu(self.flops_per_token, tps, self.d.world_size))
+            entry.update(
+                train_loss=train_loss, tokens_per_s=tps, **self.peak.mfu(self.flops_per_token, tps, self.d.world_size)
+            )
         return entry
 
     def evaluate_if_due(self, entry: dict[str, Any]) -> None:
@@ -842,7 +910,14 @@ class _Run:
                 ),
                 "rng_state.safetensors": safetensors_bytes(rng_tensors),
                 "rng_state.json": _json_bytes({"world_size": d.world_size, "python": [st["python"] for st in ranks]}),
-                "data_state.json": _json_bytes({"step": step, "world_size": d.world_size, "seed": cfg.seed, "samplers": [st["sampler"] for st in ranks]}),
+                "data_state.json": _json_bytes(
+                    {
+                        "step": step,
+                        "world_size": d.world_size,
+                        "seed": cfg.seed,
+                        "samplers": [st["sampler"] for st in ranks],
+                    }
+                ),
             }
             config = self.raw_model.config
 

@@ -21,7 +21,15 @@ API for these stages; each is one call into the engine with its stage's spec.
 
 from pipeline_lib.corpus import CorpusConfig
 from pipeline_lib.counting import CountConfig
-from pipeline_lib.stages.corpus import DOWNLOAD, REPORT_CORPUS, SHARD, corpus_shards, download_corpus, shard_corpus, shard_sources
+from pipeline_lib.stages.corpus import (
+    DOWNLOAD,
+    REPORT_CORPUS,
+    SHARD,
+    corpus_shards,
+    download_corpus,
+    shard_corpus,
+    shard_sources,
+)
 from pipeline_lib.stages.counts import COUNTS, count_shard, counts_version, reduce_counts
 from pipeline_lib.stages.spec import Context, Identified, Output, Stage, Units, produce, run_unit
 from pipeline_lib.stages.tokenizer import (
@@ -33,7 +41,14 @@ from pipeline_lib.stages.tokenizer import (
     tokenizer_files,
     tokenizer_version,
 )
-from pipeline_lib.stages.tokens import TOKENS, compression_summary, encode_shard, publish_tokens, shard_table, tokens_version
+from pipeline_lib.stages.tokens import (
+    TOKENS,
+    compression_summary,
+    encode_shard,
+    publish_tokens,
+    shard_table,
+    tokens_version,
+)
 from pipeline_lib.token_shards import EncodeConfig
 
 __all__ = [

@@ -54,7 +54,9 @@ def _shard_params(config: CorpusConfig) -> dict[str, Any]:
 def _shard_group(ctx: Context) -> dict[str, Any]:
     assert ctx.staging is not None and ctx.index is not None  # set for a unit of work
     # "shard": the unit's index, as every unit record has it (the engine's done-record name).
-    return {"shard": ctx.index} | corpus_lib.shard_group(ctx.store, ctx.staging, ctx.inputs["raw"], ctx.config, ctx.index)
+    return {"shard": ctx.index} | corpus_lib.shard_group(
+        ctx.store, ctx.staging, ctx.inputs["raw"], ctx.config, ctx.index
+    )
 
 
 def _group_count(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: CorpusConfig) -> int:

@@ -26,7 +26,13 @@ def _count_shard(ctx: Context) -> dict[str, Any]:
     pieces, counts, pruned = counting.count_shard(path, ctx.config)
     with ctx.staging.open_write(f"parts/{ctx.unit}.parquet") as tmp:
         counting.write_counts(tmp, pieces, counts)
-    record = {"shard": ctx.index, "n_pieces": len(pieces), "n_occurrences": int(counts.sum()), "n_docs": info["n_docs"], "n_bytes": info["n_bytes"]}
+    record = {
+        "shard": ctx.index,
+        "n_pieces": len(pieces),
+        "n_occurrences": int(counts.sum()),
+        "n_docs": info["n_docs"],
+        "n_bytes": info["n_bytes"],
+    }
     return record | ({"pruned": pruned} if pruned else {})
 
 
@@ -35,7 +41,9 @@ def _table_names(n_shards: int) -> list[list[str]]:
     merged tables (`tree/l<level>_<k>.parquet`; a table left over alone keeps its name)."""
     names = [[f"parts/{spec.unit_name(i)}.parquet" for i in range(n_shards)]]
     for level, merges in enumerate(counting.tree_levels(n_shards), start=1):
-        names.append([names[-1][m[0]] if len(m) == 1 else f"tree/l{level:02d}_{k:06d}.parquet" for k, m in enumerate(merges)])
+        names.append(
+            [names[-1][m[0]] if len(m) == 1 else f"tree/l{level:02d}_{k:06d}.parquet" for k, m in enumerate(merges)]
+        )
     return names
 
 
@@ -64,13 +72,17 @@ def merge_counts(store: ArtifactStore, corpus: VersionRef, config: CountConfig, 
         n_shards = spec.corpus_shard_count(store, {"corpus": corpus})
         levels, names = counting.tree_levels(n_shards), _table_names(n_shards)
         if not 1 <= level <= len(levels) or not 0 <= k < len(levels[level - 1]):
-            raise InputError(f"counts/{version}: the counts tree of {n_shards} shards has no merge {k} at level {level}")
+            raise InputError(
+                f"counts/{version}: the counts tree of {n_shards} shards has no merge {k} at level {level}"
+            )
         inputs = [names[level - 1][i] for i in levels[level - 1][k]]
         record: dict[str, Any] = {"merge": unit, "tables": len(inputs)}
         if len(inputs) > 1:
             with tempfile.TemporaryDirectory(prefix="counts-", dir=store.scratch_dir(COUNTS_KIND)) as tmpdir:
                 local = staging.local_dir(inputs, tmpdir)
-                pieces, counts, pruned = counting.reduce_counts([os.path.join(local, *n.split("/")) for n in inputs], config)
+                pieces, counts, pruned = counting.reduce_counts(
+                    [os.path.join(local, *n.split("/")) for n in inputs], config
+                )
                 with staging.open_write(names[level][k]) as tmp:
                     counting.write_counts(tmp, pieces, counts)
             record |= {"n_pieces": len(pieces)} | ({"pruned": pruned} if pruned else {})
@@ -86,11 +98,15 @@ def _reduce(ctx: Context) -> Output:
     reduce: dict[str, int] = {}
     for level, n_merges in enumerate(tree_merges(ctx.store, corpus), start=1):
         for k in range(n_merges):
-            reduce = counting.merge_record(reduce, merge_counts(ctx.store, corpus, ctx.config, level, k).get("pruned", {}))
+            reduce = counting.merge_record(
+                reduce, merge_counts(ctx.store, corpus, ctx.config, level, k).get("pruned", {})
+            )
     names = _table_names(len(ctx.records))[-1]
     with tempfile.TemporaryDirectory(prefix="counts-", dir=ctx.store.scratch_dir(COUNTS_KIND)) as tmpdir:
         parts_dir = staging.local_dir(names, tmpdir)  # in place on local disk, else downloaded
-        pieces, counts, pruned = counting.reduce_counts([os.path.join(parts_dir, *n.split("/")) for n in names], ctx.config)
+        pieces, counts, pruned = counting.reduce_counts(
+            [os.path.join(parts_dir, *n.split("/")) for n in names], ctx.config
+        )
     reduce = counting.merge_record(reduce, pruned)
     with staging.open_write(COUNTS_FILE) as tmp:
         counting.write_counts(tmp, pieces, counts)
@@ -110,7 +126,9 @@ def _reduce(ctx: Context) -> Output:
     return Output(files={COUNTS_FILE: staging.written[COUNTS_FILE]}, meta=meta)
 
 
-def _pruned_summary(config: counting.CountConfig, shards: Sequence[dict[str, Any]], reduce: dict[str, int]) -> dict[str, Any]:
+def _pruned_summary(
+    config: counting.CountConfig, shards: Sequence[dict[str, Any]], reduce: dict[str, int]
+) -> dict[str, Any]:
     """What pruned mode dropped: per shard (threshold used, pieces and occurrences dropped),
     in the reduce, and in all."""
     per_shard = [r["pruned"] for r in shards]

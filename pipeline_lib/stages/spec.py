@@ -93,11 +93,15 @@ def corpus_shards(store: ArtifactStore, corpus: VersionRef) -> list[dict[str, An
     return store.manifest(corpus.kind, corpus.version)["meta"]["shards"]
 
 
-def corpus_shard_count(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any = None, role: str = "corpus") -> int:
+def corpus_shard_count(
+    store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any = None, role: str = "corpus"
+) -> int:
     return len(corpus_shards(store, inputs[role]))
 
 
-def corpus_shard_bytes(store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any = None, role: str = "corpus") -> list[int]:
+def corpus_shard_bytes(
+    store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any = None, role: str = "corpus"
+) -> list[int]:
     return [int(s["n_bytes"]) for s in corpus_shards(store, inputs[role])]
 
 
@@ -121,10 +125,18 @@ class Units:
     labels: Callable[[ArtifactStore, Mapping[str, VersionRef], Any], list[str]] | None = None
 
     def n_units(self, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any) -> int:
-        return self.count(store, inputs, config) if self.count is not None else corpus_shard_count(store, inputs, config, self.over)
+        return (
+            self.count(store, inputs, config)
+            if self.count is not None
+            else corpus_shard_count(store, inputs, config, self.over)
+        )
 
     def unit_sizes(self, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any) -> list[int]:
-        return self.sizes(store, inputs, config) if self.sizes is not None else corpus_shard_bytes(store, inputs, config, self.over)
+        return (
+            self.sizes(store, inputs, config)
+            if self.sizes is not None
+            else corpus_shard_bytes(store, inputs, config, self.over)
+        )
 
 
 @dataclass(frozen=True)
@@ -164,7 +176,9 @@ class Stage:
         inputs = check_inputs(self, inputs)
         if self.params is None:
             return None
-        return version_id(self.kind, {name: ref.key for name, ref in inputs.items()}, dict(self.params(config)), self.code_version())
+        return version_id(
+            self.kind, {name: ref.key for name, ref in inputs.items()}, dict(self.params(config)), self.code_version()
+        )
 
 
 def check_inputs(stage: Stage, inputs: Mapping[str, VersionRef]) -> dict[str, VersionRef]:
@@ -235,7 +249,9 @@ def group_units(sizes: Sequence[int], task_bytes: int) -> list[range]:
     return groups
 
 
-def unit_groups(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], task_bytes: int, config: Any = None) -> list[range]:
+def unit_groups(
+    stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], task_bytes: int, config: Any = None
+) -> list[range]:
     """The units of a mapped stage in groups of about `task_bytes` (see `group_units`)."""
     if stage.units is None:
         raise InputError(f"stage {stage.name} is not a mapped stage")
@@ -331,19 +347,25 @@ def _make(
     return ref
 
 
-def _unit_records(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], staging: Staging, config: Any) -> tuple[dict[str, Any], ...]:
+def _unit_records(
+    stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], staging: Staging, config: Any
+) -> tuple[dict[str, Any], ...]:
     units = stage.units
     assert units is not None  # only called for a mapped stage
     records = []
     for i in range(units.n_units(store, inputs, config)):
         record = staging.done(unit_name(i))
         if record is None:
-            raise InputError(f"{stage.kind}/{staging.version}: shard {i} is not done yet: run {units.name} for every shard first")
+            raise InputError(
+                f"{stage.kind}/{staging.version}: shard {i} is not done yet: run {units.name} for every shard first"
+            )
         records.append(record)
     return tuple(records)
 
 
-def _unit_state(stage: Stage, store: ArtifactStore, version: str, index: int) -> tuple[Staging | None, dict[str, Any] | None]:
+def _unit_state(
+    stage: Stage, store: ArtifactStore, version: str, index: int
+) -> tuple[Staging | None, dict[str, Any] | None]:
     """(staging area, completion record or None) of one unit; no staging once published."""
     if store.usable(stage.kind, version):
         return None, {"shard": index, "cached": True}
@@ -351,7 +373,9 @@ def _unit_state(stage: Stage, store: ArtifactStore, version: str, index: int) ->
     return staging, staging.done(unit_name(index))
 
 
-def run_unit(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any, index: int) -> dict[str, Any]:
+def run_unit(
+    stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any, index: int
+) -> dict[str, Any]:
     """One unit of a mapped stage: a finished unit is skipped; otherwise its work writes it
     into the staging area under a claim, so two runs never do the same unit at once, and
     its completion record is written last."""
@@ -371,14 +395,18 @@ def run_unit(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef
             return done
         assert staging is not None  # _unit_state gives one whenever the unit is not done
         try:
-            record = stage.units.run(Context(store, inputs, config, version, stage.code_version(), staging, unit=unit, index=index))
+            record = stage.units.run(
+                Context(store, inputs, config, version, stage.code_version(), staging, unit=unit, index=index)
+            )
         finally:
             release_memory()
         staging.mark_done(unit, record)
         return record
 
 
-def unit_present(stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any, index: int | Sequence[int]) -> bool:
+def unit_present(
+    stage: Stage, store: ArtifactStore, inputs: Mapping[str, VersionRef], config: Any, index: int | Sequence[int]
+) -> bool:
     """Whether unit `index` (or every unit of a group) needs no work: the output is
     published, or the units are staged."""
     version = stage.version(inputs, config)

@@ -25,31 +25,55 @@ TOKENIZER_KIND = "tokenizer"
 class TokenizerConfig:
     __pydantic_config__ = STRICT
 
-    vocab_size: Annotated[int, doc("total ids: the unit's alphabet (256 bytes, or the corpus's characters) + merges + special tokens")] = 4096
-    special_tokens: Annotated[tuple[str, ...], doc("special tokens, appended after the merges in this order")] = (ENDOFTEXT,)
+    vocab_size: Annotated[
+        int, doc("total ids: the unit's alphabet (256 bytes, or the corpus's characters) + merges + special tokens")
+    ] = 4096
+    special_tokens: Annotated[tuple[str, ...], doc("special tokens, appended after the merges in this order")] = (
+        ENDOFTEXT,
+    )
     min_frequency: Annotated[int, doc("stop merging when the best pair occurs fewer times")] = 2
     unit: Annotated[
         Literal["byte", "char", "word"],
-        doc(f"what BPE starts from. byte: {UNIT_DESCRIPTIONS['byte']}. char: {UNIT_DESCRIPTIONS['char']}. word: {UNIT_DESCRIPTIONS['word']}"),
+        doc(
+            f"what BPE starts from. byte: {UNIT_DESCRIPTIONS['byte']}. char: {UNIT_DESCRIPTIONS['char']}. word: "
+            f"{UNIT_DESCRIPTIONS['word']}"
+        ),
     ] = "byte"
     unknown: Annotated[
         Literal["unk", "bytes"],
-        doc("char and word units: a character unseen at training becomes <unk> (an id), or its bytes (byte fallback: +256 ids at most)"),
+        doc(
+            "char and word units: a character unseen at training becomes <unk> (an id), or its bytes (byte fallback: "
+            "+256 ids at most)"
+        ),
     ] = "unk"
     lowercase: Annotated[bool, doc("word unit: lowercase the words")] = False
     ties: Annotated[
         Literal["bytes", "first-seen"],
-        doc("equal counts: merge the pair whose bytes sort first (bytes), or the pair met first in the corpus, as the BPE tutorials do (first-seen)"),
+        doc(
+            "equal counts: merge the pair whose bytes sort first (bytes), or the pair met first in the corpus, as the "
+            "BPE tutorials do (first-seen)"
+        ),
     ] = "bytes"
-    merges: Annotated[int | None, doc("merges to learn; the vocabulary size then follows (alphabet + merges + special tokens)")] = None
+    merges: Annotated[
+        int | None, doc("merges to learn; the vocabulary size then follows (alphabet + merges + special tokens)")
+    ] = None
 
     def __post_init__(self):
         if self.unit == "byte" and self.vocab_size < 256 + len(self.special_tokens):
-            raise InputError(f"vocab_size={self.vocab_size} is too small: need at least 256 + {len(self.special_tokens)} special token(s)")
+            raise InputError(
+                f"vocab_size={self.vocab_size} is too small: need at least 256 + "
+                f"{len(self.special_tokens)} special token(s)"
+            )
         if self.vocab_size < len(self.special_tokens) + 2:
-            raise InputError(f"vocab_size={self.vocab_size} is too small: need at least 2 + {len(self.special_tokens)} special token(s)")
+            raise InputError(
+                f"vocab_size={self.vocab_size} is too small: need at least 2 + "
+                f"{len(self.special_tokens)} special token(s)"
+            )
         if self.vocab_size > MAX_VOCAB_SIZE:  # refused here, before any stage runs, not after counting
-            raise InputError(f"vocab_size={self.vocab_size} is too large: the largest vocabulary is {MAX_VOCAB_SIZE:,} ids (MAX_VOCAB_SIZE)")
+            raise InputError(
+                f"vocab_size={self.vocab_size} is too large: the largest vocabulary is "
+                f"{MAX_VOCAB_SIZE:,} ids (MAX_VOCAB_SIZE)"
+            )
         if len(set(self.special_tokens)) != len(self.special_tokens):
             raise InputError(f"duplicate special tokens in {self.special_tokens}")
         if self.min_frequency < 1:
@@ -83,7 +107,9 @@ def load_tokenizer(store: ArtifactStore, ref: VersionRef) -> Tokenizer:
     return Tokenizer.load(store.local_dir(ref.kind, ref.version))
 
 
-def pieces_in_corpus_order(store: ArtifactStore, counts_meta: dict[str, Any], pieces: list[bytes], counts: Any) -> dict[bytes, int]:
+def pieces_in_corpus_order(
+    store: ArtifactStore, counts_meta: dict[str, Any], pieces: list[bytes], counts: Any
+) -> dict[bytes, int]:
     """The counts table as a dict in the order its pieces are first met in the corpus (what
     first-seen ties need; the counts file is sorted). Splits the corpus again in Python: for
     the small corpora of a lesson."""

@@ -25,9 +25,16 @@ def _encode_shard(ctx: Context) -> dict[str, Any]:
     names = [f"{unit}.npy", f"{unit}.idx.npy"] + ([f"{unit}.docs.parquet"] if config.doc_table else [])
     with contextlib.ExitStack() as stack:
         tmps = [stack.enter_context(staging.open_write(n)) for n in names]
-        stats = token_shards.encode_shard_file(tok, src, tmps[0], tmps[1], config, unit, ctx.index, tmps[2] if config.doc_table else None)
+        stats = token_shards.encode_shard_file(
+            tok, src, tmps[0], tmps[1], config, unit, ctx.index, tmps[2] if config.doc_table else None
+        )
     infos = {n: staging.written[n] for n in names}
-    return {**asdict(stats), "shard": ctx.index, "sha256": infos[names[0]].sha256, "files": {n: asdict(fi) for n, fi in infos.items()}}
+    return {
+        **asdict(stats),
+        "shard": ctx.index,
+        "sha256": infos[names[0]].sha256,
+        "files": {n: asdict(fi) for n, fi in infos.items()},
+    }
 
 
 def _publish(ctx: Context) -> Output:
@@ -66,7 +73,9 @@ def tokens_version(corpus: VersionRef, tokenizer: VersionRef, config: EncodeConf
     return version
 
 
-def encode_shard(store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef, shard: int, config: EncodeConfig) -> dict[str, Any]:
+def encode_shard(
+    store: ArtifactStore, corpus: VersionRef, tokenizer: VersionRef, shard: int, config: EncodeConfig
+) -> dict[str, Any]:
     """Encode one corpus shard into the tokens version's staging area (skips a finished shard)."""
     return spec.run_unit(TOKENS, store, {"corpus": corpus, "tokenizer": tokenizer}, config, shard)
 

@@ -23,7 +23,15 @@ Laid out as tiktoken is:
 
 from pipeline_lib.tokenizer import core, native
 from pipeline_lib.tokenizer.core import Tokenizer
-from pipeline_lib.tokenizer.limits import ENDOFTEXT, MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, UNIT_DESCRIPTIONS, UNITS, UNK, UnknownTokenError
+from pipeline_lib.tokenizer.limits import (
+    ENDOFTEXT,
+    MAX_TOKEN_BYTES,
+    MAX_VOCAB_SIZE,
+    UNIT_DESCRIPTIONS,
+    UNITS,
+    UNK,
+    UnknownTokenError,
+)
 from pipeline_lib.tokenizer.load import (
     FORMAT,
     MAX_META_FILE_BYTES,

@@ -156,7 +156,9 @@ class Tokenizer:
         self.lowercase = bool(lowercase)
         self.mergeable_ranks: dict[bytes, int] = dict(mergeable_ranks)
         self.special_tokens: dict[str, int] = dict(special_tokens or {})
-        self.merges: list[tuple[int, int, int]] | None = [(a, b, x) for a, b, x in merges] if merges is not None else None
+        self.merges: list[tuple[int, int, int]] | None = (
+            [(a, b, x) for a, b, x in merges] if merges is not None else None
+        )
         self.merge_counts = [int(c) for c in merge_counts] if merge_counts is not None else None
         if self.merge_counts is not None and (self.merges is None or len(self.merge_counts) != len(self.merges)):
             raise InputError(f"merge_counts has {len(self.merge_counts)} entries for {len(self.merges or [])} merges")
@@ -173,9 +175,13 @@ class Tokenizer:
         self.max_token_value = max(self._token_bytes)
         self.vocab_size = self.max_token_value + 1
         if explicit_n_vocab:
-            if len(self.mergeable_ranks) + len(self.special_tokens) != explicit_n_vocab or self.vocab_size != explicit_n_vocab:
+            if (
+                len(self.mergeable_ranks) + len(self.special_tokens) != explicit_n_vocab
+                or self.vocab_size != explicit_n_vocab
+            ):
                 raise InputError(
-                    f"explicit_n_vocab={explicit_n_vocab}, but the vocabulary has {len(self.mergeable_ranks)} ordinary and"
+                    f"explicit_n_vocab={explicit_n_vocab}, but the vocabulary has {len(self.mergeable_ranks)} "
+                    "ordinary and"
                     f" {len(self.special_tokens)} special tokens, the largest id {self.max_token_value}"
                 )
         self._special_names = frozenset(self.special_tokens)
@@ -188,7 +194,11 @@ class Tokenizer:
         if native._CORE is not None:
             tokens = list(self.mergeable_ranks)
             ranks = np.fromiter(self.mergeable_ranks.values(), dtype=np.uint32, count=len(tokens))
-            pattern_id = native._CORE.NO_SPLIT if self._split_in_python or self.pattern == NO_SPLIT else native._CORE.PATTERN_IDS[self.pattern]
+            pattern_id = (
+                native._CORE.NO_SPLIT
+                if self._split_in_python or self.pattern == NO_SPLIT
+                else native._CORE.PATTERN_IDS[self.pattern]
+            )
             self._encoder = native._CORE.Encoder(tokens, ranks, pattern_id, self.unit != "byte", self._unknown_id)
 
     def _validate(self) -> None:
@@ -209,7 +219,10 @@ class Tokenizer:
         if longest > MAX_TOKEN_BYTES:
             check_token_length(longest, "mergeable_ranks")
         if self.unit != "byte" and self.unknown not in ("unk", "bytes"):
-            raise InputError(f"unknown={self.unknown!r}: a {self.unit}-level vocabulary needs 'unk' or 'bytes' (byte fallback) for unseen characters")
+            raise InputError(
+                f"unknown={self.unknown!r}: a {self.unit}-level vocabulary needs 'unk' or 'bytes' (byte "
+                "fallback) for unseen characters"
+            )
         if self.unknown == "unk" and UNK not in self.special_tokens:
             raise InputError(f"unknown='unk' needs the special token {UNK!r}, which this vocabulary lacks")
         if self.lowercase and self.unit != "word":
@@ -312,8 +325,10 @@ class Tokenizer:
         if self.unit != "byte" or self.pattern not in PATTERNS:
             kind = f"{self.unit}-level" if self.unit != "byte" else f"pattern={self.pattern!r}"
             raise InputError(
-                f"{what} cannot carry this tokenizer ({kind}): it holds byte-level BPE with the gpt2, cl100k or o200k split;"
-                " train with --unit byte and one of those patterns to export it, or use the tokenizer's own files (save / Tokenizer.load)"
+                f"{what} cannot carry this tokenizer ({kind}): it holds byte-level BPE with the gpt2, cl100k or o200k "
+                "split;"
+                " train with --unit byte and one of those patterns to export it, or use the tokenizer's own files "
+                "(save / Tokenizer.load)"
             )
 
     def ranks_text(self) -> bytes:
@@ -342,7 +357,13 @@ class Tokenizer:
         return load(cls, url, **storage_options)
 
     @classmethod
-    def from_tiktoken(cls, path_or_url: str, pattern: str = "cl100k", special_tokens: Mapping[str, int] | None = None, **storage_options: Any) -> Tokenizer:
+    def from_tiktoken(
+        cls,
+        path_or_url: str,
+        pattern: str = "cl100k",
+        special_tokens: Mapping[str, int] | None = None,
+        **storage_options: Any,
+    ) -> Tokenizer:
         """Load a ``.tiktoken`` ranks file (optionally ``.gz``), e.g. cl100k_base or o200k_base."""
         from pipeline_lib.tokenizer.load import from_tiktoken
 
@@ -399,7 +420,9 @@ class Tokenizer:
     def _ordinary_array(self, data: bytes) -> np.ndarray:
         """uint32 ids of bytes, no special tokens; invalid UTF-8 bytes split as characters of their own."""
         if self._encoder is None:
-            ids = ref.encode_ordinary(data, self.mergeable_ranks, self.pattern, self.unit, self._unknown_id, self.lowercase)
+            ids = ref.encode_ordinary(
+                data, self.mergeable_ranks, self.pattern, self.unit, self._unknown_id, self.lowercase
+            )
             return np.array(ids, dtype=np.uint32)
         if self._split_in_python:
             return self._encoder.encode_ordinary_batch(self._pieces(data), 1)[0]
@@ -433,9 +456,16 @@ class Tokenizer:
         return ref.split_bytes(data, self.pattern)
 
     # ------------------------------------------------------------------ special tokens
-    def _allowed(self, text_or_texts: str | Sequence[str], allowed_special: SpecialSet, disallowed_special: SpecialSet) -> frozenset[str]:
+    def _allowed(
+        self, text_or_texts: str | Sequence[str], allowed_special: SpecialSet, disallowed_special: SpecialSet
+    ) -> frozenset[str]:
         """The special tokens to encode as such; raises if a text holds a disallowed one."""
-        if isinstance(text_or_texts, str) and disallowed_special == "all" and isinstance(allowed_special, (frozenset, set)) and not allowed_special:
+        if (
+            isinstance(text_or_texts, str)
+            and disallowed_special == "all"
+            and isinstance(allowed_special, (frozenset, set))
+            and not allowed_special
+        ):
             # encode(text) with the defaults: no set arithmetic, often no regex search
             prefix = _common_prefix(self._special_names) if self._special_names else None
             if prefix is None or (prefix and prefix not in text_or_texts):
@@ -485,7 +515,9 @@ class Tokenizer:
                 pass
         return self._ordinary_array(ref.utf8(text)).tolist()
 
-    def encode(self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all") -> list[int]:
+    def encode(
+        self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all"
+    ) -> list[int]:
         """Encode text into a list of ids.
 
         Special tokens are refused by default: text that contains one raises, because text
@@ -563,7 +595,11 @@ class Tokenizer:
                 completions.add(tuple(seq))
         if len(unstable) > 1:
             last_char = _last_utf8_char(unstable)
-            if last_char and len(unstable) > len(last_char) and regex.fullmatch(r"\p{White_Space}", last_char.decode("utf-8")):
+            if (
+                last_char
+                and len(unstable) > len(last_char)
+                and regex.fullmatch(r"\p{White_Space}", last_char.decode("utf-8"))
+            ):
                 completions.add(tuple(self._bpe_piece(unstable[: -len(last_char)]) + self._bpe_piece(last_char)))
         return tokens, [list(c) for c in completions]
 
@@ -581,12 +617,17 @@ class Tokenizer:
             out.append(tokens[k])
         return out
 
-    def encode_to_numpy(self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all") -> np.ndarray:
+    def encode_to_numpy(
+        self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all"
+    ) -> np.ndarray:
         """`encode`, as a uint32 array (no list of Python ints is made)."""
         allowed = self._allowed(text, allowed_special, disallowed_special)
         if not allowed:
             return self._ordinary_array(ref.utf8(text))
-        arrays = [np.array([part], dtype=np.uint32) if isinstance(part, int) else self._ordinary_array(ref.utf8(part)) for part in self._parts(text, allowed)]
+        arrays = [
+            np.array([part], dtype=np.uint32) if isinstance(part, int) else self._ordinary_array(ref.utf8(part))
+            for part in self._parts(text, allowed)
+        ]
         return np.concatenate(arrays)
 
     def encode_batch(
@@ -629,7 +670,9 @@ class Tokenizer:
         ids, ends = flat.tolist(), offsets.tolist()
         return [ids[a:b] for a, b in zip(ends, ends[1:])]
 
-    def encode_ordinary_batch_to_numpy(self, docs: Sequence[bytes | str], num_threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def encode_ordinary_batch_to_numpy(
+        self, docs: Sequence[bytes | str], num_threads: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Encode documents into one flat uint32 id array plus cumulative end offsets (uint64, len+1).
 
         The encoding stage's path: `num_threads` native threads (0 = all cores), no
@@ -644,7 +687,9 @@ class Tokenizer:
                 pass
         return self._ordinary_batch([ref.utf8(d) if isinstance(d, str) else d for d in docs], num_threads)
 
-    def encode_ordinary_buffer_to_numpy(self, data: bytes | bytearray | memoryview, offsets: np.ndarray, num_threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def encode_ordinary_buffer_to_numpy(
+        self, data: bytes | bytearray | memoryview, offsets: np.ndarray, num_threads: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
         """`encode_ordinary_batch_to_numpy` of documents given as one buffer and their offsets
         (document k is ``data[offsets[k]:offsets[k + 1]]``, e.g. an Arrow string column's
         buffers): no bytes object per document on the native path.
@@ -716,14 +761,18 @@ class Tokenizer:
             _write_npy_header(out, n_ids)
         return n_ids
 
-    def _encode_block_to(self, out: Any, data: bytes, cut_pattern: regex.Pattern, threads: int, allowed: frozenset[str]) -> int:
+    def _encode_block_to(
+        self, out: Any, data: bytes, cut_pattern: regex.Pattern, threads: int, allowed: frozenset[str]
+    ) -> int:
         """Append the ids of `data` (whole lines, cut at a safe point) to the file `out`."""
         text = None
         if not _is_utf8(data):  # as the whole-text path: each invalid byte becomes U+FFFD
             text = data.decode("utf-8", "surrogateescape")
             data = ref.utf8(text)
         if allowed:
-            ids = self.encode_to_numpy(data.decode("utf-8") if text is None else text, allowed_special=allowed, disallowed_special=())
+            ids = self.encode_to_numpy(
+                data.decode("utf-8") if text is None else text, allowed_special=allowed, disallowed_special=()
+            )
         else:
             del text
             # blocks of about round_bytes / (2 * threads), so that the threads share the work evenly
@@ -811,7 +860,9 @@ class Tokenizer:
         try:
             return b"".join(map(self._token_bytes.__getitem__, _id_list(tokens)))
         except KeyError as e:
-            raise UnknownTokenError(f"token id {e.args[0]} is not in this vocabulary (size {self.vocab_size})") from None
+            raise UnknownTokenError(
+                f"token id {e.args[0]} is not in this vocabulary (size {self.vocab_size})"
+            ) from None
 
     def decode(self, tokens: Iterable[int] | np.ndarray, errors: str = "replace") -> str:
         """Decode ids to text; invalid UTF-8 follows `errors` (default: U+FFFD). Raises as `decode_bytes`."""
@@ -842,7 +893,9 @@ class Tokenizer:
             n_chars += sum(1 for c in b if not 0x80 <= c < 0xC0)
         return b"".join(token_bytes).decode("utf-8", "strict"), offsets
 
-    def decode_batch(self, batch: Sequence[Sequence[int]], *, errors: str = "replace", num_threads: int = DEFAULT_THREADS) -> list[str]:
+    def decode_batch(
+        self, batch: Sequence[Sequence[int]], *, errors: str = "replace", num_threads: int = DEFAULT_THREADS
+    ) -> list[str]:
         """`decode` of each id sequence. `num_threads` is taken for tiktoken's signature;
         decoding is a dictionary lookup per id and runs on the calling thread."""
         return [self.decode(ids, errors) for ids in batch]
@@ -879,7 +932,11 @@ class Tokenizer:
     def token_str(self, i: int) -> str:
         """Id `i` as a person reads it: its text (invalid UTF-8 as U+FFFD), ``</w>`` shown as such
         in word-level vocabularies, special tokens by name."""
-        raw = self._raw_bytes.get(i) if self._raw_bytes is not None else (None if i in self._special_ids else self._token_bytes.get(i))
+        raw = (
+            self._raw_bytes.get(i)
+            if self._raw_bytes is not None
+            else (None if i in self._special_ids else self._token_bytes.get(i))
+        )
         if raw is None:
             return self.decode_single_token_bytes(i).decode("utf-8", "replace")  # a special token, or UnknownTokenError
         if self.unit == "word":
@@ -897,7 +954,10 @@ class Tokenizer:
         names = sorted(self.special_tokens, key=self.special_tokens.__getitem__)
         special = names if len(names) <= 8 else [*names[:4], f"... {len(names)} in all"]
         unit = f", unit={self.unit!r}" if self.unit != "byte" else ""
-        return f"Tokenizer(name={self.name!r}{unit}, pattern={self.pattern!r}, vocab_size={self.vocab_size}, special={special})"
+        return (
+            f"Tokenizer(name={self.name!r}{unit}, pattern={self.pattern!r}, vocab_size={self.vocab_size}, "
+            f"special={special})"
+        )
 
 
 # Safe cuts for the built-in split patterns: after a newline that lies between two printable

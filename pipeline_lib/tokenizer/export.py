@@ -62,7 +62,10 @@ def to_hf_json(tok: Tokenizer, path: str) -> None:
 
 
 def _refuse(tok: Tokenizer, what: str, why: str) -> InputError:
-    return InputError(f"{what} cannot carry this {tok.unit}-level tokenizer: {why}; use the tokenizer's own files (save / Tokenizer.load)")
+    return InputError(
+        f"{what} cannot carry this {tok.unit}-level tokenizer: {why}; use the tokenizer's own files "
+        "(save / Tokenizer.load)"
+    )
 
 
 def _hf_token_names(tok: Tokenizer, what: str) -> dict[bytes, str]:
@@ -79,7 +82,10 @@ def _hf_token_names(tok: Tokenizer, what: str) -> dict[bytes, str]:
             names[b] = (b.replace(end_of_word, HF_END_OF_WORD.encode()) if end_of_word else b).decode("utf-8")
         except UnicodeDecodeError:
             raise _refuse(
-                tok, what, f"token {b!r} (id {tok.mergeable_ranks[b]}) is not UTF-8 text (the training corpus held bytes that are not UTF-8)"
+                tok,
+                what,
+                f"token {b!r} (id {tok.mergeable_ranks[b]}) is not UTF-8 text (the training corpus held "
+                "bytes that are not UTF-8)",
             ) from None
     taken: dict[str, bytes] = {}
     for b, name in names.items():
@@ -136,7 +142,12 @@ def unit_tokenizer_json(tok: Tokenizer, what: str = "a HF tokenizer.json") -> di
             tokens with one spelling.
     """
     if tok.unit == "word" and tok.pattern != NO_SPLIT:
-        raise _refuse(tok, what, f"it splits words with --pattern {tok.pattern!r}; word-level HF files hold whitespace words (train with --pattern none)")
+        raise _refuse(
+            tok,
+            what,
+            f"it splits words with --pattern {tok.pattern!r}; word-level HF files hold "
+            "whitespace words (train with --pattern none)",
+        )
     names = _hf_token_names(tok, what)
     vocab = {names[b]: i for b, i in tok.mergeable_ranks.items()}
     vocab.update(tok.special_tokens)
@@ -147,11 +158,21 @@ def unit_tokenizer_json(tok: Tokenizer, what: str = "a HF tokenizer.json") -> di
             normalizers.append({"type": "Lowercase"})
         word_end = {"Regex": f"(?<=[^{HF_SPACE[1:-1]}])(?={HF_SPACE}|\\z)"}
         normalizers.append({"type": "Replace", "pattern": word_end, "content": HF_END_OF_WORD})
-        pre_tokenizer: dict[str, Any] | None = {"type": "Split", "pattern": {"Regex": f"{HF_SPACE}+"}, "behavior": "Removed", "invert": False}
+        pre_tokenizer: dict[str, Any] | None = {
+            "type": "Split",
+            "pattern": {"Regex": f"{HF_SPACE}+"},
+            "behavior": "Removed",
+            "invert": False,
+        }
     elif tok.pattern == NO_SPLIT:
         pre_tokenizer = None
     else:
-        pre_tokenizer = {"type": "Split", "pattern": {"Regex": onig_pattern(tok.pattern_str)}, "behavior": "Isolated", "invert": False}
+        pre_tokenizer = {
+            "type": "Split",
+            "pattern": {"Regex": onig_pattern(tok.pattern_str)},
+            "behavior": "Isolated",
+            "invert": False,
+        }
     decoders: list[dict[str, Any]] = [{"type": "ByteFallback"}] if byte_fallback else []
     if tok.unit == "word":
         decoders.append({"type": "Replace", "pattern": {"String": HF_END_OF_WORD}, "content": " "})
@@ -180,7 +201,9 @@ def unit_tokenizer_json(tok: Tokenizer, what: str = "a HF tokenizer.json") -> di
     }
 
 
-def special_roles(tok: Tokenizer, eos_token: str | None = None, bos_token: str | None = None, pad_token: str | None = None) -> dict[str, str]:
+def special_roles(
+    tok: Tokenizer, eos_token: str | None = None, bos_token: str | None = None, pad_token: str | None = None
+) -> dict[str, str]:
     """transformers' ``eos_token`` / ``bos_token`` / ``pad_token`` among `tok`'s special tokens.
 
     Unset: eos is ``<|endoftext|>`` when `tok` has it; bos ``<|startoftext|>`` and pad
@@ -192,7 +215,9 @@ def special_roles(tok: Tokenizer, eos_token: str | None = None, bos_token: str |
     """
     for role, value in (("eos_token", eos_token), ("bos_token", bos_token), ("pad_token", pad_token)):
         if value is not None and value not in tok.special_tokens:
-            raise InputError(f"{role}={value!r} is not a special token of this tokenizer (it has {sorted(tok.special_tokens)})")
+            raise InputError(
+                f"{role}={value!r} is not a special token of this tokenizer (it has {sorted(tok.special_tokens)})"
+            )
     specials = tok.special_tokens
     eos = eos_token or (ENDOFTEXT if ENDOFTEXT in specials else None)
     roles: dict[str, str | None] = {
@@ -206,22 +231,36 @@ def special_roles(tok: Tokenizer, eos_token: str | None = None, bos_token: str |
 
 
 def transformers_files(
-    tok: Tokenizer, model_max_length: int | None = None, eos_token: str | None = None, bos_token: str | None = None, pad_token: str | None = None
+    tok: Tokenizer,
+    model_max_length: int | None = None,
+    eos_token: str | None = None,
+    bos_token: str | None = None,
+    pad_token: str | None = None,
 ) -> dict[str, bytes]:
     """The files of `to_transformers`, by name."""
     tokenizer_json = hf_json(tok, "a transformers directory")
-    if model_max_length is not None and (isinstance(model_max_length, bool) or not isinstance(model_max_length, int) or model_max_length < 1):
+    if model_max_length is not None and (
+        isinstance(model_max_length, bool) or not isinstance(model_max_length, int) or model_max_length < 1
+    ):
         raise InputError(f"model_max_length={model_max_length!r}: a number of tokens >= 1 (or None for no limit)")
     roles = special_roles(tok, eos_token, bos_token, pad_token)
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": model_max_length or NO_MAX_LENGTH,
-        # our decode is exact (word-level: words and spaces); transformers' clean-up would drop spaces before punctuation
+        # our decode is exact (word-level: words and spaces); transformers' clean-up would drop spaces before
+        # punctuation
         "clean_up_tokenization_spaces": False,
         "add_bos_token": False,
         "add_eos_token": False,
         "added_tokens_decoder": {
-            str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
+            str(i): {
+                "content": t,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": True,
+            }
             for t, i in sorted(tok.special_tokens.items(), key=lambda kv: kv[1])
         },
         **roles,
@@ -264,7 +303,8 @@ def to_gpt2(tok: Tokenizer, directory: str, **storage_options: Any) -> None:
     if tok.unit == "byte" and tok.pattern != "gpt2":
         raise InputError(
             f"{what} cannot carry the {tok.pattern!r} split pattern: the files hold no pattern and GPT-2 loaders split"
-            " with GPT-2's, so they would load with other ids; export this tokenizer with --format hf or --format transformers"
+            " with GPT-2's, so they would load with other ids; export this tokenizer with --format hf or --format "
+            "transformers"
             " (to_hf_json / to_transformers), which carry the pattern"
         )
     _require_byte_level(tok, what)

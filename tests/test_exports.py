@@ -162,6 +162,21 @@ def test_gpt2_export_reproduces_gpt2s_own_files(tmp_path):
     assert back.special_tokens == {EOT: 50256}
 
 
+def test_merges_recovered_from_ranks_are_gpt2s_own_merge_list():
+    """`merges_from_ranks` (what every export of a vocabulary without a merge list uses)
+    against an oracle: GPT-2's ranks give back its vocab.bpe, line for line."""
+    from pipeline_lib.formats import byte_to_unicode, merges_from_ranks
+
+    b2u = byte_to_unicode()
+    with open(os.path.join(_gpt2_dir(), "vocab.bpe"), encoding="utf-8") as f:
+        theirs = [tuple(line.split()) for line in f.read().split("\n")[1:] if line.strip()]
+    ours = [
+        ("".join(b2u[x] for x in a), "".join(b2u[x] for x in b))
+        for a, b in merges_from_ranks(get_encoding("gpt2").mergeable_ranks)
+    ]
+    assert ours == theirs
+
+
 @pytest.fixture(scope="module")
 def trained_gpt2_pattern(shakespeare_text) -> Tokenizer:
     return Tokenizer.train([shakespeare_text[:300_000]], vocab_size=600, pattern="gpt2", special_tokens=GAPPED_SPECIALS)

@@ -72,6 +72,10 @@ def _same_as_whole(path: str, group_bytes: int, **config) -> dict:
         return split_manifest
 
 
+# Each example shards a file twice through a store (about 0.3 s): a developer's run draws
+# fewer, CI (CI set) twice as many.
+_CI = 2 if os.environ.get("CI") else 1
+
 # Lines of text with the awkward parts: CRLF, blank and whitespace-only lines, long lines
 # (documents spanning several ranges), invalid UTF-8, multi-byte characters.
 _LINE = st.one_of(
@@ -93,7 +97,7 @@ def scanner(request, monkeypatch):
     return request.param
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12 * _CI, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     text=_TEXT, group_bytes=st.integers(min_value=1, max_value=400), documents=st.sampled_from(["line", "paragraph"])
 )
@@ -106,7 +110,7 @@ def test_text_ranges_give_the_documents_of_the_whole_file(tmp_path_factory, scan
         assert record["ranges"] == len(source_ranges.byte_spans(len(text), group_bytes))
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10 * _CI, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     records=st.lists(st.one_of(st.text(alphabet="xyé \n", max_size=40), st.none()), min_size=1, max_size=40),
     group_bytes=st.integers(min_value=1, max_value=300),
@@ -119,7 +123,7 @@ def test_jsonl_ranges_give_the_records_of_the_whole_file(tmp_path_factory, recor
     _same_as_whole(str(path), group_bytes, n_shards=2)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8 * _CI, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     rows=st.lists(st.text(alphabet="pq é", max_size=30), min_size=1, max_size=80),
     row_group=st.integers(1, 20),

@@ -1,6 +1,7 @@
 """Counting memory: exact vs pruned counts (--count-mode, --count-min), and what pruning costs in compression.
 
-    python benchmarks/bench_count_memory.py CORPUS.txt [--mb 40] [--shards 8] [--vocab-size 32768] [--mins 2 5] [--tight
+    python benchmarks/bench_count_memory.py CORPUS.txt [--mb 40] [--shards 8] [--vocab-size
+    32768] [--mins 2 5] [--tight
 4MiB]
 
 The first --mb MB of CORPUS.txt (cut at a line end) are sharded into --shards shards in a

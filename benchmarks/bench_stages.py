@@ -1,7 +1,8 @@
 """Counting and encoding corpus shards: documents read as one bytes object each (the list
 path) against documents read as (buffer, offsets) batches (the buffer path), on one thread.
 
-    python benchmarks/bench_stages.py CORPUS.txt [--shards 2] [--vocab-size 4096] [--documents line] [--repeat 2]
+    python benchmarks/bench_stages.py CORPUS.txt [--shards 2] [--vocab-size 4096] [--documents
+    line] [--repeat 2]
 [--workdir DIR]
 
 CORPUS.txt is sharded by the library (`shard_corpus`, --shards shards) in a temporary store,

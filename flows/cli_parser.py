@@ -12,14 +12,14 @@
     tokenmill serve                     # run the deployments (schedules) from this process
 
 A REF names a version in the store: ``kind/version``, a unique version-id prefix, or
-``latest:KIND``. Commands that run flows use Prefect's API when PREFECT_API_URL is set,
-else tokenmill's local Prefect server: started in the background by the first such command
-(on 127.0.0.1), reused by the next ones, stopped after 15 minutes unused or by
-`tokenmill server stop`. With TOKENMILL_WARM=1, a warm runner beside it (flows/warm.py) runs
-later commands in a process that has made their imports already. They keep their
-database (prefect.db), logs and the runs' task results in $PREFECT_HOME/tokenmill (default
-~/.prefect/tokenmill), and nothing else in $PREFECT_HOME; `tokenmill gc --prefect-home` removes them.
-TOKENMILL_PREFECT_SERVER=temporary uses Prefect's per-command server instead.
+``latest:KIND``. Commands that run flows use Prefect's API when PREFECT_API_URL is set, else
+tokenmill's local Prefect server: started in the background by the first such command (on
+127.0.0.1), reused by the next ones, stopped after 15 minutes unused or by `tokenmill server
+stop`. With TOKENMILL_WARM=1, a warm runner beside it (flows/warm.py) runs later commands in a
+process that has made their imports already. They keep their database (prefect.db), logs and the
+runs' task results in $PREFECT_HOME/tokenmill (default ~/.prefect/tokenmill), and nothing else
+in $PREFECT_HOME; `tokenmill gc --prefect-home` removes them. TOKENMILL_PREFECT_SERVER=temporary
+uses Prefect's per-command server instead.
 
 A failure prints one ``tokenmill: error:`` line naming the file, URL or store and what to
 do; the traceback goes to a log file ($TOKENMILL_LOG_DIR, default $PREFECT_HOME/logs) and

@@ -21,14 +21,13 @@ starts with each command and stops with it: it costs 8-20 s of every run on a lo
 TOKENMILL_PREFECT_SERVER=temporary still selects it (with a start-up timeout of
 TOKENMILL_SERVER_STARTUP_TIMEOUT seconds).
 
-What a command's flows cost the API, whichever it is: a task run asks for concurrency slots
-only for tags that have a limit (`TagLimits`; Prefect 3.9's task engine still asks for
-every set of tags). Against a server (PREFECT_API_URL), flow runs send tokenmill's
-heartbeat (every 30 s, for the zombie-run automation, deployments/automations.py) unless
-PREFECT_FLOWS_HEARTBEAT_FREQUENCY is set; with the local server they send none unless it is
-set, and clients fetch no CSRF token from a server that wants none (`local_client_settings`). Measured on `tokenmill
-tokenizer train`: 41 API requests
-before, 15 after (benchmarks/bench_cli.py has the timings).
+What a command's flows cost the API, whichever it is: a task run asks for concurrency slots only
+for tags that have a limit (`TagLimits`; Prefect 3.9's task engine still asks for every set of
+tags). Against a server (PREFECT_API_URL), flow runs send tokenmill's heartbeat (every 30 s, for
+the zombie-run automation, deployments/automations.py) unless PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+is set; with the local server they send none unless it is set, and clients fetch no CSRF token
+from a server that wants none (`local_client_settings`). Measured on `tokenmill tokenizer
+train`: 41 API requests before, 15 after (benchmarks/bench_cli.py has the timings).
 
 This module imports nothing heavy: `tokenmill server status` and the CLI's parsing use it.
 """

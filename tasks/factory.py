@@ -3,11 +3,10 @@
     counts = stage_tasks(stages.COUNTS, after=...)   # reduce_counts, and count_words per shard
     ref = counts(store_url, {"corpus": corpus_ref}, CountConfig(), storage_options)
 
-A stage task calls the engine (`pipeline_lib.stages.spec.produce`, `run_unit`) and returns
-what tasks hand each other: a `VersionRef` (kind, version, uri, manifest sha256; stored
-as JSON in the task's result) or, for a unit task, the unit's completion record. Retries, where a stage asks for them,
-are for transient failures
-only (`retry_if_transient`).
+A stage task calls the engine (`pipeline_lib.stages.spec.produce`, `run_unit`) and returns what
+tasks hand each other: a `VersionRef` (kind, version, uri, manifest sha256; stored as JSON in
+the task's result) or, for a unit task, the unit's completion record. Retries, where a stage
+asks for them, are for transient failures only (`retry_if_transient`).
 
 Caching (`StoreCachePolicy`): the key is the output's identity (its version id, which
 already hashes the inputs' ids, the config and the stage's output version; plus the unit for a unit task) and

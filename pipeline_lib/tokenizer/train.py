@@ -282,13 +282,12 @@ def train_tokenizer(
     is then what follows from it (alphabet + merges + special tokens). `on_plan` is called
     with the `TrainingPlan` before merging.
 
-    `counts_or_texts` is a piece -> count table, or a `PieceTable` (what the counting stage writes; the word
-    unit takes its words from the pieces, `bpe_reference.word_counts`) or documents to count
-    here, on `workers` threads (0 = all cores). When the corpus cannot give that many merges,
-    training stops early with a warning and the vocabulary is smaller. A pair whose merged token would be longer than
-    `max_token_bytes`
-    is never merged (the default, 1 MiB, only matters for pathological pieces such as a
-    megabyte of one repeated character).
+    `counts_or_texts` is a piece -> count table, or a `PieceTable` (what the counting stage
+    writes; the word unit takes its words from the pieces, `bpe_reference.word_counts`) or
+    documents to count here, on `workers` threads (0 = all cores). When the corpus cannot give
+    that many merges, training stops early with a warning and the vocabulary is smaller. A pair
+    whose merged token would be longer than `max_token_bytes` is never merged (the default, 1
+    MiB, only matters for pathological pieces such as a megabyte of one repeated character).
 
     Raises:
         InputError: an unknown unit, pattern or unknown policy; `vocab_size` too small for

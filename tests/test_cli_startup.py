@@ -642,6 +642,7 @@ def test_the_command_line_the_server_and_the_runner_import_no_cycle():
     modules = (
         "flows.cli",
         "flows.prefect_api",
+        "flows.server_manager",
         "flows.warm",
         "flows.home",
         "flows.entry",

@@ -195,6 +195,27 @@ def toy_stage():
     unregister("lowered")
 
 
+def test_the_documents_type_is_the_same_once_a_stage_has_come_and_gone():
+    """The flows keep the `documents` type they were defined with: the same set of stages
+    (after a registered stage is removed again) gives back that very class, or every flow
+    run after it would refuse its parameters (one test's toy stage did that to 16 others)."""
+    before = documents_config()
+    stage = Stage(
+        name="noop_documents",
+        kind="noop",
+        inputs=("corpus",),
+        config=ToyLowercaseConfig,
+        output_version=1,
+        run=_lowercase,
+    )
+    register(DocumentStage(stage, option="noop", title="noop", summary=dict, example=ToyLowercaseConfig(True)))
+    try:
+        assert documents_config() is not before and "noop" in {f.name for f in dataclasses.fields(documents_config())}
+    finally:
+        unregister("noop")
+    assert documents_config() is before
+
+
 def test_a_registered_stage_is_picked_up_by_configs_cli_and_flow_parameters(tmp_path, toy_stage):
     """Registering a document stage (its spec and config: the two files of a new stage) is
     all it takes: the configs by name, the CLI's options, the flows' `documents` parameter

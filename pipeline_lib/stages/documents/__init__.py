@@ -66,13 +66,11 @@ def register(entry: DocumentStage) -> DocumentStage:
     if known is not None and known.stage.name != entry.stage.name:
         raise ValueError(f"document stage option {entry.option!r} is taken by {known.stage.name}")
     _REGISTERED[entry.option] = entry
-    documents_config.cache_clear()
     return entry
 
 
 def unregister(option: str) -> None:
     _REGISTERED.pop(option, None)
-    documents_config.cache_clear()
 
 
 @functools.cache
@@ -87,11 +85,23 @@ def document_stages() -> tuple[DocumentStage, ...]:
     return tuple(_REGISTERED[k] for k in sorted(_REGISTERED))
 
 
-@functools.cache
+# One class per set of stages: the flows' annotations keep the class they were given, so the
+# same stages (again, after a test registers and removes one) must give that same class.
+_CONFIG_CLASSES: dict[tuple[tuple[str, type], ...], type] = {}
+
+
 def documents_config() -> type:
     """The flows' ``documents`` parameter type: a frozen dataclass with one field per
     document stage, its config (default: the config's default, i.e. off)."""
-    fields = [(e.option, e.stage.config, dataclasses.field(default_factory=e.stage.config)) for e in document_stages()]
+    stages = document_stages()
+    key = tuple((e.option, e.stage.config) for e in stages)
+    if key not in _CONFIG_CLASSES:
+        _CONFIG_CLASSES[key] = _make_documents_config(stages)
+    return _CONFIG_CLASSES[key]
+
+
+def _make_documents_config(stages: tuple[DocumentStage, ...]) -> type:
+    fields = [(e.option, e.stage.config, dataclasses.field(default_factory=e.stage.config)) for e in stages]
     cls = dataclasses.make_dataclass(
         "DocumentStages",
         fields,

@@ -320,25 +320,34 @@ def ranks_from_merges(merges: Iterable[tuple[int, int, int]], alphabet: Sequence
     return vocab
 
 
-def lowest_rank_pair(parts: list[bytes | None], ranks: Mapping[bytes, int]) -> tuple[int, int] | None:
-    """(rank, index) of the adjacent pair whose concatenation has the lowest rank, the
-    leftmost on a tie; None when no pair merges (a None part merges with nothing)."""
-    best_rank, best_i = None, -1
+def lowest_rank_pair(
+    parts: list[bytes | None], ranks: Mapping[bytes, int], below: int | None = None
+) -> tuple[int, int] | None:
+    """(rank, index) of the adjacent pair whose concatenation has the lowest rank (only ranks
+    under `below`, when given), the leftmost on a tie; None when no pair merges (a None part
+    merges with nothing)."""
+    best_rank, best_i = below, -1
     for i in range(len(parts) - 1):
         left, right = parts[i], parts[i + 1]
         rank = None if left is None or right is None else ranks.get(left + right)
         if rank is not None and (best_rank is None or rank < best_rank):
             best_rank, best_i = rank, i
-    return None if best_rank is None else (best_rank, best_i)
+    return None if best_i < 0 else (best_rank, best_i)  # type: ignore[return-value]
+
+
+def merge_parts(parts: list[bytes | None], ranks: Mapping[bytes, int], below: int | None = None) -> list[bytes | None]:
+    """Merge adjacent parts in place, lowest rank of their concatenation first (tiktoken's
+    rule), using only ranks under `below` when given; the parts left."""
+    while len(parts) > 1 and (best := lowest_rank_pair(parts, ranks, below)) is not None:
+        i = best[1]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]  # type: ignore[operator]
+    return parts
 
 
 def bpe_parts(parts: list[bytes | None], ranks: Mapping[bytes, int], unknown: int | None = None) -> list[int]:
     """Merge adjacent parts, lowest rank of their concatenation first (tiktoken's rule);
     a None part is the unknown token (`unknown`), which merges with nothing."""
-    while len(parts) > 1 and (best := lowest_rank_pair(parts, ranks)) is not None:
-        i = best[1]
-        parts[i : i + 2] = [parts[i] + parts[i + 1]]  # type: ignore[operator]
-    return [unknown if p is None else ranks[p] for p in parts]  # type: ignore[misc]
+    return [unknown if p is None else ranks[p] for p in merge_parts(parts, ranks)]  # type: ignore[misc]
 
 
 def bpe_piece(piece: bytes, ranks: Mapping[bytes, int]) -> list[int]:

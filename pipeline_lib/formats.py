@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
+from pipeline_lib import bpe_reference as ref
 from pipeline_lib.fsio import InputError
 
 
@@ -120,29 +121,12 @@ def merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(token) < 2:
             continue
-        parts = _bpe_below(token, rank, ranks)
+        # BPE with only the lower ranks (an o200k export asks 200,000 times: no rank-limiting view)
+        parts = cast("list[bytes]", ref.merge_parts([token[i : i + 1] for i in range(len(token))], ranks, below=rank))
         if len(parts) != 2:
             raise InputError(f"token {token!r} (rank {rank}) cannot be reached by merging two lower-ranked tokens")
         merges.append((parts[0], parts[1]))
     return merges
-
-
-def _bpe_below(token: bytes, limit: int, ranks: dict[bytes, int]) -> list[bytes]:
-    """The parts BPE leaves of `token` with only the ranks below `limit`: the reference's
-    merge loop (`bpe_reference.bpe_parts`, lowest rank first) on bytes, with the limit
-    inline; an o200k export calls it 200,000 times."""
-    parts = [token[i : i + 1] for i in range(len(token))]
-    get = ranks.get
-    while len(parts) > 1:
-        best, at = limit, -1
-        for i in range(len(parts) - 1):
-            r = get(parts[i] + parts[i + 1])
-            if r is not None and r < best:
-                best, at = r, i
-        if at < 0:
-            break
-        parts[at : at + 2] = [parts[at] + parts[at + 1]]
-    return parts
 
 
 def onig_pattern(pattern: str) -> str:

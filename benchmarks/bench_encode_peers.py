@@ -149,6 +149,27 @@ def peers_for(vocab: str) -> tuple[list[Peer], list[str]]:
         enc = bpe_openai.build_encoding_from_name(name)
         return Peer("bpe-openai", enc.encode_ordinary, lambda d: [enc.encode_ordinary(x) for x in d])
 
+    def tokendagger_peer() -> Peer:
+        import tokendagger
+
+        enc = tokendagger.Tokenizer(
+            name, pat_str=pat, mergeable_ranks=ours._mergeable_ranks, special_tokens=ours._special_tokens
+        )
+        return Peer("tokendagger", enc.encode_ordinary, lambda d: [enc.encode_ordinary(x) for x in d])
+
+    def toktok_peer() -> Peer:
+        import toktok
+
+        if name not in toktok._BUILTIN:
+            raise LookupError(f"no bundled {name}")
+        tok = toktok._encoding(name)  # its bundled copy of the vocabulary; ids checked like every peer's
+        return Peer(
+            "toktok-rs",
+            tok.encode_ordinary,
+            lambda d: [tok.encode_ordinary(x) for x in d],
+            lambda d, t: tok.encode_batch_to_numpy(d)[0],
+        )  # its own thread pool
+
     for label, make in [
         ("tiktoken", tiktoken_peer),
         ("gigatoken", gigatoken_peer),
@@ -157,14 +178,15 @@ def peers_for(vocab: str) -> tuple[list[Peer], list[str]]:
         ("kitoken", kitoken_peer),
         ("tokie", tokie_peer),
         ("bpe-openai", bpe_openai_peer),
+        ("toktok-rs", toktok_peer),
+        ("tokendagger", tokendagger_peer),
     ]:
         add(label, make)
-    for mod in ["toktok", "quicktok", "tokendagger"]:
-        skipped.append(
-            f"{mod}: no adapter (its API takes no tiktoken ranks file)"
-            if importlib.util.find_spec(mod)
-            else f"{mod}: not installed"
-        )
+    why_not = {
+        "quicktok": "a minbpe-style trainer with its own vocabulary format: it loads no tiktoken ranks or pattern",
+    }
+    for mod, why in why_not.items():
+        skipped.append(f"{mod}: {why}" if importlib.util.find_spec(mod) else f"{mod}: not installed")
     return peers, skipped
 
 

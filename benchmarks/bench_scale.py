@@ -61,6 +61,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,23 +130,31 @@ def build_corpus(sources: list[str], size: int, out: Path, block: int = 8 << 20)
     return out
 
 
-def api_url(home: Path) -> str:
-    """The API of tokenmill's local server in PREFECT_HOME `home`."""
+def stage_timings(home: Path) -> dict:
+    """The latest flow run's stage timings from tokenmill's local server in PREFECT_HOME `home`."""
     sys.path.insert(0, str(ROOT))
     from flows.prefect_api import LocalServer, server_dir
 
-    state = LocalServer(server_dir(home)).read_state()
+    server = LocalServer(server_dir(home))
+    state = server.read_state()
     if not state:
         raise SystemExit(f"tokenmill's local server in {home} is not running")
-    return state["api_url"]
+    return cost_model.flow_run_timings(state["api_url"], auth=server.auth_string())
 
 
 def chain(
-    corpus: Path, store: Path, vocab_size: int, workers: int, env: dict[str, str], log: Path
+    corpus: Path,
+    store: Path,
+    vocab_size: int,
+    workers: int,
+    env: dict[str, str],
+    log: Path,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, float | str]:
-    """`tokenmill run --no-lm` on `corpus`: wall, peak RSS and the shards' spread."""
+    """`tokenmill run --no-lm` on `corpus` (a file or a directory): wall, peak RSS, the shards'
+    spread and what the run produced (`outputs`)."""
     argv = [sys.executable, "-m", "flows.cli", "run", "--no-lm", "--corpus", str(corpus), "--store", str(store)]
-    argv += ["--vocab-size", str(vocab_size), "--pattern", "cl100k", "--workers", str(workers)]
+    argv += ["--vocab-size", str(vocab_size), "--pattern", "cl100k", "--workers", str(workers), *extra]
     t0 = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.run(
@@ -165,7 +175,35 @@ def chain(
         "wall": wall,
         "peak_rss_mb": int(lines[-1]) / 1024,
         "spread": json.dumps(balance, sort_keys=True) if balance else "n/a",
+        **outputs(store),
     }
+
+
+def outputs(store: Path) -> dict[str, str | int]:
+    """What a chain run produced, to compare layouts whose corpus versions differ: the merges
+    file's sha256, the distinct pieces counted (and pruned away) and the tokens written."""
+    from pipeline_lib.store import ArtifactStore
+
+    st = ArtifactStore(str(store))
+    tokenizer, counts, tokens = (st.latest(kind) or {} for kind in ("tokenizer", "counts", "tokens"))
+    return {
+        "merges_sha256": tokenizer.get("meta", {}).get("merges_sha256", "?"),
+        "n_pieces": counts.get("meta", {}).get("n_pieces", -1),
+        "count_mode": counts.get("meta", {}).get("count_mode", "?"),
+        "n_tokens": tokens.get("meta", {}).get("totals", {}).get("n_tokens", -1),
+    }
+
+
+@contextmanager
+def local_server(env: dict[str, str]) -> Iterator[None]:
+    """tokenmill's local Prefect server in env's PREFECT_HOME, stopped afterwards."""
+    subprocess.run(
+        [sys.executable, "-m", "flows.cli", "server", "start"], cwd=ROOT, env=env, check=True, capture_output=True
+    )
+    try:
+        yield
+    finally:
+        subprocess.run([sys.executable, "-m", "flows.cli", "server", "stop"], cwd=ROOT, env=env, capture_output=True)
 
 
 def split_corpus(corpus: Path, n_files: int, out: Path) -> list[str]:
@@ -266,9 +304,16 @@ def _row(label: str, row: dict) -> str:
     )
 
 
-def many_files(corpus: Path, n_files: int, work: Path, group_bytes: int, own_sessions: bool = False) -> None:
+def many_files(
+    corpus: Path,
+    n_files: int,
+    work: Path,
+    group_bytes: int,
+    own_sessions: bool = False,
+    chain_runs: Callable[[Path], None] | None = None,
+) -> None:
     """Section 5: the corpus as `n_files` files, sharded on 1 and 2 workers, against the
-    same bytes in one file on 1 worker."""
+    same bytes in one file on 1 worker; then `chain_runs` on the directory of files."""
     sources = split_corpus(corpus, n_files, work / f"many-{n_files}")
     one = shard_stage([str(corpus)], work / "store-one", 1, 0, own_sessions=own_sessions)
     print(_row("one file, 1 worker", one), flush=True)
@@ -278,8 +323,12 @@ def many_files(corpus: Path, n_files: int, work: Path, group_bytes: int, own_ses
         walls[workers] = float(row["wall"])
         print(_row(f"{n_files} files, {workers} worker(s)", row), flush=True)
     print(f"  sharding speedup on 2 workers: x{walls[1] / walls[2]:.2f} (target >= 1.7)")
+    same = one["digest"] == row["digest"]
+    print(f"  documents of the {n_files} files {'identical to' if same else 'DIFFER FROM'} the one file's (in order)")
     for name in ("store-one", "store-many-1", "store-many-2"):
         shutil.rmtree(work / name, ignore_errors=True)
+    if chain_runs is not None:
+        chain_runs(work / f"many-{n_files}")
 
 
 def big_file(corpus: Path, work: Path, group_bytes: int, own_sessions: bool = False) -> None:
@@ -331,6 +380,12 @@ def main() -> None:
         help="section 5: the smallest chain corpus as this many files, sharded on 1 and 2 workers",
     )
     ap.add_argument(
+        "--many-files-gb",
+        type=float,
+        default=0.0,
+        help="section 5: the corpus size cut into --many-files files (default: the smallest --chain-gb)",
+    )
+    ap.add_argument(
         "--many-group-bytes",
         type=int,
         default=0,
@@ -375,27 +430,33 @@ def main() -> None:
                 ]
             )
 
-    if args.chain_source and args.chain_gb and not args.no_chain:
-        home = work / "prefect-home"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_"))}
-        # TOKENMILL_WARM=0: each run in its own process (imports included), so that its peak RSS is the command's.
-        env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", TOKENMILL_WARM="0")
-        section("2. tokenmill run --no-lm, tokenmill's local Prefect server running")
-        subprocess.run(
-            [sys.executable, "-m", "flows.cli", "server", "start"], cwd=ROOT, env=env, check=True, capture_output=True
+    home = work / "prefect-home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TOKENMILL_"))}
+    # TOKENMILL_WARM=0: each run in its own process (imports included), so that its peak RSS is the command's.
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", TOKENMILL_WARM="0")
+    one_file_outputs: dict[float, dict] = {}  # chain corpus size -> what its one-file run produced
+
+    def chain_with_stages(corpus: Path, store: Path, workers: int, log: Path, extra: tuple[str, ...] = ()):
+        shutil.rmtree(store, ignore_errors=True)
+        row = chain(corpus, store, args.vocab_size, workers, env, log, extra)
+        timings = stage_timings(home)
+        model = cost_model.CostModel.calibrate(
+            timings, cost_model.store_figures(str(store)), float(row["wall"]), workers
         )
+        shutil.rmtree(store, ignore_errors=True)
+        return row, timings, model
+
+    if args.chain_source and args.chain_gb and not args.no_chain:
+        section("2. tokenmill run --no-lm, tokenmill's local Prefect server running")
         rows = []
-        try:
+        with local_server(env):
             for gb in sorted(args.chain_gb):
                 corpus = build_corpus(args.chain_source, int(gb * 1e9), work / f"chain-{gb:g}GB.txt")
-                store = work / f"store-{gb:g}GB"
-                shutil.rmtree(store, ignore_errors=True)
-                row = chain(corpus, store, args.vocab_size, args.workers, env, work / f"chain-{gb:g}GB.log")
-                timings = cost_model.flow_run_timings(api_url(home))
-                model = cost_model.CostModel.calibrate(
-                    timings, cost_model.store_figures(str(store)), float(row["wall"]), args.workers
+                row, _, model = chain_with_stages(
+                    corpus, work / f"store-{gb:g}GB", args.workers, work / f"chain-{gb:g}GB.log"
                 )
                 rows.append((gb, row, model))
+                one_file_outputs[gb] = row
                 stages = ", ".join(f"{k} {v:.1f}" for k, v in model.busy_s.items())
                 print(
                     f"  {gb:g} GB: wall {row['wall']:.1f} s, peak RSS {row['peak_rss_mb']:.0f} MB, shards "
@@ -403,11 +464,6 @@ def main() -> None:
                     flush=True,
                 )
                 print(f"    busy s per stage: {stages}; fixed {model.fixed_s:.1f} s", flush=True)
-                shutil.rmtree(store, ignore_errors=True)
-        finally:
-            subprocess.run(
-                [sys.executable, "-m", "flows.cli", "server", "stop"], cwd=ROOT, env=env, capture_output=True
-            )
         sized = [(gb, row) for gb, row, _ in rows if gb >= 1]
         if len(sized) > 1:
             (small, first), (large, last) = sized[0], sized[-1]
@@ -431,15 +487,35 @@ def main() -> None:
             cost_model.print_clusters(model, [1, 10], [(32, 8), (128, 8)])
 
     if args.many_files and args.chain_source and args.chain_gb:
-        gb = min(args.chain_gb)
+        gb = args.many_files_gb or min(args.chain_gb)
+        corpus = build_corpus(args.chain_source, int(gb * 1e9), work / f"chain-{gb:g}GB.txt")
         section(f"5. the sharding stage on {gb:g} GB as {args.many_files} files, 1 and 2 workers")
-        many_files(
-            build_corpus(args.chain_source, int(gb * 1e9), work / f"chain-{gb:g}GB.txt"),
-            args.many_files,
-            work,
-            args.many_group_bytes,
-            args.worker_sessions,
-        )
+
+        def chain_runs(directory: Path) -> None:
+            print(f"\n  the chain (tokenmill run --no-lm) on the {args.many_files} files ({load()}):", flush=True)
+            with local_server(env):
+                if gb not in one_file_outputs:
+                    row, _, _ = chain_with_stages(corpus, work / "store-one", args.workers, work / "chain-one.log")
+                    one_file_outputs[gb] = row
+                    print(f"  one file, --workers {args.workers}: wall {row['wall']:.1f} s", flush=True)
+                reference = one_file_outputs[gb]
+                runs = [(w, (), "exact") for w in (1, 2)] + [(2, ("--count-mode", "pruned"), "pruned")]
+                for workers, extra, label in runs:
+                    row, timings, _ = chain_with_stages(
+                        directory, work / "store-many", workers, work / f"chain-many-{workers}-{label}.log", extra
+                    )
+                    shard = timings["stages"].get("shard", {})
+                    same = all(row[k] == reference[k] for k in ("merges_sha256", "n_pieces", "n_tokens"))
+                    print(
+                        f"  --workers {workers}, {row['count_mode']} counts: wall {row['wall']:.1f} s, peak RSS "
+                        f"{row['peak_rss_mb']:.0f} MB, sharding {shard.get('tasks', 0)} tasks in "
+                        f"{shard.get('span_s', 0):.1f} s (busy {shard.get('busy_s', 0):.1f} s), "
+                        f"{row['n_pieces']:,} distinct pieces, {row['n_tokens']:,} tokens; merges, pieces and "
+                        f"tokens {'identical to' if same else 'differ from'} the one-file run's ({load()})",
+                        flush=True,
+                    )
+
+        many_files(corpus, args.many_files, work, args.many_group_bytes, args.worker_sessions, chain_runs)
 
     if args.big_file and args.chain_source and args.chain_gb:
         gb = min(args.chain_gb)

@@ -32,6 +32,7 @@ import argparse
 import datetime as dt
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,14 +43,17 @@ ROOT = Path(__file__).resolve().parents[1]
 STAGES = {
     "download_corpus": "download",
     "reference_corpus": "download",
-    "shard_corpus": "shard",
+    "shard_corpus": "shard",  # the publish; its units (one per source group or range) are shard_sources
+    "shard_sources": "shard",
     "count_words": "count",
-    "reduce_counts": "reduce",
+    "reduce_counts": "reduce",  # the publish (the last merge); the tree's merges are merge_counts
+    "merge_counts": "reduce",
     "learn_merges": "merges",
     "encode_shard": "encode",
     "write_token_manifest": "manifest",
 }
-PARALLEL = ("count", "encode")
+PARALLEL = ("count", "encode")  # the stages whose spans give the parallel efficiency
+MAPPED = ("shard", "count", "encode")  # the stages whose units run `workers` at a time
 # Orchestration throughput measured here (docs/scale.md section 1): task runs a Prefect server records per second.
 SERVER_TASK_RUNS_PER_S = 35.0
 
@@ -58,14 +62,18 @@ def _time(text: str) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def flow_run_timings(api_url: str, name: str | None = None) -> dict:
-    """Task-run durations per stage of a flow run (the latest one, or the one named)."""
+def flow_run_timings(api_url: str, name: str | None = None, auth: str | None = None) -> dict:
+    """Task-run durations per stage of a flow run (the latest one, or the one named); `auth`:
+    the server's basic-auth credential (``user:password``, PREFECT_API_AUTH_STRING)."""
     import httpx
+
+    auth = auth or os.environ.get("PREFECT_API_AUTH_STRING")
+    basic = tuple(auth.split(":", 1)) if auth else None
 
     body: dict = {"sort": "START_TIME_DESC", "limit": 1}
     if name:
         body["flow_runs"] = {"name": {"any_": [name]}}
-    runs = httpx.post(f"{api_url}/flow_runs/filter", json=body, timeout=60).json()
+    runs = httpx.post(f"{api_url}/flow_runs/filter", json=body, timeout=60, auth=basic).json()
     if not runs:
         raise SystemExit(f"no flow run {name or ''} at {api_url}")
     run = runs[0]
@@ -75,6 +83,7 @@ def flow_run_timings(api_url: str, name: str | None = None) -> dict:
             f"{api_url}/task_runs/filter",
             json={"flow_runs": {"id": {"any_": [run["id"]]}}, "offset": offset, "limit": 200},
             timeout=60,
+            auth=basic,
         ).json()
         tasks += page
         offset += len(page)
@@ -190,8 +199,8 @@ class CostModel:
     def wall(self, nbytes: float, workers: int | None = None, pieces: float | None = None) -> float:
         workers = workers or self.workers
         seconds = self.stage_seconds(nbytes, pieces=pieces)
-        serial = sum(v for k, v in seconds.items() if k not in PARALLEL)
-        parallel = sum(v for k, v in seconds.items() if k in PARALLEL)
+        serial = sum(v for k, v in seconds.items() if k not in MAPPED)
+        parallel = sum(v for k, v in seconds.items() if k in MAPPED)
         return self.fixed_s + serial + parallel / (workers * self.efficiency)
 
     def rates(self) -> dict[str, float]:

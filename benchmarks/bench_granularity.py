@@ -35,6 +35,22 @@ def load() -> str:
     return "load %.1f" % os.getloadavg()[0]
 
 
+def server_cpu_s() -> float | None:
+    """CPU seconds (user + system) tokenmill's local Prefect server has used so far, or None
+    when another API is in use (PREFECT_API_URL) or the server cannot be read."""
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    from flows.prefect_api import LocalServer, server_dir
+
+    state = LocalServer(server_dir()).read_state()
+    try:
+        with open(f"/proc/{state['pid']}/stat") as f:  # type: ignore[index]
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, TypeError, KeyError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def make_corpus(store_url: str, source: str, shards: int):
     from pipeline_lib import ArtifactStore, stages
     from pipeline_lib.corpus import CorpusConfig
@@ -125,9 +141,16 @@ def main() -> None:
         for label, task_bytes, tasks in (("flow, grouped", DEFAULT_TASK_BYTES, grouped_tasks), ("flow, 1/shard", 0, n)):
             store = os.path.join(work, label.replace(", ", "-").replace("/", "per"))
             copy_corpus(base, store)
+            server0 = server_cpu_s()
             wall = run_flows(store, corpus, args.vocab_size, args.workers, task_bytes)
-            rows.append({"run": label, "tasks": 2 * tasks, "wall_s": wall})
-            print(f"  {label}: {wall:.2f} s, {2 * tasks} mapped task runs ({load()})", flush=True)
+            server1 = server_cpu_s()
+            server = server1 - server0 if server0 is not None and server1 is not None else None
+            rows.append({"run": label, "tasks": 2 * tasks, "wall_s": wall, "server_cpu_s": server})
+            print(
+                f"  {label}: {wall:.2f} s, {2 * tasks} mapped task runs, {2 * tasks / wall:.1f} task runs/s "
+                f"sustained, the server's CPU {'n/a' if server is None else f'{server:.1f} s'} ({load()})",
+                flush=True,
+            )
 
     library = rows[0]["wall_s"]
     print(f"\n{'run':<15} {'mapped tasks':>12} {'wall s':>8} {'overhead s':>11} {'ms/task run':>12} {'ms/shard':>9}")

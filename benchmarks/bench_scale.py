@@ -484,7 +484,7 @@ def main() -> None:
                     f"with its distinct pieces known ({run.pieces:,}: the corpus repeats its sources) {known:.1f} s, "
                     f"error {100 * (known / measured - 1):+.0f}%"
                 )
-            cost_model.print_clusters(model, [1, 10], [(32, 8), (128, 8)])
+            cost_model.print_clusters(model, [1, 10], [(8, 8), (32, 8), (128, 8)])
 
     if args.many_files and args.chain_source and args.chain_gb:
         gb = args.many_files_gb or min(args.chain_gb)

@@ -411,8 +411,12 @@ def _raw_sources(
         in_place = _in_place_sources(raw, raw_sources, config)
         sources = [(in_place[i], raw_sources[i]["name"]) for i in picked]
     else:
-        raw_dir = store.local_dir(raw.kind, raw.version)
-        sources = [(os.path.join(raw_dir, "sources", raw_sources[i]["name"]), raw_sources[i]["name"]) for i in picked]
+        # Each source this unit reads, hash-checked against the manifest (once per process while
+        # unchanged; on an object store, downloaded alone): a unit never reads, or hashes, the
+        # rest of the raw version, which at a terabyte every worker would otherwise do.
+        names = [raw_sources[i]["name"] for i in picked]
+        paths = store.local_files(raw.kind, raw.version, [f"sources/{name}" for name in names])
+        sources = list(zip(paths, names))
     records = [raw_sources[i] for i in picked]
     # Messages name the file the user gave, not the store's copy (`00000_x.txt`), where the
     # two agree on the format; the shards' source column keeps the copy's name.

@@ -102,6 +102,10 @@ from pipeline_lib.version import __version__
 
 _log = logging.getLogger("tokenmill.store")
 
+# (kind, version, sha256 of the manifest's bytes) of manifests found sound, oldest first.
+_SOUND_MANIFESTS: dict[tuple[str, str, bytes], None] = {}
+_SOUND_MANIFESTS_MAX = 4096
+
 
 def _backend() -> dict[str, Any]:
     from pipeline_lib.tokenizer import backend_info  # lazy: nothing else in the store needs it
@@ -494,6 +498,11 @@ class ArtifactStore:
             manifest = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise StoreError(f"{path}: corrupt manifest ({e})") from e
+        # The checks below depend on these bytes alone: bytes already found sound are not
+        # checked again (a sharding unit of a 10,000-file corpus reads the raw manifest twice).
+        key = (kind, version, hashlib.sha256(raw).digest())
+        if key in _SOUND_MANIFESTS:
+            return manifest  # type: ignore[no-any-return]
         if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
             raise StoreError(f"{path}: corrupt manifest (not a {MANIFEST_FORMAT} manifest)")
         if manifest.get("kind") != kind or manifest.get("version") != version:
@@ -516,10 +525,13 @@ class ArtifactStore:
                 or not _SHA256_RE.fullmatch(info["sha256"])
             ):
                 raise StoreError(f"{path}: corrupt manifest: bad entry for {name!r}")
-        for key, typ in (("params", dict), ("meta", dict), ("parents", dict), ("created", str)):
-            if not isinstance(manifest.get(key), typ):
-                raise StoreError(f"{path}: corrupt manifest: {key!r} missing or not a {typ.__name__}")
-        return manifest
+        for field, typ in (("params", dict), ("meta", dict), ("parents", dict), ("created", str)):
+            if not isinstance(manifest.get(field), typ):
+                raise StoreError(f"{path}: corrupt manifest: {field!r} missing or not a {typ.__name__}")
+        if len(_SOUND_MANIFESTS) >= _SOUND_MANIFESTS_MAX:
+            _SOUND_MANIFESTS.pop(next(iter(_SOUND_MANIFESTS)))
+        _SOUND_MANIFESTS[key] = None
+        return manifest  # type: ignore[no-any-return]
 
     def manifest(self, kind: str, version: str) -> dict[str, Any]:
         """The parsed, checked manifest of a published version (raises `StoreError`)."""
@@ -610,11 +622,20 @@ class ArtifactStore:
     def local_file(self, kind: str, version: str, name: str, cache_dir: str | None = None) -> str:
         """A local path to one file of a version: the file itself on a local store, else a
         hash-checked download of that file alone (a worker reading one shard fetches one shard)."""
-        manifest = self.manifest(kind, version)
-        info = manifest["files"].get(name)
-        if info is None:
-            raise StoreError(f"{kind}/{version} has no file {name!r}")
-        return self._backend.local_file(kind, version, name, info, cache_dir)
+        return self.local_files(kind, version, [name], cache_dir)[0]
+
+    def local_files(
+        self, kind: str, version: str, names: Iterable[str], cache_dir: str | None = None
+    ) -> builtins.list[str]:
+        """`local_file` of each of `names`, the manifest read once."""
+        files = self.manifest(kind, version)["files"]
+        paths = []
+        for name in names:
+            info = files.get(name)
+            if info is None:
+                raise StoreError(f"{kind}/{version} has no file {name!r}")
+            paths.append(self._backend.local_file(kind, version, name, info, cache_dir))
+        return paths
 
     def verify(self, kind: str, version: str, strict: bool = False) -> dict[str, Any]:
         """Re-hash every file against the manifest; raise `StoreError` naming the first bad one.

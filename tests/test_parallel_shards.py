@@ -223,3 +223,26 @@ def test_reference_mode_copies_nothing_and_shards_as_copy_mode(tmp_path, many_fi
     files_copy = copy_store.manifest(copied.kind, copied.version)["files"]
     assert ref_store.manifest(referenced.kind, referenced.version)["files"] == files_copy
     assert len(files_copy) == len(files)  # one shard per group at least: 5 groups, 3 shards asked
+
+
+def test_a_unit_reads_and_checks_only_its_own_sources(tmp_path, many_files):
+    """A sharding unit hash-checks the raw sources it reads, not the whole raw version (at a
+    terabyte every worker would hash the terabyte): a source altered in the store fails the
+    unit that reads it, naming it, and no other."""
+    from pipeline_lib.store import StoreError
+
+    files, _ = many_files
+    store = ArtifactStore(str(tmp_path / "store"))
+    cfg = CorpusConfig(sources=tuple(files[:4]), n_shards=4, source_group_bytes=0)
+    raw = stages.download_corpus(store, cfg)
+    name = store.manifest(raw.kind, raw.version)["meta"]["sources"][2]["name"]
+    path = store.file_path(raw.kind, raw.version, f"sources/{name}")
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:  # same size, other bytes
+        first = f.read(1)
+        f.seek(0)
+        f.write(b"#" if first != b"#" else b"$")
+    for group in (0, 1, 3):
+        assert stages.shard_sources(store, raw, group, cfg)["shards"]
+    with pytest.raises(StoreError, match=name):
+        stages.shard_sources(store, raw, 2, cfg)

@@ -35,10 +35,10 @@ def load() -> str:
     return "load %.1f" % os.getloadavg()[0]
 
 
-def server_cpu_s() -> float | None:
+def server_cpu_s(external_api: bool) -> float | None:
     """CPU seconds (user + system) tokenmill's local Prefect server has used so far, or None
     when another API is in use (PREFECT_API_URL) or the server cannot be read."""
-    if os.environ.get("PREFECT_API_URL"):
+    if external_api:
         return None
     from flows.prefect_api import LocalServer, server_dir
 
@@ -92,15 +92,14 @@ def run_flows(store_url: str, corpus, vocab: int, workers: int, task_bytes: int)
     from prefect.task_runners import ThreadPoolTaskRunner
 
     from flows.pipeline import encode_flow, tokenizer_flow
-    from tasks.common import ref_dict
 
     runner = ThreadPoolTaskRunner(max_workers=workers)
     t0 = time.perf_counter()
     config = {"task_bytes": task_bytes}  # the corpus config's byte budget per task (the rest: defaults)
     tok = tokenizer_flow.with_options(task_runner=runner)(
-        ref_dict(corpus), store=store_url, tokenizer={"vocab_size": vocab}, corpus=config
+        corpus, store=store_url, tokenizer={"vocab_size": vocab}, corpus=config
     )
-    encode_flow.with_options(task_runner=runner)(ref_dict(corpus), tok, store=store_url, corpus=config)
+    encode_flow.with_options(task_runner=runner)(corpus, tok, store=store_url, corpus=config)
     return time.perf_counter() - t0
 
 
@@ -136,14 +135,15 @@ def main() -> None:
     wall = run_library(store, corpus, args.vocab_size, args.workers)
     rows.append({"run": "library", "tasks": 0, "wall_s": wall})
     print(f"  library: {wall:.2f} s ({load()})", flush=True)
+    external_api = bool(os.environ.get("PREFECT_API_URL"))  # flow_api sets it for the local server
     with flow_api() as api:
         print(f"  Prefect API: {os.environ.get('PREFECT_API_URL') or api}", flush=True)
         for label, task_bytes, tasks in (("flow, grouped", DEFAULT_TASK_BYTES, grouped_tasks), ("flow, 1/shard", 0, n)):
             store = os.path.join(work, label.replace(", ", "-").replace("/", "per"))
             copy_corpus(base, store)
-            server0 = server_cpu_s()
+            server0 = server_cpu_s(external_api)
             wall = run_flows(store, corpus, args.vocab_size, args.workers, task_bytes)
-            server1 = server_cpu_s()
+            server1 = server_cpu_s(external_api)
             server = server1 - server0 if server0 is not None and server1 is not None else None
             rows.append({"run": label, "tasks": 2 * tasks, "wall_s": wall, "server_cpu_s": server})
             print(

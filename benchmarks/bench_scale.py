@@ -323,6 +323,15 @@ def many_files(
         walls[workers] = float(row["wall"])
         print(_row(f"{n_files} files, {workers} worker(s)", row), flush=True)
     print(f"  sharding speedup on 2 workers: x{walls[1] / walls[2]:.2f} (target >= 1.7)")
+    if group_bytes == 0:  # one unit per file above; the default grouping for comparison
+        default = 256 << 20
+        grouped = shard_stage(sources, work / "store-many-grouped", 1, default, own_sessions=own_sessions)
+        print(_row(f"{n_files} files in groups of {default >> 20} MiB, 1 worker", grouped), flush=True)
+        print(
+            f"  per byte against one file, 1 worker: one unit per file x{float(one['wall']) / walls[1]:.2f}, "
+            f"grouped x{float(one['wall']) / float(grouped['wall']):.2f} (1.00: as fast)"
+        )
+        shutil.rmtree(work / "store-many-grouped", ignore_errors=True)
     same = one["digest"] == row["digest"]
     print(f"  documents of the {n_files} files {'identical to' if same else 'DIFFER FROM'} the one file's (in order)")
     for name in ("store-one", "store-many-1", "store-many-2"):

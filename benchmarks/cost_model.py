@@ -54,8 +54,13 @@ STAGES = {
 }
 PARALLEL = ("count", "encode")  # the stages whose spans give the parallel efficiency
 MAPPED = ("shard", "count", "encode")  # the stages whose units run `workers` at a time
-# Orchestration throughput measured here (docs/scale.md section 1): task runs a Prefect server records per second.
-SERVER_TASK_RUNS_PER_S = 35.0
+# Orchestration throughput measured here (docs/scale.md section 7, bench_granularity.py's one task
+# per shard run: 2,000 task runs in 201 s, the server ~60 ms of CPU per task run): the task runs
+# one Prefect server (one process, SQLite, a 2-vCPU VM shared with the flow) records per second.
+SERVER_TASK_RUNS_PER_S = 10.0
+# Bytes per counting and encoding task in the cluster plan: one task per 256 MiB shard
+# (`--task-bytes 268435456`), so that the server records ~15,000 task runs per TB, not ~37,000.
+CLUSTER_TASK_BYTES = 256 << 20
 
 
 def _time(text: str) -> float:
@@ -227,7 +232,7 @@ def cluster_plan(
     nbytes: float,
     nodes: int,
     cores: int,
-    task_bytes: int = 64 << 20,
+    task_bytes: int = CLUSTER_TASK_BYTES,
     shard_bytes: int = 256 << 20,
     group_bytes: int = 256 << 20,
 ) -> dict:
@@ -260,7 +265,9 @@ def cluster_plan(
         "bytes_read_tb": (nbytes + 2 * nbytes * parquet) / 1e12,
         "bytes_written_tb": (nbytes * parquet + nbytes / 4.2 * 4) / 1e12,  # shards + uint32 tokens (~4.2 bytes/token)
     }
-    out["wall_h"] = out["shard_h"] + out["count_h"] + out["encode_h"] + out["reduce_merges_h"]
+    # The server records task runs while the stages run: the wall is the longer of the two.
+    work_h = out["shard_h"] + out["count_h"] + out["encode_h"] + out["reduce_merges_h"]
+    out["wall_h"] = max(work_h, out["orchestration_h"])
     stage_h = {k: out[k] for k in ("shard_h", "count_h", "encode_h", "reduce_merges_h", "orchestration_h")}
     out["bottleneck"] = max(stage_h, key=lambda k: stage_h[k]).removesuffix("_h")
     return out
@@ -280,7 +287,7 @@ def print_model(model: CostModel) -> None:
 def print_clusters(model: CostModel, sizes_tb: list[float], clusters: list[tuple[int, int]]) -> None:
     print(
         f"  {'corpus':>7} {'cluster':>8} {'wall h':>7} {'shard h':>8} {'count h':>8} {'encode h':>9} "
-        f"{'red+merge h':>11} "
+        f"{'red+merge h':>11} {'server h':>8} "
         f"{'pieces M':>9} {'task runs':>9} {'requests':>10} {'read TB':>8} {'bottleneck':>11}"
     )
     for tb in sizes_tb:
@@ -289,7 +296,8 @@ def print_clusters(model: CostModel, sizes_tb: list[float], clusters: list[tuple
             print(
                 f"  {tb:>5g}TB {nodes:>4}x{cores:<3} {p['wall_h']:7.1f} {p['shard_h']:8.1f} {p['count_h']:8.2f} "
                 f"{p['encode_h']:9.2f} "
-                f"{p['reduce_merges_h']:11.2f} {p['distinct_pieces'] / 1e6:9.0f} {p['task_runs']:>9,} "
+                f"{p['reduce_merges_h']:11.2f} {p['orchestration_h']:8.2f} {p['distinct_pieces'] / 1e6:9.0f} "
+                f"{p['task_runs']:>9,} "
                 f"{p['requests']:>10,} {p['bytes_read_tb']:8.1f} {p['bottleneck']:>11}"
             )
 

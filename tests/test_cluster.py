@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 
 SHARDS = 4
 VOCAB = 300
+RANGE_BYTES = 100_000
 
 
 def _can_hide_dirs() -> bool:
@@ -166,6 +167,9 @@ def _tokenmill(
         str(SHARDS),
         "--vocab-size",
         str(VOCAB),
+        # the 300 kB source sharded in 3 ranges, so that the sharder's units run on the workers too
+        "--source-group-bytes",
+        str(RANGE_BYTES),
     ]
     argv += ["--store", store, "--storage-option", f"endpoint_url={cluster['endpoint']}", *extra]
     proc = subprocess.run(argv, env=env, cwd=dirs["cwd"], capture_output=True, text=True, timeout=600)
@@ -215,13 +219,16 @@ def test_the_chain_on_a_cluster_with_no_shared_disk(cluster):
         assert states["count_words"] == ["Completed"] * SHARDS and states["encode_shard"] == ["Completed"] * SHARDS, (
             states
         )
+        assert states["shard_sources"] == ["Completed"] * 3, states
+        assert states["merge_counts"] == ["Completed"] * (SHARDS - 2), states
         from distributed import Client
 
         with Client(cluster["address"], timeout=30) as client:
             prefixes = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
             sentinel = str(cluster["driver_root"] / "sentinel")
             seen = client.run(os.path.exists, sentinel)  # {worker address: does it see the driver's file}
-        assert {"count_words", "encode_shard"} <= set(prefixes), prefixes  # the mapped tasks ran on the workers
+        # the mapped tasks ran on the workers: the sharder's ranges, the counts and the counts tree, the encoding
+        assert {"shard_sources", "count_words", "merge_counts", "encode_shard"} <= set(prefixes), prefixes
         assert len(seen) == 2
         if cluster["hidden"]:
             assert not any(seen.values()), seen  # the workers could not see the driver's files

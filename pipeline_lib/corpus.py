@@ -360,10 +360,13 @@ class _ShardWriter:
         self.pending_docs += j - i
 
     def _sources(self, source: str, n: int) -> pa.Array:
-        """The source column of `n` documents: a slice of one array of `_BATCH_DOCS` copies of the name."""
-        if self._source_column is None or self._source_column[0] != source:
-            self._source_column = (source, pa.repeat(pa.scalar(source, pa.string()), _BATCH_DOCS))
-        return self._source_column[1].slice(0, n)
+        """The source column of `n` documents: a slice of one array of copies of the name, grown
+        by doubling up to `_BATCH_DOCS` (a corpus of many small files makes one per file)."""
+        cached = self._source_column
+        if cached is None or cached[0] != source or len(cached[1]) < n:
+            size = n if cached is None or cached[0] != source else min(_BATCH_DOCS, 2 * len(cached[1]))
+            self._source_column = cached = (source, pa.repeat(pa.scalar(source, pa.string()), max(n, size)))
+        return cached[1].slice(0, n)
 
     def flush(self) -> None:
         if not self.pending:

@@ -395,6 +395,9 @@ def main() -> None:
         help="section 5: the corpus size cut into --many-files files (default: the smallest --chain-gb)",
     )
     ap.add_argument(
+        "--no-many-chain", action="store_true", help="section 5: the sharding stage only, not the chain on the files"
+    )
+    ap.add_argument(
         "--many-group-bytes",
         type=int,
         default=0,
@@ -524,7 +527,14 @@ def main() -> None:
                         flush=True,
                     )
 
-        many_files(corpus, args.many_files, work, args.many_group_bytes, args.worker_sessions, chain_runs)
+        many_files(
+            corpus,
+            args.many_files,
+            work,
+            args.many_group_bytes,
+            args.worker_sessions,
+            None if args.no_many_chain else chain_runs,
+        )
 
     if args.big_file and args.chain_source and args.chain_gb:
         gb = min(args.chain_gb)

@@ -158,15 +158,18 @@ def _follow(futures, sizes: list[int], units_name: str, store_url: str, parents:
     artifact = cast(
         UUID, create_progress_artifact(progress=0.0, key=key, description=f"{units_name}: 0 / {total:,} shards done")
     )
-    done = 0
+    done, shown = 0, -1
     for future, n in zip(futures, sizes):
         _wait_awake(future)
         done += n
-        update_progress_artifact(
-            artifact,
-            progress=100.0 * done / total if total else 100.0,
-            description=f"{units_name}: {done:,} / {total:,} shards done",
-        )
+        percent = 100 * done // total if total else 100
+        if percent > shown or done == total:  # one API call per percent, not per task run
+            shown = percent
+            update_progress_artifact(
+                artifact,
+                progress=100.0 * done / total if total else 100.0,
+                description=f"{units_name}: {done:,} / {total:,} shards done",
+            )
 
 
 def _group_labels(

@@ -14,8 +14,9 @@ from __future__ import annotations
 import bisect
 import functools
 import os
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 import numpy as np
 import regex
@@ -740,31 +741,34 @@ class Tokenizer:
         cut_pattern = _SAFE_CUT_GPT2 if self.pattern == "gpt2" else _SAFE_CUT
         threads = num_threads if num_threads > 0 else (os.cpu_count() or 1)
         n_ids = 0
-        with open(path, "rb") as f, open(out_path, "wb") as out:
+        # Three stages overlap: the next block is read (and cut) and the last block's ids are
+        # written on two helper threads while the core encodes the current block; the reads,
+        # the writes and the core release the GIL. At most three blocks are held.
+        with (
+            open(path, "rb") as f,
+            open(out_path, "wb") as out,
+            ThreadPoolExecutor(1, thread_name_prefix="tokenmill-read") as reader,
+            ThreadPoolExecutor(1, thread_name_prefix="tokenmill-write") as writer,
+        ):
             _write_npy_header(out, 0)
-            carry = b""
-            while True:
-                chunk = f.read(round_bytes)
-                data = carry + chunk if carry else chunk
-                if chunk:
-                    end = _last_safe_cut(data, cut_pattern)
-                    if end <= 0:  # no safe point yet: read on
-                        carry = data
-                        continue
-                    data, carry = data[:end], data[end:]
-                if not data:
-                    break
-                n_ids += self._encode_block_to(out, data, cut_pattern, threads, allowed)
-                if not chunk:
-                    break
+            blocks = _safe_blocks(f, round_bytes, cut_pattern)
+            next_block = reader.submit(next, blocks, None)
+            written: Future[int] | None = None
+            while (data := next_block.result()) is not None:
+                next_block = reader.submit(next, blocks, None)
+                ids = self._encode_block(data, cut_pattern, threads, allowed)
+                if written is not None:
+                    written.result()
+                written = writer.submit(out.write, ids.astype("<u4", copy=False).data)
+                n_ids += len(ids)
+            if written is not None:
+                written.result()
             out.seek(0)
             _write_npy_header(out, n_ids)
         return n_ids
 
-    def _encode_block_to(
-        self, out: Any, data: bytes, cut_pattern: regex.Pattern, threads: int, allowed: frozenset[str]
-    ) -> int:
-        """Append the ids of `data` (whole lines, cut at a safe point) to the file `out`."""
+    def _encode_block(self, data: bytes, cut_pattern: regex.Pattern, threads: int, allowed: frozenset[str]) -> Any:
+        """The ids of `data` (whole lines, cut at a safe point), as a NumPy array."""
         text = None
         if not _is_utf8(data):  # as the whole-text path: each invalid byte becomes U+FFFD
             text = data.decode("utf-8", "surrogateescape")
@@ -785,8 +789,7 @@ class Tokenizer:
                 bounds.append(m.start() + len(m.group()))
             bounds.append(len(data))
             ids, _ = self.encode_ordinary_buffer_to_numpy(data, np.array(bounds, dtype=np.int64), num_threads=threads)
-        ids.astype("<u4", copy=False).tofile(out)
-        return len(ids)
+        return ids
 
     def encode_bytes(self, data: bytes) -> list[int]:
         """Encode any bytes, valid UTF-8 or not, losslessly: tiktoken's ``_encode_bytes`` ids.
@@ -974,6 +977,25 @@ def safe_cuts(data: bytes, pattern: str) -> list[int]:
     """Every offset at which `data` may be cut and its halves encoded apart with `pattern`."""
     cut = _SAFE_CUT_GPT2 if pattern == "gpt2" else _SAFE_CUT
     return [m.end() for m in cut.finditer(data)]
+
+
+def _safe_blocks(f: BinaryIO, round_bytes: int, cut: regex.Pattern) -> Iterator[bytes]:
+    """The file `f` in blocks of about `round_bytes` or more, each ending at a safe cut (a
+    stretch with no safe point, e.g. one long line, grows its block until one comes)."""
+    carry = b""
+    while True:
+        chunk = f.read(round_bytes)
+        data = carry + chunk if carry else chunk
+        if chunk:
+            end = _last_safe_cut(data, cut)
+            if end <= 0:  # no safe point yet: read on
+                carry = data
+                continue
+            data, carry = data[:end], data[end:]
+        if data:
+            yield data
+        if not chunk:
+            return
 
 
 def _last_safe_cut(data: bytes, cut: regex.Pattern) -> int:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline_lib.tokenizer import get_encoding
+from pipeline_lib.tokenizer import Encoding, get_encoding
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "pipeline_lib", "data")
 VOCABS = {"cl100k": "cl100k_base", "o200k": "o200k_base"}
@@ -66,10 +66,19 @@ class Peer:
         self.name, self.whole, self.docs, self.numpy_batch = name, whole, docs, numpy_batch
 
 
-def peers_for(vocab: str) -> tuple[list[Peer], list[str]]:
-    """(usable peers, lines saying why the others are not) for the vocabulary `vocab`."""
+def peers_for(vocab: str, fresh: bool = False) -> tuple[list[Peer], list[str]]:
+    """(usable peers, lines saying why the others are not) for the vocabulary `vocab`;
+    `fresh`: tokenmill's a new `Encoding` too, not the registry's shared one (so that no
+    cache is carried over from earlier calls)."""
     name = VOCABS[vocab]
     ours = get_encoding(name)
+    if fresh:
+        ours = Encoding(
+            name=name,
+            pat_str=ours.pattern_str,
+            mergeable_ranks=ours._mergeable_ranks,
+            special_tokens=ours._special_tokens,
+        )
     path = ranks_file(name)
     pat = ours.pattern_str
     peers = [
@@ -268,7 +277,10 @@ def row(
     expected: list[int],
     repeat: int,
     failed: dict[str, str] | None = None,
+    fresh: Callable[[], dict[str, Callable[[], Any]]] | None = None,
 ) -> None:
+    """Check each call's ids, then time them interleaved, `repeat` times; with `fresh`, each
+    repetition times the calls of newly made peers (no cache carried from one to the next)."""
     not_ranked: dict[str, str] = {}
     runs: dict[str, list[tuple[float, float]]] = {p: [] for p in calls}
     for p, fn in list(calls.items()):
@@ -287,6 +299,8 @@ def row(
             del calls[p]
     others = [p for p in calls if p != "tokenmill"]
     for _ in range(repeat):  # interleaved: ours, peer, ours, peer, ...
+        if fresh is not None:
+            calls = {p: fn for p, fn in fresh().items() if p in calls}
         for p in others or ["tokenmill"]:
             if "tokenmill" in calls:
                 runs["tokenmill"].append(timed(calls["tokenmill"]))
@@ -311,6 +325,11 @@ def main() -> None:
     ap.add_argument("--vocab", nargs="*", default=list(VOCABS), choices=list(VOCABS))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-worst", action="store_true", help="skip the worst cases")
+    ap.add_argument(
+        "--fresh",
+        action="store_true",
+        help="also time one whole text per corpus with every peer made anew for each repetition (cold caches)",
+    )
     ap.add_argument(
         "--budget", type=float, default=30.0, help="worst cases: seconds a peer's first call may take (default 30)"
     )
@@ -341,6 +360,19 @@ def main() -> None:
                 whole_ids,
                 args.repeat,
             )
+            if args.fresh:
+
+                def fresh_calls(vocab: str = vocab, text: str = text) -> dict[str, Callable[[], Any]]:
+                    return calls(peers_for(vocab, fresh=True)[0], "whole", text)
+
+                row(
+                    f"{label}, {vocab}, one whole text, every peer made anew for each run (list out)",
+                    nbytes,
+                    calls(peers, "whole", text),
+                    whole_ids,
+                    args.repeat,
+                    fresh=fresh_calls,
+                )
             row(
                 f"{label}, {vocab}, one call per document (list out)",
                 nbytes,

@@ -315,6 +315,59 @@ def row(
         print(f"  {p:<12} not ranked: {why}")
 
 
+def split_docs(docs: list[str], n: int) -> list[list[str]]:
+    """`docs` cut into `n` runs of consecutive documents of about equal bytes."""
+    total = sum(len(d.encode()) for d in docs)
+    parts: list[list[str]] = [[] for _ in range(n)]
+    seen = 0
+    for d in docs:
+        parts[min(n - 1, seen * n // max(1, total))].append(d)
+        seen += len(d.encode())
+    return parts
+
+
+def row_unseen(title: str, parts: list[tuple[dict[str, Callable[[], Any]], list[int], int]]) -> None:
+    """Each peer called on text it has not seen: part 0 warms it up (and checks its ids), each
+    later part is timed once, interleaved (ours, peer, ours, peer, ...), its ids checked after
+    the timing. `parts`: (calls, expected ids, bytes) per part."""
+    (first, expected, _), timed_parts = parts[0], parts[1:]
+    not_ranked: dict[str, str] = {}
+    for p, fn in first.items():
+        try:
+            if flat_ids(fn()) != expected:
+                not_ranked[p] = "ids differ from tiktoken's"
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # a peer's Rust panic arrives as a BaseException
+            not_ranked[p] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+    ranked = [p for p in first if p not in not_ranked]
+    rates: dict[str, list[tuple[float, float]]] = {p: [] for p in ranked}
+    for calls_r, expected_r, nbytes in timed_parts:
+        for p in [q for q in ranked if q != "tokenmill"] or ["tokenmill"]:
+            for q in dict.fromkeys(["tokenmill", p]):
+                if q in not_ranked or q not in calls_r:
+                    continue
+                w, c = time.perf_counter(), time.process_time()
+                out = calls_r[q]()
+                w, c = time.perf_counter() - w, time.process_time() - c
+                if flat_ids(out) != expected_r:
+                    not_ranked[q] = "ids differ from tiktoken's on a later part"
+                    continue
+                rates[q].append((nbytes / 1e6 / w, nbytes / 1e6 / max(c, 1e-9)))
+    med = {
+        p: (statistics.median(m for m, _ in r), statistics.median(c for _, c in r))
+        for p, r in rates.items()
+        if r and p not in not_ranked
+    }
+    best = max((m for m, _ in med.values()), default=1.0)
+    size = sum(n for _, _, n in timed_parts) / max(1, len(timed_parts))
+    print(f"\n{title} (unseen text: {len(timed_parts)} timed parts of ~{size / 1e6:.2f} MB)")
+    for p, (m, c) in sorted(med.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {p:<12} {m:9.1f} MB/s  {c:8.1f} MB/CPU-s  {m / best:5.2f}x of fastest")
+    for p, why in not_ranked.items():
+        print(f"  {p:<12} not ranked: {why}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -325,6 +378,12 @@ def main() -> None:
     ap.add_argument("--vocab", nargs="*", default=list(VOCABS), choices=list(VOCABS))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-worst", action="store_true", help="skip the worst cases")
+    ap.add_argument(
+        "--unseen",
+        action="store_true",
+        help="time every call on text the peer has not seen before (the corpus cut into --repeat + 1 parts; "
+        "part 0 warms each peer up): no result cached by an earlier run can answer",
+    )
     ap.add_argument(
         "--fresh",
         action="store_true",
@@ -351,6 +410,26 @@ def main() -> None:
                 text = f.read()
             docs = [d for d in text.split("\n\n") if d]
             label, nbytes = os.path.basename(path), len(text.encode())
+            if args.unseen:
+                parts = split_docs(docs, args.repeat + 1)
+                texts = ["\n\n".join(part) for part in parts]
+                sizes = [len(t.encode()) for t in texts]
+                whole = [reference.whole(t) for t in texts]
+                per_doc = [[i for d in part for i in reference.whole(d)] for part in parts]
+                for kind, title, arg in [
+                    ("whole", "one whole text (list out)", None),
+                    ("docs", "one call per document (list out)", None),
+                    ("numpy_batch", "batch to numpy, 1 thread", 1),
+                    ("numpy_batch", "batch, 2 threads", 2),
+                ]:
+                    inputs = texts if kind == "whole" else parts
+                    expected = whole if kind == "whole" else per_doc
+                    extra = () if arg is None else (arg,)
+                    row_unseen(
+                        f"{label}, {vocab}, {title}",
+                        [(calls(peers, kind, x, *extra), e, n) for x, e, n in zip(inputs, expected, sizes)],
+                    )
+                continue
             whole_ids = reference.whole(text)
             doc_ids = [i for d in docs for i in reference.whole(d)]
             row(

@@ -12,7 +12,8 @@ within a row, not the absolute figures.
 Rows: per corpus (default: pipeline_lib/data's English and multilingual text; documents are
 its blank-line separated paragraphs) and vocabulary (cl100k, o200k): one whole text (list
 out), one call per document (lists out), batch to NumPy, batch with 2 threads; then the
-worst cases: a 1 MB line without spaces, 1 MB of one repeated character, 1 MB of spaces.
+worst cases: a 1 MB line without spaces, 1 MB of one repeated character, 1 MB of spaces
+(--no-worst skips them).
 """
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
         }
 }
 
-void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out, bool periodic) const {
+void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out, bool periodic, PieceCache* memo) const {
     if (n == 0) return;
     if (n >= kNone) throw std::length_error("a piece of 4 GiB or more");  // node indices are 32-bit
     if (start_chars_) {
@@ -253,7 +253,8 @@ void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out, bo
     }
     if (periodic && n >= kPeriodicPiece && bpe_periodic(p, n, out)) return;
     bpe_from(
-        n, [&](size_t k) { return byte_rank_[p[k]]; }, [&](size_t k) { return merged_bytes(p[k], p[k + 1]); }, out);
+        n, [&](size_t k) { return byte_rank_[p[k]]; }, [&](size_t k) { return merged_bytes(p[k], p[k + 1]); }, out,
+        memo);
 }
 
 bool EncoderCore::compatible(uint32_t a, uint32_t b) const {
@@ -364,7 +365,7 @@ void EncoderCore::bpe_chars(const uint8_t* p, size_t n, std::vector<uint32_t>& o
 }
 
 template <class First, class Pair>
-void EncoderCore::bpe_small(size_t n, First first, Pair pair, std::vector<uint32_t>& out) const {
+void EncoderCore::bpe_small(size_t n, First first, Pair pair, std::vector<uint32_t>& out, PieceCache* memo) const {
     uint32_t tok[kSmallPiece];
     uint32_t rk[kSmallPiece];  // rk[k]: rank of merging tok[k] with tok[k + 1], kNone if none
     size_t m = n;
@@ -386,8 +387,13 @@ void EncoderCore::bpe_small(size_t n, First first, Pair pair, std::vector<uint32
         std::memmove(tok + at + 1, tok + at + 2, tail * sizeof(uint32_t));
         std::memmove(rk + at + 1, rk + at + 2, tail * sizeof(uint32_t));
         --m;
-        if (at + 1 < m) rk[at] = merged(tok[at], tok[at + 1]);
-        if (at > 0) rk[at - 1] = merged(tok[at - 1], tok[at]);
+        if (memo != nullptr) {
+            if (at + 1 < m) rk[at] = merged_memo(tok[at], tok[at + 1], *memo);
+            if (at > 0) rk[at - 1] = merged_memo(tok[at - 1], tok[at], *memo);
+        } else {
+            if (at + 1 < m) rk[at] = merged(tok[at], tok[at + 1]);
+            if (at > 0) rk[at - 1] = merged(tok[at - 1], tok[at]);
+        }
     }
     out.insert(out.end(), tok, tok + m);
 }
@@ -522,7 +528,8 @@ private:
 }  // namespace
 
 template <class Queue, class First, class Pair>
-void EncoderCore::bpe_linked(size_t n, First first, Pair pair, Queue& queue, std::vector<uint32_t>& out) const {
+void EncoderCore::bpe_linked(size_t n, First first, Pair pair, Queue& queue, std::vector<uint32_t>& out,
+                             PieceCache* memo) const {
     const uint32_t end = static_cast<uint32_t>(n);
     std::vector<Node>& nodes = scratch_nodes();
     struct Trim {  // do not keep huge scratch, also when cancelled
@@ -563,14 +570,14 @@ void EncoderCore::bpe_linked(size_t n, First first, Pair pair, Queue& queue, std
         if (a.nxt != end) {
             Node& c = nd[a.nxt];
             c.prv = k;
-            a.rk = merged(r, c.tok);
+            a.rk = memo != nullptr ? merged_memo(r, c.tok, *memo) : merged(r, c.tok);
             if (a.rk != kNone) queue.push(a.rk, k);
         } else {
             a.rk = kNone;
         }
         if (a.prv != kNone) {
             Node& z = nd[a.prv];
-            z.rk = merged(z.tok, r);
+            z.rk = memo != nullptr ? merged_memo(z.tok, r, *memo) : merged(z.tok, r);
             if (z.rk != kNone) queue.push(z.rk, a.prv);
         }
     }
@@ -580,16 +587,16 @@ void EncoderCore::bpe_linked(size_t n, First first, Pair pair, Queue& queue, std
 // Pieces up to kSmallPiece tokens: the array merge; up to kHugePiece a binary heap; longer a
 // bucket queue by rank.
 template <class First, class Pair>
-void EncoderCore::bpe_from(size_t n, First first, Pair pair, std::vector<uint32_t>& out) const {
+void EncoderCore::bpe_from(size_t n, First first, Pair pair, std::vector<uint32_t>& out, PieceCache* memo) const {
     if (n <= kSmallPiece) {
-        bpe_small(n, first, pair, out);
+        bpe_small(n, first, pair, out, memo);
     } else if (n <= kHugePiece) {
         thread_local std::vector<uint64_t> heap_storage;
         HeapQueue queue(heap_storage, n);
-        bpe_linked(n, first, pair, queue, out);
+        bpe_linked(n, first, pair, queue, out, memo);
     } else {
         BucketQueue queue(vocab_size_);
-        bpe_linked(n, first, pair, queue, out);
+        bpe_linked(n, first, pair, queue, out, memo);
     }
 }
 
@@ -633,6 +640,17 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
                 }
                 return;
             }
+        } else if (cache != nullptr && len <= PieceCache::kMaxPieceBytes) {
+            if (len <= 16) {
+                const PieceCache::RecentLong& hit = cache->recent_long[key.hash & (PieceCache::kRecentLong - 1)];
+                if (hit.len == len && hit.head == key.head && hit.tail == detail::read64(p + len - 8) &&
+                    hit.count != 0) {
+                    for (size_t k = 0; k < hit.count; ++k) out.push_back(hit.ids[k]);
+                    return;
+                }
+            }
+            encode_long(key, out, cache);
+            return;
         }
         const uint32_t* r = len <= max_token_len_ ? vocab_.find(key) : nullptr;
         if (recent != nullptr) *recent = PieceCache::Recent{key.head, static_cast<uint32_t>(len), r ? *r : kNone};
@@ -648,7 +666,7 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
 // A piece that is not a single token: its ids from the cache, or BPE (then cached).
 void EncoderCore::encode_merged(const Key& key, std::vector<uint32_t>& out, PieceCache* cache) const {
     if (cache == nullptr || key.n > PieceCache::kMaxPieceBytes) {
-        bpe(key.p, key.n, out);
+        bpe(key.p, key.n, out, true, cache);
         return;
     }
     if (const PieceCache::Span* s = cache->map.find(key)) {
@@ -657,11 +675,42 @@ void EncoderCore::encode_merged(const Key& key, std::vector<uint32_t>& out, Piec
         return;
     }
     const size_t before = out.size();
-    bpe(key.p, key.n, out);
+    bpe(key.p, key.n, out, true, cache);
+    cache_ids(key, out, before, cache);
+}
+
+// Keeps the ids out[before..] of the piece `key` in the cache's map.
+void EncoderCore::cache_ids(const Key& key, const std::vector<uint32_t>& out, size_t before, PieceCache* cache) const {
     if (cache->map.size() >= PieceCache::kMaxEntries || cache->ids.size() >= PieceCache::kMaxIds) cache->clear();
     const PieceCache::Span span{static_cast<uint32_t>(cache->ids.size()), static_cast<uint32_t>(out.size() - before)};
-    cache->ids.insert(cache->ids.end(), out.begin() + before, out.end());
+    cache->ids.insert(cache->ids.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
     cache->map.get_or_insert(key, span);
+}
+
+// A piece of 9..kMaxPieceBytes bytes that missed recent_long. Its ids, looked up in the cache's
+// map first (which for these lengths holds the pieces that are one token too: most pieces this
+// long are not, and the map is much smaller than the vocabulary's tables), then noted in
+// recent_long for pieces of up to 16 bytes.
+void EncoderCore::encode_long(const Key& key, std::vector<uint32_t>& out, PieceCache* cache) const {
+    const size_t before = out.size();
+    if (const PieceCache::Span* s = cache->map.find(key)) {
+        for (const uint32_t *id = cache->ids.data() + s->off, *end = id + s->len; id != end; ++id) out.push_back(*id);
+    } else {
+        if (const uint32_t* r = key.n <= max_token_len_ ? vocab_.find(key) : nullptr) {
+            out.push_back(*r);
+        } else {
+            bpe(key.p, key.n, out, true, cache);
+        }
+        cache_ids(key, out, before, cache);
+    }
+    if (key.n > 16) return;
+    PieceCache::RecentLong& slot = cache->recent_long[key.hash & (PieceCache::kRecentLong - 1)];
+    const size_t count = out.size() - before;
+    slot.head = key.head;
+    slot.tail = detail::read64(key.p + key.n - 8);
+    slot.len = static_cast<uint16_t>(key.n);
+    slot.count = static_cast<uint16_t>(count <= PieceCache::kLongIds ? count : 0);
+    for (size_t k = 0; k < slot.count; ++k) slot.ids[k] = out[before + k];
 }
 
 bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,

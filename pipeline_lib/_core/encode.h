@@ -48,8 +48,33 @@ struct PieceCache {
     static constexpr size_t kRecent = 4096;
     std::vector<Recent> recent = std::vector<Recent>(kRecent, Recent{0, 0, 0});
 
-    static constexpr size_t kMaxEntries = size_t{1} << 16;
-    static constexpr size_t kMaxIds = size_t{1} << 21;
+    // The same for pieces of 9..16 bytes, with their ids (up to kLongIds) in the entry: most
+    // words of non-Latin scripts (2-3 bytes a letter) are that long, and many are not one token.
+    // Without it each took a lookup in the vocabulary's tables, missing the cache, and those
+    // that are no token another one in `map`.
+    static constexpr size_t kLongIds = 3;
+    struct RecentLong {
+        uint64_t head;   // first 8 bytes
+        uint64_t tail;   // last 8 bytes (they overlap head below 16 bytes)
+        uint16_t len;    // 0: empty
+        uint16_t count;  // ids in `ids`; 0: more than kLongIds, they are in `map`
+        uint32_t ids[kLongIds];
+    };
+    static constexpr size_t kRecentLong = 4096;
+    std::vector<RecentLong> recent_long = std::vector<RecentLong>(kRecentLong, RecentLong{0, 0, 0, 0, {0, 0, 0}});
+
+    // Recent answers of EncoderCore::merged for the BPE of new pieces: the pairs of a script's
+    // letters recur from word to word, while the vocabulary's pair map (tens of MB for o200k)
+    // misses the cache on nearly every lookup. Direct-mapped; key ~0 (no pair of ids) is empty.
+    struct PairMemo {
+        uint64_t key;
+        uint32_t rank;
+    };
+    static constexpr size_t kPairMemo = 8192;
+    std::vector<PairMemo> pair_memo = std::vector<PairMemo>(kPairMemo, PairMemo{~uint64_t{0}, 0});
+
+    static constexpr size_t kMaxEntries = size_t{1} << 19;
+    static constexpr size_t kMaxIds = size_t{1} << 23;
     static constexpr size_t kMaxPieceBytes = 256;
 
     void clear() {
@@ -102,7 +127,11 @@ public:
 
 private:
     [[gnu::noinline]] void encode_merged(const Key& key, std::vector<uint32_t>& out, PieceCache* cache) const;
-    void bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out, bool periodic = true) const;
+    [[gnu::noinline]] void encode_long(const Key& key, std::vector<uint32_t>& out, PieceCache* cache) const;
+    void cache_ids(const Key& key, const std::vector<uint32_t>& out, size_t before, PieceCache* cache) const;
+    // memo: the calling thread's cache, whose pair_memo the merges of short pieces go through.
+    void bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out, bool periodic = true,
+             PieceCache* memo = nullptr) const;
     // BPE of a long piece that repeats a unit of <= kMaxPeriod bytes, from the BPE of a window
     // and of its last bytes; false (nothing appended) when the shortcut does not apply.
     bool bpe_periodic(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
@@ -111,17 +140,29 @@ private:
     void bpe_chars(const uint8_t* p, size_t n, std::vector<uint32_t>& out) const;
     // BPE from n initial tokens: first(k) is token k, pair(k) the merged rank of tokens k, k + 1.
     template <class First, class Pair>
-    void bpe_from(size_t n, First first, Pair pair, std::vector<uint32_t>& out) const;
+    void bpe_from(size_t n, First first, Pair pair, std::vector<uint32_t>& out, PieceCache* memo = nullptr) const;
     template <class First, class Pair>
-    void bpe_small(size_t n, First first, Pair pair, std::vector<uint32_t>& out) const;
+    void bpe_small(size_t n, First first, Pair pair, std::vector<uint32_t>& out, PieceCache* memo) const;
     template <class Queue, class First, class Pair>
-    void bpe_linked(size_t n, First first, Pair pair, Queue& queue, std::vector<uint32_t>& out) const;
+    void bpe_linked(size_t n, First first, Pair pair, Queue& queue, std::vector<uint32_t>& out,
+                    PieceCache* memo) const;
     // Merged rank of two adjacent tokens, or kNone. Most lookups are either pairs of single
     // bytes (a direct table) or pairs that are not a token at all (rejected by a small
     // Bloom filter that stays in cache); the rest go to the hash map.
     uint32_t merged(uint32_t left, uint32_t right) const {
         const uint64_t key = (static_cast<uint64_t>(left) << 32) | right;
+        return merged_key(key, hash_u64(key));
+    }
+    uint32_t merged_memo(uint32_t left, uint32_t right, PieceCache& memo) const {
+        const uint64_t key = (static_cast<uint64_t>(left) << 32) | right;
         const uint64_t h = hash_u64(key);
+        PieceCache::PairMemo& m = memo.pair_memo[(h >> 40) & (PieceCache::kPairMemo - 1)];
+        if (m.key == key) return m.rank;
+        const uint32_t rank = merged_key(key, h);
+        m = PieceCache::PairMemo{key, rank};
+        return rank;
+    }
+    uint32_t merged_key(uint64_t key, uint64_t h) const {
         const uint64_t word = bloom_[(h >> 12) & bloom_mask_];
         const uint64_t bits = (uint64_t{1} << (h & 63)) | (uint64_t{1} << ((h >> 6) & 63));
         if ((word & bits) != bits) return kNone;

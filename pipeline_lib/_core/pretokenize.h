@@ -272,13 +272,12 @@ inline size_t o200k_letters_lower(const uint8_t* s, size_t n, size_t p) {
     size_t q = p, last_lo_end = npos;
     while (q < n) {
         const Char d = char_at_wide(s, n, q);
-        if (!(d.flags & kFlagUp)) break;
+        if (!(d.flags & kFlagUp)) {
+            if (d.flags & kFlagLo) return o200k_suffix(s, n, run_any(s, n, q + d.len, kFlagLo));
+            break;
+        }
         q += d.len;
         if (d.flags & kFlagLo) last_lo_end = q;
-    }
-    if (q < n) {
-        const Char d = char_at_wide(s, n, q);
-        if (d.flags & kFlagLo) return o200k_suffix(s, n, run_any(s, n, q + d.len, kFlagLo));
     }
     if (last_lo_end != npos) return o200k_suffix(s, n, last_lo_end);
     return npos;

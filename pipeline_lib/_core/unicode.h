@@ -35,6 +35,17 @@ inline uint8_t flags_of_cp(uint32_t cp) {
 // Flags of an ASCII byte (block 0 of the table is U+0000..U+00FF).
 inline uint8_t ascii_flags(uint8_t b) { return tables::kStage2[b]; }
 
+// The first blocks of stage 2 are U+0000..U+07FF in order, so a code point of one or two
+// UTF-8 bytes (Latin, Greek, Cyrillic, Armenian, Hebrew, Arabic) indexes it directly: one load
+// where flags_of_cp takes two dependent ones.
+constexpr bool stage2_starts_in_order() {
+    for (uint32_t b = 0; b < (0x800u >> tables::kBlockShift); ++b)
+        if (tables::kStage1[b] != b) return false;
+    return true;
+}
+static_assert(stage2_starts_in_order(), "tools/gen_unicode_tables.py must keep blocks U+0000..U+07FF first, in order");
+inline uint8_t flags_below_800(uint32_t cp) { return tables::kStage2[cp]; }
+
 // Slow path: decode a (possibly invalid) multi-byte sequence starting at s[i], i < n.
 // Kept out of line so that the ASCII path of its callers inlines.
 [[gnu::noinline]] inline Char decode_multibyte(const uint8_t* s, size_t n, size_t i) {
@@ -44,7 +55,7 @@ inline uint8_t ascii_flags(uint8_t b) { return tables::kStage2[b]; }
     if (b0 >= 0xC2 && b0 <= 0xDF) {
         if (left < 2 || (s[i + 1] & 0xC0) != 0x80) return bad;
         uint32_t cp = ((b0 & 0x1Fu) << 6) | (s[i + 1] & 0x3Fu);
-        return {cp, flags_of_cp(cp), 2};
+        return {cp, flags_below_800(cp), 2};
     }
     if (b0 >= 0xE0 && b0 <= 0xEF) {
         if (left < 3) return bad;
@@ -84,7 +95,7 @@ inline uint8_t ascii_flags(uint8_t b) { return tables::kStage2[b]; }
     if (b < 0x80) return {b, ascii_flags(b), 1};
     if (b >= 0xC2 && b <= 0xDF && i + 1 < n && (s[i + 1] & 0xC0) == 0x80) {
         const uint32_t cp = ((b & 0x1Fu) << 6) | (s[i + 1] & 0x3Fu);
-        return {cp, flags_of_cp(cp), 2};
+        return {cp, flags_below_800(cp), 2};
     }
     if ((b & 0xF0) == 0xE0 && i + 2 < n) {
         // Table 3-7: E0 needs A0..BF, ED needs 80..9F (no surrogates), others 80..BF

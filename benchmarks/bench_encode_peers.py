@@ -86,7 +86,7 @@ def peers_for(vocab: str, fresh: bool = False) -> tuple[list[Peer], list[str]]:
         Peer(
             "tokenmill",
             ours.encode_ordinary,
-            lambda d: ours.encode_ordinary_batch(d, num_threads=1),
+            lambda d: [ours.encode_ordinary(x) for x in d],  # a call per document, as for every peer
             lambda d, t: ours.encode_ordinary_batch_to_numpy(d, num_threads=t)[0],
         )
     ]

@@ -271,6 +271,16 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float]:
     return time.perf_counter() - w, time.process_time() - c
 
 
+def ids_fault(fn: Callable[[], Any], expected: list[int]) -> str | None:
+    """Why the call `fn` cannot be ranked (other ids than tiktoken's, or an error), or None."""
+    try:
+        return None if flat_ids(fn()) == expected else "ids differ from tiktoken's"
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # a peer's Rust panic arrives as a BaseException
+        return f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+
+
 def row(
     title: str,
     nbytes: int,
@@ -285,18 +295,9 @@ def row(
     not_ranked: dict[str, str] = {}
     runs: dict[str, list[tuple[float, float]]] = {p: [] for p in calls}
     for p, fn in list(calls.items()):
-        if failed and p in failed:
-            not_ranked[p] = failed[p]
-            del calls[p]
-            continue
-        try:
-            if flat_ids(fn()) != expected:
-                not_ranked[p] = "ids differ from tiktoken's"
-        except KeyboardInterrupt:
-            raise
-        except BaseException as e:  # a peer's Rust panic arrives as a BaseException
-            not_ranked[p] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
-        if p in not_ranked:
+        why = failed[p] if failed and p in failed else ids_fault(fn, expected)
+        if why is not None:
+            not_ranked[p] = why
             del calls[p]
     others = [p for p in calls if p != "tokenmill"]
     for _ in range(repeat):  # interleaved: ours, peer, ours, peer, ...
@@ -332,15 +333,7 @@ def row_unseen(title: str, parts: list[tuple[dict[str, Callable[[], Any]], list[
     later part is timed once, interleaved (ours, peer, ours, peer, ...), its ids checked after
     the timing. `parts`: (calls, expected ids, bytes) per part."""
     (first, expected, _), timed_parts = parts[0], parts[1:]
-    not_ranked: dict[str, str] = {}
-    for p, fn in first.items():
-        try:
-            if flat_ids(fn()) != expected:
-                not_ranked[p] = "ids differ from tiktoken's"
-        except KeyboardInterrupt:
-            raise
-        except BaseException as e:  # a peer's Rust panic arrives as a BaseException
-            not_ranked[p] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+    not_ranked = {p: why for p, fn in first.items() if (why := ids_fault(fn, expected)) is not None}
     ranked = [p for p in first if p not in not_ranked]
     rates: dict[str, list[tuple[float, float]]] = {p: [] for p in ranked}
     for calls_r, expected_r, nbytes in timed_parts:

@@ -52,7 +52,7 @@ import sys, numpy as np, fastokens
 from pipeline_lib.tokenizer import get_encoding
 src, out, ranks, pattern, name = sys.argv[1:]
 tok = fastokens.Tokenizer.from_tiktoken(ranks, pattern=get_encoding(name).pattern_str)
-with open(src, encoding="utf-8") as f:
+with open(src, encoding="utf-8", newline="") as f:  # no newline translation: the bytes as they are
     text = f.read()
 ids = tok.encode_ordinary(text)
 np.save(out, np.asarray(getattr(ids, "ids", ids), dtype=np.uint32))
@@ -61,7 +61,7 @@ np.save(out, np.asarray(getattr(ids, "ids", ids), dtype=np.uint32))
 import sys, numpy as np, toktok
 src, out, ranks, pattern, name = sys.argv[1:]
 tok = toktok._encoding(name)
-with open(src, encoding="utf-8") as f:
+with open(src, encoding="utf-8", newline="") as f:  # no newline translation: the bytes as they are
     text = f.read()
 np.save(out, np.asarray(tok.encode_ordinary(text), dtype=np.uint32))  # its numpy call checks specials
 """,

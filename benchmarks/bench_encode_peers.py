@@ -265,10 +265,11 @@ def failing_peers(vocab: str, text: str, names: list[str], budget_s: float) -> d
     return failed
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, float]:
+def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    """(wall s, CPU s, output) of one call of `fn`."""
     w, c = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - w, time.process_time() - c
+    out = fn()
+    return time.perf_counter() - w, time.process_time() - c, out
 
 
 def ids_fault(fn: Callable[[], Any], expected: list[int]) -> str | None:
@@ -305,9 +306,9 @@ def row(
             calls = {p: fn for p, fn in fresh().items() if p in calls}
         for p in others or ["tokenmill"]:
             if "tokenmill" in calls:
-                runs["tokenmill"].append(timed(calls["tokenmill"]))
+                runs["tokenmill"].append(timed(calls["tokenmill"])[:2])
             if p != "tokenmill":
-                runs[p].append(timed(calls[p]))
+                runs[p].append(timed(calls[p])[:2])
     med = {p: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r)) for p, r in runs.items() if r}
     best = min(w for w, _ in med.values()) if med else 1.0
     print(f"\n{title} ({nbytes / 1e6:.2f} MB)")
@@ -341,9 +342,7 @@ def row_unseen(title: str, parts: list[tuple[dict[str, Callable[[], Any]], list[
             for q in dict.fromkeys(["tokenmill", p]):
                 if q in not_ranked or q not in calls_r:
                     continue
-                w, c = time.perf_counter(), time.process_time()
-                out = calls_r[q]()
-                w, c = time.perf_counter() - w, time.process_time() - c
+                w, c, out = timed(calls_r[q])
                 if flat_ids(out) != expected_r:
                     not_ranked[q] = "ids differ from tiktoken's on a later part"
                     continue

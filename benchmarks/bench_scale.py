@@ -324,7 +324,8 @@ def many_files(
         print(_row(f"{n_files} files, {workers} worker(s)", row), flush=True)
     print(f"  sharding speedup on 2 workers: x{walls[1] / walls[2]:.2f} (target >= 1.7)")
     if group_bytes == 0:  # one unit per file above; the default grouping for comparison
-        default = 256 << 20
+        from pipeline_lib.corpus_config import DEFAULT_SOURCE_GROUP_BYTES as default
+
         grouped = shard_stage(sources, work / "store-many-grouped", 1, default, own_sessions=own_sessions)
         print(_row(f"{n_files} files in groups of {default >> 20} MiB, 1 worker", grouped), flush=True)
         print(

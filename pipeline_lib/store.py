@@ -531,7 +531,7 @@ class ArtifactStore:
         if len(_SOUND_MANIFESTS) >= _SOUND_MANIFESTS_MAX:
             _SOUND_MANIFESTS.pop(next(iter(_SOUND_MANIFESTS)))
         _SOUND_MANIFESTS[key] = None
-        return manifest  # type: ignore[no-any-return]
+        return manifest
 
     def manifest(self, kind: str, version: str) -> dict[str, Any]:
         """The parsed, checked manifest of a published version (raises `StoreError`)."""

@@ -163,7 +163,7 @@ def _follow(futures, sizes: list[int], units_name: str, store_url: str, parents:
         _wait_awake(future)
         done += n
         percent = 100 * done // total if total else 100
-        if percent > shown or done == total:  # one API call per percent, not per task run
+        if percent > shown:  # one API call per percent (the last one included), not per task run
             shown = percent
             update_progress_artifact(
                 artifact,

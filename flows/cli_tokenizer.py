@@ -3,6 +3,7 @@ and export."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -68,6 +69,13 @@ def cmd_tokenizer_encode(args) -> int:
                 else (f"--output {output}: no such directory")
             )
             raise InputError(flag) from None
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise InputError(
+                f"--output {output}: no space left on device (the file is left as it was): free space or choose "
+                "another --output"
+            ) from None
         n_bytes, n_chars = _utf8_extent(args.input)
         per_token = f": {n_chars / n:.2f} chars/token, {n_bytes / n:.2f} bytes/token" if n else ""
         print(f"{n} tokens -> {output} ({n_chars:,} characters, {n_bytes:,} bytes{per_token})")

@@ -338,6 +338,30 @@ def _write_local_temp(directory: str, data: bytes) -> str:
     return tmp
 
 
+@contextlib.contextmanager
+def atomic_user_file(path: str) -> Iterator[BinaryIO]:
+    """A file written for the user (outside the store), in place of `path` only once whole: a
+    temp name beside it, fsync, rename, with the mode `open` would give it (0o666 & ~umask), not
+    mkstemp's 0o600. On an error the temp file goes and whatever was at `path` stays."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(21, "Is a directory", path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            # fchmod before the rename rather than chmod after it: the name never shows a
+            # 0o600 file, and no path is looked up twice (nothing to swap in between).
+            os.fchmod(f.fileno(), user_file_mode())
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(directory)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
 def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Publish `data` at `path` all at once: readers see the old state or the whole file."""
     if is_local(fs):

@@ -8,37 +8,22 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle  # nanoGPT's meta.pkl, written only (export_nanogpt)
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
-from pipeline_lib.fsio import InputError, fsync_dir, user_file_mode
+from pipeline_lib.fsio import InputError, atomic_user_file
 from pipeline_lib.token_files import check_version_file
 from pipeline_lib.token_reads import _checked_npy, _read_chunks, split_points, token_dtype, version_files
 
 
 @contextlib.contextmanager
 def _atomic_out(path: str):
-    """A file written for the user (outside the store): temp name, fsync, rename, with
-    the mode `open` would give it (0o666 & ~umask), not mkstemp's 0o600."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            # fchmod before the rename rather than chmod after it: the name never shows a
-            # 0o600 file, and no path is looked up twice (nothing to swap in between).
-            os.fchmod(f.fileno(), user_file_mode())
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(directory)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    """A file written for the user (`fsio.atomic_user_file`), its directory made if missing."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_user_file(path) as f:
+        yield f
 
 
 Placement = Literal["append", "prepend"]

@@ -3,6 +3,7 @@ is cut at safe points and encoded in blocks, with the ids of the whole text, in 
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from flows.cli import main
 from pipeline_lib import bpe_reference as ref
-from pipeline_lib.tokenizer import get_encoding
+from pipeline_lib.tokenizer import Tokenizer, get_encoding
 from pipeline_lib.tokenizer.core import safe_cuts
 
 ENCODINGS = {"gpt2": "gpt2", "cl100k": "cl100k_base", "o200k": "o200k_base"}
@@ -164,3 +165,41 @@ def test_utf8_is_checked_a_window_at_a_time(window):
     assert not _is_utf8(good + b"tail \xff\n", window)
     assert not _is_utf8(b"\xc3\nx", window)  # a sequence cut by the newline
     assert not _is_utf8(good[:-3] + "🙂".encode()[:2], window)
+
+
+def test_a_failed_encode_leaves_the_output_as_it_was(tmp_path, multilingual_text, monkeypatch):
+    """The ids take the output's name only once whole: a failure half-way (here the second
+    block) leaves the file that was there, and no temp file beside it."""
+    path, out = tmp_path / "in.txt", tmp_path / "ids.npy"
+    path.write_text(multilingual_text[:20_000], encoding="utf-8")
+    np.save(out, np.arange(3, dtype=np.uint32))
+    tok = get_encoding("cl100k_base")
+    real, calls = tok._encode_block, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tok, "_encode_block", failing)
+    with pytest.raises(OSError):
+        tok.encode_file_to_npy(str(path), str(out), round_bytes=1000, num_threads=2)
+    assert len(calls) == 2
+    assert np.load(out).tolist() == [0, 1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.npy", "in.txt"]
+
+
+def test_the_command_says_when_the_output_disk_is_full(tmp_path, multilingual_text, monkeypatch, capsys):
+    path = tmp_path / "in.txt"
+    path.write_text(multilingual_text[:20_000], encoding="utf-8")
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Tokenizer, "_encode_block", disk_full)
+    argv = ["tokenizer", "encode", "--tokenizer", "cl100k_base", "--input", str(path), "--output", str(tmp_path / "x")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--output" in err[0] and "no space left" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]

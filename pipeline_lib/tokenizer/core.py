@@ -728,13 +728,16 @@ class Tokenizer:
         (`safe_cut`), the blocks encoded on `num_threads` threads (0 = all cores) and their
         ids appended to the file as they come, so memory stays flat with the file's size (a
         stretch with no safe point, e.g. one long line, is held whole). The .npy header's
-        length is written last.
+        length is written last, and the file takes `out_path`'s name only once whole (a failure
+        leaves what was there).
         """
+        from pipeline_lib.fsio import atomic_user_file  # lazy: fsspec, for this call alone
+
         allowed = self._special_names if allowed_special == "all" else frozenset(allowed_special) & self._special_names
         if not self.streams_files() or any("\n" in t for t in allowed):
             with open(path, encoding="utf-8", errors="surrogateescape") as f:
                 ids = self.encode_to_numpy(f.read(), allowed_special=allowed, disallowed_special=())
-            with open(out_path, "wb") as out:
+            with atomic_user_file(out_path) as out:
                 _write_npy_header(out, len(ids))
                 ids.astype("<u4", copy=False).tofile(out)
             return len(ids)
@@ -746,7 +749,7 @@ class Tokenizer:
         # the writes and the core release the GIL. At most three blocks are held.
         with (
             open(path, "rb") as f,
-            open(out_path, "wb") as out,
+            atomic_user_file(out_path) as out,
             ThreadPoolExecutor(1, thread_name_prefix="tokenmill-read") as reader,
             ThreadPoolExecutor(1, thread_name_prefix="tokenmill-write") as writer,
         ):

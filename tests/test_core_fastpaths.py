@@ -6,7 +6,11 @@
   longer one): counts must equal `collections.Counter` on keys that share heads, lengths and
   tails, through the table's growth;
 * the encoder's per-thread cache of recent single-token pieces: ids must equal those of each
-  piece encoded alone (`encode_piece`, which uses no cache) and tiktoken's.
+  piece encoded alone (`encode_piece`, which uses no cache) and tiktoken's;
+* ASCII pieces of cl100k and o200k are found from one 16-byte load (`pretok::ascii_piece_end`):
+  the split must equal the regex reference and the general path (`ascii_first=False`) for runs
+  of every class that end at every position of the 16 bytes, before every kind of byte; and the
+  encoder's table of ASCII pieces must give tiktoken's ids with the real vocabularies.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from hypothesis import strategies as st
 from pipeline_lib import _tokcore as tokcore
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.patterns import PATTERNS
+from pipeline_lib.tokenizer import get_encoding
 
 NAMES = list(PATTERNS)
 # Bytes around the ASCII letters' edges ('@' 'A' 'Z' '[' '`' 'a' 'z' '{', DEL), the other
@@ -123,3 +128,124 @@ def test_recent_pieces_cache(small_vocab):
             assert np.array_equal(got, alone[k])
             assert got.tolist() == tk.encode_ordinary(d.decode())
     assert enc.encode_ordinary(text).tolist() == tk.encode_ordinary(text.decode())
+
+
+# Runs of each class the 16-byte scanner handles, and what may stand after them: other classes,
+# the edges of the ASCII ranges, an apostrophe (contractions), \r \n / (piece tails), and
+# non-ASCII letters, marks, digits, punctuation and spaces (which decline to the general path).
+RUN_UNITS = ["a", "Z", "xY", "Ab", "7", ".", "-", ")", "'", "/", " ", "\t", "\n", "\r\n", "\x00", "\x7f"]
+AFTER = [
+    "",
+    "a",
+    "Q",
+    " ",
+    "  ",
+    "\n",
+    "\r",
+    "/",
+    "'",
+    "'s",
+    "'LL",
+    "7",
+    ".",
+    "é",
+    "e\u0301",
+    "²",
+    "٣",
+    "…",
+    "\u00a0",
+    "\u3000",
+    "\u0085",
+    "中",
+]
+FAST_PATTERNS = ["cl100k", "o200k"]
+
+
+def test_ascii_pieces_end_at_every_position_of_the_window():
+    for name in FAST_PATTERNS:
+        pid = tokcore.PATTERN_IDS[name]
+        for lead in ("", " ", "(", "\n", "x "):
+            for unit in RUN_UNITS:
+                for count in range(0, 18):
+                    for after in AFTER:
+                        # a tail of 20 bytes keeps the text going past the 16 bytes the scanner reads
+                        data = (lead + unit * count + after + " tail of twenty bytes").encode()
+                        expect = ref.split_bytes(data, name)
+                        assert tokcore.split(data, pid) == expect, (name, data)
+                        assert tokcore.split(data, pid, ascii_first=False) == expect, (name, data)
+
+
+ASCII_HEAVY = st.lists(
+    st.sampled_from(
+        [
+            "the",
+            " cat",
+            "Hello",
+            "HTML",
+            "iPhone",
+            " ",
+            "  ",
+            "\n",
+            "\n\n",
+            "\r\n",
+            "\t",
+            ",",
+            ".",
+            "...",
+            "'s",
+            "'ll",
+            "'",
+            "(",
+            ")",
+            "/",
+            "//",
+            "1",
+            "123",
+            "2024",
+            "_",
+            "-",
+            "é",
+            "ß",
+            "中",
+            "\u00a0",
+            "½",
+            "\u0301",
+            "x" * 15,
+            "Y" * 17,
+        ]
+    ),
+    max_size=80,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ASCII_HEAVY)
+def test_ascii_first_split_random(text):
+    data = text.encode()
+    for name in FAST_PATTERNS:
+        expect = ref.split_bytes(data, name)
+        assert tokcore.split(data, tokcore.PATTERN_IDS[name]) == expect
+        assert tokcore.split(data, tokcore.PATTERN_IDS[name], ascii_first=False) == expect
+
+
+@pytest.fixture(scope="module")
+def real_encodings():
+    pairs = []
+    for name in ("cl100k_base", "o200k_base"):
+        ours = get_encoding(name)
+        theirs = tiktoken.Encoding(
+            name=name, pat_str=ours.pattern_str, mergeable_ranks=ours._mergeable_ranks, special_tokens={}
+        )
+        pairs.append((ours, theirs))
+    return pairs
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(ASCII_HEAVY, min_size=1, max_size=8))
+def test_ascii_pieces_table_gives_tiktoken_ids(real_encodings, texts):
+    # The same words again and again (the table's hits) in one text and across texts, and the
+    # texts in one batch (the table shared by the documents of a thread).
+    for ours, theirs in real_encodings:
+        for text in texts + ["".join(texts) * 3]:
+            assert ours.encode_ordinary(text) == theirs.encode_ordinary(text)
+        assert ours.encode_ordinary_batch(texts, num_threads=1) == [theirs.encode_ordinary(t) for t in texts]

@@ -613,15 +613,18 @@ void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint3
     bpe(piece, n, out, periodic);
 }
 
+namespace {
+// Slot of an ASCII piece in PieceCache::words: the top bits of a multiplicative hash.
+inline size_t word_slot(uint64_t head, uint64_t tail) {
+    static_assert(PieceCache::kWords == size_t{1} << 13, "the hash's top 13 bits");
+    return static_cast<size_t>(((head ^ (tail * 0xC2B2AE3D27D4EB4Full)) * 0x9E3779B97F4A7C15ull) >> 51);
+}
+}  // namespace
+
 void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const {
-    cancel::Poll& poll = cancel::current();
     size_t polled = 0;  // bytes handed to the poll so far, in steps of >= kPollBytes rather than per piece
     // Inlined into the split loop: most pieces are one token, found by one lookup.
-    pretok::split_with(data, n, pattern_, [&](size_t b, size_t e) __attribute__((always_inline)) {
-        if (e - polled >= pretok::kPollBytes) {
-            poll.tick(e - polled);
-            polled = e;
-        }
+    auto piece = [&](size_t b, size_t e) __attribute__((always_inline)) {
         const uint8_t* p = data + b;
         const size_t len = e - b;
         if (len == 1 && byte_rank_[*p] != kNone) {
@@ -659,6 +662,43 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
             return;
         }
         encode_merged(key, out, cache);
+    };
+    cancel::Poll& poll = cancel::current();
+    PieceCache::Word* const words = cache != nullptr && !start_chars_ ? cache->words.data() : nullptr;
+    pretok::split_with(data, n, pattern_, [&](size_t b, size_t e, auto ascii) __attribute__((always_inline)) {
+        if (e - polled >= pretok::kPollBytes) {
+            poll.tick(e - polled);
+            polled = e;
+        }
+        if constexpr (decltype(ascii)::value) {
+            // An ASCII piece of <= 15 bytes with 16 readable bytes at b: looked up by its bytes
+            // as loaded (those past the piece masked off) in the words table.
+            if (words != nullptr) {
+                const uint8_t* p = data + b;
+                const size_t len = e - b;
+                const uint64_t first = detail::read64(p);
+                const uint64_t head = first & (~uint64_t{0} >> (64 - 8 * std::min<size_t>(len, 8)));
+                const uint64_t tail = len > 8 ? detail::read64(p + len - 8) : 0;
+                PieceCache::Word& w = words[word_slot(head, tail)];
+                if (w.len == len && w.head == head && w.tail == tail) {
+                    out.push_back(w.ids[0]);
+                    for (size_t k = 1; k < w.count; ++k) out.push_back(w.ids[k]);
+                    return;
+                }
+                const size_t before = out.size();
+                piece(b, e);
+                const size_t count = out.size() - before;
+                if (count <= PieceCache::kWordIds) {
+                    w.head = head;
+                    w.tail = tail;
+                    w.len = static_cast<uint16_t>(len);
+                    w.count = static_cast<uint16_t>(count);
+                    for (size_t k = 0; k < count; ++k) w.ids[k] = out[before + k];
+                }
+                return;
+            }
+        }
+        piece(b, e);
     });
     poll.tick(n - polled);
 }

@@ -73,6 +73,22 @@ struct PieceCache {
     static constexpr size_t kPairMemo = 8192;
     std::vector<PairMemo> pair_memo = std::vector<PairMemo>(kPairMemo, PairMemo{~uint64_t{0}, 0});
 
+    // ASCII pieces (of <= 15 bytes, found by pretok::ascii_piece_end): (first 8 bytes, last 8
+    // bytes, length) -> up to kWordIds ids, keyed by the bytes as loaded (a piece of < 8 bytes is
+    // its bytes zero-extended). Most pieces of English text and source code are one of these, and
+    // a hit costs a load, a multiply and a compare where the general path hashes the piece.
+    static constexpr size_t kWordIds = 3;
+    struct Word {
+        uint64_t head;
+        uint64_t tail;   // 0 for pieces of <= 8 bytes
+        uint16_t len;    // 0: empty
+        uint16_t count;  // ids in `ids`
+        uint32_t ids[kWordIds];
+    };
+    static_assert(sizeof(Word) == 32);
+    static constexpr size_t kWords = 8192;
+    std::vector<Word> words = std::vector<Word>(kWords, Word{0, 0, 0, 0, {0, 0, 0}});
+
     static constexpr size_t kMaxEntries = size_t{1} << 19;
     static constexpr size_t kMaxIds = size_t{1} << 23;
     static constexpr size_t kMaxPieceBytes = 256;
@@ -102,8 +118,9 @@ public:
     int pattern() const { return pattern_; }
     size_t vocab_size() const { return vocab_size_; }
 
-    // Append the ids of `data` (split + BPE) to `out`.
-    void encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const;
+    // Append the ids of `data` (split + BPE) to `out`. Flattened: the vector's push_back and
+    // whatever else the per-piece loop calls is inlined into it (the noinline helpers apart).
+    [[gnu::flatten]] void encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const;
     // Append the ids of a single piece (whole-piece lookup, then BPE; no splitting).
     // periodic = false: never bpe_periodic (the tests compare the two).
     void encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out, bool periodic = true) const;

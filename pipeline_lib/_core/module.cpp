@@ -151,7 +151,7 @@ nb::list bytes_list(const uint8_t* base, const std::vector<size_t>& ends) {
 
 // ---- split -------------------------------------------------------------------------------
 
-nb::list split_py(nb::bytes data, int pattern) {
+nb::list split_py(nb::bytes data, int pattern, bool ascii_first) {
     check_pattern(pattern);
     const uint8_t* p = bytes_ptr(data);
     const size_t n = data.size();
@@ -161,10 +161,13 @@ nb::list split_py(nb::bytes data, int pattern) {
         nb::gil_scoped_release release;
         cancel::Bind bind(&scope, true);
         cancel::Poll& poll = cancel::current();
-        pretok::split_with(p, n, pattern, [&](size_t b, size_t e) {
-            poll.tick(e - b);
-            ends.push_back(e);
-        });
+        pretok::split_with(
+            p, n, pattern,
+            [&](size_t b, size_t e) {
+                poll.tick(e - b);
+                ends.push_back(e);
+            },
+            ascii_first);
     }
     return bytes_list(p, ends);
 }
@@ -831,8 +834,9 @@ NB_MODULE(_tokcore, m) {
         "input ends with this block. in_place=True: the documents are packed at the start of `data` "
         "(writable; bytes past `consumed` untouched) and packed is None.");
 
-    m.def("split", &split_py, nb::arg("data"), nb::arg("pattern"),
-          "Pre-tokenization pieces of UTF-8 bytes (valid or not) with a pattern id.");
+    m.def("split", &split_py, nb::arg("data"), nb::arg("pattern"), nb::arg("ascii_first") = true,
+          "Pre-tokenization pieces of UTF-8 bytes (valid or not) with a pattern id. ascii_first=False: "
+          "without the 16-byte scanner of ASCII pieces (the general path alone, for tests).");
 
     nb::class_<PieceCounter>(m, "PieceCounter", "Counts pre-tokenization pieces over documents.")
         .def(nb::init<int>(), nb::arg("pattern"))

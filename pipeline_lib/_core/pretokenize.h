@@ -11,6 +11,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+
+#if defined(__SSE2__) && !defined(TOKCORE_NO_SIMD)
+#include <emmintrin.h>
+#endif
 
 #include "unicode.h"
 
@@ -357,34 +362,216 @@ inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
     return w.end;
 }
 
-// Calls emit(begin, end) for each piece. The *_piece functions are forced inline, and callers
-// force their `emit` inline too: one loop per pattern with no call per piece, which would cost
-// about as much as finding an English word's piece.
+// ---- ASCII pieces, 16 bytes at a time --------------------------------------------------------
+// Most pieces of English text and source code are ASCII: a word with at most one character
+// before it (" the", "(self"), a run of punctuation (", ", ");\n"), of whitespace, or up to
+// three digits. ascii_piece_end finds such a piece from one 16-byte load and a few bit masks
+// and declines (returns 0) whenever a character it does not classify could decide the match:
+// a non-ASCII byte where the piece could go on (a letter, mark, digit, punctuation or space
+// of another script), an apostrophe that may start a contraction, or a run that reaches the
+// 16th byte. The caller then takes the general *_piece function; both give the same pieces
+// (tests/test_core_fastpaths.py compares them on random text).
+
+// Bit k of each mask: byte k of the 16 at p is in the class.
+#if defined(__SSE2__) && !defined(TOKCORE_NO_SIMD)
+struct Bytes16 {
+    __m128i x;
+    explicit Bytes16(const uint8_t* p) : x(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))) {}
+    // bytes in [lo, lo + count): x + (0x80 - lo) is then in [-128, -128 + count) as a signed byte
+    uint32_t range(uint8_t lo, uint8_t count) const {
+        const __m128i shifted = _mm_add_epi8(x, _mm_set1_epi8(static_cast<char>(0x80 - lo)));
+        return static_cast<uint32_t>(
+            _mm_movemask_epi8(_mm_cmplt_epi8(shifted, _mm_set1_epi8(static_cast<char>(-128 + count)))));
+    }
+    uint32_t equal(uint8_t c) const {
+        return static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8(static_cast<char>(c)))));
+    }
+    uint32_t high() const { return static_cast<uint32_t>(_mm_movemask_epi8(x)); }
+};
+#else
+// The same masks from two 64-bit words (SWAR), for targets without SSE2.
+struct Bytes16 {
+    uint64_t w[2];
+    explicit Bytes16(const uint8_t* p) { std::memcpy(w, p, 16); }
+    static uint32_t top_bits(uint64_t m) { return static_cast<uint32_t>(((m >> 7) * 0x0102040810204080ull) >> 56); }
+    template <class F>
+    uint32_t each(F f) const {
+        return top_bits(f(w[0])) | (top_bits(f(w[1])) << 8);
+    }
+    uint32_t range(uint8_t lo, uint8_t count) const {
+        constexpr uint64_t k01 = 0x0101010101010101ull, k80 = 0x80 * k01;
+        return each([&](uint64_t v) {
+            const uint64_t low7 = v & ~k80;
+            return (low7 + (0x80 - lo) * k01) & ~(low7 + (0x80 - lo - count) * k01) & ~v & k80;
+        });
+    }
+    uint32_t equal(uint8_t c) const {
+        constexpr uint64_t k01 = 0x0101010101010101ull, k80 = 0x80 * k01;
+        return each([&](uint64_t v) {
+            const uint64_t q = v ^ (c * k01);  // zero bytes where v has c
+            return ~(((q & ~k80) + ~k80) | q) & k80;
+        });
+    }
+    uint32_t high() const {
+        return each([](uint64_t v) { return v & 0x8080808080808080ull; });
+    }
+};
+#endif
+
+// Bit 0: the byte may stand before an ASCII word in a cl100k piece, bit 1: in an o200k piece,
+// i.e. [^\r\n\p{L}\p{N}] and ASCII (cl100k: not an apostrophe, whose contraction comes first).
+struct WordPrefixTable {
+    uint8_t bits[256];
+    constexpr WordPrefixTable() : bits{} {
+        for (int b = 0; b < 0x80; ++b) {
+            const bool letter = (b >= 'A' && b <= 'Z') || (b >= 'a' && b <= 'z');
+            const bool digit = b >= '0' && b <= '9';
+            if (letter || digit || b == '\r' || b == '\n') continue;
+            bits[b] = b == '\'' ? 2 : 3;
+        }
+    }
+};
+inline constexpr WordPrefixTable kWordPrefix{};
+
+inline uint32_t ctz32(uint32_t m) { return static_cast<uint32_t>(__builtin_ctz(m)); }
+
+// The pieces that are not a word: digits, punctuation, whitespace (see ascii_piece_end).
+template <int Pattern>
+inline size_t ascii_nonword_end(const Bytes16& v, uint32_t letters, uint8_t b0) {
+    const uint32_t high = v.high();
+    const uint32_t digit = v.range('0', 10);
+    // \s over ASCII: \t \n \v \f \r and the space
+    const uint32_t space = v.range('\t', 5) | v.equal(' ');
+    if (digit & 1) {  // \p{N}{1,3}
+        const uint32_t run = ctz32(~digit);
+        if (run >= 3) return 3;
+        return (high >> run) & 1 ? 0 : run;  // a digit of another script may follow
+    }
+    const uint32_t other = ~(letters | digit | space | high) & 0xFFFFu;
+    if ((other & 1) || (b0 == ' ' && (other & 2))) {
+        //  ?[^\s\p{L}\p{N}]++[\r\n]*+   (o200k:  ?[^\s\p{L}\p{N}]+[\r\n/]*)
+        if (Pattern == kCl100k && b0 == '\'') return 0;  // a contraction comes first
+        const uint32_t j = other & 1 ? 0 : 1;
+        const uint32_t k = j + ctz32(~(other >> j));
+        if (k >= 16 || ((high >> k) & 1)) return 0;
+        uint32_t tail = v.equal('\r') | v.equal('\n');
+        if (Pattern == kO200k) tail |= v.equal('/');
+        const uint32_t e = k + ctz32(~(tail >> k));
+        return e >= 16 ? 0 : e;
+    }
+    if (space & 1) {
+        const uint32_t run = ctz32(~space);
+        if (run >= 16 || ((high >> run) & 1)) return 0;  // a space of another script may follow
+        // (the run ends before a non-space, so \s++$ cannot apply)
+        // cl100k \s*[\r\n], o200k \s*[\r\n]+: up to the run's last \r or \n
+        const uint32_t crlf = (v.equal('\r') | v.equal('\n')) & ((1u << run) - 1);
+        if (crlf) return 32 - static_cast<uint32_t>(__builtin_clz(crlf));
+        return run >= 2 ? run - 1 : 1;  // \s+(?!\S) gives back the last one; else \s (o200k \s+)
+    }
+    return 0;
+}
+
+// End (1..15) of the piece at p when it is ASCII and decided by these 16 bytes, else 0.
+// Needs 16 readable bytes at p, and is used only where the text goes on past them (the run
+// tests read "the byte after the run" inside the 16).
+//   cl100k: [^\r\n\p{L}\p{N}]?+\p{L}++ (after the contraction alternative: no apostrophe at p)
+//   o200k:  [^\r\n\p{L}\p{N}]?[Up]*[Lo]+(contraction)? | [^\r\n\p{L}\p{N}]?[Up]+[Lo]*(contraction)?
+//           over ASCII: capitals, then small letters (ASCII capitals are not [Lo], so nothing is
+//           given back); an apostrophe after the word declines.
+template <int Pattern>
+[[gnu::always_inline]] inline size_t ascii_piece_end(const uint8_t* p) {
+    const Bytes16 v(p);
+    const uint32_t upper = v.range('A', 26), lower = v.range('a', 26);
+    const uint32_t letters = upper | lower;
+    const uint8_t b0 = p[0];
+    uint32_t start = 0;
+    if (!(letters & 1)) {
+        if (!(letters & 2) || !(kWordPrefix.bits[b0] & (Pattern == kCl100k ? 1 : 2)))
+            return ascii_nonword_end<Pattern>(v, letters, b0);
+        start = 1;
+    }
+    uint32_t end;
+    if (Pattern == kCl100k) {
+        const uint32_t after = ~letters & (0xFFFFu << start) & 0xFFFFu;  // non-letters from `start` on
+        if (after == 0) return 0;
+        end = ctz32(after);
+        if ((v.high() >> end) & 1) return 0;
+    } else {
+        const uint32_t q = start + ctz32(~(upper >> start));
+        end = q + ctz32(~(lower >> q));
+        if (end >= 16 || (((v.high() | v.equal('\'')) >> end) & 1)) return 0;
+    }
+    return end;
+}
+
+// Calls emit(begin, end) for each piece, or emit(begin, end, ascii) where `ascii` is
+// std::true_type for a piece that ascii_piece_end found (ASCII, at most 15 bytes, with 16
+// readable bytes at `begin`) and std::false_type for the others.
+// ascii_first = false: only the general *_piece functions (the tests compare the two).
+// The *_piece functions are forced inline, and callers force their `emit` inline too: one loop
+// per pattern with no call per piece, which would cost about as much as finding an English
+// word's piece.
 template <class Emit>
-inline void split_with(const uint8_t* s, size_t n, int pattern, Emit&& emit) {
+[[gnu::always_inline]] inline void emit_piece(Emit& emit, size_t b, size_t e, bool ascii) {
+    if constexpr (std::is_invocable_v<Emit&, size_t, size_t, std::true_type>) {
+        if (ascii)
+            emit(b, e, std::true_type{});
+        else
+            emit(b, e, std::false_type{});
+    } else {
+        emit(b, e);
+    }
+}
+
+template <int Pattern, class Emit>
+[[gnu::always_inline]] inline void split_ascii_first(const uint8_t* s, size_t n, Emit& emit) {
+    size_t i = 0;
+    while (i < n) {
+        size_t e;
+        if (i + 16 < n && (e = ascii_piece_end<Pattern>(s + i)) != 0) {
+            emit_piece(emit, i, i + e, true);
+            i += e;
+            continue;
+        }
+        e = Pattern == kCl100k ? cl100k_piece(s, n, i) : o200k_piece(s, n, i);
+        emit_piece(emit, i, e, false);
+        i = e;
+    }
+}
+
+template <class Emit>
+inline void split_with(const uint8_t* s, size_t n, int pattern, Emit&& emit, bool ascii_first = true) {
     size_t i = 0;
     switch (pattern) {
         case kGpt2:
             while (i < n) {
                 const size_t e = gpt2_piece(s, n, i);
-                emit(i, e);
+                emit_piece(emit, i, e, false);
                 i = e;
             }
             break;
         case kCl100k:
+            if (ascii_first) {
+                split_ascii_first<kCl100k>(s, n, emit);
+                break;
+            }
             while (i < n) {
                 const size_t e = cl100k_piece(s, n, i);
-                emit(i, e);
+                emit_piece(emit, i, e, false);
                 i = e;
             }
             break;
         case kNoSplit:
-            if (n > 0) emit(size_t{0}, n);
+            if (n > 0) emit_piece(emit, size_t{0}, n, false);
             break;
         default:
+            if (ascii_first) {
+                split_ascii_first<kO200k>(s, n, emit);
+                break;
+            }
             while (i < n) {
                 const size_t e = o200k_piece(s, n, i);
-                emit(i, e);
+                emit_piece(emit, i, e, false);
                 i = e;
             }
             break;

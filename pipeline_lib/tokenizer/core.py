@@ -104,9 +104,10 @@ class Tokenizer:
 
     Its methods are tiktoken's `Encoding` API (same names, arguments, results and
     policies), plus array paths (`encode_to_numpy`, `encode_ordinary_batch_to_numpy`),
-    training and files. ``Tokenizer(**kwargs)`` also takes tiktoken's constructor keywords
-    (``name``, ``pat_str``, ``mergeable_ranks``, ``special_tokens``, ``explicit_n_vocab``)
-    for the three split patterns the core implements (gpt2/r50k/p50k, cl100k, o200k).
+    training and files. It is built as ``Tokenizer(ranks, pattern, special_tokens)`` or with
+    tiktoken's constructor, ``Tokenizer(name, pat_str=..., mergeable_ranks=...,
+    special_tokens=..., explicit_n_vocab=None)`` (the name positional or a keyword), for the
+    split patterns the core implements (gpt2/r50k/p50k, cl100k, o200k).
 
     Policies:
 
@@ -134,19 +135,35 @@ class Tokenizer:
 
     def __init__(
         self,
-        mergeable_ranks: Mapping[bytes, int],
+        ranks_or_name: Mapping[bytes, int] | str | None = None,
+        /,
         pattern: str = "cl100k",
         special_tokens: Mapping[str, int] | None = None,
         *,
+        mergeable_ranks: Mapping[bytes, int] | None = None,
         merges: Sequence[tuple[int, int, int]] | None = None,
         merge_counts: Sequence[int] | None = None,
-        name: str = "tokenmill",
+        name: str | None = None,
         pat_str: str | None = None,
         explicit_n_vocab: int | None = None,
         unit: str = "byte",
         unknown: str | None = None,
         lowercase: bool = False,
     ):
+        # The first argument is the ranks (``Tokenizer(ranks, "gpt2", specials)``) or, as in
+        # tiktoken's ``Encoding(name, *, pat_str, mergeable_ranks, special_tokens)``, the name.
+        if isinstance(ranks_or_name, str):
+            if name is not None:
+                raise TypeError("Tokenizer() got the name twice: as its first argument and as name=")
+            name = ranks_or_name
+        elif ranks_or_name is not None:
+            if mergeable_ranks is not None:
+                raise TypeError("Tokenizer() got the ranks twice: as its first argument and as mergeable_ranks=")
+            mergeable_ranks = ranks_or_name
+        if mergeable_ranks is None:
+            raise TypeError("Tokenizer() needs mergeable_ranks (token bytes -> id), as tiktoken's Encoding does")
+        if name is None:
+            name = "tokenmill"
         if pat_str is not None:
             pattern = _pattern_name(pat_str)
         self.pattern = check_pattern(pattern)

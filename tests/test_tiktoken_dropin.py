@@ -168,3 +168,95 @@ def test_tiktokens_constructor_forms():
         tiktoken.Tokenizer(ranks, mergeable_ranks=ranks)
     with pytest.raises(TypeError, match="needs mergeable_ranks"):
         tiktoken.Encoding("p", pat_str=pattern, special_tokens={})
+
+
+POLICIES = [
+    {},
+    {"allowed_special": "all"},
+    {"disallowed_special": ()},
+    {"allowed_special": "all", "disallowed_special": ()},
+    {"allowed_special": {"[PAD]"}},
+    {"allowed_special": frozenset({"<|endoftext|>", "<|not one|>"})},
+    {"allowed_special": set(), "disallowed_special": ()},
+    {"disallowed_special": {"hel"}},  # any string may be refused
+    {"disallowed_special": []},
+    {"allowed_special": "none"},  # not a policy: TypeError in both
+    {"allowed_special": 5},  # neither
+]
+
+
+class _Text(str):
+    pass
+
+
+def _outcome(f, *args, **kwargs):
+    try:
+        return ("ok", f(*args, **kwargs))
+    except Exception as e:  # noqa: BLE001 - the exception's kind is what is compared
+        return ("raised", {k for k in (ValueError, TypeError) if isinstance(e, k)})
+
+
+@pytest.mark.parametrize(
+    "specials",
+    [
+        {"<|endoftext|>": 256, "<|pad|>": 257},  # one prefix: a text without "<|" holds none
+        {"<|endoftext|>": 256, "[PAD]": 257},  # no shared prefix: every text is searched
+        {"[PAD]": 256},
+        {},
+    ],
+    ids=["shared-prefix", "no-shared-prefix", "one", "none"],
+)
+def test_encode_policies_equal_tiktoken_whatever_the_specials(specials):
+    """`encode`'s fast path (a text without the specials' shared prefix) gives tiktoken's
+    ids and errors under every policy, whichever special tokens a user registers."""
+    import tiktoken
+
+    import pipeline_lib
+
+    ranks = {bytes([b]): b for b in range(256)}
+    pattern = pipeline_lib.get_encoding("gpt2")._pat_str
+    ours = pipeline_lib.Encoding("t", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+    theirs = tiktoken.Encoding("t", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+    texts = [
+        "",
+        "hello world",
+        "hello <|endoftext|> world",
+        "a [PAD] b",
+        "<|pad|>[PAD]<|",
+        "lone \ud800 surrogate <|endoftext|",
+        _Text("a str subclass [PAD]"),
+        _Text("a str subclass"),
+    ]
+    for kwargs in POLICIES:
+        for text in texts:
+            assert _outcome(ours.encode, text, **kwargs) == _outcome(theirs.encode, text, **kwargs), (text, kwargs)
+
+
+def test_encode_of_text_without_specials_is_one_python_call():
+    """With any policy that cannot refuse, `encode` of a text without "<|" (cl100k's specials'
+    prefix) is one Python frame around the native encoder: no policy sets, no regex."""
+    import sys
+
+    import pipeline_lib
+
+    enc = pipeline_lib.get_encoding("cl100k_base")
+    if enc._encoder is None:
+        pytest.skip("the pure-Python backend runs here")
+
+    def python_calls(**kwargs) -> list[str]:
+        calls: list[str] = []
+
+        def profile(frame, event, arg):
+            if event == "call":
+                calls.append(frame.f_code.co_name)
+
+        sys.setprofile(profile)
+        try:
+            ids = enc.encode("hello world", **kwargs)
+        finally:
+            sys.setprofile(None)
+        assert ids == [15339, 1917]
+        return calls
+
+    for kwargs in ({}, {"allowed_special": "all"}, {"allowed_special": {"<|endoftext|>"}}, {"disallowed_special": ()}):
+        assert python_calls(**kwargs) == ["encode"], kwargs

@@ -158,6 +158,25 @@ assert not loaded, loaded
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads counted in /proc")
+def test_tokenizer_commands_start_no_blas_threads(tmp_path):
+    """numpy's OpenBLAS would start a thread per core as it loads (~55 ms on 2 cores): the
+    tokenizer commands load it with one, and leave the environment as it was."""
+    script = """
+import contextlib, io, os
+from flows.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    assert main(["tokenizer", "encode", "--tokenizer", "gpt2", "--text", "hello world"]) == 0
+print(len(os.listdir("/proc/self/task")), "OPENBLAS_NUM_THREADS" in os.environ)
+"""
+    env = {k: v for k, v in _env(tmp_path / "h").items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1", "False"], proc.stdout
+
+
 def test_help_of_every_command_is_the_whole_parsers(tmp_path):
     """`tokenmill CMD --help` builds only CMD's options (its stage configs); each help text is
     the one the whole parser gives, word for word."""

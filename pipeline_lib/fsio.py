@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import gzip
 import hashlib
 import os
 import tempfile
@@ -200,9 +201,10 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return protocol_of(fs) in ("file", "local")
 
 
-# Names that fsspec's compression="infer" reads as they are: a plain local path ending so is
-# read with `open`, without importing fsspec (a saved tokenizer's files, GPT-2's files).
-_PLAIN_SUFFIXES = (".json", ".tiktoken", ".txt", ".bpe")
+# A plain local path ending so is read without importing fsspec, as its compression="infer"
+# reads it: as it is (a saved tokenizer's files, GPT-2's), or through gzip (.gz, the
+# production encodings' ranks as packages ship them).
+_PLAIN_SUFFIXES = (".json", ".tiktoken", ".txt", ".bpe", ".gz")
 
 
 def read_bytes(url: str, max_bytes: int | None = None, **storage_options: Any) -> bytes:
@@ -216,7 +218,11 @@ def read_bytes(url: str, max_bytes: int | None = None, **storage_options: Any) -
     )
     fs, path = (None, os.path.expanduser(url)) if plain_local else filesystem(url, **storage_options)
     try:
-        with open(path, "rb") if fs is None else fs.open(path, "rb", compression="infer") as f:
+        if fs is not None:
+            opened = fs.open(path, "rb", compression="infer")
+        else:
+            opened = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+        with opened as f:
             data = f.read() if max_bytes is None else f.read(max_bytes + 1)
     except FileNotFoundError as e:
         raise InputError(f"{url}: no such file") from e

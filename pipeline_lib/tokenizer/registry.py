@@ -317,14 +317,18 @@ def _ranks_at(
     url: str, ranks: _Ranks, where: str, storage_options: dict[str, Any], directory: bool = False
 ) -> dict[bytes, int]:
     """The ranks at `url`: a ranks file, or a directory holding one (or GPT-2's two files)."""
-    fs, p = filesystem(url, **storage_options)
-    if not (directory or fs.isdir(p)):
+    if storage_options or "://" in url or "::" in url:
+        fs, p = filesystem(url, **storage_options)
+        isdir, isfile = fs.isdir, fs.isfile
+    else:  # a plain local path: no fsspec to import (`read_bytes` reads it without too)
+        p, isdir, isfile = os.path.expanduser(url), os.path.isdir, os.path.isfile
+    if not (directory or isdir(p)):
         return _checked_ranks_file(url, ranks, storage_options)
     root = url.rstrip("/")
     for candidate in (ranks.file, ranks.file + ".gz"):
-        if fs.isfile(f"{p.rstrip('/')}/{candidate}"):
+        if isfile(f"{p.rstrip('/')}/{candidate}"):
             return _checked_ranks_file(f"{root}/{candidate}", ranks, storage_options)
-    if ranks.from_gpt2_files and all(fs.isfile(f"{p.rstrip('/')}/{f}") for f in GPT2_FILES):
+    if ranks.from_gpt2_files and all(isfile(f"{p.rstrip('/')}/{f}") for f in GPT2_FILES):
         files = {f: read_bytes(f"{root}/{f}", MAX_VOCAB_FILE_BYTES, **storage_options) for f in GPT2_FILES}
         for f, data in files.items():
             _check_sha256(data, GPT2_FILES[f], f"{root}/{f}", f"GPT-2's {f}")

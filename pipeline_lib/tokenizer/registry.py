@@ -318,7 +318,7 @@ def _ranks_at(
     url: str, ranks: _Ranks, where: str, storage_options: dict[str, Any], directory: bool = False
 ) -> dict[bytes, int]:
     """The ranks at `url`: a ranks file, or a directory holding one (or GPT-2's two files)."""
-    if storage_options or "://" in url or "::" in url:
+    if storage_options or not isinstance(url, str) or "://" in url or "::" in url:
         fs, p = filesystem(url, **storage_options)
         isdir, isfile = fs.isdir, fs.isfile
     else:  # a plain local path: no fsspec to import (`read_bytes` reads it without too)

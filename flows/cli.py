@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     with _debug_env(debug):
         try:
             if isinstance(getattr(args, "store", None), str):  # before any work: a store URL that cannot hold results
-                from pipeline_lib.store import check_store_url
+                from pipeline_lib.store_layout import check_store_url  # not the store itself: its backends
 
                 check_store_url(args.store, durable=True)
             with _sigterm_raises():

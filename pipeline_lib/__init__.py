@@ -14,8 +14,6 @@ written for tiktoken runs with ``import pipeline_lib as tiktoken``.
 
 from typing import TYPE_CHECKING, Any
 
-from pipeline_lib.version import __version__
-
 if TYPE_CHECKING:
     from pipeline_lib.store import ArtifactStore, VersionRef
     from pipeline_lib.tokenizer import (
@@ -27,10 +25,14 @@ if TYPE_CHECKING:
         get_encoding,
         list_encoding_names,
     )
+    from pipeline_lib.version import __version__
 
 # Loaded on first use (PEP 562): `import pipeline_lib.lm.model` runs this file first, and the
 # model must import where only torch, numpy and safetensors are (no compiled core, no pyarrow).
+# `__version__` reads the installed package's metadata (~40 ms): every `tokenmill` command
+# imports this package, few need it.
 _LAZY = {
+    "__version__": "pipeline_lib.version",
     "ArtifactStore": "pipeline_lib.store",
     "VersionRef": "pipeline_lib.store",
     "Encoding": "pipeline_lib.tokenizer",

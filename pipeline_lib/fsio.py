@@ -13,20 +13,21 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import gzip
 import hashlib
 import os
 import tempfile
 import threading
 from collections.abc import Iterator
-from typing import Any, BinaryIO
-
-import fsspec
-from fsspec.core import url_to_fs
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from pipeline_lib.errors import (
     InputError,  # re-exported: callers import it from here too
 )
 from pipeline_lib.storage_secrets import resolve as resolve_secrets
+
+if TYPE_CHECKING:  # fsspec is imported on first use (~60 ms with asyncio): not by a command reading local files only
+    import fsspec
 
 CHUNK = 8 << 20
 
@@ -78,6 +79,8 @@ def filesystem(url: str, **storage_options: Any) -> tuple[fsspec.AbstractFileSys
         elif protocol in ("http", "https"):
             fs = _http_filesystem(**_with_http_defaults(storage_options))
             return fs, fs._strip_protocol(url)
+        from fsspec.core import url_to_fs
+
         return url_to_fs(url, **storage_options)
     except ImportError as e:
         raise InputError(f"cannot open {url!r}: the filesystem for it is not installed ({e})") from e
@@ -198,11 +201,28 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return protocol_of(fs) in ("file", "local")
 
 
+# A plain local path ending so is read without importing fsspec, as its compression="infer"
+# reads it: as it is (a saved tokenizer's files, GPT-2's), or through gzip (.gz, the
+# production encodings' ranks as packages ship them).
+_PLAIN_SUFFIXES = (".json", ".tiktoken", ".txt", ".bpe", ".gz")
+
+
 def read_bytes(url: str, max_bytes: int | None = None, **storage_options: Any) -> bytes:
     """Read a whole (decompressed) file, refusing files larger than `max_bytes`."""
-    fs, path = filesystem(url, **storage_options)
+    plain_local = (
+        not storage_options
+        and isinstance(url, str)
+        and "://" not in url
+        and "::" not in url
+        and url.endswith(_PLAIN_SUFFIXES)
+    )
+    fs, path = (None, os.path.expanduser(url)) if plain_local else filesystem(url, **storage_options)
     try:
-        with fs.open(path, "rb", compression="infer") as f:
+        if fs is not None:
+            opened = fs.open(path, "rb", compression="infer")
+        else:
+            opened = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+        with opened as f:
             data = f.read() if max_bytes is None else f.read(max_bytes + 1)
     except FileNotFoundError as e:
         raise InputError(f"{url}: no such file") from e

@@ -25,33 +25,79 @@ from typing import TYPE_CHECKING, Any, Literal
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.bpe_reference import END_OF_WORD
 from pipeline_lib.errors import InputError
-from pipeline_lib.lab_compare import (  # noqa: F401  (re-exported: the lab's names, as before the split)
-    PRODUCTION_ENCODINGS,
-    TABLE_COLUMNS,
-    WORD_PIECES,
-    Candidate,
-    CompareConfig,
-    character_level,
-    compare,
-    compare_text,
-    compression,
-    hf_bpe,
-    measure,
-    ours,
-    plot_comparison,
-    production,
-    split_heldout,
-    throughput,
-    word_level,
-    write_comparison,
-)
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from pipeline_lib.lab_compare import (  # noqa: F401  (re-exported: the lab's names, as before the split)
+        PRODUCTION_ENCODINGS,
+        TABLE_COLUMNS,
+        WORD_PIECES,
+        Candidate,
+        CompareConfig,
+        character_level,
+        compare,
+        compare_text,
+        hf_bpe,
+        measure,
+        ours,
+        plot_comparison,
+        production,
+        split_heldout,
+        throughput,
+        word_level,
+        write_comparison,
+    )
     from pipeline_lib.tokenizer import Tokenizer
 
     Counts = Sequence[int] | np.ndarray
+
+# The comparison's names (`lab_compare`) are re-exported here on first use (PEP 562): it imports
+# the stage configs and pydantic, which the `tokenmill tokenizer` commands do not need.
+_FROM_COMPARE = frozenset(
+    {
+        "PRODUCTION_ENCODINGS",
+        "TABLE_COLUMNS",
+        "WORD_PIECES",
+        "Candidate",
+        "CompareConfig",
+        "character_level",
+        "compare",
+        "compare_text",
+        "hf_bpe",
+        "measure",
+        "ours",
+        "plot_comparison",
+        "production",
+        "split_heldout",
+        "throughput",
+        "word_level",
+        "write_comparison",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM_COMPARE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from pipeline_lib import lab_compare
+
+    value = getattr(lab_compare, name)
+    globals()[name] = value
+    return value
+
+
+def compression(text: str, n_tokens: int) -> dict[str, Any]:
+    """Tokens, characters, bytes, bytes/token and chars/token of `text` encoded in `n_tokens`."""
+    n_chars, n_bytes = len(text), len(text.encode("utf-8", "surrogatepass"))
+    return {
+        "tokens": n_tokens,
+        "chars": n_chars,
+        "bytes": n_bytes,
+        "bytes_per_token": n_bytes / max(1, n_tokens),
+        "chars_per_token": n_chars / max(1, n_tokens),
+    }
+
 
 # --------------------------------------------------------------------------- the shipped small corpora
 LAB_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "lab")
@@ -206,12 +252,14 @@ def text_rows(text: str, tokenizers: Sequence[tuple[str, Tokenizer]]) -> list[di
     """The same `text` as tokens under character level, word level and each tokenizer:
     per row its name and (id, visible text) cells. Character ids are code points; word
     level's ids number the text's own words and punctuation runs in the order met."""
+    from pipeline_lib.lab_compare import WORD_PIECES as word_pieces
+
     rows = [{"name": "character level", "cells": [(ord(c), visible(c)) for c in text]}]
     words: dict[str, int] = {}
     rows.append(
         {
             "name": "word level",
-            "cells": [(words.setdefault(w, len(words)), visible(w)) for w in WORD_PIECES.findall(text)],
+            "cells": [(words.setdefault(w, len(words)), visible(w)) for w in word_pieces.findall(text)],
         }
     )
     for name, tok in tokenizers:

@@ -16,21 +16,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pipeline_lib.config import STRICT, check_vocab_sizes_limit, doc
 from pipeline_lib.errors import InputError
+from pipeline_lib.lab import compression
 
 if TYPE_CHECKING:
     from pipeline_lib.tokenizer import Tokenizer
-
-
-def compression(text: str, n_tokens: int) -> dict[str, Any]:
-    """Tokens, characters, bytes, bytes/token and chars/token of `text` encoded in `n_tokens`."""
-    n_chars, n_bytes = len(text), len(text.encode("utf-8", "surrogatepass"))
-    return {
-        "tokens": n_tokens,
-        "chars": n_chars,
-        "bytes": n_bytes,
-        "bytes_per_token": n_bytes / max(1, n_tokens),
-        "chars_per_token": n_chars / max(1, n_tokens),
-    }
 
 
 PRODUCTION_ENCODINGS = ("gpt2", "cl100k_base", "o200k_base")

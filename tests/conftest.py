@@ -68,6 +68,7 @@ INTEGRATION_TESTS = {
     "test_corpus.py::test_reference_mode_reads_s3_sources_in_place",
     "test_corpus.py::test_reference_mode_refuses_a_source_that_changed",
     "test_growth.py::test_cli_tokenizer_train_on_one_repeated_character",
+    "test_local_reads.py::test_plain_local_reads_import_no_fsspec",  # a fresh interpreter's imports
 }
 INTEGRATION_FIXTURES = {"prefect_harness", "api_url", "flows_ready", "s3_options", "s3_bucket"}
 

@@ -116,6 +116,102 @@ assert not heavy, heavy
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+# What the everyday tokenizer commands need is the tokenizer (numpy, regex, the core): none of
+# what the other commands import (Prefect, the stage configs' pydantic, the LM's torch, the
+# store, fsspec for a tokenizer saved in a local directory). Each import here cost 40-80 ms of
+# a command's start.
+_NOT_FOR_TOKENIZER_COMMANDS = ("prefect", "pydantic", "torch", "pandas", "pyarrow", "pipeline_lib.lab_compare")
+_NOT_FOR_LOCAL_FILES = ("fsspec", "pipeline_lib.store", "pipeline_lib.version")
+
+
+def test_tokenizer_commands_import_only_the_tokenizer(tmp_path):
+    from pipeline_lib import Tokenizer
+
+    saved = tmp_path / "tok"
+    Tokenizer.train(["hello world, hello tokens " * 20], vocab_size=270, pattern="cl100k").save(str(saved))
+    ids = tmp_path / "ids.npy"
+    commands = [
+        ["tokenizer", "encode", "--tokenizer", str(saved), "--text", "hello world"],
+        ["tokenizer", "encode", "--tokenizer", str(saved), "--text", "hello world", "--output", str(ids)],
+        ["tokenizer", "decode", "--tokenizer", str(saved), "--input", str(ids)],
+        ["tokenizer", "decode", "--tokenizer", str(saved), "--ids", "104,101"],
+        ["tokenizer", "vocab", "--tokenizer", str(saved), "--search", "hel"],
+        ["tokenizer", "merges", "--tokenizer", str(saved)],
+        ["tokenizer", "inspect", "--tokenizer", str(saved)],
+    ]
+    script = f"""
+import contextlib, io, json, sys
+from flows.cli import main
+for argv in {commands!r}:
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(argv) == 0, argv
+    loaded = [m for m in {_NOT_FOR_TOKENIZER_COMMANDS + _NOT_FOR_LOCAL_FILES!r} if m in sys.modules]
+    assert not loaded, (argv, loaded)
+for name in ("gpt2", "cl100k_base"):  # production encodings, from the files installed packages ship (.gz)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["tokenizer", "encode", "--tokenizer", name, "--text", "hello world"]) == 0
+    loaded = [m for m in {_NOT_FOR_TOKENIZER_COMMANDS + _NOT_FOR_LOCAL_FILES!r} if m in sys.modules]
+    assert not loaded, (name, loaded)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env(tmp_path / "h")
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads counted in /proc")
+def test_tokenizer_commands_start_no_blas_threads(tmp_path):
+    """numpy's OpenBLAS would start a thread per core as it loads (~55 ms on 2 cores): the
+    tokenizer commands load it with one, and leave the environment as it was."""
+    script = """
+import contextlib, io, os
+from flows.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    assert main(["tokenizer", "encode", "--tokenizer", "gpt2", "--text", "hello world"]) == 0
+print(len(os.listdir("/proc/self/task")), "OPENBLAS_NUM_THREADS" in os.environ)
+"""
+    env = {k: v for k, v in _env(tmp_path / "h").items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1", "False"], proc.stdout
+
+
+def test_help_of_every_command_is_the_whole_parsers(tmp_path):
+    """`tokenmill CMD --help` builds only CMD's options (its stage configs); each help text is
+    the one the whole parser gives, word for word."""
+    script = """
+import argparse, contextlib, io, json, sys
+from flows.cli import build_parser, main
+
+def commands(parser, words):
+    yield words, parser.format_help()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from commands(sub, [*words, name])
+
+out = {}
+for words, whole in commands(build_parser(None), []):
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown), contextlib.suppress(SystemExit):
+        main([*words, "--help"])
+    out[" ".join(words)] = [whole, shown.getvalue()]
+print(json.dumps(out))
+"""
+    env = _env(tmp_path / "h", COLUMNS="100")
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    helps = json.loads(proc.stdout)
+    assert {"", "tokenizer encode", "tokenizer decode", "run", "compare"} <= set(helps), sorted(helps)
+    differ = [words for words, (whole, shown) in helps.items() if whole != shown]
+    assert not differ, differ
+    assert "--special-as-text" in helps["tokenizer encode"][1] and "--vocab-size" in helps["tokenizer train"][1]
+
+
 def test_only_the_program_skips_the_collections_at_exit(tmp_path):
     script = """
 import gc, sys

@@ -93,6 +93,9 @@ def _disallowed_error(token: str, offset: int) -> ValueError:
 
 
 SpecialSet = Literal["all"] | Collection[str]
+# `encode`'s default allowed_special: told apart by identity on its fast path.
+_NONE_ALLOWED: frozenset[str] = frozenset()
+_SETS = (set, frozenset)
 
 
 class Tokenizer:
@@ -104,9 +107,10 @@ class Tokenizer:
 
     Its methods are tiktoken's `Encoding` API (same names, arguments, results and
     policies), plus array paths (`encode_to_numpy`, `encode_ordinary_batch_to_numpy`),
-    training and files. ``Tokenizer(**kwargs)`` also takes tiktoken's constructor keywords
-    (``name``, ``pat_str``, ``mergeable_ranks``, ``special_tokens``, ``explicit_n_vocab``)
-    for the three split patterns the core implements (gpt2/r50k/p50k, cl100k, o200k).
+    training and files. It is built as ``Tokenizer(ranks, pattern, special_tokens)`` or with
+    tiktoken's constructor, ``Tokenizer(name, pat_str=..., mergeable_ranks=...,
+    special_tokens=..., explicit_n_vocab=None)`` (the name positional or a keyword), for the
+    split patterns the core implements (gpt2/r50k/p50k, cl100k, o200k).
 
     Policies:
 
@@ -134,19 +138,35 @@ class Tokenizer:
 
     def __init__(
         self,
-        mergeable_ranks: Mapping[bytes, int],
+        ranks_or_name: Mapping[bytes, int] | str | None = None,
+        /,
         pattern: str = "cl100k",
         special_tokens: Mapping[str, int] | None = None,
         *,
+        mergeable_ranks: Mapping[bytes, int] | None = None,
         merges: Sequence[tuple[int, int, int]] | None = None,
         merge_counts: Sequence[int] | None = None,
-        name: str = "tokenmill",
+        name: str | None = None,
         pat_str: str | None = None,
         explicit_n_vocab: int | None = None,
         unit: str = "byte",
         unknown: str | None = None,
         lowercase: bool = False,
     ):
+        # The first argument is the ranks (``Tokenizer(ranks, "gpt2", specials)``) or, as in
+        # tiktoken's ``Encoding(name, *, pat_str, mergeable_ranks, special_tokens)``, the name.
+        if isinstance(ranks_or_name, str):
+            if name is not None:
+                raise TypeError("Tokenizer() got the name twice: as its first argument and as name=")
+            name = ranks_or_name
+        elif ranks_or_name is not None:
+            if mergeable_ranks is not None:
+                raise TypeError("Tokenizer() got the ranks twice: as its first argument and as mergeable_ranks=")
+            mergeable_ranks = ranks_or_name
+        if mergeable_ranks is None:
+            raise TypeError("Tokenizer() needs mergeable_ranks (token bytes -> id), as tiktoken's Encoding does")
+        if name is None:
+            name = "tokenmill"
         if pat_str is not None:
             pattern = _pattern_name(pat_str)
         self.pattern = check_pattern(pattern)
@@ -186,6 +206,10 @@ class Tokenizer:
                     f" {len(self.special_tokens)} special tokens, the largest id {self.max_token_value}"
                 )
         self._special_names = frozenset(self.special_tokens)
+        # What `encode` looks for before anything else: None, no special tokens (no text holds
+        # one); else the prefix all of them share ("<|" for tiktoken's), which a text holding
+        # any of them must contain ("" when they share none: every text must be searched).
+        self._special_prefix = _common_prefix(self._special_names) if self._special_names else None
         self._special_ids = frozenset(self.special_tokens.values())
         self._unknown_id = self.special_tokens[UNK] if self.unknown == "unk" else None
         # Custom regexes and the word unit's words are split in Python; the core then encodes
@@ -201,6 +225,10 @@ class Tokenizer:
                 else native._CORE.PATTERN_IDS[self.pattern]
             )
             self._encoder = native._CORE.Encoder(tokens, ranks, pattern_id, self.unit != "byte", self._unknown_id)
+        # text -> list of ids in one native call, where the core splits the text itself
+        self._encode_list = (
+            self._encoder.encode_ordinary_list if self._encoder is not None and not self._split_in_python else None
+        )
 
     def _validate(self) -> None:
         ranks = self.mergeable_ranks
@@ -509,15 +537,16 @@ class Tokenizer:
 
         The same as ``encode(text, disallowed_special=())``.
         """
-        if self._encoder is not None and not self._split_in_python:
+        encode_list = self._encode_list
+        if encode_list is not None:
             try:
-                return self._encoder.encode_ordinary_list(text)
+                return encode_list(text)
             except UnicodeEncodeError:  # lone surrogates: replaced below, as tiktoken does
                 pass
         return self._ordinary_array(ref.utf8(text)).tolist()
 
     def encode(
-        self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all"
+        self, text: str, *, allowed_special: SpecialSet = _NONE_ALLOWED, disallowed_special: SpecialSet = "all"
     ) -> list[int]:
         """Encode text into a list of ids.
 
@@ -530,6 +559,22 @@ class Tokenizer:
         Raises:
             ValueError: the text contains a disallowed special token.
         """
+        # A text without the special tokens' prefix holds none of them: whatever they allow, it
+        # encodes as ordinary text, with no policy to work out (policies that cannot raise only:
+        # every special disallowed or none, the allowed ones "all" or a set).
+        if (
+            type(text) is str
+            and (disallowed_special == "all" or disallowed_special == ())
+            and (allowed_special is _NONE_ALLOWED or type(allowed_special) in _SETS or allowed_special == "all")
+            and ((prefix := self._special_prefix) is None or prefix not in text)
+        ):
+            encode_list = self._encode_list
+            if encode_list is not None:
+                try:
+                    return encode_list(text)
+                except UnicodeEncodeError:  # lone surrogates: encode_ordinary replaces them
+                    pass
+            return self.encode_ordinary(text)
         allowed = self._allowed(text, allowed_special, disallowed_special)
         if not allowed:
             return self.encode_ordinary(text)

@@ -127,10 +127,12 @@ def peers_for(vocab: str, fresh: bool = False) -> tuple[list[Peer], list[str]]:
         import fastokens
 
         tok = fastokens.Tokenizer.from_tiktoken(path, pattern=pat)
+        # encode_ordinary returns an `Encoding` object whose ids become a list only on `.ids`:
+        # the list rows take them, as every other peer's call returns a list
         return Peer(
             "fastokens",
-            tok.encode_ordinary,
-            lambda d: [tok.encode_ordinary(x) for x in d],
+            lambda t: tok.encode_ordinary(t).ids,
+            lambda d: [tok.encode_ordinary(x).ids for x in d],
             lambda d, t: np.frombuffer(tok.encode_batch_flat(d)[0], np.uint32),
         )  # its own thread pool
 

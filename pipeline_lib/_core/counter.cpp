@@ -14,13 +14,29 @@ void PieceCounterCore::add(const uint8_t* data, size_t n) {
     int64_t pieces = 0;
     cancel::Poll& poll = cancel::current();
     size_t polled = 0;  // bytes handed to the poll so far, in steps of >= kPollBytes rather than per piece
+    Recent* const recent = recent_.data();
     // Inlined into the split loop: a call per piece costs as much as the lookup.
-    pretok::split_with(data, n, pattern_, [&](size_t b, size_t e) __attribute__((always_inline)) {
-        ++map_.get_or_insert(Key(data + b, e - b), int64_t{0});
+    pretok::split_with(data, n, pattern_, [&](size_t b, size_t e, auto ascii) __attribute__((always_inline)) {
         ++pieces;
         if (e - polled >= pretok::kPollBytes) {
             poll.tick(e - polled);
             polled = e;
+        }
+        if constexpr (decltype(ascii)::value) {
+            const uint8_t* p = data + b;
+            const size_t len = e - b;
+            const uint64_t head = detail::read64(p) & pretok::kAsciiKeyMasks.head[len];
+            const uint64_t tail = detail::read64(p + (len > 8 ? len - 8 : 0)) & pretok::kAsciiKeyMasks.tail[len];
+            Recent& r = recent[pretok::ascii_key_slot(head, tail, kRecentBits)];
+            if (r.len == len && r.head == head && r.tail == tail) {
+                ++map_.entries()[r.entry].value;
+                return;
+            }
+            int64_t& count = map_.get_or_insert(Key(p, len), int64_t{0});
+            ++count;
+            r = Recent{head, tail, static_cast<uint32_t>(len), static_cast<uint32_t>(map_.index_of(count))};
+        } else {
+            ++map_.get_or_insert(Key(data + b, e - b), int64_t{0});
         }
     });
     poll.tick(n - polled);

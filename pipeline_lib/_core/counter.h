@@ -32,6 +32,17 @@ private:
     int pattern_;
     BytesMap<int64_t> map_;
     int64_t total_ = 0;
+    // Recent ASCII pieces (pretok::ascii_piece_end's; <= 15 bytes): (first 8 bytes, last 8 bytes,
+    // length) -> their entry in map_, direct-mapped. A hit counts the piece without hashing it
+    // or probing the map, as the encoder's PieceCache::words gives ids.
+    struct Recent {
+        uint64_t head;
+        uint64_t tail;
+        uint32_t len;  // 0: empty
+        uint32_t entry;
+    };
+    static constexpr size_t kRecentBits = 13;
+    std::vector<Recent> recent_ = std::vector<Recent>(size_t{1} << kRecentBits, Recent{0, 0, 0, 0});
 };
 
 }  // namespace tokcore

@@ -613,14 +613,6 @@ void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint3
     bpe(piece, n, out, periodic);
 }
 
-namespace {
-// Slot of an ASCII piece in PieceCache::words: the top bits of a multiplicative hash.
-inline size_t word_slot(uint64_t head, uint64_t tail) {
-    static_assert(PieceCache::kWords == size_t{1} << 13, "the hash's top 13 bits");
-    return static_cast<size_t>(((head ^ (tail * 0xC2B2AE3D27D4EB4Full)) * 0x9E3779B97F4A7C15ull) >> 51);
-}
-}  // namespace
-
 void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const {
     size_t polled = 0;  // bytes handed to the poll so far, in steps of >= kPollBytes rather than per piece
     // Inlined into the split loop: most pieces are one token, found by one lookup.
@@ -676,10 +668,9 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
             if (words != nullptr) {
                 const uint8_t* p = data + b;
                 const size_t len = e - b;
-                const uint64_t first = detail::read64(p);
-                const uint64_t head = first & (~uint64_t{0} >> (64 - 8 * std::min<size_t>(len, 8)));
-                const uint64_t tail = len > 8 ? detail::read64(p + len - 8) : 0;
-                PieceCache::Word& w = words[word_slot(head, tail)];
+                const uint64_t head = detail::read64(p) & pretok::kAsciiKeyMasks.head[len];
+                const uint64_t tail = detail::read64(p + (len > 8 ? len - 8 : 0)) & pretok::kAsciiKeyMasks.tail[len];
+                PieceCache::Word& w = words[pretok::ascii_key_slot(head, tail, PieceCache::kWordBits)];
                 if (w.len == len && w.head == head && w.tail == tail) {
                     out.push_back(w.ids[0]);
                     for (size_t k = 1; k < w.count; ++k) out.push_back(w.ids[k]);

@@ -86,8 +86,8 @@ struct PieceCache {
         uint32_t ids[kWordIds];
     };
     static_assert(sizeof(Word) == 32);
-    static constexpr size_t kWords = 8192;
-    std::vector<Word> words = std::vector<Word>(kWords, Word{0, 0, 0, 0, {0, 0, 0}});
+    static constexpr unsigned kWordBits = 13;
+    std::vector<Word> words = std::vector<Word>(size_t{1} << kWordBits, Word{0, 0, 0, 0, {0, 0, 0}});
 
     static constexpr size_t kMaxEntries = size_t{1} << 19;
     static constexpr size_t kMaxIds = size_t{1} << 23;

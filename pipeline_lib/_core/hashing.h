@@ -133,6 +133,12 @@ public:
     const std::vector<Entry>& entries() const { return entries_; }
     std::vector<Entry>& entries() { return entries_; }
     const uint8_t* key_data(const Entry& e) const { return arena_.data() + e.off; }
+    // Index in entries() of the entry whose value is v (a reference get_or_insert returned).
+    size_t index_of(const V& v) const {
+        return static_cast<size_t>(reinterpret_cast<const char*>(&v) -
+                                   reinterpret_cast<const char*>(&entries_.front().value)) /
+               sizeof(Entry);
+    }
 
     // Value for the key, or nullptr. Lookups inline into the callers' loops; inserting does not.
     [[gnu::always_inline]] V* find(const Key& k) {

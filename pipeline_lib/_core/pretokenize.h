@@ -484,12 +484,10 @@ template <int Pattern>
     const uint32_t upper = v.range('A', 26), lower = v.range('a', 26);
     const uint32_t letters = upper | lower;
     const uint8_t b0 = p[0];
-    uint32_t start = 0;
-    if (!(letters & 1)) {
-        if (!(letters & 2) || !(kWordPrefix.bits[b0] & (Pattern == kCl100k ? 1 : 2)))
-            return ascii_nonword_end<Pattern>(v, letters, b0);
-        start = 1;
-    }
+    // The word starts at 1 after a prefix character, else at 0 (a letter there, or no word): one
+    // branch on "a word", not one on each way of being one, which text makes unpredictable.
+    const uint32_t start = (kWordPrefix.bits[b0] >> (Pattern == kCl100k ? 0 : 1)) & 1;
+    if (!((letters >> start) & 1)) return ascii_nonword_end<Pattern>(v, letters, b0);
     uint32_t end;
     if (Pattern == kCl100k) {
         const uint32_t after = ~letters & (0xFFFFu << start) & 0xFFFFu;  // non-letters from `start` on
@@ -502,6 +500,28 @@ template <int Pattern>
         if (end >= 16 || (((v.high() | v.equal('\'')) >> end) & 1)) return 0;
     }
     return end;
+}
+
+// Callers key an ASCII piece of n <= 15 bytes by two words loaded at its start and at its end:
+// head = first 8 bytes & head[n] (the bytes past the piece masked off), tail = last 8 bytes &
+// tail[n] (0 for n <= 8); with n they name the piece. The masks come from a table and the tail's
+// address from a conditional move: lengths vary from piece to piece, and a branch on them is
+// often mispredicted.
+struct AsciiKeyMasks {
+    uint64_t head[16], tail[16];
+    constexpr AsciiKeyMasks() : head{}, tail{} {
+        for (int n = 0; n < 16; ++n) {
+            head[n] = n >= 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * n)) - 1;
+            tail[n] = n > 8 ? ~uint64_t{0} : 0;
+        }
+    }
+};
+inline constexpr AsciiKeyMasks kAsciiKeyMasks{};
+
+// Slot of such a key in a direct-mapped table of 2^bits entries: the top bits of a
+// multiplicative hash.
+inline size_t ascii_key_slot(uint64_t head, uint64_t tail, unsigned bits) {
+    return static_cast<size_t>(((head ^ (tail * 0xC2B2AE3D27D4EB4Full)) * 0x9E3779B97F4A7C15ull) >> (64 - bits));
 }
 
 // Calls emit(begin, end) for each piece, or emit(begin, end, ascii) where `ascii` is
@@ -526,9 +546,9 @@ template <class Emit>
 template <int Pattern, class Emit>
 [[gnu::always_inline]] inline void split_ascii_first(const uint8_t* s, size_t n, Emit& emit) {
     size_t i = 0;
-    while (i < n) {
-        size_t e;
-        if (i + 16 < n && (e = ascii_piece_end<Pattern>(s + i)) != 0) {
+    while (i + 16 < n) {
+        size_t e = ascii_piece_end<Pattern>(s + i);
+        if (e != 0) {
             emit_piece(emit, i, i + e, true);
             i += e;
             continue;
@@ -536,6 +556,21 @@ template <int Pattern, class Emit>
         e = Pattern == kCl100k ? cl100k_piece(s, n, i) : o200k_piece(s, n, i);
         emit_piece(emit, i, e, false);
         i = e;
+    }
+    if (i >= n) return;
+    // The last <= 16 bytes (all of a short text): the scanner reads a copy padded with 0x80
+    // bytes, where every run it could not end itself declines (a non-ASCII byte follows), so the
+    // end of the text is left to the general functions (\s++$). The pieces go out as general
+    // ones: the 16 bytes after them are the copy's, not the text's.
+    uint8_t pad[32];
+    const size_t r = n - i;
+    std::memcpy(pad, s + i, r);
+    std::memset(pad + r, 0x80, sizeof pad - r);
+    for (size_t j = 0; j < r;) {
+        size_t e = ascii_piece_end<Pattern>(pad + j);
+        e = e != 0 ? i + j + e : Pattern == kCl100k ? cl100k_piece(s, n, i + j) : o200k_piece(s, n, i + j);
+        emit_piece(emit, i + j, e, false);
+        j = e - i;
     }
 }
 

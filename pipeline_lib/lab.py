@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.bpe_reference import END_OF_WORD
 from pipeline_lib.errors import InputError
+from pipeline_lib.token_stats import compression  # noqa: F401  (lab.compression, as before)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -85,18 +86,6 @@ def __getattr__(name: str) -> Any:
     value = getattr(lab_compare, name)
     globals()[name] = value
     return value
-
-
-def compression(text: str, n_tokens: int) -> dict[str, Any]:
-    """Tokens, characters, bytes, bytes/token and chars/token of `text` encoded in `n_tokens`."""
-    n_chars, n_bytes = len(text), len(text.encode("utf-8", "surrogatepass"))
-    return {
-        "tokens": n_tokens,
-        "chars": n_chars,
-        "bytes": n_bytes,
-        "bytes_per_token": n_bytes / max(1, n_tokens),
-        "chars_per_token": n_chars / max(1, n_tokens),
-    }
 
 
 # --------------------------------------------------------------------------- the shipped small corpora

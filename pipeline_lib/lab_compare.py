@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pipeline_lib.config import STRICT, check_vocab_sizes_limit, doc
 from pipeline_lib.errors import InputError
-from pipeline_lib.lab import compression
+from pipeline_lib.token_stats import compression
 
 if TYPE_CHECKING:
     from pipeline_lib.tokenizer import Tokenizer

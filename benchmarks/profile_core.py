@@ -2,6 +2,7 @@
 
     python benchmarks/profile_core.py CORPUS TOKENIZER_DIR [--mb 20] [--repeat 5]
     python benchmarks/profile_core.py CORPUS TOKENIZER_DIR --mb 3 --once encode   # under callgrind
+    python benchmarks/profile_core.py CORPUS cl100k_base --warm-mb 1 --mb 2 --once encode  # warm, unseen
 
 * count    `PieceCounter(pattern).add_batch(docs)`: pre-tokenize + count the distinct pieces;
 * encode   `Encoder.encode_ordinary_batch(docs, 1)`: pre-tokenize + BPE, one thread, with the
@@ -85,9 +86,18 @@ def main() -> int:
         "--core", metavar="FILE", help="import the native module from FILE (e.g. a build with -g, not stripped)"
     )
     ap.add_argument("--once", choices=("count", "encode"), help="run one loop once, print nothing (for a profiler)")
+    ap.add_argument(
+        "--warm-mb",
+        type=float,
+        default=0.0,
+        help="--once encode: first encode this many MB from the corpus's start in one call (EncoderCore::encode, "
+        "not encode_batch: a profiler toggled on encode_batch leaves it out), then the --mb after them: "
+        "warm caches, unseen text",
+    )
     args = ap.parse_args()
 
     with open(args.corpus, "rb") as f:
+        warm = f.read(int(args.warm_mb * 1e6))
         data = f.read(int(args.mb * 1e6))
     docs = documents(data, 1 << 16)
     tok = load_tokenizer(args.tokenizer)
@@ -108,6 +118,8 @@ def main() -> int:
         return 0
     if args.once == "encode":
         encoders.append(core.Encoder(tokens, ranks, pid))
+        if warm:
+            encoders[-1].encode_ordinary(warm)
         encode()
         return 0
 

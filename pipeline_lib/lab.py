@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.bpe_reference import END_OF_WORD
 from pipeline_lib.errors import InputError
-from pipeline_lib.token_stats import compression  # noqa: F401  (lab.compression, as before)
+from pipeline_lib.token_stats import compression, compression_of  # noqa: F401  (lab.compression, as before)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -558,13 +558,7 @@ def training_compression(tok: Tokenizer, pieces: Sequence[bytes], counts: Counts
         if len(weights)
         else 0
     )
-    return {
-        "tokens": n_tokens,
-        "chars": n_chars,
-        "bytes": n_bytes,
-        "bytes_per_token": n_bytes / max(1, n_tokens),
-        "chars_per_token": n_chars / max(1, n_tokens),
-    }
+    return compression_of(n_tokens, n_chars, n_bytes)
 
 
 def compression_line(c: Mapping[str, Any], what: str = "the training text") -> str:

@@ -364,13 +364,14 @@ inline size_t o200k_letters_upper(const uint8_t* s, size_t n, size_t p) {
 
 // ---- ASCII pieces, 16 bytes at a time --------------------------------------------------------
 // Most pieces of English text and source code are ASCII: a word with at most one character
-// before it (" the", "(self"), a run of punctuation (", ", ");\n"), of whitespace, or up to
+// before it (" the", "(self"), a run of punctuation ("," or ");\n"), of whitespace, or up to
 // three digits. ascii_piece_end finds such a piece from one 16-byte load and a few bit masks
 // and declines (returns 0) whenever a character it does not classify could decide the match:
 // a non-ASCII byte where the piece could go on (a letter, mark, digit, punctuation or space
 // of another script), an apostrophe that may start a contraction, or a run that reaches the
 // 16th byte. The caller then takes the general *_piece function; both give the same pieces
-// (tests/test_core_fastpaths.py compares them on random text).
+// (tests/test_core_fastpaths.py compares them on random text; tests/test_core_swar.py the
+// SSE2 and SWAR builds of the masks).
 
 // Bit k of each mask: byte k of the 16 at p is in the class.
 #if defined(__SSE2__) && !defined(TOKCORE_NO_SIMD)

@@ -544,6 +544,24 @@ template <class Emit>
     }
 }
 
+// The general end of the piece at i (no ASCII scanner).
+template <int Pattern>
+[[gnu::always_inline]] inline size_t piece_end(const uint8_t* s, size_t n, size_t i) {
+    if constexpr (Pattern == kGpt2) return gpt2_piece(s, n, i);
+    else if constexpr (Pattern == kCl100k) return cl100k_piece(s, n, i);
+    else return o200k_piece(s, n, i);
+}
+
+// Every piece from the general functions of `Pattern`.
+template <int Pattern, class Emit>
+[[gnu::always_inline]] inline void split_general(const uint8_t* s, size_t n, Emit& emit) {
+    for (size_t i = 0; i < n;) {
+        const size_t e = piece_end<Pattern>(s, n, i);
+        emit_piece(emit, i, e, false);
+        i = e;
+    }
+}
+
 template <int Pattern, class Emit>
 [[gnu::always_inline]] inline void split_ascii_first(const uint8_t* s, size_t n, Emit& emit) {
     size_t i = 0;
@@ -554,7 +572,7 @@ template <int Pattern, class Emit>
             i += e;
             continue;
         }
-        e = Pattern == kCl100k ? cl100k_piece(s, n, i) : o200k_piece(s, n, i);
+        e = piece_end<Pattern>(s, n, i);
         emit_piece(emit, i, e, false);
         i = e;
     }
@@ -569,7 +587,7 @@ template <int Pattern, class Emit>
     std::memset(pad + r, 0x80, sizeof pad - r);
     for (size_t j = 0; j < r;) {
         size_t e = ascii_piece_end<Pattern>(pad + j);
-        e = e != 0 ? i + j + e : Pattern == kCl100k ? cl100k_piece(s, n, i + j) : o200k_piece(s, n, i + j);
+        e = e != 0 ? i + j + e : piece_end<Pattern>(s, n, i + j);
         emit_piece(emit, i + j, e, false);
         j = e - i;
     }
@@ -577,39 +595,24 @@ template <int Pattern, class Emit>
 
 template <class Emit>
 inline void split_with(const uint8_t* s, size_t n, int pattern, Emit&& emit, bool ascii_first = true) {
-    size_t i = 0;
     switch (pattern) {
         case kGpt2:
-            while (i < n) {
-                const size_t e = gpt2_piece(s, n, i);
-                emit_piece(emit, i, e, false);
-                i = e;
-            }
+            split_general<kGpt2>(s, n, emit);
             break;
         case kCl100k:
-            if (ascii_first) {
+            if (ascii_first)
                 split_ascii_first<kCl100k>(s, n, emit);
-                break;
-            }
-            while (i < n) {
-                const size_t e = cl100k_piece(s, n, i);
-                emit_piece(emit, i, e, false);
-                i = e;
-            }
+            else
+                split_general<kCl100k>(s, n, emit);
             break;
         case kNoSplit:
             if (n > 0) emit_piece(emit, size_t{0}, n, false);
             break;
         default:
-            if (ascii_first) {
+            if (ascii_first)
                 split_ascii_first<kO200k>(s, n, emit);
-                break;
-            }
-            while (i < n) {
-                const size_t e = o200k_piece(s, n, i);
-                emit_piece(emit, i, e, false);
-                i = e;
-            }
+            else
+                split_general<kO200k>(s, n, emit);
             break;
     }
 }

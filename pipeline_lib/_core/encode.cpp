@@ -390,13 +390,8 @@ void EncoderCore::bpe_small(size_t n, First first, Pair pair, std::vector<uint32
         std::memmove(tok + at + 1, tok + at + 2, tail * sizeof(uint32_t));
         std::memmove(rk + at + 1, rk + at + 2, tail * sizeof(uint32_t));
         --m;
-        if (memo != nullptr) {
-            if (at + 1 < m) rk[at] = merged_memo(tok[at], tok[at + 1], *memo);
-            if (at > 0) rk[at - 1] = merged_memo(tok[at - 1], tok[at], *memo);
-        } else {
-            if (at + 1 < m) rk[at] = merged(tok[at], tok[at + 1]);
-            if (at > 0) rk[at - 1] = merged(tok[at - 1], tok[at]);
-        }
+        if (at + 1 < m) rk[at] = merged(tok[at], tok[at + 1], memo);
+        if (at > 0) rk[at - 1] = merged(tok[at - 1], tok[at], memo);
     }
     out.insert(out.end(), tok, tok + m);
 }
@@ -573,14 +568,14 @@ void EncoderCore::bpe_linked(size_t n, First first, Pair pair, Queue& queue, std
         if (a.nxt != end) {
             Node& c = nd[a.nxt];
             c.prv = k;
-            a.rk = memo != nullptr ? merged_memo(r, c.tok, *memo) : merged(r, c.tok);
+            a.rk = merged(r, c.tok, memo);
             if (a.rk != kNone) queue.push(a.rk, k);
         } else {
             a.rk = kNone;
         }
         if (a.prv != kNone) {
             Node& z = nd[a.prv];
-            z.rk = memo != nullptr ? merged_memo(z.tok, r, *memo) : merged(z.tok, r);
+            z.rk = merged(z.tok, r, memo);
             if (z.rk != kNone) queue.push(z.rk, a.prv);
         }
     }

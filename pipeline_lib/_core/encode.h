@@ -170,10 +170,12 @@ private:
         const uint64_t key = (static_cast<uint64_t>(left) << 32) | right;
         return merged_key(key, hash_u64(key));
     }
-    uint32_t merged_memo(uint32_t left, uint32_t right, PieceCache& memo) const {
+    // The same through the calling thread's memo of recent pairs, when there is one.
+    uint32_t merged(uint32_t left, uint32_t right, PieceCache* memo) const {
+        if (memo == nullptr) return merged(left, right);
         const uint64_t key = (static_cast<uint64_t>(left) << 32) | right;
         const uint64_t h = hash_u64(key);
-        PieceCache::PairMemo& m = memo.pair_memo[(h >> 40) & (PieceCache::kPairMemo - 1)];
+        PieceCache::PairMemo& m = memo->pair_memo[(h >> 40) & (PieceCache::kPairMemo - 1)];
         if (m.key == key) return m.rank;
         const uint32_t rank = merged_key(key, h);
         m = PieceCache::PairMemo{key, rank};

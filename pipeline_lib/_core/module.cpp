@@ -59,12 +59,18 @@ bool check_signals() {
     return PyErr_CheckSignals() != 0;
 }
 
+// Exit handlers run on the main thread and may still encode; after shutdown() other threads
+// may not start a call.
+bool on_main_thread() { return PyThread_get_thread_ident() == g_main_thread; }
+void refuse_after_shutdown(bool main) {
+    if (!main && g_shutdown.load()) throw Cancelled();
+}
+
 // Made with the GIL held, before the call releases it; destroyed with the GIL held again.
 struct CallScope : cancel::Scope {
-    CallScope() : CallScope(PyThread_get_thread_ident() == g_main_thread) {}
+    CallScope() : CallScope(on_main_thread()) {}
     explicit CallScope(bool main) : cancel::Scope(main ? &check_signals : nullptr) {
-        // exit handlers run on the main thread and may still encode; other threads may not
-        if (!main && g_shutdown.load()) throw Cancelled();
+        refuse_after_shutdown(main);
         g_running.fetch_add(1);
     }
     ~CallScope() { g_running.fetch_sub(1); }
@@ -539,8 +545,7 @@ nb::object encoder_encode_list(Encoder& self, nb::handle text) {
         // A short text (a chat message, a paragraph): microseconds under the GIL, so no
         // cancellation scope (its clock read and counters cost a tenth of encoding a sentence) and
         // no GIL round trip, and the ids go through this thread's scratch vector, not a new one.
-        if (g_shutdown.load(std::memory_order_relaxed) && PyThread_get_thread_ident() != g_main_thread)
-            throw Cancelled();  // as CallScope: after shutdown() only the main thread's exit handlers
+        refuse_after_shutdown(on_main_thread());  // as CallScope does
         thread_local std::vector<uint32_t> scratch;
         scratch.clear();
         auto cache = self.core->acquire_cache();

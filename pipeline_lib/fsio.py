@@ -207,16 +207,21 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
 _PLAIN_SUFFIXES = (".json", ".tiktoken", ".txt", ".bpe", ".gz")
 
 
+def plain_local_path(url: Any, storage_options: dict[str, Any]) -> str | None:
+    """The local path `url` names when it is a plain path (no protocol, no chained URL, no
+    storage options): such a path needs no fsspec. None otherwise."""
+    if storage_options or not isinstance(url, str) or "://" in url or "::" in url:
+        return None
+    return os.path.expanduser(url)
+
+
 def read_bytes(url: str, max_bytes: int | None = None, **storage_options: Any) -> bytes:
     """Read a whole (decompressed) file, refusing files larger than `max_bytes`."""
-    plain_local = (
-        not storage_options
-        and isinstance(url, str)
-        and "://" not in url
-        and "::" not in url
-        and url.endswith(_PLAIN_SUFFIXES)
-    )
-    fs, path = (None, os.path.expanduser(url)) if plain_local else filesystem(url, **storage_options)
+    local = plain_local_path(url, storage_options)
+    if local is not None and local.endswith(_PLAIN_SUFFIXES):
+        fs, path = None, local
+    else:
+        fs, path = filesystem(url, **storage_options)
     try:
         if fs is not None:
             opened = fs.open(path, "rb", compression="infer")

@@ -35,7 +35,7 @@ from typing import Any
 
 from pipeline_lib.errors import InputError
 from pipeline_lib.formats import gpt2_ranks
-from pipeline_lib.fsio import filesystem, read_bytes
+from pipeline_lib.fsio import filesystem, plain_local_path, read_bytes
 from pipeline_lib.tokenizer.core import ENDOFTEXT, Tokenizer
 from pipeline_lib.tokenizer.load import MAX_VOCAB_FILE_BYTES
 
@@ -318,11 +318,12 @@ def _ranks_at(
     url: str, ranks: _Ranks, where: str, storage_options: dict[str, Any], directory: bool = False
 ) -> dict[bytes, int]:
     """The ranks at `url`: a ranks file, or a directory holding one (or GPT-2's two files)."""
-    if storage_options or not isinstance(url, str) or "://" in url or "::" in url:
+    local = plain_local_path(url, storage_options)
+    if local is None:
         fs, p = filesystem(url, **storage_options)
         isdir, isfile = fs.isdir, fs.isfile
-    else:  # a plain local path: no fsspec to import (`read_bytes` reads it without too)
-        p, isdir, isfile = os.path.expanduser(url), os.path.isdir, os.path.isfile
+    else:  # no fsspec to import (`read_bytes` reads such a path without it too)
+        p, isdir, isfile = local, os.path.isdir, os.path.isfile
     if not (directory or isdir(p)):
         return _checked_ranks_file(url, ranks, storage_options)
     root = url.rstrip("/")

@@ -333,22 +333,23 @@ def split_docs(docs: list[str], n: int) -> list[list[str]]:
 
 def row_unseen(title: str, parts: list[tuple[dict[str, Callable[[], Any]], list[int], int]]) -> None:
     """Each peer called on text it has not seen: part 0 warms it up (and checks its ids), each
-    later part is timed once, interleaved (ours, peer, ours, peer, ...), its ids checked after
-    the timing. `parts`: (calls, expected ids, bytes) per part."""
+    later part is timed once per peer, the order of the peers turning from part to part, its ids
+    checked after the timing. `parts`: (calls, expected ids, bytes) per part; no other row may
+    time the same parts (a peer's cache would answer from the first row's calls)."""
     (first, expected, _), timed_parts = parts[0], parts[1:]
     not_ranked = {p: why for p, fn in first.items() if (why := ids_fault(fn, expected)) is not None}
     ranked = [p for p in first if p not in not_ranked]
     rates: dict[str, list[tuple[float, float]]] = {p: [] for p in ranked}
-    for calls_r, expected_r, nbytes in timed_parts:
-        for p in [q for q in ranked if q != "tokenmill"] or ["tokenmill"]:
-            for q in dict.fromkeys(["tokenmill", p]):
-                if q in not_ranked or q not in calls_r:
-                    continue
-                w, c, out = timed(calls_r[q])
-                if flat_ids(out) != expected_r:
-                    not_ranked[q] = "ids differ from tiktoken's on a later part"
-                    continue
-                rates[q].append((nbytes / 1e6 / w, nbytes / 1e6 / max(c, 1e-9)))
+    for i, (calls_r, expected_r, nbytes) in enumerate(timed_parts):
+        turn = i % max(1, len(ranked))
+        for q in ranked[turn:] + ranked[:turn]:
+            if q in not_ranked or q not in calls_r:
+                continue
+            w, c, out = timed(calls_r[q])
+            if flat_ids(out) != expected_r:
+                not_ranked[q] = "ids differ from tiktoken's on a later part"
+                continue
+            rates[q].append((nbytes / 1e6 / w, nbytes / 1e6 / max(c, 1e-9)))
     med = {
         p: (statistics.median(m for m, _ in r), statistics.median(c for _, c in r))
         for p, r in rates.items()
@@ -376,8 +377,9 @@ def main() -> None:
     ap.add_argument(
         "--unseen",
         action="store_true",
-        help="time every call on text the peer has not seen before (the corpus cut into --repeat + 1 parts; "
-        "part 0 warms each peer up): no result cached by an earlier run can answer",
+        help="time every call on text the peer has not seen before (the corpus cut into 1 + 4 x --repeat "
+        "parts; part 0 warms each peer up, each row times --repeat parts of its own, each peer once): no "
+        "result cached by an earlier call can answer",
     )
     ap.add_argument(
         "--fresh",
@@ -406,23 +408,26 @@ def main() -> None:
             docs = [d for d in text.split("\n\n") if d]
             label, nbytes = os.path.basename(path), len(text.encode())
             if args.unseen:
-                parts = split_docs(docs, args.repeat + 1)
-                texts = ["\n\n".join(part) for part in parts]
-                sizes = [len(t.encode()) for t in texts]
-                whole = [reference.whole(t) for t in texts]
-                per_doc = [[i for d in part for i in reference.whole(d)] for part in parts]
-                for kind, title, arg in [
+                rows = [
                     ("whole", "one whole text (list out)", None),
                     ("docs", "one call per document (list out)", None),
                     ("numpy_batch", "batch to numpy, 1 thread", 1),
                     ("numpy_batch", "batch, 2 threads", 2),
-                ]:
+                ]
+                # Part 0 warms every peer up; then each row times parts of its own.
+                parts = split_docs(docs, 1 + len(rows) * args.repeat)
+                texts = ["\n\n".join(part) for part in parts]
+                sizes = [len(t.encode()) for t in texts]
+                whole = [reference.whole(t) for t in texts]
+                per_doc = [[i for d in part for i in reference.whole(d)] for part in parts]
+                for r, (kind, title, arg) in enumerate(rows):
+                    own = [0, *range(1 + r * args.repeat, 1 + (r + 1) * args.repeat)]
                     inputs = texts if kind == "whole" else parts
                     expected = whole if kind == "whole" else per_doc
                     extra = () if arg is None else (arg,)
                     row_unseen(
                         f"{label}, {vocab}, {title}",
-                        [(calls(peers, kind, x, *extra), e, n) for x, e, n in zip(inputs, expected, sizes)],
+                        [(calls(peers, kind, inputs[k], *extra), expected[k], sizes[k]) for k in own],
                     )
                 continue
             whole_ids = reference.whole(text)

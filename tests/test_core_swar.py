@@ -61,3 +61,75 @@ def test_sse2_and_swar_scanners_agree(tmp_path):
     decided, mismatches = map(int, run.stdout.split())
     assert decided > 100_000  # the windows exercise the scanner, not only its declining
     assert mismatches == 0
+
+
+MERGE_STEPS = """
+#include "small_merge.h"
+size_t NAME_lowest(const uint32_t* rk, size_t pairs, uint32_t& best) {
+    return tokcore::small_merge::lowest_pair(rk, pairs, best);
+}
+void NAME_shift(uint32_t* a, size_t i, size_t end) { tokcore::small_merge::shift_down(a, i, end); }
+"""
+
+MERGE_MAIN = r"""
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+size_t simd_lowest(const uint32_t*, size_t, uint32_t&); size_t swar_lowest(const uint32_t*, size_t, uint32_t&);
+void simd_shift(uint32_t*, size_t, size_t); void swar_shift(uint32_t*, size_t, size_t);
+int main() {
+    std::mt19937 rng(11);
+    long wrong = 0, ties = 0;
+    for (int it = 0; it < 200000; ++it) {
+        const size_t pairs = 1 + rng() % 64;
+        uint32_t rk[64 + 8];
+        // few distinct ranks (ties), ranks with the top bit set, and "no pair"
+        const uint32_t span = rng() % 2 ? 4 : 0xFFFFFFFFu;
+        for (size_t k = 0; k < pairs; ++k) {
+            const uint32_t high = 0x80000000u + rng() % 4;
+            rk[k] = rng() % 8 == 0 ? 0xFFFFFFFFu : (rng() % 16 == 0 ? high : rng() % span);
+        }
+        for (size_t k = pairs; k < 64 + 8; ++k) rk[k] = 0xFFFFFFFFu;
+        uint32_t want = 0xFFFFFFFFu;
+        size_t want_at = 0;
+        for (size_t k = 0; k < pairs; ++k)
+            if (rk[k] < want) want = rk[k], want_at = k;
+        size_t same = 0;
+        for (size_t k = 0; k < pairs; ++k) same += rk[k] == want ? 1 : 0;
+        ties += same > 1;
+        uint32_t a = 0, b = 0;
+        const size_t at_a = simd_lowest(rk, pairs, a), at_b = swar_lowest(rk, pairs, b);
+        if (a != want || b != want || (want != 0xFFFFFFFFu && (at_a != want_at || at_b != want_at))) ++wrong;
+        // the shift: entries before `end` move down by one, whatever the build
+        uint32_t x[64 + 8], y[64 + 8], z[64 + 8];
+        for (size_t k = 0; k < 64 + 8; ++k) x[k] = y[k] = z[k] = static_cast<uint32_t>(rng());
+        const size_t end = rng() % 64, i = end == 0 ? 0 : rng() % (end + 1);
+        simd_shift(x, i, end);
+        swar_shift(y, i, end);
+        for (size_t k = i; k < end; ++k) z[k] = z[k + 1];
+        if (std::memcmp(x, z, end * sizeof(uint32_t)) != 0 || std::memcmp(y, z, end * sizeof(uint32_t)) != 0) ++wrong;
+    }
+    std::printf("%ld %ld\n", ties, wrong);
+    return 0;
+}
+"""
+
+
+def test_small_merge_steps_agree_with_a_plain_scan(tmp_path):
+    """The short-piece BPE's lowest-pair scan (leftmost on ties, unsigned order) and its shift,
+    in the SSE2 build and the plain one, against the obvious loops."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    assert cxx, "a C++ compiler is needed (the core is built with one)"
+    (tmp_path / "simd.cpp").write_text(MERGE_STEPS.replace("NAME", "simd"))
+    (tmp_path / "swar.cpp").write_text(MERGE_STEPS.replace("NAME", "swar"))
+    (tmp_path / "main.cpp").write_text(MERGE_MAIN)
+    flags = ["-O1", "-std=c++17", f"-I{CORE}"]
+    subprocess.run([cxx, *flags, "-c", "simd.cpp"], cwd=tmp_path, check=True)
+    subprocess.run([cxx, *flags, "-DTOKCORE_NO_SIMD", "-c", "swar.cpp"], cwd=tmp_path, check=True)
+    subprocess.run([cxx, *flags, "main.cpp", "simd.o", "swar.o", "-o", "compare"], cwd=tmp_path, check=True)
+    run = subprocess.run([tmp_path / "compare"], capture_output=True, text=True, check=True)
+    ties, wrong = map(int, run.stdout.split())
+    assert ties > 10_000  # leftmost-on-ties is exercised
+    assert wrong == 0

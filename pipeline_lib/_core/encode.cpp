@@ -13,6 +13,7 @@
 
 #include "cancel.h"
 #include "pretokenize.h"
+#include "small_merge.h"
 
 namespace tokcore {
 
@@ -366,31 +367,27 @@ void EncoderCore::bpe_chars(const uint8_t* p, size_t n, std::vector<uint32_t>& o
 
 template <class First, class Pair>
 void EncoderCore::bpe_small(size_t n, First first, Pair pair, std::vector<uint32_t>& out, PieceCache* memo) const {
-    uint32_t tok[kSmallPiece];
-    uint32_t rk[kSmallPiece];  // rk[k]: rank of merging tok[k] with tok[k + 1], kNone if none
+    uint32_t tok[kSmallPiece + small_merge::kPad];
+    uint32_t rk[kSmallPiece + small_merge::kPad];  // rk[k]: rank of merging tok[k] with tok[k + 1], kNone if none
+    if (n < 2) {  // callers send longer pieces; the padding below starts at rk[n - 1]
+        if (n == 1) out.push_back(first(0));
+        return;
+    }
     size_t m = n;
     for (size_t k = 0; k < n; ++k) tok[k] = first(k);
     for (size_t k = 0; k + 1 < m; ++k) rk[k] = pair(k);
+    std::memset(tok + n, 0, small_merge::kPad * sizeof(uint32_t));
+    std::memset(rk + n - 1, 0xFF, small_merge::kPad * sizeof(uint32_t));  // kNone
     while (m > 1) {
-        // Branch-free (conditional moves): which pair is lowest changes from step to step, and a
-        // branch on it was mispredicted about once per pair looked at (callgrind --branch-sim,
-        // new multilingual text: ~a fifth of the encoder's mispredictions).
-        uint32_t best = kNone;
-        size_t at = 0;
-        for (size_t k = 0; k + 1 < m; ++k) {
-            const uint32_t r = rk[k];
-            const bool lower = r < best;
-            best = lower ? r : best;
-            at = lower ? k : at;
-        }
+        uint32_t best;
+        const size_t at = small_merge::lowest_pair(rk, m - 1, best);
         if (best == kNone) break;
         tok[at] = best;
-        // drop element at + 1; rk[at + 1 ..] shift down with it
-        const size_t tail = m - at - 2;
-        std::memmove(tok + at + 1, tok + at + 2, tail * sizeof(uint32_t));
-        std::memmove(rk + at + 1, rk + at + 2, tail * sizeof(uint32_t));
+        // drop token at + 1 and pair at + 1; kNone moves down into the last pair's place
+        small_merge::shift_down(tok, at + 1, m - 1);
+        small_merge::shift_down(rk, at + 1, m - 1);
         --m;
-        if (at + 1 < m) rk[at] = merged(tok[at], tok[at + 1], memo);
+        rk[at] = at + 1 < m ? merged(tok[at], tok[at + 1], memo) : kNone;
         if (at > 0) rk[at - 1] = merged(tok[at - 1], tok[at], memo);
     }
     out.insert(out.end(), tok, tok + m);

@@ -41,7 +41,7 @@ private:
         uint32_t len;  // 0: empty
         uint32_t entry;
     };
-    static constexpr size_t kRecentBits = 13;
+    static constexpr size_t kRecentBits = 15;
     std::vector<Recent> recent_ = std::vector<Recent>(size_t{1} << kRecentBits, Recent{0, 0, 0, 0});
 };
 

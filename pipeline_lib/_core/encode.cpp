@@ -813,7 +813,11 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
                 if (!helper && take != nullptr) hand_over();
                 if ((c = next.fetch_add(1)) >= nchunks) break;
                 std::vector<uint32_t>& out = chunk_ids[c];
-                out.reserve(kChunkBytes / 4);
+                // A third of an id per byte is more than English or code takes: a chunk of one
+                // long document (a block of a file) then grows its vector once at most.
+                size_t chunk_bytes = 0;
+                for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) chunk_bytes += lens[d];
+                out.reserve(chunk_bytes / 3 + 16);
                 for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) {
                     const size_t before = out.size();
                     encode(docs[d], lens[d], out, cache.get());

@@ -916,6 +916,16 @@ NB_MODULE(_tokcore, m) {
                                   "encode_ordinary_batch() for documents given as one buffer and their offsets: "
                                   "(ids uint32, offsets uint64 of len(offsets)); ValueError on offsets that are "
                                   "not non-decreasing indices into data.");
+    m.def(
+        "utf8_chars",
+        [](nb::handle data_obj) {
+            ByteView data(data_obj);
+            nb::gil_scoped_release release;
+            return utf8_chars(data.data(), data.size());
+        },
+        nb::arg("data"),
+        "Code points in a bytes-like object if it is valid UTF-8 (as Python's strict codec sees it), "
+        "else -1 (GIL released).");
     m.def("sha256_documents", &sha256_documents, nb::arg("data"), nb::arg("offsets"), nb::arg("portable") = false,
           "SHA-256 digest of each document data[offsets[k]:offsets[k + 1]], concatenated (32 bytes each; GIL "
           "released). portable: without the CPU's SHA instructions even where it has them (for tests).");

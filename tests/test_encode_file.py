@@ -41,6 +41,38 @@ def test_the_pieces_of_a_text_are_those_of_its_blocks(text, pattern):
     assert [p for b in blocks for p in tok._split(b)] == tok._split(data) == whole
 
 
+BLOCK_TEXTS = st.lists(
+    st.sampled_from(["ab", "x\n", "y\r\n", "\n", " ", "é", "z" * 40]), min_size=10, max_size=120
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=BLOCK_TEXTS, round_bytes=st.integers(1, 64), pattern=st.sampled_from(["gpt2", "cl100k"]))
+def test_the_blocks_of_a_file_are_the_file_cut_at_safe_points(tmp_path_factory, text, round_bytes, pattern):
+    """`_safe_blocks` (two buffers taken in turn): the blocks put together are the file, each ends
+    at a safe cut or at the end, and a block is intact while the next one is read, as the
+    command uses them (it encodes a block while the next is read)."""
+    from pipeline_lib.tokenizer.core import _SAFE_CUT, _SAFE_CUT_GPT2, _safe_blocks
+
+    data = text.encode()
+    path = tmp_path_factory.mktemp("blocks") / "f.txt"
+    path.write_bytes(data)
+    cuts = set(safe_cuts(data, pattern))
+    got: list[bytes] = []
+    with open(path, "rb") as f:
+        blocks = _safe_blocks(f, round_bytes, _SAFE_CUT_GPT2 if pattern == "gpt2" else _SAFE_CUT)
+        held = next(blocks, None)
+        while held is not None:
+            before = bytes(held)
+            following = next(blocks, None)  # read while `held` is in use
+            assert bytes(held) == before
+            got.append(before)
+            held = following
+    assert b"".join(got) == data
+    ends = list(np.cumsum([len(b) for b in got]))
+    assert all(e in cuts for e in ends[:-1]) and all(len(b) > 0 for b in got)
+
+
 def test_a_crlf_is_a_cut_for_cl100k_and_o200k_but_not_gpt2():
     assert safe_cuts(b"ab\r\ncd\nef", "cl100k") == [4, 7]
     assert safe_cuts(b"ab\r\ncd\nef", "gpt2") == [7]

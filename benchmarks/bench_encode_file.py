@@ -112,13 +112,21 @@ def main() -> None:
     ap.add_argument("files", nargs="+")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--encoding", default="cl100k_base", choices=list(PATTERNS))
+    ap.add_argument(
+        "--peers",
+        nargs="*",
+        choices=list(PEER_MODULES),
+        default=list(PEER_MODULES),
+        help="peers to run (default all; those reading the file into a str take ~15-20 bytes per input byte)",
+    )
     args = ap.parse_args()
     import importlib.util
 
     ranks = ranks_file(args.encoding)
     peers, skipped = [], []
     for name, module in PEER_MODULES.items():
-        (peers if importlib.util.find_spec(module) else skipped).append(name)
+        if name in args.peers:
+            (peers if importlib.util.find_spec(module) else skipped).append(name)
     print(f"{os.cpu_count()} CPUs, encoding {args.encoding}; peers {', '.join(peers) or 'none'}", flush=True)
     for name in skipped:
         print(f"  skipped {name}: not installed")

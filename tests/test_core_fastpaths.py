@@ -249,3 +249,19 @@ def test_ascii_pieces_table_gives_tiktoken_ids(real_encodings, texts):
         for text in texts + ["".join(texts) * 3]:
             assert ours.encode_ordinary(text) == theirs.encode_ordinary(text)
         assert ours.encode_ordinary_batch(texts, num_threads=1) == [theirs.encode_ordinary(t) for t in texts]
+
+
+def test_ascii_pieces_of_many_ids_and_single_tokens_again_and_again(real_encodings):
+    """ASCII pieces that are one token (the vocabulary's ASCII index) and pieces of more ids than
+    a table entry holds (the entry sends them to the piece cache), each seen many times."""
+    rng = random.Random(5)
+    many_ids = ["".join(rng.choice("qxzjvkwfp") for _ in range(rng.randint(8, 15))) for _ in range(300)]
+    for ours, theirs in real_encodings:
+        assert any(len(theirs.encode_ordinary(w)) > 3 for w in many_ids)
+        words = [w.decode() for w in ours._mergeable_ranks if 1 < len(w) <= 15 and w.isascii() and w.isalpha()][:3000]
+        text = " ".join(rng.choice(many_ids + words) for _ in range(20_000))
+        assert ours.encode_ordinary(text) == theirs.encode_ordinary(text)
+        assert ours.encode_ordinary_batch([text[:5000], text], num_threads=1) == [
+            theirs.encode_ordinary(text[:5000]),
+            theirs.encode_ordinary(text),
+        ]

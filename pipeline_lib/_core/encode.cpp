@@ -239,6 +239,32 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
             const uint32_t* v = pairs_.find((static_cast<uint64_t>(byte_rank_[a]) << 32) | byte_rank_[b]);
             if (v) byte_pairs_[(a << 8) | b] = *v;
         }
+    index_ascii_tokens(tokens, ranks);
+}
+
+void EncoderCore::index_ascii_tokens(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks) {
+    size_t count = 0;
+    auto is_ascii_piece = [](const std::string& t) {
+        return t.size() <= 15 && std::all_of(t.begin(), t.end(), [](char c) { return static_cast<uint8_t>(c) < 0x80; });
+    };
+    for (const std::string& t : tokens) count += is_ascii_piece(t) ? 1 : 0;
+    ascii_bits_ = 4;
+    while ((size_t{1} << ascii_bits_) < 2 * count) ++ascii_bits_;
+    ascii_mask_ = (size_t{1} << ascii_bits_) - 1;
+    ascii_tokens_.assign(size_t{1} << ascii_bits_, AsciiToken{0, 0, 0, 0});
+    for (size_t k = 0; k < tokens.size(); ++k) {
+        const std::string& t = tokens[k];
+        if (!is_ascii_piece(t)) continue;
+        // the key of the piece's bytes as the encoder loads them: zero past the piece
+        uint8_t bytes[16] = {};
+        std::memcpy(bytes, t.data(), t.size());
+        const size_t n = t.size();
+        const uint64_t head = detail::read64(bytes);
+        const uint64_t tail = n > 8 ? detail::read64(bytes + n - 8) : 0;
+        size_t i = pretok::ascii_key_slot(head, tail, ascii_bits_);
+        while (ascii_tokens_[i].len != 0) i = (i + 1) & ascii_mask_;
+        ascii_tokens_[i] = AsciiToken{head, tail, static_cast<uint32_t>(n), ranks[k]};
+    }
 }
 
 void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out, bool periodic, PieceCache* memo) const {
@@ -667,20 +693,27 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
                 const uint64_t tail = detail::read64(p + (len > 8 ? len - 8 : 0)) & pretok::kAsciiKeyMasks.tail[len];
                 PieceCache::Word& w = words[pretok::ascii_key_slot(head, tail, PieceCache::kWordBits)];
                 if (w.len == len && w.head == head && w.tail == tail) {
+                    if (__builtin_expect(w.count == 0, 0)) {  // more ids than an entry holds
+                        encode_merged(Key(p, len), out, cache);
+                        return;
+                    }
                     out.push_back(w.ids[0]);
                     for (size_t k = 1; k < w.count; ++k) out.push_back(w.ids[k]);
                     return;
                 }
                 const size_t before = out.size();
-                piece(b, e);
-                const size_t count = out.size() - before;
-                if (count <= PieceCache::kWordIds) {
-                    w.head = head;
-                    w.tail = tail;
-                    w.len = static_cast<uint16_t>(len);
-                    w.count = static_cast<uint16_t>(count);
-                    for (size_t k = 0; k < count; ++k) w.ids[k] = out[before + k];
+                const uint32_t id = ascii_token(head, tail, len);
+                if (id != kNone) {
+                    out.push_back(id);
+                } else {
+                    encode_merged(Key(p, len), out, cache);  // no token: cached ids, or BPE
                 }
+                const size_t count = out.size() - before;
+                w.head = head;
+                w.tail = tail;
+                w.len = static_cast<uint16_t>(len);
+                w.count = static_cast<uint16_t>(count <= PieceCache::kWordIds ? count : 0);
+                for (size_t k = 0; k < w.count; ++k) w.ids[k] = out[before + k];
                 return;
             }
         }

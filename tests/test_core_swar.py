@@ -47,18 +47,24 @@ int main() {
 """
 
 
-def test_sse2_and_swar_scanners_agree(tmp_path):
+def run_both_builds(tmp_path, code: str, main: str) -> list[int]:
+    """`code` compiled twice, NAME_ functions as simd_ (SSE2) and swar_ (TOKCORE_NO_SIMD), linked
+    with `main`, run: the integers it prints."""
     cxx = shutil.which("g++") or shutil.which("c++")
     assert cxx, "a C++ compiler is needed (the core is built with one)"
-    (tmp_path / "simd.cpp").write_text(SCANNER.replace("NAME", "simd"))
-    (tmp_path / "swar.cpp").write_text(SCANNER.replace("NAME", "swar"))
-    (tmp_path / "main.cpp").write_text(MAIN)
+    (tmp_path / "simd.cpp").write_text(code.replace("NAME", "simd"))
+    (tmp_path / "swar.cpp").write_text(code.replace("NAME", "swar"))
+    (tmp_path / "main.cpp").write_text(main)
     flags = ["-O1", "-std=c++17", f"-I{CORE}"]
     subprocess.run([cxx, *flags, "-c", "simd.cpp"], cwd=tmp_path, check=True)
     subprocess.run([cxx, *flags, "-DTOKCORE_NO_SIMD", "-c", "swar.cpp"], cwd=tmp_path, check=True)
     subprocess.run([cxx, *flags, "main.cpp", "simd.o", "swar.o", "-o", "compare"], cwd=tmp_path, check=True)
     run = subprocess.run([tmp_path / "compare"], capture_output=True, text=True, check=True)
-    decided, mismatches = map(int, run.stdout.split())
+    return [int(x) for x in run.stdout.split()]
+
+
+def test_sse2_and_swar_scanners_agree(tmp_path):
+    decided, mismatches = run_both_builds(tmp_path, SCANNER, MAIN)
     assert decided > 100_000  # the windows exercise the scanner, not only its declining
     assert mismatches == 0
 
@@ -120,16 +126,6 @@ int main() {
 def test_small_merge_steps_agree_with_a_plain_scan(tmp_path):
     """The short-piece BPE's lowest-pair scan (leftmost on ties, unsigned order) and its shift,
     in the SSE2 build and the plain one, against the obvious loops."""
-    cxx = shutil.which("g++") or shutil.which("c++")
-    assert cxx, "a C++ compiler is needed (the core is built with one)"
-    (tmp_path / "simd.cpp").write_text(MERGE_STEPS.replace("NAME", "simd"))
-    (tmp_path / "swar.cpp").write_text(MERGE_STEPS.replace("NAME", "swar"))
-    (tmp_path / "main.cpp").write_text(MERGE_MAIN)
-    flags = ["-O1", "-std=c++17", f"-I{CORE}"]
-    subprocess.run([cxx, *flags, "-c", "simd.cpp"], cwd=tmp_path, check=True)
-    subprocess.run([cxx, *flags, "-DTOKCORE_NO_SIMD", "-c", "swar.cpp"], cwd=tmp_path, check=True)
-    subprocess.run([cxx, *flags, "main.cpp", "simd.o", "swar.o", "-o", "compare"], cwd=tmp_path, check=True)
-    run = subprocess.run([tmp_path / "compare"], capture_output=True, text=True, check=True)
-    ties, wrong = map(int, run.stdout.split())
+    ties, wrong = run_both_builds(tmp_path, MERGE_STEPS, MERGE_MAIN)
     assert ties > 10_000  # leftmost-on-ties is exercised
     assert wrong == 0

@@ -5,9 +5,11 @@
 Each build runs in a process of its own (the module cannot be loaded twice in one), and the two
 are driven in turn, part by part: the corpus is cut into 8 parts at blank lines, and for each of
 three calls (one whole text to a list, one call per document to lists, a batch to NumPy on one
-thread) each process encodes part k, then the other does, the order swapping from part to part.
-A fresh encoder per call, so the parts are text it has not seen (part 0, untimed, warms it up);
-with --warm it first encodes the whole corpus, so every part is a second pass. The measure is
+thread, or on --threads N by wall time) each process encodes part k, then the other does, the
+order swapping from part to part.
+Fresh processes each round, and a fresh encoder per call, so the parts are text it has not seen
+(part 0, untimed, warms it up); with --warm it first encodes the whole corpus, so every part is
+a second pass. The measure is
 MB of the part per CPU-second of its call; printed: each build's median and the median of the
 pairwise ratios B/A, which the machine's drift from minute to minute moves the least. Build the
 two .so files with the `Prof` build of docs/performance.md ("Measuring"), one per change.
@@ -41,6 +43,7 @@ parts = [docs[i * len(docs) // 8 : (i + 1) * len(docs) // 8] for i in range(8)]
 sizes = [sum(len(d.encode()) for d in p) / 1e6 for p in parts]
 wholes = ["\n\n".join(p) for p in parts]
 warm = sys.argv[4] == "1"
+threads = int(sys.argv[6])
 encoders = {}
 for line in sys.stdin:
     mode, k = line.split()
@@ -55,11 +58,12 @@ for line in sys.stdin:
     call = {
         "whole": lambda: enc.encode_ordinary(whole),
         "docs": lambda: [enc.encode_ordinary(d) for d in part],
-        "numpy": lambda: enc.encode_ordinary_batch_to_numpy(part, num_threads=1),
+        "numpy": lambda: enc.encode_ordinary_batch_to_numpy(part, num_threads=threads),
     }[mode]
-    t0 = time.process_time()
+    clock = time.perf_counter if mode == "numpy" and threads > 1 else time.process_time
+    t0 = clock()
     out = call()
-    seconds = time.process_time() - t0
+    seconds = clock() - t0
     del out
     print(json.dumps(sizes[k] / max(seconds, 1e-9)), flush=True)
 """
@@ -73,18 +77,22 @@ def main() -> None:
     ap.add_argument("--corpus", default=os.path.join(ROOT, "pipeline_lib", "data", "tinyshakespeare.txt"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warm", action="store_true", help="every part a second pass (the corpus encoded first)")
+    ap.add_argument("--threads", type=int, default=1, help="threads of the NumPy batch (> 1: MB per wall second)")
     args = ap.parse_args()
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-c", WORKER, path, args.encoding, args.corpus, "1" if args.warm else "0", ROOT],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for name, path in (("A", args.a), ("B", args.b))
-    }
-    rates: dict[str, dict[str, list[float]]] = {name: {m: [] for m in MODES} for name in procs}
+    rates: dict[str, dict[str, list[float]]] = {name: {m: [] for m in MODES} for name in "AB"}
     for rnd in range(args.rounds):
+        # New processes each round: fresh encoders, and the layout of a process in memory (which
+        # moved one build's rate by up to a third against the same code) drawn anew.
+        procs = {
+            name: subprocess.Popen(
+                [sys.executable, "-c", WORKER, path, args.encoding, args.corpus, "1" if args.warm else "0", ROOT]
+                + [str(args.threads)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for name, path in (("A", args.a), ("B", args.b))
+        }
         for mode in MODES:
             for k in range(8):
                 for name in "AB" if (k + rnd) % 2 == 0 else "BA":
@@ -95,13 +103,14 @@ def main() -> None:
                     rate = json.loads(stdout.readline())
                     if k > 0 or args.warm:
                         rates[name][mode].append(rate)
-    for proc in procs.values():
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait()
+        for proc in procs.values():
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait()
     print(
         f"{args.encoding}, {os.path.basename(args.corpus)}, {'second pass' if args.warm else 'unseen text'}, "
         f"load {os.getloadavg()[0]:.2f}: MB per CPU-second"
+        + (f" (numpy: {args.threads} threads, MB per wall second)" if args.threads > 1 else "")
     )
     for mode in MODES:
         a, b = rates["A"][mode], rates["B"][mode]

@@ -239,32 +239,6 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
             const uint32_t* v = pairs_.find((static_cast<uint64_t>(byte_rank_[a]) << 32) | byte_rank_[b]);
             if (v) byte_pairs_[(a << 8) | b] = *v;
         }
-    index_ascii_tokens(tokens, ranks);
-}
-
-void EncoderCore::index_ascii_tokens(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks) {
-    size_t count = 0;
-    auto is_ascii_piece = [](const std::string& t) {
-        return t.size() <= 15 && std::all_of(t.begin(), t.end(), [](char c) { return static_cast<uint8_t>(c) < 0x80; });
-    };
-    for (const std::string& t : tokens) count += is_ascii_piece(t) ? 1 : 0;
-    ascii_bits_ = 4;
-    while ((size_t{1} << ascii_bits_) < 2 * count) ++ascii_bits_;
-    ascii_mask_ = (size_t{1} << ascii_bits_) - 1;
-    ascii_tokens_.assign(size_t{1} << ascii_bits_, AsciiToken{0, 0, 0, 0});
-    for (size_t k = 0; k < tokens.size(); ++k) {
-        const std::string& t = tokens[k];
-        if (!is_ascii_piece(t)) continue;
-        // the key of the piece's bytes as the encoder loads them: zero past the piece
-        uint8_t bytes[16] = {};
-        std::memcpy(bytes, t.data(), t.size());
-        const size_t n = t.size();
-        const uint64_t head = detail::read64(bytes);
-        const uint64_t tail = n > 8 ? detail::read64(bytes + n - 8) : 0;
-        size_t i = pretok::ascii_key_slot(head, tail, ascii_bits_);
-        while (ascii_tokens_[i].len != 0) i = (i + 1) & ascii_mask_;
-        ascii_tokens_[i] = AsciiToken{head, tail, static_cast<uint32_t>(n), ranks[k]};
-    }
 }
 
 void EncoderCore::bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out, bool periodic, PieceCache* memo) const {
@@ -693,27 +667,20 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
                 const uint64_t tail = detail::read64(p + (len > 8 ? len - 8 : 0)) & pretok::kAsciiKeyMasks.tail[len];
                 PieceCache::Word& w = words[pretok::ascii_key_slot(head, tail, PieceCache::kWordBits)];
                 if (w.len == len && w.head == head && w.tail == tail) {
-                    if (__builtin_expect(w.count == 0, 0)) {  // more ids than an entry holds
-                        encode_merged(Key(p, len), out, cache);
-                        return;
-                    }
                     out.push_back(w.ids[0]);
                     for (size_t k = 1; k < w.count; ++k) out.push_back(w.ids[k]);
                     return;
                 }
                 const size_t before = out.size();
-                const uint32_t id = ascii_token(head, tail, len);
-                if (id != kNone) {
-                    out.push_back(id);
-                } else {
-                    encode_merged(Key(p, len), out, cache);  // no token: cached ids, or BPE
-                }
+                piece(b, e);
                 const size_t count = out.size() - before;
-                w.head = head;
-                w.tail = tail;
-                w.len = static_cast<uint16_t>(len);
-                w.count = static_cast<uint16_t>(count <= PieceCache::kWordIds ? count : 0);
-                for (size_t k = 0; k < w.count; ++k) w.ids[k] = out[before + k];
+                if (count <= PieceCache::kWordIds) {
+                    w.head = head;
+                    w.tail = tail;
+                    w.len = static_cast<uint16_t>(len);
+                    w.count = static_cast<uint16_t>(count);
+                    for (size_t k = 0; k < count; ++k) w.ids[k] = out[before + k];
+                }
                 return;
             }
         }
@@ -780,22 +747,25 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     ids.clear();
     if (nd == 0) return false;
 
-    // Chunks of consecutive documents of about kChunkBytes each, handed out dynamically.
-    constexpr size_t kChunkBytes = size_t{1} << 18;
+    size_t nt = num_threads > 0 ? static_cast<size_t>(num_threads)
+                                : std::max<size_t>(1, std::thread::hardware_concurrency());
+    // Chunks of consecutive documents, handed out dynamically: of 256 KiB, or smaller for a small
+    // batch, so that each thread has several to take (with one chunk or two per thread, a batch
+    // of 0.3 MB on two threads ran no faster than on one).
+    size_t total_bytes = 0;
+    for (size_t d = 0; d < nd; ++d) total_bytes += lens[d] + 16;
+    const size_t chunk_bytes = std::clamp<size_t>(total_bytes / (8 * nt), size_t{1} << 14, size_t{1} << 18);
     std::vector<size_t> chunk_start{0};
     size_t acc = 0;
     for (size_t d = 0; d < nd; ++d) {
         acc += lens[d] + 16;
-        if (acc >= kChunkBytes && d + 1 < nd) {
+        if (acc >= chunk_bytes && d + 1 < nd) {
             chunk_start.push_back(d + 1);
             acc = 0;
         }
     }
     chunk_start.push_back(nd);
     const size_t nchunks = chunk_start.size() - 1;
-
-    size_t nt = num_threads > 0 ? static_cast<size_t>(num_threads)
-                                : std::max<size_t>(1, std::thread::hardware_concurrency());
     nt = std::min(nt, nchunks);
     if (nt <= 1) {
         // One thread: straight into `ids`, sized for ~4 bytes per id up front, up to 64 MiB
@@ -848,9 +818,9 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
                 std::vector<uint32_t>& out = chunk_ids[c];
                 // A third of an id per byte is more than English or code takes: a chunk of one
                 // long document (a block of a file) then grows its vector once at most.
-                size_t chunk_bytes = 0;
-                for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) chunk_bytes += lens[d];
-                out.reserve(chunk_bytes / 3 + 16);
+                size_t bytes = 0;
+                for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) bytes += lens[d];
+                out.reserve(bytes / 3 + 16);
                 for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) {
                     const size_t before = out.size();
                     encode(docs[d], lens[d], out, cache.get());

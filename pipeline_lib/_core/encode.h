@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "hashing.h"
-#include "pretokenize.h"
 
 namespace tokcore {
 
@@ -86,7 +85,7 @@ struct PieceCache {
         uint64_t head;
         uint64_t tail;   // 0 for pieces of <= 8 bytes
         uint16_t len;    // 0: empty
-        uint16_t count;  // ids in `ids`; 0: more than kWordIds, they are in `map`
+        uint16_t count;  // ids in `ids`
         uint32_t ids[kWordIds];
     };
     static_assert(sizeof(Word) == 32);
@@ -192,17 +191,6 @@ private:
         const uint32_t* v = pairs_.find(key);
         return v ? *v : kNone;
     }
-    // Id of an ASCII piece of <= 15 bytes keyed as pretok::kAsciiKeyMasks says, or kNone if it
-    // is not a token. One entry holds key and id: a piece new to the thread's tables costs one
-    // cache miss here, where vocab_ costs two (its slot, then its entry).
-    uint32_t ascii_token(uint64_t head, uint64_t tail, size_t len) const {
-        for (size_t i = pretok::ascii_key_slot(head, tail, ascii_bits_);; i = (i + 1) & ascii_mask_) {
-            const AsciiToken& t = ascii_tokens_[i];
-            if (t.len == len && t.head == head && t.tail == tail) return t.id;
-            if (t.len == 0) return kNone;
-        }
-    }
-    void index_ascii_tokens(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks);
     uint32_t merged_bytes(uint8_t left, uint8_t right) const {
         return byte_pairs_[(static_cast<uint32_t>(left) << 8) | right];
     }
@@ -217,14 +205,6 @@ private:
     std::vector<uint64_t> bloom_;        // Bloom filter of the keys of pairs_ (2 bits per key)
     uint64_t bloom_mask_ = 0;
     std::vector<uint32_t> byte_pairs_;   // (byte << 8 | byte) -> merged rank of the two byte tokens
-    // The tokens of <= 15 ASCII bytes (open addressing, at most half full; len 0: empty).
-    struct alignas(32) AsciiToken {
-        uint64_t head, tail;
-        uint32_t len, id;
-    };
-    std::vector<AsciiToken> ascii_tokens_;
-    unsigned ascii_bits_ = 0;
-    size_t ascii_mask_ = 0;
     std::vector<uint64_t> tok_off_;      // by rank: offset into tok_bytes_
     std::vector<uint32_t> tok_len_;      // by rank: length, kNone = no such token
     std::string tok_bytes_;

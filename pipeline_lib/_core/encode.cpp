@@ -376,18 +376,19 @@ void EncoderCore::bpe_small(size_t n, First first, Pair pair, std::vector<uint32
     size_t m = n;
     for (size_t k = 0; k < n; ++k) tok[k] = first(k);
     for (size_t k = 0; k + 1 < m; ++k) rk[k] = pair(k);
+    // the shift reads (never uses) entries past the live ones: set, so that nothing reads garbage
     std::memset(tok + n, 0, small_merge::kPad * sizeof(uint32_t));
-    std::memset(rk + n - 1, 0xFF, small_merge::kPad * sizeof(uint32_t));  // kNone
+    std::memset(rk + n - 1, 0, small_merge::kPad * sizeof(uint32_t));
     while (m > 1) {
         uint32_t best;
         const size_t at = small_merge::lowest_pair(rk, m - 1, best);
         if (best == kNone) break;
         tok[at] = best;
-        // drop token at + 1 and pair at + 1; kNone moves down into the last pair's place
+        // drop token at + 1 and pair at + 1
         small_merge::shift_down(tok, at + 1, m - 1);
         small_merge::shift_down(rk, at + 1, m - 1);
         --m;
-        rk[at] = at + 1 < m ? merged(tok[at], tok[at + 1], memo) : kNone;
+        if (at + 1 < m) rk[at] = merged(tok[at], tok[at + 1], memo);
         if (at > 0) rk[at - 1] = merged(tok[at - 1], tok[at], memo);
     }
     out.insert(out.end(), tok, tok + m);
@@ -753,26 +754,25 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     // batch, so that each thread has several to take (with one chunk or two per thread, a batch
     // of 0.3 MB on two threads ran no faster than on one).
     size_t total_bytes = 0;
-    for (size_t d = 0; d < nd; ++d) total_bytes += lens[d] + 16;
-    const size_t chunk_bytes = std::clamp<size_t>(total_bytes / (8 * nt), size_t{1} << 14, size_t{1} << 18);
-    std::vector<size_t> chunk_start{0};
+    for (size_t d = 0; d < nd; ++d) total_bytes += lens[d];
+    const size_t chunk_bytes = std::clamp<size_t>((total_bytes + 16 * nd) / (8 * nt), size_t{1} << 14, size_t{1} << 18);
+    // A document counts 16 bytes more than its length (its own cost, however short it is).
+    std::vector<size_t> chunk_start{0}, chunk_size;  // chunk_size: the bytes of each chunk's documents
     size_t acc = 0;
     for (size_t d = 0; d < nd; ++d) {
-        acc += lens[d] + 16;
-        if (acc >= chunk_bytes && d + 1 < nd) {
+        acc += lens[d];
+        if ((acc + 16 * (d + 1 - chunk_start.back()) >= chunk_bytes && d + 1 < nd) || d + 1 == nd) {
             chunk_start.push_back(d + 1);
+            chunk_size.push_back(acc);
             acc = 0;
         }
     }
-    chunk_start.push_back(nd);
     const size_t nchunks = chunk_start.size() - 1;
     nt = std::min(nt, nchunks);
     if (nt <= 1) {
         // One thread: straight into `ids`, sized for ~4 bytes per id up front, up to 64 MiB
         // (growing it from empty copies every id a few times, and concatenating chunks once more).
-        size_t bytes = 0;
-        for (size_t d = 0; d < nd; ++d) bytes += lens[d];
-        ids.reserve(std::min(bytes / 4, size_t{1} << 24) + 16);
+        ids.reserve(std::min(total_bytes / 4, size_t{1} << 24) + 16);
         std::unique_ptr<PieceCache> cache = acquire_cache();
         for (size_t d = 0; d < nd; ++d) {
             const size_t before = ids.size();
@@ -818,9 +818,7 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
                 std::vector<uint32_t>& out = chunk_ids[c];
                 // A third of an id per byte is more than English or code takes: a chunk of one
                 // long document (a block of a file) then grows its vector once at most.
-                size_t bytes = 0;
-                for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) bytes += lens[d];
-                out.reserve(bytes / 3 + 16);
+                out.reserve(chunk_size[c] / 3 + 16);
                 for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) {
                     const size_t before = out.size();
                     encode(docs[d], lens[d], out, cache.get());

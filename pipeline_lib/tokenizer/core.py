@@ -1068,10 +1068,9 @@ def _safe_blocks(f: io.BufferedIOBase, round_bytes: int, cut: regex.Pattern) -> 
         turn ^= 1
 
 
-def _last_safe_cut(data: bytes | bytearray, cut: regex.Pattern, limit: int | None = None, after: int = 0) -> int:
+def _last_safe_cut(data: bytes | bytearray, cut: regex.Pattern, limit: int, after: int) -> int:
     """The last safe cut in `data[:limit]` with its newline at `after` or later, or -1; scans
     back from the end a line at a time."""
-    limit = len(data) if limit is None else limit
     end = limit
     while True:
         nl = data.rfind(b"\n", max(0, after), end)

@@ -27,8 +27,9 @@
 namespace tokcore {
 
 // Per-thread caches of the encoder: piece -> ids for pieces that are not a single token
-// (bounded), and the id (or "not a token") of recent short pieces.
-struct PieceCache {
+// (bounded), and the id (or "not a token") of recent short pieces. Aligned to a cache line, so
+// that two threads' caches (allocated one after the other) never share one.
+struct alignas(64) PieceCache {
     struct Span {
         uint32_t off;
         uint32_t len;

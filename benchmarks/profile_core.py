@@ -3,11 +3,18 @@
     python benchmarks/profile_core.py CORPUS TOKENIZER_DIR [--mb 20] [--repeat 5]
     python benchmarks/profile_core.py CORPUS TOKENIZER_DIR --mb 3 --once encode   # under callgrind
     python benchmarks/profile_core.py CORPUS cl100k_base --warm-mb 1 --mb 2 --once encode  # warm, unseen
+    python benchmarks/profile_core.py CORPUS o200k_base --mb 4 --new-pieces   # the cost of a new piece
 
 * count    `PieceCounter(pattern).add_batch(docs)`: pre-tokenize + count the distinct pieces;
 * encode   `Encoder.encode_ordinary_batch(docs, 1)`: pre-tokenize + BPE, one thread, with the
            vocabulary saved in TOKENIZER_DIR (`Tokenizer.save`), or `cl100k_base` / `o200k_base`
            for the registry's files. A fresh Encoder per run, so its piece cache starts cold.
+
+`--new-pieces` times, instead, what a piece the encoder has not met costs: the distinct pieces of
+the --mb that are not single tokens, each encoded as a document of its own (`encode_ordinary_batch`,
+one thread), by a fresh Encoder (cache misses, the vocabulary probe, BPE, the cache insert) and
+again by the same one (its caches answer); printed per piece, median of --repeat. The pieces
+come one per document, so what the two times differ by is mostly BPE.
 
 Times are CPU seconds of this process (`time.process_time`), best of --repeat; throughput is
 MB (1e6 bytes) of corpus per CPU-second. The corpus is cut into documents at blank lines, as
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -76,6 +84,26 @@ def cpu_best(repeat: int, fn) -> float:
     return best
 
 
+def new_pieces(data: bytes, tokens: list[bytes], ranks: np.ndarray, pid: int, repeat: int, once: bool) -> int:
+    vocab = set(tokens)
+    pieces = list(dict.fromkeys(p for p in core.split(data, pid) if p not in vocab))
+    if once:
+        core.Encoder(tokens, ranks, pid).encode_ordinary_batch(pieces, 1)
+        return 0
+    first, second = [], []
+    for _ in range(repeat):
+        enc = core.Encoder(tokens, ranks, pid)
+        for times in (first, second):
+            t0 = time.process_time()
+            enc.encode_ordinary_batch(pieces, 1)
+            times.append(time.process_time() - t0)
+    n = len(pieces)
+    print(f"{n:,} distinct pieces that are not one token ({sum(map(len, pieces)) / 1e3:.0f} KB), pattern {pid}")
+    print(f"new     {statistics.median(first) / n * 1e9:7.0f} ns per piece (a fresh encoder)")
+    print(f"cached  {statistics.median(second) / n * 1e9:7.0f} ns per piece (the same encoder again)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("corpus")
@@ -85,7 +113,10 @@ def main() -> int:
     ap.add_argument(
         "--core", metavar="FILE", help="import the native module from FILE (e.g. a build with -g, not stripped)"
     )
-    ap.add_argument("--once", choices=("count", "encode"), help="run one loop once, print nothing (for a profiler)")
+    ap.add_argument(
+        "--once", choices=("count", "encode", "new-pieces"), help="run one loop once, print nothing (for a profiler)"
+    )
+    ap.add_argument("--new-pieces", action="store_true", help="time the encoder on the corpus's distinct new pieces")
     ap.add_argument(
         "--warm-mb",
         type=float,
@@ -113,6 +144,8 @@ def main() -> int:
     def encode() -> None:
         encoders.pop().encode_ordinary_batch(docs, 1)
 
+    if args.new_pieces or args.once == "new-pieces":
+        return new_pieces(data, tokens, ranks, pid, args.repeat, once=args.once == "new-pieces")
     if args.once == "count":
         count()
         return 0

@@ -398,6 +398,23 @@ def test_encode_piece_whole_token_first():
     assert enc.encode_ordinary(b"abc xyz").tolist() == ref.encode_ordinary(b"abc xyz", ranks, "gpt2")
 
 
+def test_unreachable_tokens_are_found_whole_through_the_encoders_caches():
+    """A piece that is a token merging never reaches is found only by the whole-piece lookup;
+    in `encode` that lookup sits behind the piece caches and the vocabulary's filter, for short
+    pieces and for long ones (9-16 bytes, and longer), on a first meeting and on later ones."""
+    ranks = {bytes([i]): i for i in range(256)}
+    unreachable = [b"xyz", b" qwertyuiopz", b" zzqqxxwwvvkkjjhh", b" jqxzvkwfbgpmhdlrtsnc"]
+    for k, token in enumerate(unreachable):
+        ranks[token] = 256 + k
+    ranks[b"ab"] = 256 + len(unreachable)
+    enc = make_encoder(ranks, "gpt2")
+    text = b"xyz qwertyuiopz ab zzqqxxwwvvkkjjhh jqxzvkwfbgpmhdlrtsnc xyzw"
+    for _ in range(3):  # the first call fills the caches, the next ones answer from them
+        ids = enc.encode_ordinary(text).tolist()
+        assert ids == ref.encode_ordinary(text, ranks, "gpt2")
+        assert 256 in ids and 257 in ids and 258 in ids and 259 in ids
+
+
 def test_rank_ties_go_leftmost():
     ranks = {bytes([i]): i for i in range(256)}
     ranks[b"aa"] = 256

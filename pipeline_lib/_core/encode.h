@@ -192,6 +192,15 @@ private:
         const uint32_t* v = pairs_.find(key);
         return v ? *v : kNone;
     }
+    // Whether the piece may be a token: a Bloom filter of the tokens' hashes (2 bits in one word
+    // per token, ~8 bits per token), which stays in the L2 cache where vocab_'s slots (megabytes)
+    // do not. Most pieces that reach vocab_ from the encoder's caches are new ones that are no
+    // token (the BPE of a word not met before): the filter answers for them.
+    bool maybe_token(const Key& k) const {
+        const uint64_t word = vocab_filter_[(k.hash >> 12) & vocab_filter_mask_];
+        const uint64_t bits = (uint64_t{1} << (k.hash & 63)) | (uint64_t{1} << ((k.hash >> 6) & 63));
+        return (word & bits) == bits;
+    }
     uint32_t merged_bytes(uint8_t left, uint8_t right) const {
         return byte_pairs_[(static_cast<uint32_t>(left) << 8) | right];
     }
@@ -202,6 +211,8 @@ private:
     size_t vocab_size_ = 0;
     size_t max_token_len_ = 0;           // longer pieces skip the whole-piece lookup
     BytesMap<uint32_t> vocab_;           // token bytes -> rank
+    std::vector<uint64_t> vocab_filter_;  // see maybe_token
+    uint64_t vocab_filter_mask_ = 0;
     U64Map<uint32_t> pairs_;             // (left << 32 | right) -> merged rank
     std::vector<uint64_t> bloom_;        // Bloom filter of the keys of pairs_ (2 bits per key)
     uint64_t bloom_mask_ = 0;

@@ -252,8 +252,8 @@ def test_ascii_pieces_table_gives_tiktoken_ids(real_encodings, texts):
 
 
 def test_ascii_pieces_of_many_ids_and_single_tokens_again_and_again(real_encodings):
-    """ASCII pieces that are one token (the vocabulary's ASCII index) and pieces of more ids than
-    a table entry holds (the entry sends them to the piece cache), each seen many times."""
+    """ASCII pieces that are one token and pieces of more ids than a word-table entry holds (those
+    go to the piece cache), each seen many times."""
     rng = random.Random(5)
     many_ids = ["".join(rng.choice("qxzjvkwfp") for _ in range(rng.randint(8, 15))) for _ in range(300)]
     for ours, theirs in real_encodings:

@@ -172,16 +172,8 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
         tok_bytes_ += t;
         max_token_len_ = std::max(max_token_len_, t.size());
     }
-    {
-        size_t words = 64;
-        while (words * 64 < tokens.size() * 8) words <<= 1;
-        vocab_filter_.assign(words, 0);
-        vocab_filter_mask_ = words - 1;
-        for (const std::string& t : tokens) {
-            const uint64_t h = hash_bytes(reinterpret_cast<const uint8_t*>(t.data()), t.size());
-            vocab_filter_[(h >> 12) & vocab_filter_mask_] |= (uint64_t{1} << (h & 63)) | (uint64_t{1} << ((h >> 6) & 63));
-        }
-    }
+    token_filter_.reset(tokens.size());
+    for (const std::string& t : tokens) token_filter_.add(hash_bytes(reinterpret_cast<const uint8_t*>(t.data()), t.size()));
     for (int b = 0; b < 256; ++b) {
         const uint8_t byte = static_cast<uint8_t>(b);
         const uint32_t* r = vocab_.find(&byte, 1);
@@ -233,15 +225,8 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
         if (i + 8 < found.size()) pairs_.prefetch(found[i + 8].first);
         pairs_.get_or_insert(found[i].first, found[i].second);
     }
-    // Bloom filter: ~8 bits per pair, both probe bits in one 64-bit word.
-    size_t words = 64;
-    while (words * 64 < pairs_.size() * 8) words <<= 1;
-    bloom_.assign(words, 0);
-    bloom_mask_ = words - 1;
-    pairs_.for_each([&](uint64_t key, uint32_t) {
-        const uint64_t h = hash_u64(key);
-        bloom_[(h >> 12) & bloom_mask_] |= (uint64_t{1} << (h & 63)) | (uint64_t{1} << ((h >> 6) & 63));
-    });
+    pair_filter_.reset(pairs_.size());
+    pairs_.for_each([&](uint64_t key, uint32_t) { pair_filter_.add(hash_u64(key)); });
     byte_pairs_.assign(65536, kNone);
     for (int a = 0; a < 256; ++a)
         for (int b = 0; b < 256; ++b) {
@@ -653,7 +638,7 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
             encode_long(key, out, cache);
             return;
         }
-        const uint32_t* r = len <= max_token_len_ && maybe_token(key) ? vocab_.find(key) : nullptr;
+        const uint32_t* r = token_of(key);
         if (recent != nullptr) *recent = PieceCache::Recent{key.head, static_cast<uint32_t>(len), r ? *r : kNone};
         if (r != nullptr) {
             out.push_back(*r);
@@ -733,7 +718,7 @@ void EncoderCore::encode_long(const Key& key, std::vector<uint32_t>& out, PieceC
     if (const PieceCache::Span* s = cache->map.find(key)) {
         for (const uint32_t *id = cache->ids.data() + s->off, *end = id + s->len; id != end; ++id) out.push_back(*id);
     } else {
-        if (const uint32_t* r = key.n <= max_token_len_ && maybe_token(key) ? vocab_.find(key) : nullptr) {
+        if (const uint32_t* r = token_of(key)) {
             out.push_back(*r);
         } else {
             bpe(key.p, key.n, out, true, cache);

@@ -186,20 +186,16 @@ private:
         return rank;
     }
     uint32_t merged_key(uint64_t key, uint64_t h) const {
-        const uint64_t word = bloom_[(h >> 12) & bloom_mask_];
-        const uint64_t bits = (uint64_t{1} << (h & 63)) | (uint64_t{1} << ((h >> 6) & 63));
-        if ((word & bits) != bits) return kNone;
+        if (!pair_filter_.maybe(h)) return kNone;
         const uint32_t* v = pairs_.find(key);
         return v ? *v : kNone;
     }
-    // Whether the piece may be a token: a Bloom filter of the tokens' hashes (2 bits in one word
-    // per token, ~8 bits per token), which stays in the L2 cache where vocab_'s slots (megabytes)
-    // do not. Most pieces that reach vocab_ from the encoder's caches are new ones that are no
-    // token (the BPE of a word not met before): the filter answers for them.
-    bool maybe_token(const Key& k) const {
-        const uint64_t word = vocab_filter_[(k.hash >> 12) & vocab_filter_mask_];
-        const uint64_t bits = (uint64_t{1} << (k.hash & 63)) | (uint64_t{1} << ((k.hash >> 6) & 63));
-        return (word & bits) == bits;
+    // The rank of the piece if it is a token, else nullptr. vocab_'s slots (megabytes) miss the
+    // cache, and most pieces that reach this from the encoder's caches are new ones that are no
+    // token (the BPE of a word not met before): the filter, which stays in the L2 cache, answers
+    // for them first.
+    const uint32_t* token_of(const Key& k) const {
+        return k.n <= max_token_len_ && token_filter_.maybe(k.hash) ? vocab_.find(k) : nullptr;
     }
     uint32_t merged_bytes(uint8_t left, uint8_t right) const {
         return byte_pairs_[(static_cast<uint32_t>(left) << 8) | right];
@@ -211,11 +207,9 @@ private:
     size_t vocab_size_ = 0;
     size_t max_token_len_ = 0;           // longer pieces skip the whole-piece lookup
     BytesMap<uint32_t> vocab_;           // token bytes -> rank
-    std::vector<uint64_t> vocab_filter_;  // see maybe_token
-    uint64_t vocab_filter_mask_ = 0;
+    BloomFilter token_filter_;           // of the tokens' hash_bytes (see token_of)
     U64Map<uint32_t> pairs_;             // (left << 32 | right) -> merged rank
-    std::vector<uint64_t> bloom_;        // Bloom filter of the keys of pairs_ (2 bits per key)
-    uint64_t bloom_mask_ = 0;
+    BloomFilter pair_filter_;            // of the keys of pairs_ (hash_u64)
     std::vector<uint32_t> byte_pairs_;   // (byte << 8 | byte) -> merged rank of the two byte tokens
     std::vector<uint64_t> tok_off_;      // by rank: offset into tok_bytes_
     std::vector<uint32_t> tok_len_;      // by rank: length, kNone = no such token

@@ -296,4 +296,26 @@ private:
     size_t size_ = 0;
 };
 
+// A Bloom filter of 64-bit hashes: ~8 bits per key, both probe bits of a key in one 64-bit word
+// (one cache line read per query). "No" is certain; "maybe" is wrong for a few % of absent keys.
+class BloomFilter {
+public:
+    void reset(size_t keys) {
+        size_t words = 64;
+        while (words * 64 < keys * 8) words <<= 1;
+        words_.assign(words, 0);
+        mask_ = words - 1;
+    }
+    void add(uint64_t h) { words_[(h >> 12) & mask_] |= bits(h); }
+    bool maybe(uint64_t h) const {
+        const uint64_t b = bits(h);
+        return (words_[(h >> 12) & mask_] & b) == b;
+    }
+
+private:
+    static uint64_t bits(uint64_t h) { return (uint64_t{1} << (h & 63)) | (uint64_t{1} << ((h >> 6) & 63)); }
+    std::vector<uint64_t> words_;
+    uint64_t mask_ = 0;
+};
+
 }  // namespace tokcore

@@ -415,6 +415,32 @@ def test_unreachable_tokens_are_found_whole_through_the_encoders_caches():
         assert 256 in ids and 257 in ids and 258 in ids and 259 in ids
 
 
+def test_whole_piece_lookup_tells_apart_pieces_that_differ_in_one_byte():
+    """The whole-piece lookup keeps tokens of up to 16 bytes in slots that hold their bytes as
+    (head word, last 8 bytes, length). Tokens of 2-21 bytes (few reachable by merging: found
+    whole or not at all), each next to pieces one byte off, of which the vocabulary's filter (~5%
+    false positives) lets a hundred or so through to the slots: every token must be found, and
+    none of those pieces taken for one."""
+    rng = random.Random(5)
+    ranks = {bytes([i]): i for i in range(256)}
+    tokens = []
+    for k in range(3000):  # a space and 1-20 letters: one piece each under the GPT-2 pattern
+        token = b" " + bytes(rng.choice(b"bcdfghjklmnpqrstvwxz") for _ in range(1 + k % 20))
+        if token not in ranks:
+            ranks[token] = len(ranks)
+            tokens.append(token)
+    enc = make_encoder(ranks, "gpt2")
+    pieces = []
+    for token in tokens:
+        pieces.append(token)
+        for i in rng.sample(range(1, len(token)), min(3, len(token) - 1)):
+            pieces.append(token[:i] + b"y" + token[i + 1 :])
+    text = b"".join(pieces)
+    expect = ref.encode_ordinary(text, ranks, "gpt2")
+    for _ in range(2):  # a first meeting, then the caches
+        assert enc.encode_ordinary(text).tolist() == expect
+
+
 def test_rank_ties_go_leftmost():
     ranks = {bytes([i]): i for i in range(256)}
     ranks[b"aa"] = 256

@@ -173,7 +173,14 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
         max_token_len_ = std::max(max_token_len_, t.size());
     }
     token_filter_.reset(tokens.size());
-    for (const std::string& t : tokens) token_filter_.add(hash_bytes(reinterpret_cast<const uint8_t*>(t.data()), t.size()));
+    size_t n_short = 0;
+    for (const std::string& t : tokens) n_short += t.size() <= ShortKeyMap::kMaxKey;
+    short_tokens_.reset(n_short);
+    for (size_t k = 0; k < tokens.size(); ++k) {
+        const Key key(reinterpret_cast<const uint8_t*>(tokens[k].data()), tokens[k].size());
+        token_filter_.add(key.hash);
+        if (key.n <= ShortKeyMap::kMaxKey) short_tokens_.insert(key, ranks[k]);
+    }
     for (int b = 0; b < 256; ++b) {
         const uint8_t byte = static_cast<uint8_t>(b);
         const uint32_t* r = vocab_.find(&byte, 1);

@@ -195,7 +195,8 @@ private:
     // token (the BPE of a word not met before): the filter, which stays in the L2 cache, answers
     // for them first.
     const uint32_t* token_of(const Key& k) const {
-        return k.n <= max_token_len_ && token_filter_.maybe(k.hash) ? vocab_.find(k) : nullptr;
+        if (k.n > max_token_len_ || !token_filter_.maybe(k.hash)) return nullptr;
+        return k.n <= ShortKeyMap::kMaxKey ? short_tokens_.find(k) : vocab_.find(k);
     }
     uint32_t merged_bytes(uint8_t left, uint8_t right) const {
         return byte_pairs_[(static_cast<uint32_t>(left) << 8) | right];
@@ -207,6 +208,7 @@ private:
     size_t vocab_size_ = 0;
     size_t max_token_len_ = 0;           // longer pieces skip the whole-piece lookup
     BytesMap<uint32_t> vocab_;           // token bytes -> rank
+    ShortKeyMap short_tokens_;           // the tokens of <= 16 bytes again: one cache miss a lookup, not three
     BloomFilter token_filter_;           // of the tokens' hash_bytes (see token_of)
     U64Map<uint32_t> pairs_;             // (left << 32 | right) -> merged rank
     BloomFilter pair_filter_;            // of the keys of pairs_ (hash_u64)

@@ -296,6 +296,54 @@ private:
     size_t size_ = 0;
 };
 
+// Keys of up to 16 bytes -> a 32-bit value, each slot holding its whole key: (head_word, the
+// last 8 bytes for keys of 9..16 bytes, length) identify the bytes, so a lookup compares in the
+// slot and loads nothing else. A BytesMap reads a slot, then its entry, then for keys of more
+// than 8 bytes the key's bytes: in a map of megabytes (a vocabulary), each of those a cache miss.
+class ShortKeyMap {
+public:
+    static constexpr size_t kMaxKey = 16;
+
+    void reset(size_t keys) {
+        size_t cap = 16;
+        while (cap < keys * 2) cap <<= 1;  // at most half full: short probes
+        slots_.assign(cap, Slot{0, 0, 0, 0});
+        mask_ = cap - 1;
+    }
+    // k.n <= kMaxKey; a key already present keeps its value.
+    void insert(const Key& k, uint32_t value) {
+        const uint64_t tail = tail_of(k);
+        size_t i = index(k.hash);
+        for (; slots_[i].len != 0; i = (i + 1) & mask_)
+            if (slots_[i].len == k.n && slots_[i].head == k.head && slots_[i].tail == tail) return;
+        slots_[i] = Slot{k.head, tail, static_cast<uint32_t>(k.n), value};
+    }
+    // k.n <= kMaxKey.
+    [[gnu::always_inline]] const uint32_t* find(const Key& k) const {
+        const uint64_t tail = tail_of(k);
+        for (size_t i = index(k.hash);; i = (i + 1) & mask_) {
+            const Slot& s = slots_[i];
+            if (s.len == k.n && s.head == k.head && s.tail == tail) return &s.value;
+            if (s.len == 0) return nullptr;
+        }
+    }
+
+private:
+    struct alignas(32) Slot {
+        uint64_t head;
+        uint64_t tail;  // 0 for keys of <= 8 bytes
+        uint32_t len;   // 0: empty
+        uint32_t value;
+    };
+    static uint64_t tail_of(const Key& k) { return k.n > 8 ? detail::read64(k.p + k.n - 8) : 0; }
+    // bits of the hash that neither BytesMap's slot index (the low ones) nor BloomFilter uses
+    // (up to 2^24 slots: vocabularies have fewer than 2^22 tokens)
+    size_t index(uint64_t h) const { return static_cast<size_t>(h >> 40) & mask_; }
+
+    std::vector<Slot> slots_;
+    uint64_t mask_ = 0;
+};
+
 // A Bloom filter of 64-bit hashes: ~8 bits per key, both probe bits of a key in one 64-bit word
 // (one cache line read per query). "No" is certain; "maybe" is wrong for a few % of absent keys.
 class BloomFilter {

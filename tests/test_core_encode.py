@@ -515,6 +515,25 @@ def test_any_vocabulary_matches_reference(extra, pieces, rnd):
         assert enc.encode_piece(piece).tolist() == ref.bpe_piece(piece, ranks), piece
 
 
+@pytest.mark.parametrize("id_limit", [2**21, tokcore.MAX_VOCAB_SIZE])
+def test_ids_up_to_the_limit_match_reference(id_limit):
+    """The pair map packs (left, right, merged rank) into 8 bytes when every id is below 2^21 and
+    keeps wider slots above: ranks spread up to each side of that line give the reference's ids."""
+    rng = random.Random(id_limit)
+    tokens = [bytes([i]) for i in range(256)]
+    while len(tokens) < 1500:  # merges of the letters a-e: many pairs, many of them tokens
+        t = bytes(rng.choice(b"abcde") for _ in range(rng.randint(2, 12)))
+        if t not in tokens:
+            tokens.append(t)
+    ids = rng.sample(range(id_limit), len(tokens) - 1) + [id_limit - 1]  # the largest id in use
+    ranks = dict(zip(tokens, ids))
+    enc = make_encoder(ranks, "gpt2")
+    assert enc.vocab_size == id_limit
+    for _ in range(300):
+        piece = bytes(rng.choice(b"abcde") for _ in range(rng.randint(1, 80)))
+        assert enc.encode_piece(piece).tolist() == ref.bpe_piece(piece, ranks), piece
+
+
 def test_long_tokens_sharing_prefixes_and_suffixes():
     tokens = [bytes([i]) for i in range(256)]
     for n in (2, 7, 8, 9, 15, 16, 17, 40):

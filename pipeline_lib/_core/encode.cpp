@@ -227,10 +227,10 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
     // Inserted apart from the walk, so that each slot can be fetched a few keys ahead.
     size_t n_pairs_guess = 0;  // the map's size decides its load factor, hence encoding speed: keep it sparse
     for (const auto& t : tokens) n_pairs_guess += t.size() > 1 ? 2 : 0;
-    pairs_.reset(std::max(found.size(), n_pairs_guess));
+    pairs_.reset(std::max(found.size(), n_pairs_guess), vocab_size_);
     for (size_t i = 0; i < found.size(); ++i) {
         if (i + 8 < found.size()) pairs_.prefetch(found[i + 8].first);
-        pairs_.get_or_insert(found[i].first, found[i].second);
+        pairs_.insert(found[i].first, found[i].second);
     }
     pair_filter_.reset(pairs_.size());
     pairs_.for_each([&](uint64_t key, uint32_t) { pair_filter_.add(hash_u64(key)); });
@@ -238,8 +238,7 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
     for (int a = 0; a < 256; ++a)
         for (int b = 0; b < 256; ++b) {
             if (byte_rank_[a] == kNone || byte_rank_[b] == kNone) continue;
-            const uint32_t* v = pairs_.find((static_cast<uint64_t>(byte_rank_[a]) << 32) | byte_rank_[b]);
-            if (v) byte_pairs_[(a << 8) | b] = *v;
+            byte_pairs_[(a << 8) | b] = merged(byte_rank_[a], byte_rank_[b]);
         }
 }
 

@@ -186,9 +186,7 @@ private:
         return rank;
     }
     uint32_t merged_key(uint64_t key, uint64_t h) const {
-        if (!pair_filter_.maybe(h)) return kNone;
-        const uint32_t* v = pairs_.find(key);
-        return v ? *v : kNone;
+        return pair_filter_.maybe(h) ? pairs_.find(key, h) : kNone;
     }
     // The rank of the piece if it is a token, else nullptr. vocab_'s slots (megabytes) miss the
     // cache, and most pieces that reach this from the encoder's caches are new ones that are no
@@ -210,7 +208,7 @@ private:
     BytesMap<uint32_t> vocab_;           // token bytes -> rank
     ShortKeyMap short_tokens_;           // the tokens of <= 16 bytes again: one cache miss a lookup, not three
     BloomFilter token_filter_;           // of the tokens' hash_bytes (see token_of)
-    U64Map<uint32_t> pairs_;             // (left << 32 | right) -> merged rank
+    PairMap pairs_;                      // (left << 32 | right) -> merged rank
     BloomFilter pair_filter_;            // of the keys of pairs_ (hash_u64)
     std::vector<uint32_t> byte_pairs_;   // (byte << 8 | byte) -> merged rank of the two byte tokens
     std::vector<uint64_t> tok_off_;      // by rank: offset into tok_bytes_

@@ -673,8 +673,20 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
                     for (size_t k = 1; k < w.count; ++k) out.push_back(w.ids[k]);
                     return;
                 }
+                // Not in the words table: a token (most of them), or ids from the BPE cache. The
+                // recent-piece tables are skipped: the words table is these pieces' cache, and
+                // each table looked at is one more line to fetch for a word met the first time.
                 const size_t before = out.size();
-                piece(b, e);
+                if (len == 1) {
+                    out.push_back(byte_rank_[*p]);  // a byte-level vocabulary: every byte is a token
+                } else {
+                    const Key key(p, len);
+                    if (const uint32_t* r = token_of(key)) {
+                        out.push_back(*r);
+                    } else {
+                        encode_merged(key, out, cache);
+                    }
+                }
                 const size_t count = out.size() - before;
                 if (count <= PieceCache::kWordIds) {
                     w.head = head;

@@ -599,11 +599,7 @@ void EncoderCore::bpe_from(size_t n, First first, Pair pair, std::vector<uint32_
 
 void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out, bool periodic) const {
     if (n == 0) return;
-    if (n > max_token_len_) {
-        bpe(piece, n, out, periodic);
-        return;
-    }
-    if (const uint32_t* r = vocab_.find(piece, n)) {
+    if (const uint32_t* r = token_of(Key(piece, n))) {
         out.push_back(*r);
         return;
     }

@@ -188,10 +188,10 @@ private:
     uint32_t merged_key(uint64_t key, uint64_t h) const {
         return pair_filter_.maybe(h) ? pairs_.find(key, h) : kNone;
     }
-    // The rank of the piece if it is a token, else nullptr. vocab_'s slots (megabytes) miss the
-    // cache, and most pieces that reach this from the encoder's caches are new ones that are no
-    // token (the BPE of a word not met before): the filter, which stays in the L2 cache, answers
-    // for them first.
+    // The rank of the piece if it is a token, else nullptr: tokens of up to 16 bytes from
+    // short_tokens_ (one cache miss), longer ones from vocab_. Most pieces that reach this from
+    // the encoder's caches are new ones that are no token (the BPE of a word not met before): the
+    // filter, which stays in the L2 cache, answers for them first.
     const uint32_t* token_of(const Key& k) const {
         if (k.n > max_token_len_ || !token_filter_.maybe(k.hash)) return nullptr;
         return k.n <= ShortKeyMap::kMaxKey ? short_tokens_.find(k) : vocab_.find(k);

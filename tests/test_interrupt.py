@@ -51,6 +51,11 @@ PRELUDE = textwrap.dedent("""
         tok = Tokenizer.train([b"a" * (1 << 20)], 300, pattern="gpt2", special_tokens=())
         tok.encode_ordinary_batch_to_numpy([b"a" * ((1 << 20) - 1)] * 100_000, workers)
 
+    def long_text():  # one text of 256 MB, cut at its newlines for two threads: seconds
+        tok = Tokenizer.train([b"a" * (1 << 20)], 300, pattern="gpt2", special_tokens=())
+        tok._encoder.text_threads = 2
+        tok.encode_ordinary(("a" * ((1 << 20) - 3) + "b\\nc") * 256)
+
     def long_training(workers):  # Tokenizer.train over the same 37 GB
         Tokenizer.train([DOC] * 4096, 1024, workers=workers)
 """)
@@ -86,7 +91,9 @@ def run_and_signal(body: str, signum: int) -> tuple[subprocess.CompletedProcess,
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), elapsed
 
 
-@pytest.mark.parametrize("work", ["long_counting()", "long_encoding(1)", "long_encoding(2)", "long_training(1)"])
+@pytest.mark.parametrize(
+    "work", ["long_counting()", "long_encoding(1)", "long_encoding(2)", "long_text()", "long_training(1)"]
+)
 def test_ctrl_c_on_the_main_thread(work):
     body = f"""
         print("READY", flush=True)

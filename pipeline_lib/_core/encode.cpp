@@ -878,6 +878,22 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     return false;
 }
 
+size_t EncoderCore::safe_cut(const uint8_t* data, size_t n, size_t from) const {
+    if (pattern_ != kGpt2 && pattern_ != kCl100k && pattern_ != kO200k) return n;
+    const auto printable = [](uint8_t c) { return c >= 0x21 && c <= 0x7e; };
+    for (size_t at = std::max<size_t>(from, 1); at + 1 < n;) {
+        const void* found = std::memchr(data + at, '\n', n - 1 - at);  // a newline with a byte after it
+        if (found == nullptr) break;
+        const size_t nl = static_cast<size_t>(static_cast<const uint8_t*>(found) - data);
+        if (printable(data[nl + 1]) &&
+            (printable(data[nl - 1]) ||
+             (pattern_ != kGpt2 && data[nl - 1] == '\r' && nl >= 2 && printable(data[nl - 2]))))
+            return nl + 1;
+        at = nl + 1;
+    }
+    return n;
+}
+
 bool EncoderCore::decode(const uint32_t* ids, size_t m, std::string& out, size_t* bad_index) const {
     size_t total = 0;
     for (size_t k = 0; k < m; ++k) {

@@ -139,6 +139,14 @@ public:
                       int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets,
                       const ChunkSink* take = nullptr);
 
+    // The first offset past `from` at which data[0:n] may be cut, its two sides encoding to the
+    // whole's ids; n when there is none. A cut follows a newline ("\n", or "\r\n" but with
+    // GPT-2's pattern) that lies between two printable ASCII characters other than space: no
+    // piece of the three patterns holds a newline followed by a non-space character, and the
+    // piece before ends at the newline whether or not the text goes on. Never with kNoSplit.
+    // The same cuts as pipeline_lib.tokenizer.core.safe_cuts.
+    size_t safe_cut(const uint8_t* data, size_t n, size_t from) const;
+
     // Bytes of the ids; returns false and the index of the first unknown id on failure.
     bool decode(const uint32_t* ids, size_t m, std::string& out, size_t* bad_index) const;
 

@@ -46,6 +46,18 @@ if TYPE_CHECKING:
 
 # tiktoken runs its threads in Rust; ours are the native core's. Same default count.
 DEFAULT_THREADS = 8
+THREADS_ENV = "TOKENMILL_NUM_THREADS"
+
+
+def text_threads() -> int:
+    """The threads one long text (512 KiB or more) is encoded on: ``TOKENMILL_NUM_THREADS``,
+    else the machine's cores up to `DEFAULT_THREADS`."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return min(os.cpu_count() or 1, DEFAULT_THREADS)
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{THREADS_ENV}={value!r}: expected a number of threads (1 or more); unset it for all cores")
+    return int(value)
 
 
 def _id_list(ids: Iterable[int] | np.ndarray) -> list[int]:
@@ -226,6 +238,7 @@ class Tokenizer:
                 else native._CORE.PATTERN_IDS[self.pattern]
             )
             self._encoder = native._CORE.Encoder(tokens, ranks, pattern_id, self.unit != "byte", self._unknown_id)
+            self._encoder.text_threads = text_threads()
         # text -> list of ids in one native call, where the core splits the text itself
         self._encode_list = (
             self._encoder.encode_ordinary_list if self._encoder is not None and not self._split_in_python else None

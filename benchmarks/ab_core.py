@@ -1,6 +1,6 @@
 """Two builds of the compiled core against each other, on one corpus: which is faster, per call.
 
-    python benchmarks/ab_core.py A.so B.so [--encoding cl100k_base] [--corpus FILE] [--rounds 3] [--warm]
+    python benchmarks/ab_core.py A.so B.so [--encoding cl100k_base] [--corpus FILE] [--rounds 3] [--warm] [--cold]
 
 Each build runs in a process of its own (the module cannot be loaded twice in one), and the two
 are driven in turn, part by part: the corpus is cut into 8 parts at blank lines, and for each of
@@ -29,6 +29,7 @@ MODES = ("whole", "docs", "numpy")
 
 WORKER = r"""
 import importlib.util, json, sys, time
+import numpy as np
 sys.path.insert(0, sys.argv[5])
 spec = importlib.util.spec_from_file_location("pipeline_lib._tokcore", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
@@ -44,6 +45,8 @@ sizes = [sum(len(d.encode()) for d in p) / 1e6 for p in parts]
 wholes = ["\n\n".join(p) for p in parts]
 warm = sys.argv[4] == "1"
 threads = int(sys.argv[6])
+cold = sys.argv[7] == "1"
+evict = np.zeros(64 << 20, dtype=np.uint8) if cold else None
 encoders = {}
 for line in sys.stdin:
     mode, k = line.split()
@@ -61,6 +64,8 @@ for line in sys.stdin:
         "numpy": lambda: enc.encode_ordinary_batch_to_numpy(part, num_threads=threads),
     }[mode]
     clock = time.perf_counter if mode == "numpy" and threads > 1 else time.process_time
+    if cold:
+        evict[::64] += 1  # a line of every 64 bytes of 64 MB: the caches hold other data
     t0 = clock()
     out = call()
     seconds = clock() - t0
@@ -78,6 +83,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warm", action="store_true", help="every part a second pass (the corpus encoded first)")
     ap.add_argument("--threads", type=int, default=1, help="threads of the NumPy batch (> 1: MB per wall second)")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="write 64 MB before each call, so that it starts with the caches holding other data (as when "
+        "encoders take turns, e.g. in bench_encode_peers.py)",
+    )
     args = ap.parse_args()
     rates: dict[str, dict[str, list[float]]] = {name: {m: [] for m in MODES} for name in "AB"}
     for rnd in range(args.rounds):
@@ -86,10 +97,11 @@ def main() -> None:
         procs = {
             name: subprocess.Popen(
                 [sys.executable, "-c", WORKER, path, args.encoding, args.corpus, "1" if args.warm else "0", ROOT]
-                + [str(args.threads)],
+                + [str(args.threads), "1" if args.cold else "0"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
+                env={**os.environ, "TOKENMILL_NUM_THREADS": "1"},  # one whole text on one thread
             )
             for name, path in (("A", args.a), ("B", args.b))
         }
@@ -108,7 +120,8 @@ def main() -> None:
             proc.stdin.close()
             proc.wait()
     print(
-        f"{args.encoding}, {os.path.basename(args.corpus)}, {'second pass' if args.warm else 'unseen text'}, "
+        f"{args.encoding}, {os.path.basename(args.corpus)}, {'second pass' if args.warm else 'unseen text'}"
+        f"{', cold caches' if args.cold else ''}, "
         f"load {os.getloadavg()[0]:.2f}: MB per CPU-second"
         + (f" (numpy: {args.threads} threads, MB per wall second)" if args.threads > 1 else "")
     )

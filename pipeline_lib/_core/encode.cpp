@@ -609,14 +609,13 @@ void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint3
 void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const {
     size_t polled = 0;  // bytes handed to the poll so far, in steps of >= kPollBytes rather than per piece
     // Inlined into the split loop: most pieces are one token, found by one lookup.
-    auto piece = [&](size_t b, size_t e) __attribute__((always_inline)) {
-        const uint8_t* p = data + b;
-        const size_t len = e - b;
+    auto piece = [&](const Key& key) __attribute__((always_inline)) {
+        const uint8_t* p = key.p;
+        const size_t len = key.n;
         if (len == 1 && byte_rank_[*p] != kNone) {
             out.push_back(byte_rank_[*p]);
             return;
         }
-        const Key key(p, len);
         PieceCache::Recent* recent = nullptr;
         if (cache != nullptr && len <= 8) {
             recent = &cache->recent[key.hash & (PieceCache::kRecent - 1)];
@@ -650,52 +649,87 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
     };
     cancel::Poll& poll = cancel::current();
     PieceCache::Word* const words = cache != nullptr && !start_chars_ ? cache->words.data() : nullptr;
+    // An ASCII piece of <= 15 bytes with 16 readable bytes at its start: looked up by its bytes as
+    // loaded (those past the piece masked off) in the words table.
+    struct Found {
+        size_t b, len;
+        uint64_t head, tail;     // other pieces: their Key's head and hash
+        PieceCache::Word* word;  // its slot in the words table; nullptr: not such a piece
+    };
+    auto look_up = [&](const Found& f) __attribute__((always_inline)) {
+        PieceCache::Word* const w = f.word;
+        if (w == nullptr) {
+            piece(Key(data + f.b, f.len, f.head, f.tail));
+            return;
+        }
+        const size_t len = f.len;
+        if (w->len == len && w->head == f.head && w->tail == f.tail) {
+            out.push_back(w->ids[0]);
+            for (size_t k = 1; k < w->count; ++k) out.push_back(w->ids[k]);
+            return;
+        }
+        // Not in the words table: a token (most of them), or ids from the BPE cache. The
+        // recent-piece tables are skipped: the words table is these pieces' cache, and each
+        // table looked at is one more line to fetch for a word met the first time.
+        const uint8_t* p = data + f.b;
+        const size_t before = out.size();
+        if (len == 1) {
+            out.push_back(byte_rank_[*p]);  // a byte-level vocabulary: every byte is a token
+        } else {
+            const Key key(p, len);
+            if (const uint32_t* r = token_of(key)) {
+                out.push_back(*r);
+            } else {
+                encode_merged(key, out, cache);
+            }
+        }
+        const size_t count = out.size() - before;
+        if (count <= PieceCache::kWordIds) {
+            w->head = f.head;
+            w->tail = f.tail;
+            w->len = static_cast<uint16_t>(len);
+            w->count = static_cast<uint16_t>(count);
+            for (size_t k = 0; k < count; ++k) w->ids[k] = out[before + k];
+        }
+    };
+    // Each piece is looked up kAhead pieces after the scanner finds it, and its slot in the words
+    // table or a recent-piece table is prefetched when found: those tables (2 MiB) are out of the
+    // cache when a call starts after other work, and a word's first lookup in a call then waits
+    // for memory.
+    constexpr size_t kAhead = 8;
+    Found ahead[kAhead];
+    size_t found = 0;
     pretok::split_with(data, n, pattern_, [&](size_t b, size_t e, auto ascii) __attribute__((always_inline)) {
         if (e - polled >= pretok::kPollBytes) {
             poll.tick(e - polled);
             polled = e;
         }
+        Found& f = ahead[found % kAhead];
+        if (found >= kAhead) look_up(f);
+        ++found;
+        const size_t len = e - b;
         if constexpr (decltype(ascii)::value) {
-            // An ASCII piece of <= 15 bytes with 16 readable bytes at b: looked up by its bytes
-            // as loaded (those past the piece masked off) in the words table.
             if (words != nullptr) {
                 const uint8_t* p = data + b;
-                const size_t len = e - b;
                 const uint64_t head = detail::read64(p) & pretok::kAsciiKeyMasks.head[len];
                 const uint64_t tail = detail::read64(p + (len > 8 ? len - 8 : 0)) & pretok::kAsciiKeyMasks.tail[len];
-                PieceCache::Word& w = words[pretok::ascii_key_slot(head, tail, PieceCache::kWordBits)];
-                if (w.len == len && w.head == head && w.tail == tail) {
-                    out.push_back(w.ids[0]);
-                    for (size_t k = 1; k < w.count; ++k) out.push_back(w.ids[k]);
-                    return;
-                }
-                // Not in the words table: a token (most of them), or ids from the BPE cache. The
-                // recent-piece tables are skipped: the words table is these pieces' cache, and
-                // each table looked at is one more line to fetch for a word met the first time.
-                const size_t before = out.size();
-                if (len == 1) {
-                    out.push_back(byte_rank_[*p]);  // a byte-level vocabulary: every byte is a token
-                } else {
-                    const Key key(p, len);
-                    if (const uint32_t* r = token_of(key)) {
-                        out.push_back(*r);
-                    } else {
-                        encode_merged(key, out, cache);
-                    }
-                }
-                const size_t count = out.size() - before;
-                if (count <= PieceCache::kWordIds) {
-                    w.head = head;
-                    w.tail = tail;
-                    w.len = static_cast<uint16_t>(len);
-                    w.count = static_cast<uint16_t>(count);
-                    for (size_t k = 0; k < count; ++k) w.ids[k] = out[before + k];
-                }
+                PieceCache::Word* w = &words[pretok::ascii_key_slot(head, tail, PieceCache::kWordBits)];
+                __builtin_prefetch(w);
+                f = Found{b, len, head, tail, w};
                 return;
             }
         }
-        piece(b, e);
+        const Key key(data + b, len);
+        if (cache != nullptr) {
+            if (len <= 8) {
+                __builtin_prefetch(&cache->recent[key.hash & (PieceCache::kRecent - 1)]);
+            } else if (len <= 16) {
+                __builtin_prefetch(&cache->recent_long[key.hash & (PieceCache::kRecentLong - 1)]);
+            }
+        }
+        f = Found{b, len, key.head, key.hash, nullptr};
     });
+    for (size_t k = found > kAhead ? found - kAhead : 0; k < found; ++k) look_up(ahead[k % kAhead]);
     poll.tick(n - polled);
 }
 

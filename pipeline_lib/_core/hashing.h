@@ -82,6 +82,7 @@ struct Key {
     uint64_t head;
     uint64_t hash;
     Key(const uint8_t* p_, size_t n_) : p(p_), n(n_), head(head_word(p_, n_)), hash(hash_bytes(p_, n_, head)) {}
+    Key(const uint8_t* p_, size_t n_, uint64_t head_, uint64_t hash_) : p(p_), n(n_), head(head_), hash(hash_) {}
 };
 
 // Equality of two byte strings of length n; short keys without a call to memcmp.

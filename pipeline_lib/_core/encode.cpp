@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cancel.h"
+#include "pool.h"
 #include "pretokenize.h"
 #include "small_merge.h"
 
@@ -892,18 +893,7 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
         }
     };
 
-    std::vector<std::thread> threads;
-    threads.reserve(nt - 1);
-    try {
-        for (size_t t = 1; t < nt; ++t) threads.emplace_back(worker, t);
-    } catch (...) {  // could not start a thread: stop and join the ones that run
-        next.store(nchunks);
-        for (auto& th : threads) th.join();
-        release_caches();
-        throw;
-    }
-    worker(0);
-    for (auto& th : threads) th.join();
+    HelperPool::get().run(nt - 1, worker);
     release_caches();
     if (error) std::rethrow_exception(error);
     if (take != nullptr) {

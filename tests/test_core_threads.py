@@ -1,0 +1,65 @@
+"""The core's helper threads, kept from call to call (pool.h): calls from many Python threads at
+once share them, a call whose helpers are all busy still finishes, and a process forked while
+they exist gets threads of its own."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import numpy as np
+import pytest
+
+from pipeline_lib.tokenizer import get_encoding
+
+
+@pytest.fixture(scope="module")
+def docs(shakespeare_text) -> list[str]:
+    return [d for d in shakespeare_text.split("\n\n") if d][:3000]
+
+
+def test_calls_from_many_threads_at_once_share_the_helpers(docs):
+    enc = get_encoding("cl100k_base")
+    flat, offsets = enc.encode_ordinary_batch_to_numpy(docs, num_threads=1)
+    text = "\n".join(docs) * 2
+    whole = enc.encode_ordinary(text)  # its own call: 512 KiB or more go on the text threads
+    assert len(text.encode()) > 1 << 19
+    failures: list[str] = []
+
+    def call(k: int) -> None:
+        for round_ in range(5):
+            threads = 2 + (k + round_) % 4
+            got, got_offsets = enc.encode_ordinary_batch_to_numpy(docs, num_threads=threads)
+            if not (np.array_equal(got, flat) and np.array_equal(got_offsets, offsets)):
+                failures.append(f"caller {k}, {threads} threads: other ids")
+            if k % 2 == 0 and enc.encode_ordinary(text) != whole:
+                failures.append(f"caller {k}: other ids for the whole text")
+
+    callers = [threading.Thread(target=call, args=(k,)) for k in range(8)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join(timeout=300)
+    assert not any(c.is_alive() for c in callers)
+    assert failures == []
+
+
+def _encode_in_child(docs: list[str], out: multiprocessing.Queue) -> None:
+    flat, _ = get_encoding("cl100k_base").encode_ordinary_batch_to_numpy(docs, num_threads=3)
+    out.put(flat.tolist())
+
+
+def test_a_forked_child_encodes_on_threads_of_its_own(docs):
+    enc = get_encoding("cl100k_base")
+    expected, _ = enc.encode_ordinary_batch_to_numpy(docs, num_threads=3)  # the parent's helpers exist now
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_encode_in_child, args=(docs, out))
+    child.start()
+    try:
+        got = out.get(timeout=120)  # a child waiting on the parent's threads would never answer
+    finally:
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+    assert got == expected.tolist() and child.exitcode == 0

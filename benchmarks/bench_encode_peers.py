@@ -11,7 +11,8 @@ within a row, not the absolute figures.
 
 Rows: per corpus (default: pipeline_lib/data's English and multilingual text; documents are
 its blank-line separated paragraphs) and vocabulary (cl100k, o200k): one whole text (list
-out), one call per document (lists out), batch to NumPy, batch with 2 threads; then the
+out), one whole text to NumPy (the encoder without the list; peers that have such a call), one
+call per document (lists out), batch to NumPy, batch with 2 threads; then the
 worst cases: a 1 MB line without spaces, 1 MB of one repeated character, 1 MB of spaces
 (--no-worst skips them).
 """
@@ -63,8 +64,10 @@ class Peer:
         whole: Callable[[str], Any],
         docs: Callable[[list[str]], Any] | None = None,
         numpy_batch: Callable[[list[str], int], Any] | None = None,
+        numpy_whole: Callable[[str], Any] | None = None,
     ):
         self.name, self.whole, self.docs, self.numpy_batch = name, whole, docs, numpy_batch
+        self.numpy_whole = numpy_whole  # one whole text to a NumPy array: the encoder without the list
 
 
 def peers_for(vocab: str, fresh: bool = False) -> tuple[list[Peer], list[str]]:
@@ -88,6 +91,7 @@ def peers_for(vocab: str, fresh: bool = False) -> tuple[list[Peer], list[str]]:
             ours.encode_ordinary,
             lambda d: [ours.encode_ordinary(x) for x in d],  # a call per document, as for every peer
             lambda d, t: ours.encode_ordinary_batch_to_numpy(d, num_threads=t)[0],
+            ours.encode_to_numpy,
         )
     ]
     skipped: list[str] = []
@@ -109,6 +113,7 @@ def peers_for(vocab: str, fresh: bool = False) -> tuple[list[Peer], list[str]]:
             enc.encode_ordinary,
             lambda d: [enc.encode_ordinary(x) for x in d],
             lambda d, t: enc.encode_ordinary_batch(d, num_threads=t),
+            enc.encode_to_numpy,
         )
 
     def gigatoken_peer() -> Peer:
@@ -123,6 +128,7 @@ def peers_for(vocab: str, fresh: bool = False) -> tuple[list[Peer], list[str]]:
             # its batch to an awkward array: the ids are its flat NumPy content (encode_batch_list,
             # lists, is 2-3x slower)
             lambda d, t: tok.encode_batch(d, parallel=t > 1).layout.content.data,
+            tok.encode,  # a NumPy array
         )
 
     def fastokens_peer() -> Peer:
@@ -182,6 +188,7 @@ def peers_for(vocab: str, fresh: bool = False) -> tuple[list[Peer], list[str]]:
             tok.encode_ordinary,
             lambda d: [tok.encode_ordinary(x) for x in d],
             lambda d, t: tok.encode_batch_to_numpy(d)[0],
+            tok.encode_to_numpy,
         )  # its own thread pool
 
     for label, make in [
@@ -379,7 +386,7 @@ def main() -> None:
     ap.add_argument(
         "--unseen",
         action="store_true",
-        help="time every call on text the peer has not seen before (the corpus cut into 1 + 4 x --repeat "
+        help="time every call on text the peer has not seen before (the corpus cut into 1 + 5 x --repeat "
         "parts; part 0 warms each peer up, each row times --repeat parts of its own, each peer once): no "
         "result cached by an earlier call can answer",
     )
@@ -412,6 +419,7 @@ def main() -> None:
             if args.unseen:
                 rows = [
                     ("whole", "one whole text (list out)", None),
+                    ("numpy_whole", "one whole text to numpy", None),
                     ("docs", "one call per document (list out)", None),
                     ("numpy_batch", "batch to numpy, 1 thread", 1),
                     ("numpy_batch", "batch, 2 threads", 2),
@@ -424,8 +432,8 @@ def main() -> None:
                 per_doc = [[i for d in part for i in reference.whole(d)] for part in parts]
                 for r, (kind, title, arg) in enumerate(rows):
                     own = [0, *range(1 + r * args.repeat, 1 + (r + 1) * args.repeat)]
-                    inputs = texts if kind == "whole" else parts
-                    expected = whole if kind == "whole" else per_doc
+                    inputs = texts if kind in ("whole", "numpy_whole") else parts
+                    expected = whole if kind in ("whole", "numpy_whole") else per_doc
                     extra = () if arg is None else (arg,)
                     row_unseen(
                         f"{label}, {vocab}, {title}",
@@ -438,6 +446,13 @@ def main() -> None:
                 f"{label}, {vocab}, one whole text (list out)",
                 nbytes,
                 calls(peers, "whole", text),
+                whole_ids,
+                args.repeat,
+            )
+            row(
+                f"{label}, {vocab}, one whole text to numpy",
+                nbytes,
+                calls(peers, "numpy_whole", text),
                 whole_ids,
                 args.repeat,
             )

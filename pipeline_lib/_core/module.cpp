@@ -492,9 +492,11 @@ bool text_segments(const Encoder& self, const uint8_t* p, size_t n, std::vector<
     return ptrs.size() > 1;
 }
 
-nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::bytes data) {
-    const uint8_t* p = bytes_ptr(data);
-    const size_t n = data.size();
+std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep);
+
+nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::handle data) {
+    nb::object keep;
+    const auto [p, n] = text_bytes(data, keep);
     std::vector<uint32_t> out;
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
@@ -538,9 +540,8 @@ nb::tuple encoder_encode_batch(Encoder& self, nb::handle docs, int num_threads) 
 }
 
 // UTF-8 of a str or the bytes of a bytes object, kept alive by `keep`. An ASCII str is read in
-// place; any other str is encoded to a temporary bytes object (PyUnicode_AsUTF8 would cache
-// the UTF-8 on the caller's string for its lifetime). A str with lone surrogates raises
-// UnicodeEncodeError (the Python caller replaces them as tiktoken does).
+// place; any other str's UTF-8 is made once and kept by the str (below). A str with lone
+// surrogates raises UnicodeEncodeError (the Python caller replaces them as tiktoken does).
 std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep) {
     PyObject* t = text.ptr();
     if (PyBytes_Check(t)) return {reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(t)), size_t(PyBytes_GET_SIZE(t))};
@@ -976,7 +977,8 @@ NB_MODULE(_tokcore, m) {
              nb::arg("start_chars") = false, nb::arg("unknown") = nb::none(),
              "start_chars: BPE starts from UTF-8 characters; a character that is no token becomes `unknown` "
              "(an id) or, when None, its single-byte tokens.")
-        .def("encode_ordinary", &encoder_encode, nb::arg("data"), "Encode bytes (no special tokens).")
+        .def("encode_ordinary", &encoder_encode, nb::arg("data"),
+             "Encode a str (its UTF-8) or bytes (no special tokens).")
         .def("encode_ordinary_batch", &encoder_encode_batch, nb::arg("docs"), nb::arg("num_threads") = 0,
              "Encode documents on threads: (ids uint32, offsets uint64 of len(docs) + 1).")
         .def("encode_ordinary_texts", &encoder_encode_texts, nb::arg("docs"), nb::arg("num_threads") = 0,

@@ -683,9 +683,10 @@ class Tokenizer:
         """`encode`, as a uint32 array (no list of Python ints is made)."""
         allowed = self._allowed(text, allowed_special, disallowed_special)
         if not allowed:
-            if self._encode_list is not None and type(text) is str:  # the core reads the str's UTF-8 in place
-                try:
-                    return self._encoder.encode_ordinary(text)
+            encoder = self._encoder
+            if encoder is not None and not self._split_in_python and type(text) is str:
+                try:  # the core reads the str's UTF-8 in place
+                    return encoder.encode_ordinary(text)
                 except UnicodeEncodeError:  # lone surrogates: replaced below, as tiktoken does
                     pass
             return self._ordinary_array(ref.utf8(text))

@@ -4,17 +4,21 @@ the whole text's, in one list whose ints are shared with the encoder's table."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline_lib.errors import InputError
 from pipeline_lib.tokenizer import Encoding, Tokenizer, get_encoding
 from pipeline_lib.tokenizer.core import THREADS_ENV, safe_cuts, text_threads
 
 ENCODINGS = {"gpt2": "gpt2", "cl100k": "cl100k_base", "o200k": "o200k_base"}
 THREADED = 1 << 19  # the core's kThreadedTextBytes
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALPHABET = st.sampled_from(["\n", "\r", "\r\n", " ", "\t", "\u00a0", "a", "B", "é", "日", "7", ".", "'s", "🙂"])
 
 
@@ -102,5 +106,22 @@ def test_the_thread_count_comes_from_the_environment(monkeypatch):
     assert 1 <= text_threads() <= 8
     for bad in ("0", "two", "-1"):
         monkeypatch.setenv(THREADS_ENV, bad)
-        with pytest.raises(ValueError, match=THREADS_ENV):
+        with pytest.raises(InputError, match=THREADS_ENV):
             text_threads()
+
+
+def test_the_command_names_a_bad_thread_count_in_one_line(tmp_path):
+    """A fresh process: the variable is read when an encoding is made."""
+    text, out = tmp_path / "in.txt", tmp_path / "ids.npy"
+    text.write_text("hello world")
+    args = ["tokenizer", "encode", "--tokenizer", "cl100k_base", "--input", str(text), "--output", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-c", f"from flows.cli import main; raise SystemExit(main({args!r}))"],
+        env={**os.environ, THREADS_ENV: "many"},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    err = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(err) == 1 and err[0].startswith("tokenmill: error:"), done.stderr
+    assert THREADS_ENV in err[0] and "bug" not in err[0] and not out.exists()

@@ -56,7 +56,7 @@ def text_threads() -> int:
     if not value:
         return min(os.cpu_count() or 1, DEFAULT_THREADS)
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{THREADS_ENV}={value!r}: expected a number of threads (1 or more); unset it for all cores")
+        raise InputError(f"{THREADS_ENV}={value!r}: expected a number of threads (1 or more); unset it for all cores")
     return int(value)
 
 

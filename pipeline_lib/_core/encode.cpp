@@ -650,8 +650,8 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
     };
     cancel::Poll& poll = cancel::current();
     PieceCache::Word* const words = cache != nullptr && !start_chars_ ? cache->words.data() : nullptr;
-    // An ASCII piece of <= 15 bytes with 16 readable bytes at its start: looked up by its bytes as
-    // loaded (those past the piece masked off) in the words table.
+    // A piece the scanner found. An ASCII piece of <= 15 bytes (with 16 readable bytes at its
+    // start) is keyed in the words table by its bytes as loaded, those past the piece masked off.
     struct Found {
         size_t b, len;
         uint64_t head, tail;     // other pieces: their Key's head and hash

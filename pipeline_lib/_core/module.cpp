@@ -469,9 +469,9 @@ void encoder_init(Encoder* self, nb::handle tokens, nb::handle ranks_obj, int pa
 }
 
 // A text of this many bytes or more is encoded on the encoder's text threads. Each thread has its
-// caches, so a word of the text that both threads meet is learned twice: on new English text, two
-// threads took 1.45x the CPU time of one for 300 KB texts (1.29x faster), 1.15x for 512 KB (1.6x
-// faster).
+// caches, so a word of the text that both threads meet is learned twice: on new text, two threads
+// took 1.04-1.33x the CPU time of one for texts of 512 KiB (1.29-1.76x faster; English, Python and
+// multilingual text, bench_threads.py --texts), and 1.45x for 300 KB of English (1.29x faster).
 constexpr size_t kThreadedTextBytes = size_t{1} << 19;
 
 // A long text cut at safe points (EncoderCore::safe_cut) into segments that encode_batch hands to

@@ -22,11 +22,24 @@ text. Printed per thread count: the median MB per wall second and per CPU-second
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 from pipeline_lib.tokenizer import Encoding, get_encoding
+
+
+def timed(call: Callable[[], object]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process) of one call."""
+    w, c = time.perf_counter(), time.process_time()
+    call()
+    return time.perf_counter() - w, time.process_time() - c
+
+
+def medians(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs)
 
 
 def main() -> None:
@@ -58,13 +71,11 @@ def main() -> None:
         runs: dict[int, list[tuple[float, float]]] = {t: [] for t in args.threads}
         for _ in range(args.repeat):
             for t in args.threads:
-                w, c = time.perf_counter(), time.process_time()
-                call(t)
-                runs[t].append((time.perf_counter() - w, time.process_time() - c))
-        one = statistics.median(w for w, _ in runs[args.threads[0]])
+                runs[t].append(timed(functools.partial(call, t)))
+        one = medians(runs[args.threads[0]])[0]
         print(f"\n{label} (median of {args.repeat}, load {os.getloadavg()[0]:.2f}):")
         for t, rs in runs.items():
-            wall, cpu = statistics.median(w for w, _ in rs), statistics.median(c for _, c in rs)
+            wall, cpu = medians(rs)
             print(
                 f"  {t:>2} thread(s): {wall:6.3f} s  {size / 1e6 / wall:7.1f} MB/s  {cpu:6.3f} CPU-s  "
                 f"x{one / wall:.2f} of {args.threads[0]} thread(s)"
@@ -94,20 +105,14 @@ def long_texts(path: str, encoding: str, threads: list[int], size: int) -> None:
         nbytes = len(piece.encode())
         for t in threads if k % 2 == 0 else threads[::-1]:
             fresh = "".join([piece[:1], piece[1:]])  # a new str: no UTF-8 copy cached by an earlier call
-            w, c = time.perf_counter(), time.process_time()
-            encoders[t].encode_ordinary(fresh)
-            w, c = time.perf_counter() - w, time.process_time() - c
+            w, c = timed(functools.partial(encoders[t].encode_ordinary, fresh))
             rates[t].append((nbytes / 1e6 / w, nbytes / 1e6 / c))
     first = threads[0]
-    one_w = statistics.median(w for w, _ in rates[first])
-    one_c = statistics.median(c for _, c in rates[first])
+    one_w, one_c = medians(rates[first])
     print(f"one text per call, encode_ordinary (medians, load {os.getloadavg()[0]:.2f}):")
-    for t, rs in rates.items():
-        wall, cpu = statistics.median(w for w, _ in rs), statistics.median(c for _, c in rs)
-        print(
-            f"  {t:>2} thread(s): {wall:7.1f} MB/s  {cpu:7.1f} MB/CPU-s  x{wall / one_w:.2f} wall, "
-            f"x{cpu / one_c:.2f} per CPU-second of {first} thread(s)"
-        )
+    for t, (wall, cpu) in ((t, medians(rs)) for t, rs in rates.items()):
+        print(f"  {t:>2} thread(s): {wall:7.1f} MB/s  {cpu:7.1f} MB/CPU-s  ", end="")
+        print(f"x{wall / one_w:.2f} wall, x{cpu / one_c:.2f} per CPU-second of {first} thread(s)")
 
 
 if __name__ == "__main__":

@@ -63,3 +63,18 @@ def test_a_forked_child_encodes_on_threads_of_its_own(docs):
         if child.is_alive():
             child.kill()
     assert got == expected.tolist() and child.exitcode == 0
+
+
+@pytest.mark.parametrize("name", ["gpt2", "cl100k_base", "o200k_base"])
+def test_a_long_document_among_short_ones_is_shared_by_the_threads(docs, multilingual_text, name):
+    """A document of many chunks is cut at safe points for the threads (else one thread encodes
+    it while the others wait); the ids and each document's offsets are as on one thread."""
+    enc = get_encoding(name)
+    long_doc = ("\r\n".join(docs[:400]) + "\n" + multilingual_text[:50_000]) * 10
+    batch = docs[:50] + [long_doc, "", "x"] + docs[50:100] + [long_doc[:70_000]]
+    assert len(long_doc.encode()) > 1 << 20
+    flat, offsets = enc.encode_ordinary_batch_to_numpy(batch, num_threads=1)
+    for threads in (2, 3, 8):
+        got, got_offsets = enc.encode_ordinary_batch_to_numpy(batch, num_threads=threads)
+        assert np.array_equal(got_offsets, offsets) and np.array_equal(got, flat), threads
+    assert flat[offsets[50] : offsets[51]].tolist() == enc.encode_ordinary(long_doc)

@@ -5,7 +5,9 @@ they exist gets threads of its own."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -78,3 +80,27 @@ def test_a_long_document_among_short_ones_is_shared_by_the_threads(docs, multili
         got, got_offsets = enc.encode_ordinary_batch_to_numpy(batch, num_threads=threads)
         assert np.array_equal(got_offsets, offsets) and np.array_equal(got, flat), threads
     assert flat[offsets[50] : offsets[51]].tolist() == enc.encode_ordinary(long_doc)
+
+
+def _pool_threads() -> int:
+    tasks = "/proc/self/task"
+    names = []
+    for t in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{t}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # a thread that just ended
+            pass
+    return names.count("tokenmill-pool")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_idle_helper_threads_end(docs):
+    """The helpers outlive a call (the next one reuses them) but end once idle for a while, so a
+    process that stopped encoding holds no threads (Python 3.12 warns at fork() when it does)."""
+    get_encoding("cl100k_base").encode_ordinary_batch_to_numpy(docs, num_threads=4)
+    assert _pool_threads() >= 1
+    deadline = time.monotonic() + 30
+    while _pool_threads() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _pool_threads() == 0

@@ -7,12 +7,13 @@
 // taken when task(0) returns is dropped, so a task must leave nothing undone that the others need
 // it for (encode_batch's workers take chunks from a shared counter until none are left). Tasks
 // must not throw. Pool threads never run Python code, so they need no care at interpreter exit;
-// they wait on a condition variable until the process ends. A child made by fork() starts with
-// a pool of its own (the parent's threads are not in it).
+// they wait on a condition variable for work, and end after kIdleExit without any. A child made
+// by fork() starts with a pool of its own (the parent's threads are not in it).
 #pragma once
 
 #include <pthread.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -71,6 +72,9 @@ public:
 
 private:
     static constexpr size_t kMaxThreads = 256;
+    // A pool thread idle this long ends, so that a process that stopped encoding holds no threads
+    // (Python 3.12 warns at fork() in a process that has threads).
+    static constexpr std::chrono::seconds kIdleExit{2};
 
     struct Job {
         Job(const Task* t, size_t n) : task(t), slots(n) {}
@@ -88,12 +92,17 @@ private:
     }
 
     void loop() {
+        pthread_setname_np(pthread_self(), "tokenmill-pool");  // as ps, top and /proc show it
         std::unique_lock<std::mutex> lock(mu_);
         --starting_;
         for (;;) {
             ++idle_;
-            work_.wait(lock, [&] { return !jobs_.empty(); });
+            const bool work = work_.wait_for(lock, kIdleExit, [&] { return !jobs_.empty(); });
             --idle_;
+            if (!work) {  // idle for a while: the thread ends (a later call starts another)
+                --threads_;
+                return;
+            }
             Job* job = jobs_.front();
             const size_t slot = ++job->claimed;
             --unclaimed_;

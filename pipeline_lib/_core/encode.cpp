@@ -799,25 +799,15 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     // of 0.3 MB on two threads ran no faster than on one).
     size_t total_bytes = 0;
     for (size_t d = 0; d < nd; ++d) total_bytes += lens[d];
-    const size_t chunk_bytes = std::clamp<size_t>((total_bytes + 16 * nd) / (8 * nt), size_t{1} << 14, size_t{1} << 18);
+    const size_t chunk_bytes = EncoderCore::chunk_bytes(total_bytes, nd, nt);
     // A document of many chunks would keep one thread busy while the others wait (one document of
     // 6 MB in 20 MB of English held 16 threads to 3x one): it is cut at safe points into pieces of
     // about a chunk, encoded as documents of their own, and put back together. (Not with `take`,
     // whose lists are per document.)
     if (nt > 1 && take == nullptr) {
         std::vector<const uint8_t*> piece_ptr;
-        std::vector<size_t> piece_len, pieces_of(nd, 0);
-        for (size_t d = 0; d < nd; ++d) {
-            for (size_t start = 0; start < lens[d] || start == 0;) {
-                const size_t end = lens[d] - start <= 2 * chunk_bytes ? lens[d]
-                                                                      : safe_cut(docs[d], lens[d], start + chunk_bytes);
-                piece_ptr.push_back(docs[d] + start);
-                piece_len.push_back(end - start);
-                ++pieces_of[d];
-                start = end;
-                if (end == 0) break;  // an empty document
-            }
-        }
+        std::vector<size_t> piece_len, pieces_of(nd);
+        for (size_t d = 0; d < nd; ++d) pieces_of[d] = cut_pieces(docs[d], lens[d], chunk_bytes, piece_ptr, piece_len);
         if (piece_ptr.size() > nd) {
             std::vector<uint64_t> piece_offsets;
             encode_batch(piece_ptr, piece_len, num_threads, ids, piece_offsets);
@@ -954,6 +944,19 @@ size_t EncoderCore::safe_cut(const uint8_t* data, size_t n, size_t from) const {
         at = nl + 1;
     }
     return n;
+}
+
+size_t EncoderCore::cut_pieces(const uint8_t* data, size_t n, size_t target, std::vector<const uint8_t*>& ptrs,
+                               std::vector<size_t>& lens) const {
+    size_t start = 0, count = 0;
+    do {
+        const size_t end = n - start <= 2 * target ? n : safe_cut(data, n, start + target);
+        ptrs.push_back(data + start);
+        lens.push_back(end - start);
+        ++count;
+        start = end;
+    } while (start < n);
+    return count;
 }
 
 bool EncoderCore::decode(const uint32_t* ids, size_t m, std::string& out, size_t* bad_index) const {

@@ -14,6 +14,7 @@
 // (byte fallback).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -146,6 +147,16 @@ public:
     // piece before ends at the newline whether or not the text goes on. Never with kNoSplit.
     // The same cuts as pipeline_lib.tokenizer.core.safe_cuts.
     size_t safe_cut(const uint8_t* data, size_t n, size_t from) const;
+    // data[0:n] cut at safe points into pieces of about `target` bytes, appended to ptrs/lens (a
+    // stretch of no more than 2 x target, or with no safe point, stays one piece; an empty text is
+    // one empty piece); returns how many.
+    size_t cut_pieces(const uint8_t* data, size_t n, size_t target, std::vector<const uint8_t*>& ptrs,
+                      std::vector<size_t>& lens) const;
+    // The bytes of the chunks encode_batch hands its threads: about 1/8 of a thread's share of
+    // `total_bytes` (a document counting 16 bytes more than its length), from 16 to 256 KiB.
+    static size_t chunk_bytes(size_t total_bytes, size_t docs, size_t threads) {
+        return std::clamp<size_t>((total_bytes + 16 * docs) / (8 * threads), size_t{1} << 14, size_t{1} << 18);
+    }
 
     // Bytes of the ids; returns false and the index of the first unknown id on failure.
     bool decode(const uint32_t* ids, size_t m, std::string& out, size_t* bad_index) const;

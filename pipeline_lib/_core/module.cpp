@@ -481,18 +481,27 @@ bool text_segments(const Encoder& self, const uint8_t* p, size_t n, std::vector<
                    std::vector<size_t>& lens) {
     const size_t threads = static_cast<size_t>(std::max(self.text_threads, 1));
     if (threads == 1 || n < kThreadedTextBytes) return false;
-    // the size of encode_batch's chunks, so that each segment is a chunk of its own
-    const size_t target = std::clamp<size_t>(n / (8 * threads), size_t{1} << 14, size_t{1} << 18);
-    for (size_t start = 0; start < n;) {
-        const size_t end = n - start <= target ? n : self.core->safe_cut(p, n, start + target);
-        ptrs.push_back(p + start);
-        lens.push_back(end - start);
-        start = end;
-    }
-    return ptrs.size() > 1;
+    // segments of encode_batch's chunk size, so that each one is a chunk of its own
+    return self.core->cut_pieces(p, n, EncoderCore::chunk_bytes(n, 1, threads), ptrs, lens) > 1;
 }
 
-std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep);
+// UTF-8 of a str or the bytes of a bytes object, kept alive by `keep`. An ASCII str is read in
+// place; any other str's UTF-8 is made once and kept by the str (below). A str with lone
+// surrogates raises UnicodeEncodeError (the Python caller replaces them as tiktoken does).
+std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep) {
+    PyObject* t = text.ptr();
+    if (PyBytes_Check(t)) return {reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(t)), size_t(PyBytes_GET_SIZE(t))};
+    if (!PyUnicode_Check(t)) throw nb::type_error("text must be str or bytes");
+    if (PyUnicode_IS_ASCII(t))
+        return {static_cast<const uint8_t*>(PyUnicode_DATA(t)), size_t(PyUnicode_GET_LENGTH(t))};
+    // The str keeps its UTF-8 form (as tiktoken's reading of a str does): encoding the same
+    // text again skips the conversion, a third of the work for non-Latin scripts.
+    Py_ssize_t size = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(t, &size);
+    if (utf8 == nullptr) throw nb::python_error();
+    keep = nb::borrow(text);
+    return {reinterpret_cast<const uint8_t*>(utf8), size_t(size)};
+}
 
 nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::handle data) {
     nb::object keep;
@@ -537,24 +546,6 @@ nb::tuple encoder_encode_batch(Encoder& self, nb::handle docs, int num_threads) 
     std::vector<size_t> lens;
     collect_bytes(docs, keep, ptrs, lens, "docs");
     return encode_documents(self, ptrs, lens, num_threads);
-}
-
-// UTF-8 of a str or the bytes of a bytes object, kept alive by `keep`. An ASCII str is read in
-// place; any other str's UTF-8 is made once and kept by the str (below). A str with lone
-// surrogates raises UnicodeEncodeError (the Python caller replaces them as tiktoken does).
-std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep) {
-    PyObject* t = text.ptr();
-    if (PyBytes_Check(t)) return {reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(t)), size_t(PyBytes_GET_SIZE(t))};
-    if (!PyUnicode_Check(t)) throw nb::type_error("text must be str or bytes");
-    if (PyUnicode_IS_ASCII(t))
-        return {static_cast<const uint8_t*>(PyUnicode_DATA(t)), size_t(PyUnicode_GET_LENGTH(t))};
-    // The str keeps its UTF-8 form (as tiktoken's reading of a str does): encoding the same
-    // text again skips the conversion, a third of the work for non-Latin scripts.
-    Py_ssize_t size = 0;
-    const char* utf8 = PyUnicode_AsUTF8AndSize(t, &size);
-    if (utf8 == nullptr) throw nb::python_error();
-    keep = nb::borrow(text);
-    return {reinterpret_cast<const uint8_t*>(utf8), size_t(size)};
 }
 
 // Documents as bytes or str: an ASCII str is read in place, so a batch of text needs no

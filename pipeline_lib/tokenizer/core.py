@@ -239,10 +239,10 @@ class Tokenizer:
             )
             self._encoder = native._CORE.Encoder(tokens, ranks, pattern_id, self.unit != "byte", self._unknown_id)
             self._encoder.text_threads = text_threads()
-        # text -> list of ids in one native call, where the core splits the text itself
-        self._encode_list = (
-            self._encoder.encode_ordinary_list if self._encoder is not None and not self._split_in_python else None
-        )
+        # text -> list (or array) of ids in one native call, where the core splits the text itself
+        splitting = self._encoder if not self._split_in_python else None
+        self._encode_list = splitting.encode_ordinary_list if splitting is not None else None
+        self._encode_array = splitting.encode_ordinary if splitting is not None else None
 
     def _validate(self) -> None:
         ranks = self.mergeable_ranks
@@ -683,10 +683,10 @@ class Tokenizer:
         """`encode`, as a uint32 array (no list of Python ints is made)."""
         allowed = self._allowed(text, allowed_special, disallowed_special)
         if not allowed:
-            encoder = self._encoder
-            if encoder is not None and not self._split_in_python and type(text) is str:
+            encode_array = self._encode_array
+            if encode_array is not None and type(text) is str:
                 try:  # the core reads the str's UTF-8 in place
-                    return encoder.encode_ordinary(text)
+                    return encode_array(text)
                 except UnicodeEncodeError:  # lone surrogates: replaced below, as tiktoken does
                     pass
             return self._ordinary_array(ref.utf8(text))

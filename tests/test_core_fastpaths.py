@@ -10,7 +10,10 @@
 * ASCII pieces of cl100k and o200k are found from one 16-byte load (`pretok::ascii_piece_end`):
   the split must equal the regex reference and the general path (`ascii_first=False`) for runs
   of every class that end at every position of the 16 bytes, before every kind of byte; and the
-  encoder's table of ASCII pieces must give tiktoken's ids with the real vocabularies.
+  encoder's table of ASCII pieces must give tiktoken's ids with the real vocabularies;
+* ASCII pieces of cl100k and o200k are found 64 bytes at a time (`pretok::window_starts`): the
+  split must equal the regex reference and the general path for every kind of piece at every
+  offset of the window, next to non-ASCII bytes, and on long random texts.
 """
 
 from __future__ import annotations
@@ -265,3 +268,46 @@ def test_ascii_pieces_of_many_ids_and_single_tokens_again_and_again(real_encodin
             theirs.encode_ordinary(text[:5000]),
             theirs.encode_ordinary(text),
         ]
+
+
+# Pieces whose starts the 64-byte window derives from more than one byte: contractions (o200k's
+# after letters, not after another contraction), capitals after small letters, \r \n and / taken
+# after punctuation, whitespace runs with \r \n inside and a space of another script at their end,
+# digit runs cut every three digits, a letter run after one and after two punctuation bytes.
+WINDOW_CASES = [
+    "x'LL'LLY",
+    "don't 'sound 's x'Sound it'sOK",
+    "camelCase iPhone HTMLParser aBC",
+    "/\n/\r x",
+    "a!\n/\n//x !\n//!",
+    ".\n  \n x",
+    "\n  \u00a0\n z",
+    "x\n\n  y\n \n\tz",
+    "\r\n\r\n  ",
+    " 1234567 12 123456789012",
+    "!!word !word  'x ''s",
+    "\t!word\x0bword \x0c's",
+    "x.\n'd \n\n_",
+    "end   \u2003 \u00e9'LL",
+]
+FILLER = "ab cd, ef. "
+
+
+def test_window_pieces_at_every_offset():
+    for name in FAST_PATTERNS:
+        pid = tokcore.PATTERN_IDS[name]
+        for case in WINDOW_CASES:
+            for offset in range(72):
+                text = (FILLER * 8)[:offset] + case + FILLER * 12
+                data = text.encode()
+                expect = ref.split_bytes(data, name)
+                assert tokcore.split(data, pid) == expect, (name, data)
+                assert tokcore.split(data, pid, ascii_first=False) == expect, (name, data)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(ASCII_HEAVY, min_size=3, max_size=12).map("".join))
+def test_window_split_random(text):
+    data = text.encode()
+    for name in FAST_PATTERNS:
+        assert tokcore.split(data, tokcore.PATTERN_IDS[name]) == ref.split_bytes(data, name)

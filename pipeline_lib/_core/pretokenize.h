@@ -503,6 +503,160 @@ template <int Pattern>
     return end;
 }
 
+// ---- ASCII pieces, 64 bytes at a time ------------------------------------------------------
+// Where the text is ASCII, the pieces of cl100k and o200k can be found for 64 bytes at once: each
+// byte class becomes a 64-bit mask (bit k: byte k), and the bytes where a piece starts follow from
+// a few shifts of those masks, with no branch per piece. `window_starts` gives them for a window
+// that begins at a piece's start (the byte before it plays no part: it is taken to be none of the
+// classes below). Over ASCII, a piece starts at:
+//   * a letter whose byte before is no letter and no prefix: [^\r\n\p{L}\p{N}]? takes the byte
+//     before a letter run when that byte starts a piece and is a space, \t \v \f, or punctuation
+//     -- punctuation starts a piece where it follows no punctuation and no space (a space before
+//     punctuation takes it:  ?[^\s\p{L}\p{N}]+);
+//   * o200k: a capital after a small letter ([Up]*[Lo]+ and [Up]+[Lo]* end there);
+//   * such punctuation. cl100k: an apostrophe among it may start a contraction, whose piece ends
+//     2 or 3 bytes on ('s 'll), inside a letter run when letters follow. o200k: an apostrophe
+//     right after a letter and followed by a contraction ends the letters' piece after it;
+//   * the first digit of a run and every third digit after it (\p{N}{1,3});
+//   * the first byte of a whitespace run -- but not the \r \n right after punctuation, which
+//     [\r\n]* (o200k: [\r\n/]*) takes with it;
+//   * the run's last byte when it is no \r or \n (\s+(?!\S) leaves it, and it starts the next
+//     piece, alone or with a letter run or punctuation), and the byte after the run's last \r or
+//     \n when more whitespace follows it up to the run's end (\s*[\r\n]).
+// A piece's start at k is decided by bytes up to k + 1 and by the end of its whitespace run, so
+// starts are trusted up to byte 62, and up to two bytes before the first non-ASCII byte.
+// tests/test_core_fastpaths.py compares the pieces with the regex's and the general functions'.
+
+struct Masks64 {
+    uint64_t upper, lower, digit, space, tabs, crlf, high, apostrophe, slash;
+};
+
+// Bit k of each mask: byte k of the 64 at p is in the class (tabs: \t \v \f; crlf: \r \n).
+[[gnu::always_inline]] inline Masks64 classify64(const uint8_t* p) {
+    Masks64 m{};
+    for (unsigned c = 0; c < 4; ++c) {
+        const Bytes16 v(p + 16 * c);
+        const unsigned at = 16 * c;
+        const uint32_t crlf = v.equal('\r') | v.equal('\n');
+        m.upper |= uint64_t{v.range('A', 26)} << at;
+        m.lower |= uint64_t{v.range('a', 26)} << at;
+        m.digit |= uint64_t{v.range('0', 10)} << at;
+        m.space |= uint64_t{v.equal(' ')} << at;
+        m.tabs |= uint64_t{v.range('\t', 5) & ~crlf} << at;
+        m.crlf |= uint64_t{crlf} << at;
+        m.high |= uint64_t{v.high()} << at;
+        m.apostrophe |= uint64_t{v.equal('\'')} << at;
+        m.slash |= uint64_t{v.equal('/')} << at;
+    }
+    return m;
+}
+
+// Length of the contraction at the apostrophe p[0] ('s 'd 'm 't: 2; 'll 've 're: 3; any case),
+// or 0.
+inline unsigned ascii_contraction(const uint8_t* p) {
+    const uint8_t x = p[1] | 0x20, y = p[2] | 0x20;  // | 0x20 gives these letters only from A-Z a-z
+    if (x == 's' || x == 'd' || x == 'm' || x == 't') return 2;
+    if ((x == 'l' && y == 'l') || (x == 'v' && y == 'e') || (x == 'r' && y == 'e')) return 3;
+    return 0;
+}
+
+struct WindowStarts {
+    uint64_t starts;  // bit k (1..62): a piece starts at byte k
+    unsigned skip;    // past the window's last non-ASCII byte (0: none): the pieces up to there
+                      // are left to the per-piece scanner, as a window would find few of them
+};
+
+inline uint64_t ctz64(uint64_t m) { return static_cast<uint64_t>(__builtin_ctzll(m)); }
+inline unsigned top_bit(uint64_t m) { return 63 - static_cast<unsigned>(__builtin_clzll(m)); }
+
+// The starts of the pieces among bytes 1..62 of the 64 at p, p[0] starting one. Reads 66 bytes
+// (a contraction's letters past the window).
+template <int Pattern>
+inline WindowStarts window_starts(const uint8_t* p) {
+    // Text of other scripts: most windows have a non-ASCII byte among their first three, which
+    // one byte mask of the 64 shows before the others are made.
+    uint64_t high = 0;
+    for (unsigned c = 0; c < 4; ++c) high |= uint64_t{Bytes16(p + 16 * c).high()} << (16 * c);
+    unsigned last = 62;
+    if (high) {
+        const unsigned h = static_cast<unsigned>(ctz64(high));
+        if (h < 3) return {0, top_bit(high) + 1};
+        last = h - 2 < last ? h - 2 : last;
+    }
+    const Masks64 m = classify64(p);
+    const uint64_t letter = m.upper | m.lower;
+    const uint64_t other = ~(letter | m.digit | m.space | m.tabs | m.crlf | m.high);
+    // o200k: a contraction after letters belongs to the letters' piece (the apostrophe starts
+    // none), unless those letters are another contraction's
+    uint64_t suffix = 0, suffix_end = 0;
+    if (Pattern == kO200k) {
+        for (uint64_t a = m.apostrophe & (letter << 1); a; a &= a - 1) {
+            const unsigned k = static_cast<unsigned>(ctz64(a));
+            const unsigned c = ascii_contraction(p + k);
+            if (c == 0 || ((suffix >> (k - 1)) & 1)) continue;  // no letters' piece ends at a contraction
+            suffix |= ((uint64_t{1} << c) - 1) << k;  // may drop bits past 63: beyond `last`
+            if (k + c < 64) suffix_end |= uint64_t{1} << (k + c);
+        }
+    }
+    // \r \n right after punctuation: [\r\n]* (o200k [\r\n/]*) takes them and the rest of their
+    // run; a / it takes starts no piece. A run of those bytes is taken from its first \r \n after
+    // punctuation (a / of the run is punctuation too) to its end: the add carries from the run's
+    // start up to that byte, and the rest is taken.
+    const uint64_t tail = Pattern == kO200k ? m.crlf | m.slash : m.crlf;
+    const uint64_t first = m.crlf & (other << 1);
+    const uint64_t until = tail & ~first;
+    const uint64_t run_start = until & ~(tail << 1);
+    const uint64_t taken = tail & ~(((until + run_start) ^ until) & until);
+    const uint64_t punct = other & ~taken & ~suffix;
+    const uint64_t other_start = punct & ~((punct | m.space) << 1);
+    const uint64_t prefix = m.space | m.tabs | other_start;
+    uint64_t letter_start = letter & ~(letter << 1);
+    if (Pattern == kO200k) letter_start |= m.upper & (m.lower << 1);
+    const uint64_t digit_start = m.digit & ~(m.digit << 1);
+    const uint64_t blank = m.space | m.tabs;
+    const uint64_t ws = (blank | m.crlf) & ~taken;
+    uint64_t starts = (letter_start & ~(prefix << 1)) | other_start | digit_start | (ws & ~(ws << 1)) |
+                      (blank & ~(ws >> 1));
+    // After a \r or \n of a run: a start when no \r or \n follows in the run. The blank run from
+    // there ends where the carry of the add lands: a \r or \n there voids it, a non-ASCII byte
+    // (a space of another script may go on with the run) or the window's end leaves it unknown,
+    // and the starts are trusted only up to it.
+    uint64_t after_crlf = blank & ((m.crlf & ~taken) << 1);
+    if (after_crlf) {
+        const uint64_t sum = blank + after_crlf;
+        if (sum < blank) {  // the last one's run reaches byte 63
+            const unsigned top = top_bit(after_crlf);
+            last = top - 1 < last ? top - 1 : last;
+        }
+        for (uint64_t end = sum & ~blank & (m.crlf | m.high); end; end &= end - 1) {
+            const unsigned at = top_bit(after_crlf & ((end & -end) - 1));
+            after_crlf &= ~(uint64_t{1} << at);
+            if ((m.high & end & -end) && at - 1 < last) last = at - 1;
+        }
+        starts |= after_crlf;
+    }
+    // Digit runs of 4 or more: every third digit.
+    if (m.digit & (m.digit << 1) & (m.digit << 2) & (m.digit << 3)) {
+        for (uint64_t r = digit_start; r; r &= r - 1) {
+            const unsigned s = static_cast<unsigned>(ctz64(r));
+            const uint64_t rest = ~(m.digit >> s);
+            const unsigned len = rest ? static_cast<unsigned>(ctz64(rest)) : 64 - s;
+            for (unsigned k = s + 3; k < s + len; k += 3) starts |= uint64_t{1} << k;
+        }
+    }
+    if (Pattern == kCl100k) {
+        for (uint64_t a = m.apostrophe & other_start; a; a &= a - 1) {
+            const unsigned k = static_cast<unsigned>(ctz64(a));
+            const unsigned c = ascii_contraction(p + k);
+            if (c != 0 && k + c < 64) starts |= uint64_t{1} << (k + c);
+        }
+    } else {
+        starts = (starts & ~suffix) | suffix_end;
+    }
+    starts &= ((uint64_t{2} << last) - 1) & ~uint64_t{1};
+    return {starts, high ? top_bit(high) + 1 : 0};
+}
+
 // Callers key an ASCII piece of n <= 15 bytes by two words loaded at its start and at its end:
 // head = first 8 bytes & head[n] (the bytes past the piece masked off), tail = last 8 bytes &
 // tail[n] (0 for n <= 8); with n they name the piece. The masks come from a table and the tail's
@@ -526,8 +680,8 @@ inline size_t ascii_key_slot(uint64_t head, uint64_t tail, unsigned bits) {
 }
 
 // Calls emit(begin, end) for each piece, or emit(begin, end, ascii) where `ascii` is
-// std::true_type for a piece that ascii_piece_end found (ASCII, at most 15 bytes, with 16
-// readable bytes at `begin`) and std::false_type for the others.
+// std::true_type for a piece that a window or ascii_piece_end found (ASCII, at most 15 bytes,
+// with 16 readable bytes at `begin`) and std::false_type for the others.
 // ascii_first = false: only the general *_piece functions (the tests compare the two).
 // The *_piece functions are forced inline, and callers force their `emit` inline too: one loop
 // per pattern with no call per piece, which would cost about as much as finding an English
@@ -562,10 +716,31 @@ template <int Pattern, class Emit>
     }
 }
 
+// Bytes a window needs from its start: 64, 2 more for a contraction's letters, and the 16 that
+// an ASCII piece starting at byte 62 needs readable.
+constexpr size_t kWindowReach = 80;
+
+// A window where one is worth trying, else a piece from one 16-byte load, else the general
+// functions. After a window that met non-ASCII bytes, the next is tried past them.
 template <int Pattern, class Emit>
 [[gnu::always_inline]] inline void split_ascii_first(const uint8_t* s, size_t n, Emit& emit) {
     size_t i = 0;
+    size_t window_at = 0;
     while (i + 16 < n) {
+        if (i >= window_at && i + kWindowReach <= n) {
+            const WindowStarts w = window_starts<Pattern>(s + i);
+            window_at = i + w.skip;
+            if (w.starts != 0) {
+                size_t b = i;
+                for (uint64_t m = w.starts; m != 0; m &= m - 1) {
+                    const size_t e = i + ctz64(m);
+                    emit_piece(emit, b, e, e - b < 16);
+                    b = e;
+                }
+                i = b;
+                continue;
+            }
+        }
         size_t e = ascii_piece_end<Pattern>(s + i);
         if (e != 0) {
             emit_piece(emit, i, i + e, true);

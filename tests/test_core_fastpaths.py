@@ -19,7 +19,10 @@
 from __future__ import annotations
 
 import collections
+import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -311,3 +314,50 @@ def test_window_split_random(text):
     data = text.encode()
     for name in FAST_PATTERNS:
         assert tokcore.split(data, tokcore.PATTERN_IDS[name]) == ref.split_bytes(data, name)
+
+
+def test_windows_without_avx2_give_the_same_pieces_and_ids():
+    """TOKENMILL_NO_AVX2 makes the windows classify bytes 16 at a time: the same pieces, counts
+    and ids as this process's windows (two 32-byte loads where the CPU has AVX2)."""
+    script = (
+        "import sys, numpy as np\n"
+        "from pipeline_lib import _tokcore as t\n"
+        "from pipeline_lib.tokenizer import get_encoding\n"
+        "data = sys.stdin.buffer.read()\n"
+        "for name in ('cl100k', 'o200k'):\n"
+        "    sys.stdout.buffer.write(b'\\0'.join(t.split(data, t.PATTERN_IDS[name])) + b'\\1')\n"
+        "    ids = get_encoding(name + '_base').encode_ordinary(data.decode())\n"
+        "    sys.stdout.buffer.write(np.asarray(ids, np.uint32).tobytes())\n"
+    )
+    rng = random.Random(3)
+    units = [
+        "the",
+        " cat",
+        "HTML",
+        "iPhone",
+        "'s",
+        "'LL",
+        " ",
+        "  ",
+        "\n",
+        "\r\n",
+        "\t",
+        ",",
+        "...",
+        "/",
+        "123",
+        "2024",
+        "é",
+        "中",
+    ]
+    text = "".join(rng.choice(units) for _ in range(40_000))
+    here = subprocess.run([sys.executable, "-c", script], input=text.encode(), capture_output=True, check=True)
+    without = subprocess.run(
+        [sys.executable, "-c", script],
+        input=text.encode(),
+        capture_output=True,
+        check=True,
+        env={**os.environ, "TOKENMILL_NO_AVX2": "1"},
+    )
+    assert len(here.stdout) > 100_000
+    assert here.stdout == without.stdout

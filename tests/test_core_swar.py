@@ -12,6 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 CORE = Path(__file__).resolve().parent.parent / "pipeline_lib" / "_core"
 
 SCANNER = """
@@ -173,4 +175,44 @@ def test_sse2_and_swar_windows_agree(tmp_path):
     """The 64-byte window (`pretok::window_starts`) builds its masks from the same 16-byte loads."""
     starts, mismatches = run_both_builds(tmp_path, WINDOW, WINDOW_MAIN)
     assert starts > 50_000  # many windows find starts, not only the non-ASCII byte
+    assert mismatches == 0
+
+
+AVX2_MAIN = r"""
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include "pretokenize.h"
+using namespace tokcore::pretok;
+int main() {
+    if (!__builtin_cpu_supports("avx2")) { std::printf("-1 0\n"); return 0; }
+    std::mt19937 rng(17);
+    const char alpha[] = "aAzZ@[`{ M'\r\n\t\x0b\x0c/09.,;-()\x7f\x80\xc3\xa9\xff";
+    const size_t n_alpha = sizeof alpha - 1 + 1;  // with the NUL
+    long windows = 0, mismatches = 0;
+    for (int it = 0; it < 100000; ++it) {
+        uint8_t w[64];
+        for (auto& b : w) b = rng() % 8 == 0 ? uint8_t(rng() % 256) : uint8_t(alpha[rng() % n_alpha]);
+        const Masks64 a = classify64(w), b = classify64_avx2(w);
+        ++windows;
+        if (std::memcmp(&a, &b, sizeof a) != 0) ++mismatches;
+    }
+    std::printf("%ld %ld\n", windows, mismatches);
+    return 0;
+}
+"""
+
+
+def test_avx2_and_sse2_window_masks_agree(tmp_path):
+    """On CPUs with AVX2 the window's byte classes come from two 32-byte loads
+    (`pretok::classify64_avx2`); they must equal the 16-byte build's, byte class by byte class."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    assert cxx, "a C++ compiler is needed (the core is built with one)"
+    (tmp_path / "avx2.cpp").write_text(AVX2_MAIN)
+    subprocess.run([cxx, "-O1", "-std=c++17", f"-I{CORE}", "avx2.cpp", "-o", "avx2"], cwd=tmp_path, check=True)
+    run = subprocess.run([tmp_path / "avx2"], capture_output=True, text=True, check=True)
+    windows, mismatches = (int(x) for x in run.stdout.split())
+    if windows < 0:
+        pytest.skip("this CPU has no AVX2: the core uses the 16-byte masks only")
+    assert windows == 100_000
     assert mismatches == 0

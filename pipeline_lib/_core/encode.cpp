@@ -607,6 +607,33 @@ void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint3
     bpe(piece, n, out, periodic);
 }
 
+// An ASCII piece of <= 15 bytes that the words table did not hold (its slot `w`): a token (most
+// of them), or ids from the BPE cache; then kept in the slot. The recent-piece tables are skipped:
+// the words table is these pieces' cache, and each table looked at is one more line to fetch for
+// a word met the first time. Out of line: the loop over the pieces keeps its registers.
+void EncoderCore::word_miss(const uint8_t* p, size_t len, uint64_t head, uint64_t tail, PieceCache::Word* w,
+                            std::vector<uint32_t>& out, PieceCache* cache) const {
+    const size_t before = out.size();
+    if (len == 1) {
+        out.push_back(byte_rank_[*p]);  // a byte-level vocabulary: every byte is a token
+    } else {
+        const Key key(p, len);
+        if (const uint32_t* r = token_of(key)) {
+            out.push_back(*r);
+        } else {
+            encode_merged(key, out, cache);
+        }
+    }
+    const size_t count = out.size() - before;
+    if (count <= PieceCache::kWordIds) {
+        w->head = head;
+        w->tail = tail;
+        w->len = static_cast<uint16_t>(len);
+        w->count = static_cast<uint16_t>(count);
+        for (size_t k = 0; k < count; ++k) w->ids[k] = out[before + k];
+    }
+}
+
 void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const {
     size_t polled = 0;  // bytes handed to the poll so far, in steps of >= kPollBytes rather than per piece
     // Inlined into the split loop: most pieces are one token, found by one lookup.
@@ -669,29 +696,7 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
             for (size_t k = 1; k < w->count; ++k) out.push_back(w->ids[k]);
             return;
         }
-        // Not in the words table: a token (most of them), or ids from the BPE cache. The
-        // recent-piece tables are skipped: the words table is these pieces' cache, and each
-        // table looked at is one more line to fetch for a word met the first time.
-        const uint8_t* p = data + f.b;
-        const size_t before = out.size();
-        if (len == 1) {
-            out.push_back(byte_rank_[*p]);  // a byte-level vocabulary: every byte is a token
-        } else {
-            const Key key(p, len);
-            if (const uint32_t* r = token_of(key)) {
-                out.push_back(*r);
-            } else {
-                encode_merged(key, out, cache);
-            }
-        }
-        const size_t count = out.size() - before;
-        if (count <= PieceCache::kWordIds) {
-            w->head = f.head;
-            w->tail = f.tail;
-            w->len = static_cast<uint16_t>(len);
-            w->count = static_cast<uint16_t>(count);
-            for (size_t k = 0; k < count; ++k) w->ids[k] = out[before + k];
-        }
+        word_miss(data + f.b, len, f.head, f.tail, w, out, cache);
     };
     // Each piece is looked up kAhead pieces after the scanner finds it, and its slot in the words
     // table or a recent-piece table is prefetched when found: those tables (2 MiB) are out of the

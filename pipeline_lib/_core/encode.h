@@ -167,6 +167,8 @@ public:
 
 private:
     [[gnu::noinline]] void encode_merged(const Key& key, std::vector<uint32_t>& out, PieceCache* cache) const;
+    [[gnu::noinline]] void word_miss(const uint8_t* p, size_t len, uint64_t head, uint64_t tail, PieceCache::Word* w,
+                                     std::vector<uint32_t>& out, PieceCache* cache) const;
     [[gnu::noinline]] void encode_long(const Key& key, std::vector<uint32_t>& out, PieceCache* cache) const;
     void cache_ids(const Key& key, const std::vector<uint32_t>& out, size_t before, PieceCache* cache) const;
     // memo: the calling thread's cache, whose pair_memo the merges of short pieces go through.

@@ -706,11 +706,12 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
     Found ahead[kAhead];
     size_t found = 0;
     pretok::split_with(data, n, pattern_, [&](size_t b, size_t e, auto ascii) __attribute__((always_inline)) {
-        if (e - polled >= pretok::kPollBytes) {
+        const size_t slot = found % kAhead;
+        if (slot == 0 && e - polled >= pretok::kPollBytes) {  // looked at every kAhead pieces
             poll.tick(e - polled);
             polled = e;
         }
-        Found& f = ahead[found % kAhead];
+        Found& f = ahead[slot];
         if (found >= kAhead) look_up(f);
         ++found;
         const size_t len = e - b;

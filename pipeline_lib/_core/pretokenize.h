@@ -645,7 +645,7 @@ inline WindowStarts window_starts(const uint8_t* p) {
         for (uint64_t a = m.apostrophe & (letter << 1); a; a &= a - 1) {
             const unsigned k = static_cast<unsigned>(ctz64(a));
             const unsigned c = ascii_contraction(p + k);
-            if (c == 0 || ((suffix >> (k - 1)) & 1)) continue;  // no letters' piece ends at a contraction
+            if (c == 0 || ((suffix >> (k - 1)) & 1)) continue;  // after a contraction: a piece of its own
             suffix |= ((uint64_t{1} << c) - 1) << k;  // may drop bits past 63: beyond `last`
             if (k + c < 64) suffix_end |= uint64_t{1} << (k + c);
         }

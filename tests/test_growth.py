@@ -90,10 +90,12 @@ def tok_a() -> Tokenizer:
 SMALL_RUN = 192 << 10  # bytes; the big run is FACTOR times longer (1.5 MiB)
 
 
-@pytest.mark.parametrize("char", ["x", " ", "7", "é", "!", "a", "apetixmbqfujyncrgvkzodshwl"])
+@pytest.mark.parametrize("char", ["x", " ", "7", "é", "!", "a", "apetixmbqfujyncrgvkzodshwl", "x's", "\n \t", "12345 "])
 def test_encode_one_long_run(tok, tok_a, char):
     """One piece (letters, spaces, punctuation) or millions of short ones (digits); with
-    Shakespeare's vocabulary no pair of them merges; with `tok_a`, 'a' merges ~n times."""
+    Shakespeare's vocabulary no pair of them merges; with `tok_a`, 'a' merges ~n times. The last
+    three repeat what the 64-byte window loops over (contractions, whitespace after a newline
+    voided by the next one, digit runs cut in threes)."""
     t = tok_a if char == "a" else tok
     width = len(char.encode())
     small_text, big_text = char * (SMALL_RUN // width), char * (FACTOR * SMALL_RUN // width)

@@ -533,7 +533,7 @@ template <int Pattern>
 // tests/test_core_fastpaths.py compares the pieces with the regex's and the general functions'.
 
 struct Masks64 {
-    uint64_t upper, lower, digit, space, tabs, crlf, high, apostrophe, slash;
+    uint64_t upper, lower, digit, space, tabs, crlf, apostrophe, slash;  // ASCII classes only
 };
 
 // Bit k of each mask: byte k of the 64 at p is in the class (tabs: \t \v \f; crlf: \r \n).
@@ -549,7 +549,6 @@ struct Masks64 {
         m.space |= uint64_t{v.equal(' ')} << at;
         m.tabs |= uint64_t{v.range('\t', 5) & ~crlf} << at;
         m.crlf |= uint64_t{crlf} << at;
-        m.high |= uint64_t{v.high()} << at;
         m.apostrophe |= uint64_t{v.equal('\'')} << at;
         m.slash |= uint64_t{v.equal('/')} << at;
     }
@@ -585,7 +584,6 @@ struct Masks64 {
     m.digit = range('0', 10);
     m.space = equal(' ');
     m.tabs = range('\t', 5) & ~m.crlf;
-    m.high = bits(lo, hi);
     m.apostrophe = equal('\'');
     m.slash = equal('/');
     return m;
@@ -637,7 +635,7 @@ inline WindowStarts window_starts(const uint8_t* p) {
     const Masks64 m = classify64(p);
 #endif
     const uint64_t letter = m.upper | m.lower;
-    const uint64_t other = ~(letter | m.digit | m.space | m.tabs | m.crlf | m.high);
+    const uint64_t other = ~(letter | m.digit | m.space | m.tabs | m.crlf | high);
     // o200k: a contraction after letters belongs to the letters' piece (the apostrophe starts
     // none), unless those letters are another contraction's
     uint64_t suffix = 0, suffix_end = 0;
@@ -680,10 +678,10 @@ inline WindowStarts window_starts(const uint8_t* p) {
             const unsigned top = top_bit(after_crlf);
             last = top - 1 < last ? top - 1 : last;
         }
-        for (uint64_t end = sum & ~blank & (m.crlf | m.high); end; end &= end - 1) {
+        for (uint64_t end = sum & ~blank & (m.crlf | high); end; end &= end - 1) {
             const unsigned at = top_bit(after_crlf & ((end & -end) - 1));
             after_crlf &= ~(uint64_t{1} << at);
-            if ((m.high & end & -end) && at - 1 < last) last = at - 1;
+            if ((high & end & -end) && at - 1 < last) last = at - 1;
         }
         starts |= after_crlf;
     }

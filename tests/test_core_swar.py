@@ -49,11 +49,21 @@ int main() {
 """
 
 
+def compiler() -> str:
+    cxx = shutil.which("g++") or shutil.which("c++")
+    assert cxx, "a C++ compiler is needed (the core is built with one)"
+    return cxx
+
+
+def ints_printed(program: Path) -> list[int]:
+    run = subprocess.run([program], capture_output=True, text=True, check=True)
+    return [int(x) for x in run.stdout.split()]
+
+
 def run_both_builds(tmp_path, code: str, main: str) -> list[int]:
     """`code` compiled twice, NAME_ functions as simd_ (SSE2) and swar_ (TOKCORE_NO_SIMD), linked
     with `main`, run: the integers it prints."""
-    cxx = shutil.which("g++") or shutil.which("c++")
-    assert cxx, "a C++ compiler is needed (the core is built with one)"
+    cxx = compiler()
     (tmp_path / "simd.cpp").write_text(code.replace("NAME", "simd"))
     (tmp_path / "swar.cpp").write_text(code.replace("NAME", "swar"))
     (tmp_path / "main.cpp").write_text(main)
@@ -61,8 +71,7 @@ def run_both_builds(tmp_path, code: str, main: str) -> list[int]:
     subprocess.run([cxx, *flags, "-c", "simd.cpp"], cwd=tmp_path, check=True)
     subprocess.run([cxx, *flags, "-DTOKCORE_NO_SIMD", "-c", "swar.cpp"], cwd=tmp_path, check=True)
     subprocess.run([cxx, *flags, "main.cpp", "simd.o", "swar.o", "-o", "compare"], cwd=tmp_path, check=True)
-    run = subprocess.run([tmp_path / "compare"], capture_output=True, text=True, check=True)
-    return [int(x) for x in run.stdout.split()]
+    return ints_printed(tmp_path / "compare")
 
 
 def test_sse2_and_swar_scanners_agree(tmp_path):
@@ -206,12 +215,9 @@ int main() {
 def test_avx2_and_sse2_window_masks_agree(tmp_path):
     """On CPUs with AVX2 the window's byte classes come from two 32-byte loads
     (`pretok::classify64_avx2`); they must equal the 16-byte build's, byte class by byte class."""
-    cxx = shutil.which("g++") or shutil.which("c++")
-    assert cxx, "a C++ compiler is needed (the core is built with one)"
     (tmp_path / "avx2.cpp").write_text(AVX2_MAIN)
-    subprocess.run([cxx, "-O1", "-std=c++17", f"-I{CORE}", "avx2.cpp", "-o", "avx2"], cwd=tmp_path, check=True)
-    run = subprocess.run([tmp_path / "avx2"], capture_output=True, text=True, check=True)
-    windows, mismatches = (int(x) for x in run.stdout.split())
+    subprocess.run([compiler(), "-O1", "-std=c++17", f"-I{CORE}", "avx2.cpp", "-o", "avx2"], cwd=tmp_path, check=True)
+    windows, mismatches = ints_printed(tmp_path / "avx2")
     if windows < 0:
         pytest.skip("this CPU has no AVX2: the core uses the 16-byte masks only")
     assert windows == 100_000

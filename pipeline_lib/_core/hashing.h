@@ -13,7 +13,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -108,6 +110,33 @@ inline uint64_t hash_u64(uint64_t k) {
     return k;
 }
 
+// Bytes appended a key at a time: a BytesMap's keys. (std::vector's insert at the end took three
+// times the instructions of the copy itself, and new keys are most of what a new piece costs to
+// keep.)
+class Arena {
+public:
+    void clear() { size_ = 0; }
+    size_t size() const { return size_; }
+    const uint8_t* data() const { return buf_.get(); }
+    void append(const uint8_t* p, size_t n) {
+        if (cap_ - size_ < n) grow(n);
+        if (n != 0) std::memcpy(buf_.get() + size_, p, n);
+        size_ += n;
+    }
+
+private:
+    void grow(size_t n) {
+        const size_t cap = std::max(2 * cap_, std::max<size_t>(size_ + n, 4096));
+        std::unique_ptr<uint8_t[]> bigger(new uint8_t[cap]);
+        if (size_ != 0) std::memcpy(bigger.get(), buf_.get(), size_);
+        buf_ = std::move(bigger);
+        cap_ = cap;
+    }
+
+    std::unique_ptr<uint8_t[]> buf_;
+    size_t size_ = 0, cap_ = 0;
+};
+
 template <class V>
 class BytesMap {
 public:
@@ -173,7 +202,7 @@ private:
     // The key's value, or nullptr and in `i` the empty slot where it would go.
     [[gnu::always_inline]] V* probe(const Key& k, size_t& i) {
         const uint32_t tag = static_cast<uint32_t>(k.hash >> 32);
-        for (i = k.hash & mask_;; i = (i + 1) & mask_) {
+        for (i = tag & mask_;; i = (i + 1) & mask_) {
             const Slot s = slots_[i];
             if (s.idx == 0) return nullptr;
             if (s.tag == tag) {
@@ -186,7 +215,7 @@ private:
     [[gnu::noinline]] V& insert_at(size_t i, const Key& k, const V& init) {
         if (k.n > 0xFFFFFFFFu) throw std::length_error("a key of 4 GiB or more");  // Entry::len is 32-bit
         const uint64_t off = arena_.size();
-        arena_.insert(arena_.end(), k.p, k.p + k.n);
+        arena_.append(k.p, k.n);
         entries_.push_back(Entry{k.head, off, static_cast<uint32_t>(k.n), init});
         slots_[i] = Slot{static_cast<uint32_t>(k.hash >> 32), static_cast<uint32_t>(entries_.size())};
         if (entries_.size() * 2 > slots_.size()) grow();
@@ -197,22 +226,25 @@ private:
         return e.len == k.n && e.head == k.head && (k.n <= 8 || bytes_equal(arena_.data() + e.off + 8, k.p + 8, k.n - 8));
     }
 
-    // Rehashes the keys from the arena: storing each hash would make every entry 8 bytes larger.
+    // A key's slot is found from its tag (the hash's high half), so the slots move to the table
+    // twice the size without reading a key or hashing one again.
     void grow() {
         const size_t cap = slots_.size() * 2;
-        slots_.assign(cap, Slot{0, 0});
+        if (cap > (size_t{1} << 32)) throw std::length_error("a map of more than 2^31 keys");
+        std::vector<Slot> old(cap, Slot{0, 0});
+        old.swap(slots_);
         mask_ = cap - 1;
-        for (size_t k = 0; k < entries_.size(); ++k) {
-            const uint64_t h = hash_bytes(arena_.data() + entries_[k].off, entries_[k].len);
-            size_t i = h & mask_;
+        for (const Slot& s : old) {
+            if (s.idx == 0) continue;
+            size_t i = s.tag & mask_;
             while (slots_[i].idx != 0) i = (i + 1) & mask_;
-            slots_[i] = Slot{static_cast<uint32_t>(h >> 32), static_cast<uint32_t>(k + 1)};
+            slots_[i] = s;
         }
     }
 
     std::vector<Slot> slots_;
     std::vector<Entry> entries_;
-    std::vector<uint8_t> arena_;
+    Arena arena_;
     size_t mask_ = 0;
 };
 

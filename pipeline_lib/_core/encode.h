@@ -72,7 +72,8 @@ struct alignas(64) PieceCache {
         uint64_t key;
         uint32_t rank;
     };
-    static constexpr size_t kPairMemo = 8192;
+    static constexpr unsigned kPairMemoBits = 13;
+    static constexpr size_t kPairMemo = size_t{1} << kPairMemoBits;
     std::vector<PairMemo> pair_memo = std::vector<PairMemo>(kPairMemo, PairMemo{~uint64_t{0}, 0});
 
     // ASCII pieces (of <= 15 bytes, found by pretok::ascii_piece_end): (first 8 bytes, last 8
@@ -199,10 +200,10 @@ private:
     uint32_t merged(uint32_t left, uint32_t right, PieceCache* memo) const {
         if (memo == nullptr) return merged(left, right);
         const uint64_t key = (static_cast<uint64_t>(left) << 32) | right;
-        const uint64_t h = hash_u64(key);
-        PieceCache::PairMemo& m = memo->pair_memo[(h >> 40) & (PieceCache::kPairMemo - 1)];
+        // the memo's slot from one multiply (Fibonacci hashing); the full hash only on a miss
+        PieceCache::PairMemo& m = memo->pair_memo[(key * 0x9E3779B97F4A7C15ull) >> (64 - PieceCache::kPairMemoBits)];
         if (m.key == key) return m.rank;
-        const uint32_t rank = merged_key(key, h);
+        const uint32_t rank = merged_key(key, hash_u64(key));
         m = PieceCache::PairMemo{key, rank};
         return rank;
     }

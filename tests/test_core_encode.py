@@ -479,6 +479,23 @@ def test_encode_batch_matches_single_and_is_deterministic(real):
     assert np.array_equal(ids, flat)
 
 
+def test_a_full_piece_cache_starts_again_with_the_right_ids(real):
+    """More distinct long pieces than a thread's piece cache holds (2^19 entries; each piece met
+    twice in a row, the second time from the cache): the cache empties and starts again, and the
+    ids equal those of encoders whose cache never filled."""
+    ranks, _, _ = real["cl100k"]
+    rng = random.Random(5)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = [" " + "".join(rng.choice(letters) for _ in range(17)) for _ in range((1 << 19) + 4000)]
+    half = len(words) // 2
+    got = make_encoder(ranks, "cl100k").encode_ordinary("".join(w + w for w in words).encode())
+    want = [
+        make_encoder(ranks, "cl100k").encode_ordinary("".join(w + w for w in part).encode())
+        for part in (words[:half], words[half:])
+    ]
+    assert np.array_equal(got, np.concatenate(want))
+
+
 def test_encode_batch_empty(real):
     _, enc, _ = real["gpt2"]
     ids, offsets = enc.encode_ordinary_batch([])

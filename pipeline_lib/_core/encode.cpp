@@ -746,22 +746,28 @@ void EncoderCore::encode_merged(const Key& key, std::vector<uint32_t>& out, Piec
         bpe(key.p, key.n, out, true, cache);
         return;
     }
-    if (const PieceCache::Span* s = cache->map.find(key)) {
+    size_t at;
+    if (const PieceCache::Span* s = cache->map.find(key, at)) {
         // a few ids: a loop, not vector::insert's call to memmove
         for (const uint32_t *id = cache->ids.data() + s->off, *end = id + s->len; id != end; ++id) out.push_back(*id);
         return;
     }
     const size_t before = out.size();
     bpe(key.p, key.n, out, true, cache);
-    cache_ids(key, out, before, cache);
+    cache_ids(key, at, out, before, cache);
 }
 
 // Keeps the ids out[before..] of the piece `key` in the cache's map.
-void EncoderCore::cache_ids(const Key& key, const std::vector<uint32_t>& out, size_t before, PieceCache* cache) const {
-    if (cache->map.size() >= PieceCache::kMaxEntries || cache->ids.size() >= PieceCache::kMaxIds) cache->clear();
+void EncoderCore::cache_ids(const Key& key, size_t slot, const std::vector<uint32_t>& out, size_t before,
+                            PieceCache* cache) const {
     const PieceCache::Span span{static_cast<uint32_t>(cache->ids.size()), static_cast<uint32_t>(out.size() - before)};
+    if (cache->map.size() >= PieceCache::kMaxEntries || cache->ids.size() >= PieceCache::kMaxIds) {
+        cache->clear();
+        cache->map.get_or_insert(key, PieceCache::Span{0, span.len});
+    } else {
+        cache->map.insert_new(slot, key, span);
+    }
     cache->ids.insert(cache->ids.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
-    cache->map.get_or_insert(key, span);
 }
 
 // A piece of 9..kMaxPieceBytes bytes that missed recent_long. Its ids, looked up in the cache's
@@ -770,7 +776,8 @@ void EncoderCore::cache_ids(const Key& key, const std::vector<uint32_t>& out, si
 // recent_long for pieces of up to 16 bytes.
 void EncoderCore::encode_long(const Key& key, std::vector<uint32_t>& out, PieceCache* cache) const {
     const size_t before = out.size();
-    if (const PieceCache::Span* s = cache->map.find(key)) {
+    size_t at;
+    if (const PieceCache::Span* s = cache->map.find(key, at)) {
         for (const uint32_t *id = cache->ids.data() + s->off, *end = id + s->len; id != end; ++id) out.push_back(*id);
     } else {
         if (const uint32_t* r = token_of(key)) {
@@ -778,7 +785,7 @@ void EncoderCore::encode_long(const Key& key, std::vector<uint32_t>& out, PieceC
         } else {
             bpe(key.p, key.n, out, true, cache);
         }
-        cache_ids(key, out, before, cache);
+        cache_ids(key, at, out, before, cache);
     }
     if (key.n > 16) return;
     PieceCache::RecentLong& slot = cache->recent_long[key.hash & (PieceCache::kRecentLong - 1)];

@@ -171,7 +171,9 @@ private:
     [[gnu::noinline]] void word_miss(const uint8_t* p, size_t len, uint64_t head, uint64_t tail, PieceCache::Word* w,
                                      std::vector<uint32_t>& out, PieceCache* cache) const;
     [[gnu::noinline]] void encode_long(const Key& key, std::vector<uint32_t>& out, PieceCache* cache) const;
-    void cache_ids(const Key& key, const std::vector<uint32_t>& out, size_t before, PieceCache* cache) const;
+    // slot: where the cache's map would hold the key (BytesMap::find; the map unchanged since).
+    void cache_ids(const Key& key, size_t slot, const std::vector<uint32_t>& out, size_t before,
+                   PieceCache* cache) const;
     // memo: the calling thread's cache, whose pair_memo the merges of short pieces go through.
     void bpe(const uint8_t* p, size_t n, std::vector<uint32_t>& out, bool periodic = true,
              PieceCache* memo = nullptr) const;

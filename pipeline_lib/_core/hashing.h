@@ -179,6 +179,13 @@ public:
     V* find(const uint8_t* p, size_t n) { return find(Key(p, n)); }
     const V* find(const uint8_t* p, size_t n) const { return find(Key(p, n)); }
 
+    // The value for the key, or nullptr and in `slot` where insert_new would put it; the slot
+    // holds until the map is changed (a caller that works out the value between the two steps
+    // probes once).
+    [[gnu::always_inline]] V* find(const Key& k, size_t& slot) { return probe(k, slot); }
+    // Inserts a key that find(k, slot) did not find, at that slot, the map unchanged since.
+    V& insert_new(size_t slot, const Key& k, const V& init) { return insert_at(slot, k, init); }
+
     // Reference to the value for the key, inserting `init` if absent.
     [[gnu::always_inline]] V& get_or_insert(const Key& k, const V& init, bool* inserted = nullptr) {
         size_t i;

@@ -11,9 +11,9 @@
 //   U64Map<V>         -- uint64 key -> V, linear probing; key ~0 is reserved (empty).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <stdexcept>

@@ -760,13 +760,12 @@ void EncoderCore::encode_merged(const Key& key, std::vector<uint32_t>& out, Piec
 // Keeps the ids out[before..] of the piece `key` in the cache's map.
 void EncoderCore::cache_ids(const Key& key, size_t slot, const std::vector<uint32_t>& out, size_t before,
                             PieceCache* cache) const {
-    const PieceCache::Span span{static_cast<uint32_t>(cache->ids.size()), static_cast<uint32_t>(out.size() - before)};
     if (cache->map.size() >= PieceCache::kMaxEntries || cache->ids.size() >= PieceCache::kMaxIds) {
         cache->clear();
-        cache->map.get_or_insert(key, PieceCache::Span{0, span.len});
-    } else {
-        cache->map.insert_new(slot, key, span);
+        cache->map.find(key, slot);  // the slot in the emptied table
     }
+    const PieceCache::Span span{static_cast<uint32_t>(cache->ids.size()), static_cast<uint32_t>(out.size() - before)};
+    cache->map.insert_new(slot, key, span);
     cache->ids.insert(cache->ids.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
 }
 

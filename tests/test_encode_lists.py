@@ -4,6 +4,7 @@ tiktoken suites check against tiktoken, on the inputs where the list builder bra
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline_lib.tokenizer import get_encoding
+from pipeline_lib.tokenizer import Encoding, get_encoding
 
 TEXTS = [
     "",
@@ -79,11 +80,50 @@ def test_any_batch_equals_the_numpy_path(texts):
 
 @pytest.mark.parametrize("num_threads", [2, 3])
 def test_threaded_batch_of_many_chunks_equals_the_numpy_path(enc, shakespeare_text, num_threads):
-    """Over a megabyte of documents: several chunks, whose lists the calling thread builds while
-    the other threads still encode."""
+    """Over a megabyte of documents: several chunks, and lists long enough in all to be filled on
+    the threads."""
     docs = [d for d in shakespeare_text.split("\n\n") if d] + ["héllo 日本語 🙂", "", " " * 9000]
     lists = enc.encode_ordinary_batch(docs, num_threads=num_threads)
     flat, offsets = enc.encode_ordinary_batch_to_numpy(docs, num_threads=1)
     assert len(lists) == len(docs)
     assert [len(x) for x in lists] == np.diff(offsets).tolist()
     assert [i for x in lists for i in x] == flat.tolist()
+
+
+def fresh(enc) -> Encoding:
+    """An encoder of its own (no int objects made by earlier tests' calls)."""
+    return Encoding(name=enc.name, pat_str=enc.pattern_str, mergeable_ranks=enc._mergeable_ranks, special_tokens={})
+
+
+@pytest.mark.parametrize("num_threads", [2, 3])
+def test_lists_filled_on_threads_hold_one_reference_per_item(enc, shakespeare_text, num_threads):
+    """The threads write the items and add each int's references at the end, summed over the
+    threads: with a miscount the ints would be freed while a list still holds them, or leak."""
+    ours = fresh(enc)
+    docs = [d for d in shakespeare_text.split("\n\n") if d]
+    probe = ours.encode_ordinary_batch([docs[0]], num_threads=1)[0][0]
+    before = sys.getrefcount(probe)
+    lists = ours.encode_ordinary_batch(docs, num_threads=num_threads)
+    held = sum(x.count(probe) for x in lists)
+    assert held > 100
+    assert sys.getrefcount(probe) == before + held
+    ours._encoder.text_threads = num_threads  # one long text: one list, filled on the text threads
+    whole = ours.encode_ordinary(shakespeare_text)
+    assert whole == enc.encode_to_numpy(shakespeare_text).tolist()
+    assert sys.getrefcount(probe) == before + held + whole.count(probe)
+    del lists, whole
+    assert sys.getrefcount(probe) == before
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_a_batch_leaves_the_garbage_collector_as_it_found_it(enc, shakespeare_text, num_threads):
+    docs = [d for d in shakespeare_text.split("\n\n") if d][:3000]
+    assert gc.isenabled()
+    assert len(enc.encode_ordinary_batch(docs, num_threads=num_threads)) == len(docs)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        enc.encode_ordinary_batch(docs, num_threads=num_threads)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
-#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -796,13 +795,12 @@ void EncoderCore::encode_long(const Key& key, std::vector<uint32_t>& out, PieceC
     for (size_t k = 0; k < slot.count; ++k) slot.ids[k] = out[before + k];
 }
 
-bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
-                               int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets,
-                               const ChunkSink* take) {
+void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
+                               int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets) {
     const size_t nd = docs.size();
     offsets.assign(nd + 1, 0);
     ids.clear();
-    if (nd == 0) return false;
+    if (nd == 0) return;
 
     size_t nt = num_threads > 0 ? static_cast<size_t>(num_threads)
                                 : std::max<size_t>(1, std::thread::hardware_concurrency());
@@ -814,9 +812,8 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     const size_t chunk_bytes = EncoderCore::chunk_bytes(total_bytes, nd, nt);
     // A document of many chunks would keep one thread busy while the others wait (one document of
     // 6 MB in 20 MB of English held 16 threads to 3x one): it is cut at safe points into pieces of
-    // about a chunk, encoded as documents of their own, and put back together. (Not with `take`,
-    // whose lists are per document.)
-    if (nt > 1 && take == nullptr) {
+    // about a chunk, encoded as documents of their own, and put back together.
+    if (nt > 1) {
         std::vector<const uint8_t*> piece_ptr;
         std::vector<size_t> piece_len, pieces_of(nd);
         for (size_t d = 0; d < nd; ++d) pieces_of[d] = cut_pieces(docs[d], lens[d], chunk_bytes, piece_ptr, piece_len);
@@ -827,7 +824,7 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
                 k += pieces_of[d];
                 offsets[d + 1] = piece_offsets[k];
             }
-            return false;
+            return;
         }
     }
     // A document counts 16 bytes more than its length (its own cost, however short it is).
@@ -854,7 +851,7 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
             offsets[d + 1] = offsets[d] + (ids.size() - before);
         }
         release_cache(std::move(cache));
-        return false;
+        return;
     }
 
     std::vector<std::vector<uint32_t>> chunk_ids(nchunks);
@@ -863,22 +860,6 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     std::exception_ptr error;
     std::mutex error_mu;
     cancel::Scope* scope = cancel::current().scope();  // the caller's, shared with the helper threads
-    // With `take`: chunk c's ids are ready once done[c]; the calling thread hands them over
-    // between its own chunks, so that what `take` does (building Python lists under the GIL)
-    // overlaps the other threads' encoding instead of following it.
-    std::unique_ptr<std::atomic<bool>[]> done(new std::atomic<bool>[nchunks]);
-    for (size_t c = 0; c < nchunks; ++c) done[c].store(false, std::memory_order_relaxed);
-    std::vector<char> taken(take != nullptr ? nchunks : 0, 0);
-    size_t first_untaken = 0;
-    auto hand_over = [&]() {
-        for (size_t c = first_untaken; c < nchunks; ++c) {
-            if (taken[c] || !done[c].load(std::memory_order_acquire)) continue;
-            (*take)(chunk_start[c], chunk_start[c + 1], chunk_ids[c].data(), doc_count.data() + chunk_start[c]);
-            taken[c] = 1;
-            std::vector<uint32_t>().swap(chunk_ids[c]);
-        }
-        while (first_untaken < nchunks && taken[first_untaken]) ++first_untaken;
-    };
 
     // The threads' caches, taken here in a fixed order and given back in the reverse one: from call
     // to call the calling thread gets the same cache, and so does each helper, whose tables then
@@ -895,9 +876,7 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
         try {
             std::optional<cancel::Bind> bind;
             if (helper && scope != nullptr) bind.emplace(scope, false);
-            for (size_t c;;) {
-                if (!helper && take != nullptr) hand_over();
-                if ((c = next.fetch_add(1)) >= nchunks) break;
+            for (size_t c; (c = next.fetch_add(1)) < nchunks;) {
                 // The ids go to a vector of this thread's own, moved into chunk_ids when the
                 // chunk is done: the vectors' headers in chunk_ids share cache lines, and a
                 // thread appending through one of them while another thread appended through
@@ -913,7 +892,6 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
                     doc_count[d] = out.size() - before;
                 }
                 chunk_ids[c] = std::move(out);
-                done[c].store(true, std::memory_order_release);
             }
         } catch (...) {
             std::lock_guard<std::mutex> lock(error_mu);
@@ -926,10 +904,6 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     HelperPool::get().run(nt - 1, worker);
     release_caches();
     if (error) std::rethrow_exception(error);
-    if (take != nullptr) {
-        hand_over();  // every chunk is done now
-        return true;
-    }
 
     size_t total = 0;
     for (const auto& v : chunk_ids) total += v.size();
@@ -939,7 +913,6 @@ bool EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
         std::vector<uint32_t>().swap(v);
     }
     for (size_t d = 0; d < nd; ++d) offsets[d + 1] = offsets[d] + doc_count[d];
-    return false;
 }
 
 size_t EncoderCore::safe_cut(const uint8_t* data, size_t n, size_t from) const {

@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -132,14 +131,8 @@ public:
     void encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out, bool periodic = true) const;
     // Encode many documents with `num_threads` threads (0 = hardware concurrency).
     // ids are concatenated in document order; offsets has docs+1 cumulative entries.
-    // take(first_doc, end_doc, ids, counts): with more than one thread, given, the calling thread
-    // hands each finished chunk of documents to it (between chunks it encodes itself, while the
-    // other threads go on) instead of filling ids/offsets; counts[d - first_doc] ids per document.
-    using ChunkSink = std::function<void(size_t, size_t, const uint32_t*, const uint64_t*)>;
-    // Returns whether `take` had the ids (else they are in ids/offsets, as without it).
-    bool encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
-                      int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets,
-                      const ChunkSink* take = nullptr);
+    void encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens, int num_threads,
+                      std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets);
 
     // The first offset past `from` at which data[0:n] may be cut, its two sides encoding to the
     // whole's ids; n when there is none. A cut follows a newline ("\n", or "\r\n" but with

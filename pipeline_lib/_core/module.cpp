@@ -391,7 +391,8 @@ struct Encoder {
     std::unique_ptr<EncoderCore> core;
     // The Python int of each id a list output has held, made once: a list of ids then takes one
     // reference per element instead of one int allocation per element (ints above 256 are not
-    // cached by Python). Touched only with the GIL held.
+    // cached by Python). Changed only with the GIL held (fill_lists' helpers read it, and add to
+    // the ints' reference counts, while the thread that called them holds the GIL).
     std::vector<PyObject*> id_objects;
     bool all_id_objects = false;  // id_objects holds every id of the vocabulary (fill_lists)
     // The threads one long text is encoded on (encode_ordinary, encode_ordinary_list); set by
@@ -506,11 +507,11 @@ void fill_lists(Encoder& self, const uint32_t* ids, const uint64_t* offsets, PyO
             const uint64_t a = u * kUnitIds, b = std::min<uint64_t>(a + kUnitIds, n);
             size_t d = static_cast<size_t>(std::upper_bound(offsets, offsets + n_lists + 1, a) - offsets) - 1;
             for (uint64_t k = a; k < b; ++d) {
-                const uint64_t end = std::min<uint64_t>(offsets[d + 1], b);
-                PyObject** items = reinterpret_cast<PyListObject*>(lists[d])->ob_item - offsets[d];
+                const uint64_t first = offsets[d], end = std::min<uint64_t>(offsets[d + 1], b);
+                PyObject** items = reinterpret_cast<PyListObject*>(lists[d])->ob_item;
                 for (; k < end; ++k) {
                     const uint32_t id = ids[k];
-                    items[k] = table[id];
+                    items[k - first] = table[id];
                     ++count[id];
                 }
             }

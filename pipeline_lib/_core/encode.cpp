@@ -856,7 +856,20 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
 
     std::vector<std::vector<uint32_t>> chunk_ids(nchunks);
     std::vector<uint64_t> doc_count(nd, 0);
-    std::atomic<size_t> next{0};
+    // The chunks in nt runs of consecutive chunks, run t taken by thread t first, then, once it is
+    // done, what is left of the others' runs. From call to call a thread then meets the same
+    // documents again, which its caches (the same cache each call, below) hold the words of; taken
+    // one by one in turn, a batch met before cost 2.9x the CPU per byte on 16 threads that it cost
+    // on one (multilingual text, its pieces mostly rare).
+    struct alignas(64) Run {
+        std::atomic<size_t> next;
+        size_t end;
+    };
+    std::unique_ptr<Run[]> runs(new Run[nt]);
+    for (size_t t = 0; t < nt; ++t) {
+        runs[t].next.store(t * nchunks / nt, std::memory_order_relaxed);
+        runs[t].end = (t + 1) * nchunks / nt;
+    }
     std::exception_ptr error;
     std::mutex error_mu;
     cancel::Scope* scope = cancel::current().scope();  // the caller's, shared with the helper threads
@@ -876,27 +889,30 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
         try {
             std::optional<cancel::Bind> bind;
             if (helper && scope != nullptr) bind.emplace(scope, false);
-            for (size_t c; (c = next.fetch_add(1)) < nchunks;) {
-                // The ids go to a vector of this thread's own, moved into chunk_ids when the
-                // chunk is done: the vectors' headers in chunk_ids share cache lines, and a
-                // thread appending through one of them while another thread appended through
-                // its neighbour moved that line between the cores at every id (2 threads took
-                // 1.4x the CPU time of one on the same batch).
-                std::vector<uint32_t> out;
-                // A third of an id per byte is more than English or code takes: a chunk of one
-                // long document (a block of a file) then grows its vector once at most.
-                out.reserve(chunk_size[c] / 3 + 16);
-                for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) {
-                    const size_t before = out.size();
-                    encode(docs[d], lens[d], out, cache);
-                    doc_count[d] = out.size() - before;
+            for (size_t k = 0; k < nt; ++k) {
+                Run& run = runs[(thread + k) % nt];  // its own run first
+                for (size_t c; (c = run.next.fetch_add(1)) < run.end;) {
+                    // The ids go to a vector of this thread's own, moved into chunk_ids when the
+                    // chunk is done: the vectors' headers in chunk_ids share cache lines, and a
+                    // thread appending through one of them while another thread appended through
+                    // its neighbour moved that line between the cores at every id (2 threads took
+                    // 1.4x the CPU time of one on the same batch).
+                    std::vector<uint32_t> out;
+                    // A third of an id per byte is more than English or code takes: a chunk of one
+                    // long document (a block of a file) then grows its vector once at most.
+                    out.reserve(chunk_size[c] / 3 + 16);
+                    for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) {
+                        const size_t before = out.size();
+                        encode(docs[d], lens[d], out, cache);
+                        doc_count[d] = out.size() - before;
+                    }
+                    chunk_ids[c] = std::move(out);
                 }
-                chunk_ids[c] = std::move(out);
             }
         } catch (...) {
             std::lock_guard<std::mutex> lock(error_mu);
             if (!error) error = std::current_exception();
-            next.store(nchunks);
+            for (size_t t = 0; t < nt; ++t) runs[t].next.store(runs[t].end);
             if (scope != nullptr) scope->stop();  // the other threads stop within a poll
         }
     };

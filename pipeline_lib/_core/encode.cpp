@@ -7,7 +7,6 @@
 #include <exception>
 #include <optional>
 #include <stdexcept>
-#include <thread>
 #include <utility>
 
 #include "cancel.h"
@@ -802,8 +801,7 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     ids.clear();
     if (nd == 0) return;
 
-    size_t nt = num_threads > 0 ? static_cast<size_t>(num_threads)
-                                : std::max<size_t>(1, std::thread::hardware_concurrency());
+    size_t nt = threads_for(num_threads);
     // Chunks of consecutive documents, handed out dynamically: of 256 KiB, or smaller for a small
     // batch, so that each thread has several to take (with one chunk or two per thread, a batch
     // of 0.3 MB on two threads ran no faster than on one).

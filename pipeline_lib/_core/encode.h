@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hashing.h"
@@ -129,7 +130,12 @@ public:
     // Append the ids of a single piece (whole-piece lookup, then BPE; no splitting).
     // periodic = false: never bpe_periodic (the tests compare the two).
     void encode_piece(const uint8_t* piece, size_t n, std::vector<uint32_t>& out, bool periodic = true) const;
-    // Encode many documents with `num_threads` threads (0 = hardware concurrency).
+    // The threads a call asking for `num_threads` gets: 0 means the hardware's concurrency.
+    static size_t threads_for(int num_threads) {
+        return num_threads > 0 ? static_cast<size_t>(num_threads)
+                               : std::max<size_t>(1, std::thread::hardware_concurrency());
+    }
+    // Encode many documents with `num_threads` threads (threads_for).
     // ids are concatenated in document order; offsets has docs+1 cumulative entries.
     void encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens, int num_threads,
                       std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets);

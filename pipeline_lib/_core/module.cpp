@@ -548,10 +548,6 @@ nb::object list_of_ids(Encoder& self, const uint32_t* ids, size_t n, size_t thre
     return list;
 }
 
-size_t thread_count(int num_threads) {
-    return num_threads > 0 ? static_cast<size_t>(num_threads) : std::max(1u, std::thread::hardware_concurrency());
-}
-
 void encoder_init(Encoder* self, nb::handle tokens, nb::handle ranks_obj, int pattern, bool start_chars,
                   nb::object unknown) {
     check_pattern(pattern);
@@ -693,7 +689,7 @@ nb::object segments_to_list(Encoder& self, const std::vector<const uint8_t*>& pt
         cancel::Bind bind(&scope, true);
         self.core->encode_batch(ptrs, lens, self.text_threads, ids, offsets);
     }
-    return list_of_ids(self, ids.data(), ids.size(), thread_count(self.text_threads));
+    return list_of_ids(self, ids.data(), ids.size(), EncoderCore::threads_for(self.text_threads));
 }
 
 // tiktoken's encode_ordinary: a list of Python ints straight from the core's ids.
@@ -710,9 +706,7 @@ nb::object encoder_encode_list(Encoder& self, nb::handle text) {
         auto cache = self.core->acquire_cache();
         self.core->encode(p, n, scratch, cache.get());
         self.core->release_cache(std::move(cache));
-        PyObject* list = ids_to_list(self, scratch.data(), scratch.size());
-        if (!list) throw nb::python_error();
-        return nb::steal(list);
+        return list_of_ids(self, scratch.data(), scratch.size(), 1);
     }
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
@@ -727,9 +721,7 @@ nb::object encoder_encode_list(Encoder& self, nb::handle text) {
         self.core->encode(p, n, out, cache.get());
     }
     self.core->release_cache(std::move(cache));
-    PyObject* list = ids_to_list(self, out.data(), out.size());
-    if (!list) throw nb::python_error();
-    return nb::steal(list);
+    return list_of_ids(self, out.data(), out.size(), 1);
 }
 
 // tiktoken's encode_ordinary_batch: one list of ints per text, encoded and filled on `num_threads` threads.
@@ -754,7 +746,7 @@ nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_t
     nb::object outer = nb::steal(PyList_New(static_cast<Py_ssize_t>(n_docs)));
     if (!outer.is_valid()) throw nb::python_error();
     PyObject** docs = reinterpret_cast<PyListObject*>(outer.ptr())->ob_item;
-    const size_t threads = thread_count(num_threads);
+    const size_t threads = EncoderCore::threads_for(num_threads);
     const bool parallel = fill_in_parallel(self, ids.size(), threads);
     for (size_t k = 0; k < n_docs; ++k) {
         const size_t count = offsets[k + 1] - offsets[k];

@@ -82,6 +82,23 @@ def test_a_long_document_among_short_ones_is_shared_by_the_threads(docs, multili
     assert flat[offsets[50] : offsets[51]].tolist() == enc.encode_ordinary(long_doc)
 
 
+def test_a_batchs_ids_are_copied_to_their_places_by_the_threads(docs):
+    """The threads copy each chunk's ids to its place in the output (from 2^17 ids on; below, the
+    calling thread does): chunks of nothing but empty documents among long ones included, the ids
+    and offsets are as on one thread."""
+    enc = get_encoding("cl100k_base")
+    empties = [""] * 5000  # 80,000 bytes as the chunks count them: chunks of their own
+    batch = docs[:300] + empties + docs[300:] + empties + docs[:200]
+    small = docs[:40] + empties[:2000] + docs[40:80]
+    for texts in (batch, small):
+        flat, offsets = enc.encode_ordinary_batch_to_numpy(texts, num_threads=1)
+        for threads in (2, 3, 8, 16):
+            got, got_offsets = enc.encode_ordinary_batch_to_numpy(texts, num_threads=threads)
+            assert np.array_equal(got_offsets, offsets) and np.array_equal(got, flat), threads
+    assert len(enc.encode_ordinary_batch_to_numpy(batch, num_threads=1)[0]) > 1 << 17
+    assert len(enc.encode_ordinary_batch_to_numpy(small, num_threads=1)[0]) < 1 << 17
+
+
 def _pool_threads() -> int:
     tasks = "/proc/self/task"
     names = []

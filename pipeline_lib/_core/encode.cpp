@@ -28,6 +28,8 @@ constexpr size_t kHugePiece = size_t{1} << 16;
 // kPeriodicPiece, so it never calls itself.
 constexpr size_t kPeriodicPiece = size_t{1} << 12;
 constexpr size_t kMaxPeriod = 64;
+// A batch's output of this many ids or more is copied together by its threads (encode_batch).
+constexpr size_t kParallelCopyIds = size_t{1} << 17;
 }  // namespace
 
 namespace {
@@ -795,7 +797,7 @@ void EncoderCore::encode_long(const Key& key, std::vector<uint32_t>& out, PieceC
 }
 
 void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
-                               int num_threads, std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets) {
+                               int num_threads, BatchIds& ids, std::vector<uint64_t>& offsets) {
     const size_t nd = docs.size();
     offsets.assign(nd + 1, 0);
     ids.clear();
@@ -841,12 +843,13 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     if (nt <= 1) {
         // One thread: straight into `ids`, sized for ~4 bytes per id up front, up to 64 MiB
         // (growing it from empty copies every id a few times, and concatenating chunks once more).
-        ids.reserve(std::min(total_bytes / 4, size_t{1} << 24) + 16);
+        std::vector<uint32_t>& out = ids.vector();
+        out.reserve(std::min(total_bytes / 4, size_t{1} << 24) + 16);
         std::unique_ptr<PieceCache> cache = acquire_cache();
         for (size_t d = 0; d < nd; ++d) {
-            const size_t before = ids.size();
-            encode(docs[d], lens[d], ids, cache.get());
-            offsets[d + 1] = offsets[d] + (ids.size() - before);
+            const size_t before = out.size();
+            encode(docs[d], lens[d], out, cache.get());
+            offsets[d + 1] = offsets[d] + (out.size() - before);
         }
         release_cache(std::move(cache));
         return;
@@ -919,13 +922,26 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     release_caches();
     if (error) std::rethrow_exception(error);
 
-    size_t total = 0;
-    for (const auto& v : chunk_ids) total += v.size();
-    ids.reserve(total);
-    for (auto& v : chunk_ids) {
-        ids.insert(ids.end(), v.begin(), v.end());
-        std::vector<uint32_t>().swap(v);
-    }
+    // The chunks' ids copied to their places in one buffer, by the threads again, each its own run
+    // first (the chunks it encoded, some still in its core's cache); each chunk freed once copied.
+    // On the calling thread alone this copy, and the first writes to the new buffer's pages, were
+    // a serial pass over the whole output at the end of every call.
+    std::vector<size_t> chunk_at(nchunks + 1, 0);
+    for (size_t c = 0; c < nchunks; ++c) chunk_at[c + 1] = chunk_at[c] + chunk_ids[c].size();
+    uint32_t* const dst = ids.allocate(chunk_at[nchunks]);
+    for (size_t t = 0; t < nt; ++t) runs[t].next.store(t * nchunks / nt, std::memory_order_relaxed);
+    auto copier = [&](size_t thread) {
+        for (size_t k = 0; k < nt; ++k) {
+            Run& run = runs[(thread + k) % nt];
+            for (size_t c; (c = run.next.fetch_add(1)) < run.end;) {
+                std::vector<uint32_t>& v = chunk_ids[c];
+                if (!v.empty()) std::memcpy(dst + chunk_at[c], v.data(), v.size() * sizeof(uint32_t));
+                std::vector<uint32_t>().swap(v);
+            }
+        }
+    };
+    // A small output is copied faster than the helpers wake up.
+    HelperPool::get().run(chunk_at[nchunks] >= kParallelCopyIds ? nt - 1 : 0, copier);
     for (size_t d = 0; d < nd; ++d) offsets[d + 1] = offsets[d] + doc_count[d];
 }
 

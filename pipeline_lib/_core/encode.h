@@ -109,6 +109,35 @@ struct alignas(64) PieceCache {
 constexpr size_t kMaxVocabSize = size_t{1} << 22;   // ids are < this
 constexpr size_t kMaxTokenBytes = size_t{1} << 20;  // longest token
 
+// The ids of a batch (EncoderCore::encode_batch): appended to a vector when one thread encodes
+// it; on several, each chunk's ids copied by the threads into a buffer made for them and left
+// uninitialised (a vector would first zero it on the calling thread: one more serial pass over the
+// whole output, which is what a batch's threads wait on at the end of a call).
+class BatchIds {
+public:
+    const uint32_t* data() const { return buffer_ ? buffer_.get() : vector_.data(); }
+    size_t size() const { return buffer_ ? size_ : vector_.size(); }
+    void clear() {
+        vector_.clear();
+        buffer_.reset();
+        size_ = 0;
+    }
+    // The one thread's ids go here.
+    std::vector<uint32_t>& vector() { return vector_; }
+    // Room for n ids, uninitialised.
+    uint32_t* allocate(size_t n) {
+        std::vector<uint32_t>().swap(vector_);
+        buffer_.reset(new uint32_t[std::max<size_t>(n, 1)]);
+        size_ = n;
+        return buffer_.get();
+    }
+
+private:
+    std::vector<uint32_t> vector_;
+    std::unique_ptr<uint32_t[]> buffer_;
+    size_t size_ = 0;
+};
+
 class EncoderCore {
 public:
     static constexpr uint32_t kNone = 0xFFFFFFFFu;
@@ -138,7 +167,7 @@ public:
     // Encode many documents with `num_threads` threads (threads_for).
     // ids are concatenated in document order; offsets has docs+1 cumulative entries.
     void encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens, int num_threads,
-                      std::vector<uint32_t>& ids, std::vector<uint64_t>& offsets);
+                      BatchIds& ids, std::vector<uint64_t>& offsets);
 
     // The first offset past `from` at which data[0:n] may be cut, its two sides encoding to the
     // whole's ids; n when there is none. A cut follows a newline ("\n", or "\r\n" but with

@@ -110,6 +110,12 @@ nb::ndarray<nb::numpy, T, nb::ndim<1>> numpy_1d(std::vector<T>&& v) {
     return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
 }
 
+nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> numpy_1d(BatchIds&& ids) {
+    auto* heap = new BatchIds(std::move(ids));
+    nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<BatchIds*>(p); });
+    return nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>>(const_cast<uint32_t*>(heap->data()), {heap->size()}, owner);
+}
+
 // Contiguous 1-d array of dtype `dtype` from any array-like (lists included), via NumPy.
 template <class T>
 nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu> as_array(nb::handle obj, const char* dtype,
@@ -619,7 +625,7 @@ std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep) 
 nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::handle data) {
     nb::object keep;
     const auto [p, n] = text_bytes(data, keep);
-    std::vector<uint32_t> out;
+    BatchIds out;
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
     const bool threaded = text_segments(self, p, n, ptrs, lens);
@@ -631,9 +637,9 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::
             std::vector<uint64_t> offsets;
             self.core->encode_batch(ptrs, lens, self.text_threads, out, offsets);
         } else {
-            out.reserve(n / 4 + 16);
+            out.vector().reserve(n / 4 + 16);
             auto cache = self.core->acquire_cache();
-            self.core->encode(p, n, out, cache.get());
+            self.core->encode(p, n, out.vector(), cache.get());
             self.core->release_cache(std::move(cache));
         }
     }
@@ -642,7 +648,7 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::
 
 // The documents at `ptrs`/`lens` encoded on `num_threads` threads (GIL released): (flat ids, offsets).
 nb::tuple encode_documents(Encoder& self, const std::vector<const uint8_t*>& ptrs, const std::vector<size_t>& lens, int num_threads) {
-    std::vector<uint32_t> ids;
+    BatchIds ids;
     std::vector<uint64_t> offsets;
     CallScope scope;
     {
@@ -681,7 +687,7 @@ nb::tuple encoder_encode_texts(Encoder& self, nb::handle docs, int num_threads) 
 
 // The ids of a text's segments (text_segments), encoded and put in one list on the text threads.
 nb::object segments_to_list(Encoder& self, const std::vector<const uint8_t*>& ptrs, const std::vector<size_t>& lens) {
-    std::vector<uint32_t> ids;
+    BatchIds ids;
     std::vector<uint64_t> offsets;
     CallScope scope;
     {
@@ -734,7 +740,7 @@ nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_t
     std::vector<const uint8_t*> ptrs(n_docs);
     std::vector<size_t> lens(n_docs);
     for (size_t k = 0; k < n_docs; ++k) std::tie(ptrs[k], lens[k]) = text_bytes(items[k], keep[k]);
-    std::vector<uint32_t> ids;
+    BatchIds ids;
     std::vector<uint64_t> offsets;
     CallScope scope;
     {

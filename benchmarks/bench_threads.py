@@ -1,6 +1,6 @@
 """The encoder on 1, 2, ... N threads in one process: does it scale with cores?
 
-    python benchmarks/bench_threads.py FILE [--encoding cl100k_base] [--threads 1 2] [--repeat 5]
+    python benchmarks/bench_threads.py FILE [--encoding cl100k_base] [--threads 1 2] [--repeat 5] [--fresh-strs]
     python benchmarks/bench_threads.py FILE --texts 524288 [--encoding ...] [--threads 1 2]
 
 FILE is cut into documents at blank lines; each run encodes all of them with
@@ -64,6 +64,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="*", default=[1, os.cpu_count() or 1])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--texts", type=int, default=0, metavar="BYTES", help="one long text per call (see above)")
+    ap.add_argument(
+        "--fresh-strs",
+        action="store_true",
+        help="each batch call on new str objects, as documents read from a file arrive (a str keeps the UTF-8 "
+        "that one thread's conversion makes, so the same strs again skip it)",
+    )
     ap.add_argument("--peers", action="store_true", help="the peers' NumPy batches too, one process a thread count")
     ap.add_argument("--only", nargs="*", default=[], metavar="PEER", help="with --peers: these peers alone (and ours)")
     ap.add_argument("--peer-run", type=int, default=0, metavar="THREADS", help=argparse.SUPPRESS)  # one such process
@@ -81,23 +87,28 @@ def main() -> None:
         docs = [d for d in f.read().split("\n\n") if d]
     size = sum(len(d.encode()) for d in docs)
     enc = get_encoding(args.encoding)
-    calls = {
-        "batch to numpy": lambda t: enc.encode_ordinary_batch_to_numpy(docs, num_threads=t),
-        "batch to lists": lambda t: enc.encode_ordinary_batch(docs, num_threads=t),
+    calls: dict[str, Callable[[list[str], int], object]] = {
+        "batch to numpy": lambda texts, t: enc.encode_ordinary_batch_to_numpy(texts, num_threads=t),
+        "batch to lists": lambda texts, t: enc.encode_ordinary_batch(texts, num_threads=t),
     }
+
+    def texts() -> list[str]:
+        return [(d + "!")[:-1] for d in docs] if args.fresh_strs else docs
+
     la = os.getloadavg()
     print(
         f"{args.file}: {size / 1e6:.1f} MB, {len(docs):,} documents, {args.encoding}; {os.cpu_count()} CPUs, "
         f"load {la[0]:.2f} {la[1]:.2f}"
     )
     for label, call in calls.items():
-        call(1)  # warm: the vocabulary's tables paged in
+        call(texts(), 1)  # warm: the vocabulary's tables paged in
         runs: dict[int, list[tuple[float, float]]] = {t: [] for t in args.threads}
         for _ in range(args.repeat):
             for t in args.threads:
-                runs[t].append(timed(functools.partial(call, t)))
+                runs[t].append(timed(functools.partial(call, texts(), t)))
         one = medians(runs[args.threads[0]])[0]
-        print(f"\n{label} (median of {args.repeat}, load {os.getloadavg()[0]:.2f}):")
+        strs = ", new strs each call" if args.fresh_strs else ""
+        print(f"\n{label} (median of {args.repeat}{strs}, load {os.getloadavg()[0]:.2f}):")
         for t, rs in runs.items():
             wall, cpu = medians(rs)
             print(

@@ -13,6 +13,7 @@
 #include "pool.h"
 #include "pretokenize.h"
 #include "small_merge.h"
+#include "utf8_units.h"
 
 namespace tokcore {
 
@@ -797,18 +798,41 @@ void EncoderCore::encode_long(const Key& key, std::vector<uint32_t>& out, PieceC
 }
 
 void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens,
-                               int num_threads, BatchIds& ids, std::vector<uint64_t>& offsets) {
+                               int num_threads, BatchIds& ids, std::vector<uint64_t>& offsets,
+                               const std::vector<uint8_t>* kinds) {
     const size_t nd = docs.size();
     offsets.assign(nd + 1, 0);
     ids.clear();
     if (nd == 0) return;
+
+    auto kind_of = [&](size_t d) -> unsigned { return kinds != nullptr ? (*kinds)[d] : 0; };
+    // The bytes a document counts for in planning: a str's UTF-8 is not known before it is made.
+    auto bytes_of = [&](size_t d) { return kind_of(d) == 0 ? lens[d] : lens[d] * utf8_bytes_per_unit(kind_of(d)); };
+    // Appends document d's ids, its UTF-8 made first in this thread's buffer when it is a str's units.
+    auto encode_doc = [&](size_t d, std::vector<uint32_t>& out, PieceCache* cache) {
+        const unsigned kind = kind_of(d);
+        if (kind == 0) {
+            encode(docs[d], lens[d], out, cache);
+            return;
+        }
+        thread_local std::unique_ptr<uint8_t[]> utf8;
+        thread_local size_t capacity = 0;
+        const size_t need = lens[d] * utf8_bytes_per_unit(kind);
+        if (need > capacity) {
+            utf8.reset(new uint8_t[need]);
+            capacity = need;
+        }
+        const size_t n = utf8_from_units(docs[d], lens[d], kind, utf8.get());
+        if (n == SIZE_MAX) throw SurrogateInText();
+        encode(utf8.get(), n, out, cache);
+    };
 
     size_t nt = threads_for(num_threads);
     // Chunks of consecutive documents, handed out dynamically: of 256 KiB, or smaller for a small
     // batch, so that each thread has several to take (with one chunk or two per thread, a batch
     // of 0.3 MB on two threads ran no faster than on one).
     size_t total_bytes = 0;
-    for (size_t d = 0; d < nd; ++d) total_bytes += lens[d];
+    for (size_t d = 0; d < nd; ++d) total_bytes += bytes_of(d);
     const size_t chunk_bytes = EncoderCore::chunk_bytes(total_bytes, nd, nt);
     // A document of many chunks would keep one thread busy while the others wait (one document of
     // 6 MB in 20 MB of English held 16 threads to 3x one): it is cut at safe points into pieces of
@@ -816,10 +840,20 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     if (nt > 1) {
         std::vector<const uint8_t*> piece_ptr;
         std::vector<size_t> piece_len, pieces_of(nd);
-        for (size_t d = 0; d < nd; ++d) pieces_of[d] = cut_pieces(docs[d], lens[d], chunk_bytes, piece_ptr, piece_len);
+        std::vector<uint8_t> piece_kinds;
+        for (size_t d = 0; d < nd; ++d) {
+            if (kind_of(d) != 0) {
+                piece_ptr.push_back(docs[d]);
+                piece_len.push_back(lens[d]);
+                pieces_of[d] = 1;
+            } else {
+                pieces_of[d] = cut_pieces(docs[d], lens[d], chunk_bytes, piece_ptr, piece_len);
+            }
+            if (kinds != nullptr) piece_kinds.resize(piece_ptr.size(), static_cast<uint8_t>(kind_of(d)));
+        }
         if (piece_ptr.size() > nd) {
             std::vector<uint64_t> piece_offsets;
-            encode_batch(piece_ptr, piece_len, num_threads, ids, piece_offsets);
+            encode_batch(piece_ptr, piece_len, num_threads, ids, piece_offsets, kinds != nullptr ? &piece_kinds : nullptr);
             for (size_t d = 0, k = 0; d < nd; ++d) {
                 k += pieces_of[d];
                 offsets[d + 1] = piece_offsets[k];
@@ -831,7 +865,7 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     std::vector<size_t> chunk_start{0}, chunk_size;  // chunk_size: the bytes of each chunk's documents
     size_t acc = 0;
     for (size_t d = 0; d < nd; ++d) {
-        acc += lens[d];
+        acc += bytes_of(d);
         if ((acc + 16 * (d + 1 - chunk_start.back()) >= chunk_bytes && d + 1 < nd) || d + 1 == nd) {
             chunk_start.push_back(d + 1);
             chunk_size.push_back(acc);
@@ -848,7 +882,7 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
         std::unique_ptr<PieceCache> cache = acquire_cache();
         for (size_t d = 0; d < nd; ++d) {
             const size_t before = out.size();
-            encode(docs[d], lens[d], out, cache.get());
+            encode_doc(d, out, cache.get());
             offsets[d + 1] = offsets[d] + (out.size() - before);
         }
         release_cache(std::move(cache));
@@ -904,7 +938,7 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
                     out.reserve(chunk_size[c] / 3 + 16);
                     for (size_t d = chunk_start[c]; d < chunk_start[c + 1]; ++d) {
                         const size_t before = out.size();
-                        encode(docs[d], lens[d], out, cache);
+                        encode_doc(d, out, cache);
                         doc_count[d] = out.size() - before;
                     }
                     chunk_ids[c] = std::move(out);

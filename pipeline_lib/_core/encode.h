@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -105,6 +106,11 @@ struct alignas(64) PieceCache {
     }
 };
 
+// A str document of encode_batch holds a surrogate code point, which UTF-8 cannot hold.
+struct SurrogateInText : std::runtime_error {
+    SurrogateInText() : std::runtime_error("a surrogate code point in a str document") {}
+};
+
 // Limits on a vocabulary (pipeline_lib.tokenizer checks the same ones, with file names).
 constexpr size_t kMaxVocabSize = size_t{1} << 22;   // ids are < this
 constexpr size_t kMaxTokenBytes = size_t{1} << 20;  // longest token
@@ -166,8 +172,12 @@ public:
     }
     // Encode many documents with `num_threads` threads (threads_for).
     // ids are concatenated in document order; offsets has docs+1 cumulative entries.
+    // kinds, when given, has one entry per document: 0, the document is lens[d] bytes of UTF-8;
+    // 1, 2 or 4, it is lens[d] code units of a Python str of that many bytes each, converted to
+    // UTF-8 by the thread that encodes it (utf8_units.h; throws SurrogateInText at a surrogate).
+    // Such a document is never cut into pieces: the caller keeps them short.
     void encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens, int num_threads,
-                      BatchIds& ids, std::vector<uint64_t>& offsets);
+                      BatchIds& ids, std::vector<uint64_t>& offsets, const std::vector<uint8_t>* kinds = nullptr);
 
     // The first offset past `from` at which data[0:n] may be cut, its two sides encoding to the
     // whole's ids; n when there is none. A cut follows a newline ("\n", or "\r\n" but with

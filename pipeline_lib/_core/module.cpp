@@ -622,6 +622,63 @@ std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep) 
     return {reinterpret_cast<const uint8_t*>(utf8), size_t(size)};
 }
 
+// The documents of a batch as encode_batch takes them. A bytes object or an ASCII str is read in
+// place, and so is the UTF-8 another str already keeps. The UTF-8 of the other strs is left to the
+// batch's threads (kinds), each making that of the documents it encodes, when the batch has more
+// than one thread and the str is short enough not to hold one up (long ones are cut into pieces
+// for the threads, which takes their bytes): made here, under the GIL, it was a pass of one thread
+// over all the batch's new non-ASCII text before any thread could start (16 ms of a 10 MB
+// multilingual batch that took 80-100 ms on two threads). Made by the threads, it is not kept
+// by the str: a batch of the same strs again converts them again, on its threads.
+struct BatchTexts {
+    static constexpr Py_ssize_t kMaxThreadUnits = Py_ssize_t{1} << 16;
+    std::vector<nb::object> keep;  // the strs whose UTF-8 was made here
+    std::vector<const uint8_t*> ptrs;
+    std::vector<size_t> lens;
+    std::vector<uint8_t> kinds;  // empty when every document is UTF-8 already
+
+    BatchTexts(PyObject* const* items, size_t n, int num_threads, const char* what) : keep(n), ptrs(n), lens(n) {
+#ifdef Py_GIL_DISABLED
+        const bool to_threads = false;  // a str's fields are not read without its lock there
+#else
+        const bool to_threads = EncoderCore::threads_for(num_threads) > 1;
+#endif
+        for (size_t k = 0; k < n; ++k) {
+            PyObject* t = items[k];
+            if (!PyBytes_Check(t) && !PyUnicode_Check(t))
+                throw nb::type_error((std::string(what) + "[" + std::to_string(k) + "] is not bytes or str").c_str());
+            if (to_threads && PyUnicode_Check(t) && !PyUnicode_IS_ASCII(t) && PyUnicode_IS_COMPACT(t) &&
+                reinterpret_cast<PyCompactUnicodeObject*>(t)->utf8 == nullptr &&
+                PyUnicode_GET_LENGTH(t) <= kMaxThreadUnits) {
+                if (kinds.empty()) kinds.assign(n, 0);
+                kinds[k] = static_cast<uint8_t>(PyUnicode_KIND(t));
+                ptrs[k] = static_cast<const uint8_t*>(PyUnicode_DATA(t));
+                lens[k] = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+                continue;
+            }
+            std::tie(ptrs[k], lens[k]) = text_bytes(t, keep[k]);
+        }
+    }
+    const std::vector<uint8_t>* kinds_or_null() const { return kinds.empty() ? nullptr : &kinds; }
+
+    // Encoded on `num_threads` threads (the GIL released). A str holding a surrogate raises
+    // UnicodeEncodeError, as its conversion here would have.
+    void encode(Encoder& self, PyObject* const* items, int num_threads, BatchIds& ids, std::vector<uint64_t>& offsets) {
+        CallScope scope;
+        try {
+            nb::gil_scoped_release release;
+            cancel::Bind bind(&scope, true);
+            self.core->encode_batch(ptrs, lens, num_threads, ids, offsets, kinds_or_null());
+        } catch (const SurrogateInText&) {
+            for (size_t k = 0; k < kinds.size(); ++k) {
+                Py_ssize_t size = 0;
+                if (kinds[k] != 0 && PyUnicode_AsUTF8AndSize(items[k], &size) == nullptr) throw nb::python_error();
+            }
+            throw;
+        }
+    }
+};
+
 nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::handle data) {
     nb::object keep;
     const auto [p, n] = text_bytes(data, keep);
@@ -674,15 +731,11 @@ nb::tuple encoder_encode_texts(Encoder& self, nb::handle docs, int num_threads) 
     if (!fast.is_valid()) throw nb::python_error();
     const size_t n_docs = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
     PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
-    std::vector<nb::object> keep(n_docs);
-    std::vector<const uint8_t*> ptrs(n_docs);
-    std::vector<size_t> lens(n_docs);
-    for (size_t k = 0; k < n_docs; ++k) {
-        if (!PyBytes_Check(items[k]) && !PyUnicode_Check(items[k]))
-            throw nb::type_error(("docs[" + std::to_string(k) + "] is not bytes or str").c_str());
-        std::tie(ptrs[k], lens[k]) = text_bytes(items[k], keep[k]);
-    }
-    return encode_documents(self, ptrs, lens, num_threads);
+    BatchTexts texts(items, n_docs, num_threads, "docs");
+    BatchIds ids;
+    std::vector<uint64_t> offsets;
+    texts.encode(self, items, num_threads, ids, offsets);
+    return nb::make_tuple(numpy_1d(std::move(ids)), numpy_1d(std::move(offsets)));
 }
 
 // The ids of a text's segments (text_segments), encoded and put in one list on the text threads.
@@ -736,18 +789,10 @@ nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_t
     if (!fast.is_valid()) throw nb::python_error();
     const size_t n_docs = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
     PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
-    std::vector<nb::object> keep(n_docs);
-    std::vector<const uint8_t*> ptrs(n_docs);
-    std::vector<size_t> lens(n_docs);
-    for (size_t k = 0; k < n_docs; ++k) std::tie(ptrs[k], lens[k]) = text_bytes(items[k], keep[k]);
+    BatchTexts batch(items, n_docs, num_threads, "texts");
     BatchIds ids;
     std::vector<uint64_t> offsets;
-    CallScope scope;
-    {
-        nb::gil_scoped_release release;
-        cancel::Bind bind(&scope, true);
-        self.core->encode_batch(ptrs, lens, num_threads, ids, offsets);
-    }
+    batch.encode(self, items, num_threads, ids, offsets);
     GcPause pause;
     nb::object outer = nb::steal(PyList_New(static_cast<Py_ssize_t>(n_docs)));
     if (!outer.is_valid()) throw nb::python_error();

@@ -1,0 +1,91 @@
+"""A batch's non-ASCII str documents converted to UTF-8 by the threads that encode them (the
+core's utf8_units.h), from the str's own code units of 1, 2 or 4 bytes: the same ids as the
+conversion CPython makes, surrogates refused as CPython refuses them, and the str left as it was
+(CPython's conversion keeps the UTF-8 in the str, which sys.getsizeof shows)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import tiktoken
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline_lib.tokenizer import get_encoding
+
+
+def reference(name: str) -> tiktoken.Encoding:
+    """tiktoken's encoder of the same vocabulary (no download: the ranks are ours)."""
+    ours = get_encoding(name)
+    return tiktoken.Encoding(
+        name=f"units_{name}", pat_str=ours.pattern_str, mergeable_ranks=ours._mergeable_ranks, special_tokens={}
+    )
+
+
+def fresh(s: str) -> str:
+    """An equal str that has never been converted to UTF-8 (a new object)."""
+    return (s + "!")[:-1]
+
+
+# Code points of every storage kind: Latin-1 (1 byte a unit), the BMP (2), astral (4).
+LATIN1 = st.text(st.characters(min_codepoint=0, max_codepoint=0xFF), max_size=60)
+BMP = st.text(st.characters(min_codepoint=0, max_codepoint=0xFFFF, exclude_categories=("Cs",)), max_size=60)
+ANY = st.text(st.characters(exclude_categories=("Cs",)), max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(LATIN1, BMP, ANY), min_size=1, max_size=40))
+def test_the_threads_conversion_gives_cpythons_ids(texts):
+    enc = get_encoding("o200k_base")
+    docs = [fresh(t) for t in texts]
+    sizes = [sys.getsizeof(d) for d in docs]
+    got, offsets = enc.encode_ordinary_batch_to_numpy(docs, num_threads=2)
+    lists = enc.encode_ordinary_batch([fresh(t) for t in texts], num_threads=2)
+    assert [sys.getsizeof(d) for d in docs] == sizes  # converted by the threads, not kept
+    want = [enc.encode_ordinary(t) for t in texts]
+    assert np.array_equal(got, np.array([i for w in want for i in w], dtype=np.uint32))
+    assert np.diff(offsets).tolist() == [len(w) for w in want]
+    assert lists == want
+
+
+def test_a_large_batch_of_every_kind_of_str(multilingual_text):
+    """Enough text for many chunks on several threads, the three kinds mixed in each chunk."""
+    enc = get_encoding("cl100k_base")
+    ref = reference("cl100k_base")
+    paragraphs = [p for p in multilingual_text.split("\n") if p]
+    texts = [p + [" café", " Straße €", " 😀 emoji", ""][k % 4] for k, p in enumerate(paragraphs)] * 3
+    want = ref.encode_ordinary_batch(texts)
+    for threads in (2, 3, 8):
+        docs = [fresh(t) for t in texts]
+        sizes = [sys.getsizeof(d) for d in docs]
+        got, offsets = enc.encode_ordinary_batch_to_numpy(docs, num_threads=threads)
+        assert [sys.getsizeof(d) for d in docs] == sizes
+        assert np.array_equal(got, np.array([i for w in want for i in w], dtype=np.uint32)), threads
+        assert np.diff(offsets).tolist() == [len(w) for w in want]
+        assert enc.encode_ordinary_batch([fresh(t) for t in texts], num_threads=threads) == want
+
+
+def test_a_str_whose_utf8_is_kept_or_that_is_long_is_read_as_before(multilingual_text):
+    enc = get_encoding("cl100k_base")
+    kept = fresh(multilingual_text[:5000])
+    kept.encode("utf-8")  # does not keep it; tiktoken's reading of a str does:
+    reference("cl100k_base").encode_ordinary(kept)
+    long_doc = fresh(multilingual_text * 2)  # more code units than a thread converts
+    assert len(long_doc) > 1 << 16
+    docs = [kept, long_doc, fresh(multilingual_text[:300])]
+    got, offsets = enc.encode_ordinary_batch_to_numpy(docs, num_threads=2)
+    want = [enc.encode_ordinary(d) for d in docs]
+    assert np.array_equal(got, np.array([i for w in want for i in w], dtype=np.uint32))
+
+
+def test_a_surrogate_is_replaced_as_tiktoken_replaces_it():
+    """A lone surrogate cannot be UTF-8: the threads stop, and the str goes the way CPython's
+    refusal sends it (replaced by U+FFFD, as tiktoken does)."""
+    enc = get_encoding("cl100k_base")
+    ref = reference("cl100k_base")
+    texts = ["héllo wörld " * 50, "bad \ud800 here ✓", "astral 😀 \udfff", "fine ✓ " * 100] * 40
+    want = ref.encode_ordinary_batch(texts)
+    assert enc.encode_ordinary_batch([fresh(t) for t in texts], num_threads=2) == want
+    got, _ = enc.encode_ordinary_batch_to_numpy([fresh(t) for t in texts], num_threads=2)
+    assert got.tolist() == [i for w in want for i in w]

@@ -12,7 +12,7 @@ import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline_lib.tokenizer import get_encoding
+from pipeline_lib.tokenizer import Encoding, get_encoding
 
 
 def reference(name: str) -> tiktoken.Encoding:
@@ -89,3 +89,41 @@ def test_a_surrogate_is_replaced_as_tiktoken_replaces_it():
     assert enc.encode_ordinary_batch([fresh(t) for t in texts], num_threads=2) == want
     got, _ = enc.encode_ordinary_batch_to_numpy([fresh(t) for t in texts], num_threads=2)
     assert got.tolist() == [i for w in want for i in w]
+
+
+def text_threads_encoding(name: str, threads: int):
+    """A fresh encoder (its own caches) whose long texts go to `threads` text threads."""
+    base = get_encoding(name)
+    enc = Encoding(
+        name=f"units-{threads}", pat_str=base.pattern_str, mergeable_ranks=base._mergeable_ranks, special_tokens={}
+    )
+    enc._encoder.text_threads = threads
+    return enc
+
+
+def test_a_long_str_is_cut_and_converted_on_the_text_threads(multilingual_text, shakespeare_text):
+    """One long str of each kind (Latin-1, BMP, astral), cut at safe points between its code
+    units: the ids of the whole text on one thread, and the str left without UTF-8."""
+    lines = (shakespeare_text[:150_000] + multilingual_text[:150_000]).replace("\n", "\r\n", 300)
+    latin1 = "".join(c if ord(c) < 256 else "é" for c in lines)
+    bmp = "".join(c for c in lines if ord(c) <= 0xFFFF)
+    texts = {"latin-1": latin1 * 3, "bmp": bmp * 3, "astral": bmp.replace(" the ", " 😀 ") * 3}
+    one = text_threads_encoding("o200k_base", 1)
+    for kind, text in texts.items():
+        assert len(text) > 1 << 19
+        expected = one.encode_ordinary(fresh(text))
+        for threads in (2, 3):
+            enc = text_threads_encoding("o200k_base", threads)
+            doc = fresh(text)
+            size = sys.getsizeof(doc)
+            assert enc.encode_ordinary(doc) == expected, (kind, threads)
+            assert enc.encode_to_numpy(doc).tolist() == expected, (kind, threads)
+            assert sys.getsizeof(doc) == size, kind  # the threads made its UTF-8, the str kept none
+
+
+def test_a_surrogate_in_a_long_str_is_replaced_as_tiktoken_replaces_it(multilingual_text):
+    text = (multilingual_text[:100_000] + "\n") * 4 + "tail \ud83d here\n" + multilingual_text[:50_000]
+    enc = text_threads_encoding("cl100k_base", 2)
+    want = reference("cl100k_base").encode_ordinary(text)
+    assert enc.encode_ordinary(fresh(text)) == want
+    assert enc.encode_to_numpy(fresh(text)).tolist() == want

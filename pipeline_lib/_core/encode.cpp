@@ -979,33 +979,68 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
     for (size_t d = 0; d < nd; ++d) offsets[d + 1] = offsets[d] + doc_count[d];
 }
 
-size_t EncoderCore::safe_cut(const uint8_t* data, size_t n, size_t from) const {
-    if (pattern_ != kGpt2 && pattern_ != kCl100k && pattern_ != kO200k) return n;
-    const auto printable = [](uint8_t c) { return c >= 0x21 && c <= 0x7e; };
+namespace {
+
+// EncoderCore::safe_cut over a text's units: UTF-8 bytes, or a Python str's code units (of 2 or 4
+// bytes; its ASCII characters are units of the same values, so the same cuts).
+template <class Unit>
+size_t safe_cut_in(const Unit* data, size_t n, size_t from, int pattern) {
+    if (pattern != kGpt2 && pattern != kCl100k && pattern != kO200k) return n;
+    const auto printable = [](uint32_t c) { return c >= 0x21 && c <= 0x7e; };
     for (size_t at = std::max<size_t>(from, 1); at + 1 < n;) {
-        const void* found = std::memchr(data + at, '\n', n - 1 - at);  // a newline with a byte after it
-        if (found == nullptr) break;
-        const size_t nl = static_cast<size_t>(static_cast<const uint8_t*>(found) - data);
+        size_t nl = at;  // a newline with a unit after it
+        if constexpr (sizeof(Unit) == 1) {
+            const void* found = std::memchr(data + at, '\n', n - 1 - at);
+            if (found == nullptr) break;
+            nl = static_cast<size_t>(static_cast<const Unit*>(found) - data);
+        } else {
+            while (nl + 1 < n && data[nl] != '\n') ++nl;
+            if (nl + 1 == n) break;
+        }
         if (printable(data[nl + 1]) &&
             (printable(data[nl - 1]) ||
-             (pattern_ != kGpt2 && data[nl - 1] == '\r' && nl >= 2 && printable(data[nl - 2]))))
+             (pattern != kGpt2 && data[nl - 1] == '\r' && nl >= 2 && printable(data[nl - 2]))))
             return nl + 1;
         at = nl + 1;
     }
     return n;
 }
 
-size_t EncoderCore::cut_pieces(const uint8_t* data, size_t n, size_t target, std::vector<const uint8_t*>& ptrs,
-                               std::vector<size_t>& lens) const {
+template <class Unit>
+size_t cut_pieces_in(const Unit* data, size_t n, size_t target, int pattern, std::vector<const uint8_t*>& ptrs,
+                     std::vector<size_t>& lens) {
     size_t start = 0, count = 0;
     do {
-        const size_t end = n - start <= 2 * target ? n : safe_cut(data, n, start + target);
-        ptrs.push_back(data + start);
+        const size_t end = n - start <= 2 * target ? n : safe_cut_in(data, n, start + target, pattern);
+        ptrs.push_back(reinterpret_cast<const uint8_t*>(data + start));
         lens.push_back(end - start);
         ++count;
         start = end;
     } while (start < n);
     return count;
+}
+
+}  // namespace
+
+size_t EncoderCore::safe_cut(const uint8_t* data, size_t n, size_t from) const {
+    return safe_cut_in(data, n, from, pattern_);
+}
+
+size_t EncoderCore::cut_pieces(const uint8_t* data, size_t n, size_t target, std::vector<const uint8_t*>& ptrs,
+                               std::vector<size_t>& lens) const {
+    return cut_pieces_in(data, n, target, pattern_, ptrs, lens);
+}
+
+size_t EncoderCore::cut_units(const void* units, unsigned kind, size_t n, size_t target,
+                              std::vector<const uint8_t*>& ptrs, std::vector<size_t>& lens) const {
+    switch (kind) {
+        case 1:
+            return cut_pieces_in(static_cast<const uint8_t*>(units), n, target, pattern_, ptrs, lens);
+        case 2:
+            return cut_pieces_in(static_cast<const uint16_t*>(units), n, target, pattern_, ptrs, lens);
+        default:
+            return cut_pieces_in(static_cast<const uint32_t*>(units), n, target, pattern_, ptrs, lens);
+    }
 }
 
 bool EncoderCore::decode(const uint32_t* ids, size_t m, std::string& out, size_t* bad_index) const {

@@ -191,6 +191,10 @@ public:
     // one empty piece); returns how many.
     size_t cut_pieces(const uint8_t* data, size_t n, size_t target, std::vector<const uint8_t*>& ptrs,
                       std::vector<size_t>& lens) const;
+    // The same for a Python str's n code units of `kind` bytes each (encode_batch's kinds): the
+    // pieces' pointers and lengths are in units.
+    size_t cut_units(const void* units, unsigned kind, size_t n, size_t target, std::vector<const uint8_t*>& ptrs,
+                     std::vector<size_t>& lens) const;
     // The bytes of the chunks encode_batch hands its threads: about 1/8 of a thread's share of
     // `total_bytes` (a document counting 16 bytes more than its length), from 16 to 256 KiB.
     static size_t chunk_bytes(size_t total_bytes, size_t docs, size_t threads) {

@@ -630,6 +630,38 @@ std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep) 
 // over all the batch's new non-ASCII text before any thread could start (16 ms of a 10 MB
 // multilingual batch that took 80-100 ms on two threads). Made by the threads, it is not kept
 // by the str: a batch of the same strs again converts them again, on its threads.
+// Whether the threads may make a str's UTF-8 (BatchTexts, str_segments): a non-ASCII str that
+// keeps none yet.
+bool utf8_left_to_threads(PyObject* t) {
+#ifdef Py_GIL_DISABLED
+    (void)t;
+    return false;  // a str's fields are not read without its lock there
+#else
+    return PyUnicode_Check(t) && !PyUnicode_IS_ASCII(t) && PyUnicode_IS_COMPACT(t) &&
+           reinterpret_cast<PyCompactUnicodeObject*>(t)->utf8 == nullptr;
+#endif
+}
+
+// encode_batch (the GIL released) of documents of which some are strs' code units (`kinds`); when
+// one holds a surrogate, CPython is asked for the UTF-8 of `strs` (those strs), and raises the
+// UnicodeEncodeError it raises there (which sends the Python caller down tiktoken's replacement).
+void encode_units(Encoder& self, const std::vector<const uint8_t*>& ptrs, const std::vector<size_t>& lens,
+                  const std::vector<uint8_t>* kinds, int num_threads, const std::vector<PyObject*>& strs, BatchIds& ids,
+                  std::vector<uint64_t>& offsets) {
+    CallScope scope;
+    try {
+        nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
+        self.core->encode_batch(ptrs, lens, num_threads, ids, offsets, kinds);
+    } catch (const SurrogateInText&) {
+        for (PyObject* t : strs) {
+            Py_ssize_t size = 0;
+            if (PyUnicode_AsUTF8AndSize(t, &size) == nullptr) throw nb::python_error();
+        }
+        throw;
+    }
+}
+
 struct BatchTexts {
     static constexpr Py_ssize_t kMaxThreadUnits = Py_ssize_t{1} << 16;
     std::vector<nb::object> keep;  // the strs whose UTF-8 was made here
@@ -637,54 +669,65 @@ struct BatchTexts {
     std::vector<size_t> lens;
     std::vector<uint8_t> kinds;  // empty when every document is UTF-8 already
 
+    std::vector<PyObject*> strs;  // the strs left to the threads
+
     BatchTexts(PyObject* const* items, size_t n, int num_threads, const char* what) : keep(n), ptrs(n), lens(n) {
-#ifdef Py_GIL_DISABLED
-        const bool to_threads = false;  // a str's fields are not read without its lock there
-#else
         const bool to_threads = EncoderCore::threads_for(num_threads) > 1;
-#endif
         for (size_t k = 0; k < n; ++k) {
             PyObject* t = items[k];
             if (!PyBytes_Check(t) && !PyUnicode_Check(t))
                 throw nb::type_error((std::string(what) + "[" + std::to_string(k) + "] is not bytes or str").c_str());
-            if (to_threads && PyUnicode_Check(t) && !PyUnicode_IS_ASCII(t) && PyUnicode_IS_COMPACT(t) &&
-                reinterpret_cast<PyCompactUnicodeObject*>(t)->utf8 == nullptr &&
-                PyUnicode_GET_LENGTH(t) <= kMaxThreadUnits) {
+            if (to_threads && utf8_left_to_threads(t) && PyUnicode_GET_LENGTH(t) <= kMaxThreadUnits) {
                 if (kinds.empty()) kinds.assign(n, 0);
                 kinds[k] = static_cast<uint8_t>(PyUnicode_KIND(t));
                 ptrs[k] = static_cast<const uint8_t*>(PyUnicode_DATA(t));
                 lens[k] = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+                strs.push_back(t);
                 continue;
             }
             std::tie(ptrs[k], lens[k]) = text_bytes(t, keep[k]);
         }
     }
-    const std::vector<uint8_t>* kinds_or_null() const { return kinds.empty() ? nullptr : &kinds; }
 
-    // Encoded on `num_threads` threads (the GIL released). A str holding a surrogate raises
-    // UnicodeEncodeError, as its conversion here would have.
-    void encode(Encoder& self, PyObject* const* items, int num_threads, BatchIds& ids, std::vector<uint64_t>& offsets) {
-        CallScope scope;
-        try {
-            nb::gil_scoped_release release;
-            cancel::Bind bind(&scope, true);
-            self.core->encode_batch(ptrs, lens, num_threads, ids, offsets, kinds_or_null());
-        } catch (const SurrogateInText&) {
-            for (size_t k = 0; k < kinds.size(); ++k) {
-                Py_ssize_t size = 0;
-                if (kinds[k] != 0 && PyUnicode_AsUTF8AndSize(items[k], &size) == nullptr) throw nb::python_error();
-            }
-            throw;
-        }
+    // Encoded on `num_threads` threads (encode_units).
+    void encode(Encoder& self, int num_threads, BatchIds& ids, std::vector<uint64_t>& offsets) {
+        encode_units(self, ptrs, lens, kinds.empty() ? nullptr : &kinds, num_threads, strs, ids, offsets);
     }
 };
 
+// A long str whose UTF-8 the threads may make (utf8_left_to_threads), cut at safe points into
+// segments of its code units for the encoder's text threads, as text_segments cuts UTF-8 (the
+// bytes counted as units x their size); false when it is not such a str, is short, has no safe
+// point, or the encoder has one text thread.
+bool str_segments(const Encoder& self, PyObject* t, std::vector<const uint8_t*>& ptrs, std::vector<size_t>& lens,
+                  std::vector<uint8_t>& kinds) {
+    const size_t threads = static_cast<size_t>(std::max(self.text_threads, 1));
+    if (threads == 1 || !utf8_left_to_threads(t)) return false;
+    const unsigned kind = PyUnicode_KIND(t);
+    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+    if (n * kind < kThreadedTextBytes) return false;
+    const size_t target = std::max<size_t>(EncoderCore::chunk_bytes(n * kind, 1, threads) / kind, 1);
+    if (self.core->cut_units(PyUnicode_DATA(t), kind, n, target, ptrs, lens) <= 1) {
+        ptrs.clear();
+        lens.clear();
+        return false;
+    }
+    kinds.assign(ptrs.size(), static_cast<uint8_t>(kind));
+    return true;
+}
+
 nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::handle data) {
-    nb::object keep;
-    const auto [p, n] = text_bytes(data, keep);
     BatchIds out;
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
+    std::vector<uint8_t> kinds;
+    if (str_segments(self, data.ptr(), ptrs, lens, kinds)) {
+        std::vector<uint64_t> offsets;
+        encode_units(self, ptrs, lens, &kinds, self.text_threads, {data.ptr()}, out, offsets);
+        return numpy_1d(std::move(out));
+    }
+    nb::object keep;
+    const auto [p, n] = text_bytes(data, keep);
     const bool threaded = text_segments(self, p, n, ptrs, lens);
     CallScope scope;
     {
@@ -734,25 +777,28 @@ nb::tuple encoder_encode_texts(Encoder& self, nb::handle docs, int num_threads) 
     BatchTexts texts(items, n_docs, num_threads, "docs");
     BatchIds ids;
     std::vector<uint64_t> offsets;
-    texts.encode(self, items, num_threads, ids, offsets);
+    texts.encode(self, num_threads, ids, offsets);
     return nb::make_tuple(numpy_1d(std::move(ids)), numpy_1d(std::move(offsets)));
 }
 
 // The ids of a text's segments (text_segments), encoded and put in one list on the text threads.
-nb::object segments_to_list(Encoder& self, const std::vector<const uint8_t*>& ptrs, const std::vector<size_t>& lens) {
+// `kinds` and `str` as encode_units takes them, when the segments are a str's code units (str_segments).
+nb::object segments_to_list(Encoder& self, const std::vector<const uint8_t*>& ptrs, const std::vector<size_t>& lens,
+                            const std::vector<uint8_t>* kinds = nullptr, PyObject* str = nullptr) {
     BatchIds ids;
     std::vector<uint64_t> offsets;
-    CallScope scope;
-    {
-        nb::gil_scoped_release release;
-        cancel::Bind bind(&scope, true);
-        self.core->encode_batch(ptrs, lens, self.text_threads, ids, offsets);
-    }
+    std::vector<PyObject*> strs;
+    if (str != nullptr) strs.push_back(str);
+    encode_units(self, ptrs, lens, kinds, self.text_threads, strs, ids, offsets);
     return list_of_ids(self, ids.data(), ids.size(), EncoderCore::threads_for(self.text_threads));
 }
 
 // tiktoken's encode_ordinary: a list of Python ints straight from the core's ids.
 nb::object encoder_encode_list(Encoder& self, nb::handle text) {
+    std::vector<const uint8_t*> ptrs;
+    std::vector<size_t> lens;
+    std::vector<uint8_t> kinds;
+    if (str_segments(self, text.ptr(), ptrs, lens, kinds)) return segments_to_list(self, ptrs, lens, &kinds, text.ptr());
     nb::object keep;
     const auto [p, n] = text_bytes(text, keep);
     if (n < 4096) {
@@ -767,8 +813,6 @@ nb::object encoder_encode_list(Encoder& self, nb::handle text) {
         self.core->release_cache(std::move(cache));
         return list_of_ids(self, scratch.data(), scratch.size(), 1);
     }
-    std::vector<const uint8_t*> ptrs;
-    std::vector<size_t> lens;
     if (text_segments(self, p, n, ptrs, lens)) return segments_to_list(self, ptrs, lens);
     std::vector<uint32_t> out;
     out.reserve(n / 4 + 16);
@@ -792,7 +836,7 @@ nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_t
     BatchTexts batch(items, n_docs, num_threads, "texts");
     BatchIds ids;
     std::vector<uint64_t> offsets;
-    batch.encode(self, items, num_threads, ids, offsets);
+    batch.encode(self, num_threads, ids, offsets);
     GcPause pause;
     nb::object outer = nb::steal(PyList_New(static_cast<Py_ssize_t>(n_docs)));
     if (!outer.is_valid()) throw nb::python_error();

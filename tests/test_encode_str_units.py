@@ -5,7 +5,10 @@ conversion CPython makes, surrogates refused as CPython refuses them, and the st
 
 from __future__ import annotations
 
+import gc
 import sys
+import threading
+import time
 
 import numpy as np
 import tiktoken
@@ -127,3 +130,27 @@ def test_a_surrogate_in_a_long_str_is_replaced_as_tiktoken_replaces_it(multiling
     want = reference("cl100k_base").encode_ordinary(text)
     assert enc.encode_ordinary(fresh(text)) == want
     assert enc.encode_to_numpy(fresh(text)).tolist() == want
+
+
+def test_a_list_emptied_while_the_threads_read_it(multilingual_text, shakespeare_text):
+    """The caller's list is read in place: a Python thread that empties it during the call (the
+    GIL released) drops its references, and the call still holds its own to every document."""
+    enc = get_encoding("o200k_base")
+    paragraphs = [p for p in (multilingual_text + shakespeare_text).split("\n") if p] * 4
+    want = enc.encode_ordinary_batch_to_numpy(paragraphs, num_threads=1)[0]
+    for threads in (2, 3):
+        docs = [fresh(p) for p in paragraphs]  # the list holds the only reference to each
+        emptied = threading.Event()
+
+        def empty_it(docs: list[str] = docs, emptied: threading.Event = emptied) -> None:
+            time.sleep(0.005)
+            docs.clear()
+            gc.collect()
+            [fresh(p) * 2 for p in paragraphs[:2000]]  # reuse freed memory
+            emptied.set()
+
+        other = threading.Thread(target=empty_it)
+        other.start()
+        got = enc.encode_ordinary_batch_to_numpy(docs, num_threads=threads)[0]
+        other.join()
+        assert emptied.is_set() and np.array_equal(got, want), threads

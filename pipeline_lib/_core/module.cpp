@@ -664,12 +664,13 @@ void encode_units(Encoder& self, const std::vector<const uint8_t*>& ptrs, const 
 
 struct BatchTexts {
     static constexpr Py_ssize_t kMaxThreadUnits = Py_ssize_t{1} << 16;
-    std::vector<nb::object> keep;  // the strs whose UTF-8 was made here
+    // A reference to every document: the caller's list is not copied, and a Python thread that
+    // empties it while the GIL is released must not free a document the threads are reading.
+    std::vector<nb::object> keep;
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
     std::vector<uint8_t> kinds;  // empty when every document is UTF-8 already
-
-    std::vector<PyObject*> strs;  // the strs left to the threads
+    std::vector<PyObject*> strs;   // the strs left to the threads
 
     BatchTexts(PyObject* const* items, size_t n, int num_threads, const char* what) : keep(n), ptrs(n), lens(n) {
         const bool to_threads = EncoderCore::threads_for(num_threads) > 1;
@@ -677,6 +678,7 @@ struct BatchTexts {
             PyObject* t = items[k];
             if (!PyBytes_Check(t) && !PyUnicode_Check(t))
                 throw nb::type_error((std::string(what) + "[" + std::to_string(k) + "] is not bytes or str").c_str());
+            keep[k] = nb::borrow(t);
             if (to_threads && utf8_left_to_threads(t) && PyUnicode_GET_LENGTH(t) <= kMaxThreadUnits) {
                 if (kinds.empty()) kinds.assign(n, 0);
                 kinds[k] = static_cast<uint8_t>(PyUnicode_KIND(t));
@@ -685,7 +687,8 @@ struct BatchTexts {
                 strs.push_back(t);
                 continue;
             }
-            std::tie(ptrs[k], lens[k]) = text_bytes(t, keep[k]);
+            nb::object kept;
+            std::tie(ptrs[k], lens[k]) = text_bytes(t, kept);
         }
     }
 

@@ -31,6 +31,8 @@ constexpr size_t kPeriodicPiece = size_t{1} << 12;
 constexpr size_t kMaxPeriod = 64;
 // A batch's output of this many ids or more is copied together by its threads (encode_batch).
 constexpr size_t kParallelCopyIds = size_t{1} << 17;
+// The buffer a thread makes a str document's UTF-8 in is kept for its next one up to this size.
+constexpr size_t kKeptUtf8 = size_t{1} << 20;
 }  // namespace
 
 namespace {
@@ -826,6 +828,14 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
             utf8.reset(new uint8_t[need]);
             capacity = need;
         }
+        struct Trim {  // a thread keeps no more than kKeptUtf8 bytes of buffer, also when cancelled
+            ~Trim() {
+                if (capacity > kKeptUtf8) {
+                    utf8.reset();
+                    capacity = 0;
+                }
+            }
+        } trim;
         const size_t n = utf8_from_units(docs[d], lens[d], kind, utf8.get());
         if (n == SIZE_MAX) throw SurrogateInText();
         encode(utf8.get(), n, out, cache);

@@ -622,14 +622,6 @@ std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep) 
     return {reinterpret_cast<const uint8_t*>(utf8), size_t(size)};
 }
 
-// The documents of a batch as encode_batch takes them. A bytes object or an ASCII str is read in
-// place, and so is the UTF-8 another str already keeps. The UTF-8 of the other strs is left to the
-// batch's threads (kinds), each making that of the documents it encodes, when the batch has more
-// than one thread and the str is short enough not to hold one up (long ones are cut into pieces
-// for the threads, which takes their bytes): made here, under the GIL, it was a pass of one thread
-// over all the batch's new non-ASCII text before any thread could start (16 ms of a 10 MB
-// multilingual batch that took 80-100 ms on two threads). Made by the threads, it is not kept
-// by the str: a batch of the same strs again converts them again, on its threads.
 // Whether the threads may make a str's UTF-8 (BatchTexts, str_segments): a non-ASCII str that
 // keeps none yet.
 bool utf8_left_to_threads(PyObject* t) {
@@ -662,6 +654,14 @@ void encode_units(Encoder& self, const std::vector<const uint8_t*>& ptrs, const 
     }
 }
 
+// The documents of a batch as encode_batch takes them. A bytes object or an ASCII str is read in
+// place, and so is the UTF-8 another str already keeps. The UTF-8 of the other strs is left to the
+// batch's threads (kinds), each making that of the documents it encodes, when the batch has more
+// than one thread and the str is short enough not to hold one up (long ones are cut into pieces
+// for the threads, which takes their bytes): made here, under the GIL, it was a pass of one thread
+// over all the batch's new non-ASCII text before any thread could start (16 ms of a 10 MB
+// multilingual batch that took 80-100 ms on two threads). Made by the threads, it is not kept
+// by the str: a batch of the same strs again converts them again, on its threads.
 struct BatchTexts {
     static constexpr Py_ssize_t kMaxThreadUnits = Py_ssize_t{1} << 16;
     // A reference to every document: the caller's list is not copied, and a Python thread that
@@ -670,7 +670,7 @@ struct BatchTexts {
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
     std::vector<uint8_t> kinds;  // empty when every document is UTF-8 already
-    std::vector<PyObject*> strs;   // the strs left to the threads
+    std::vector<PyObject*> strs;  // the strs left to the threads
 
     BatchTexts(PyObject* const* items, size_t n, int num_threads, const char* what) : keep(n), ptrs(n), lens(n) {
         const bool to_threads = EncoderCore::threads_for(num_threads) > 1;

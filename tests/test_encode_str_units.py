@@ -69,15 +69,19 @@ def test_a_large_batch_of_every_kind_of_str(multilingual_text):
         assert enc.encode_ordinary_batch([fresh(t) for t in texts], num_threads=threads) == want
 
 
-def test_a_str_whose_utf8_is_kept_or_that_is_long_is_read_as_before(multilingual_text):
+def test_a_str_that_keeps_its_utf8_and_a_long_str_cut_between_its_units(multilingual_text):
+    """A str whose UTF-8 is kept is read from it; a long one is cut at safe points between its
+    code units into pieces for the threads, which make their UTF-8 (the str keeps none)."""
     enc = get_encoding("cl100k_base")
     kept = fresh(multilingual_text[:5000])
     kept.encode("utf-8")  # does not keep it; tiktoken's reading of a str does:
     reference("cl100k_base").encode_ordinary(kept)
-    long_doc = fresh(multilingual_text * 2)  # more code units than a thread converts
+    long_doc = fresh(multilingual_text * 2)  # many chunks long on 2 threads
     assert len(long_doc) > 1 << 16
+    size = sys.getsizeof(long_doc)
     docs = [kept, long_doc, fresh(multilingual_text[:300])]
     got, offsets = enc.encode_ordinary_batch_to_numpy(docs, num_threads=2)
+    assert sys.getsizeof(long_doc) == size
     want = [enc.encode_ordinary(d) for d in docs]
     assert np.array_equal(got, np.array([i for w in want for i in w], dtype=np.uint32))
 

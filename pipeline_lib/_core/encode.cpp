@@ -856,14 +856,11 @@ void EncoderCore::encode_batch(const std::vector<const uint8_t*>& docs, const st
         std::vector<size_t> piece_len, pieces_of(nd);
         std::vector<uint8_t> piece_kinds;
         for (size_t d = 0; d < nd; ++d) {
-            if (kind_of(d) != 0) {
-                piece_ptr.push_back(docs[d]);
-                piece_len.push_back(lens[d]);
-                pieces_of[d] = 1;
-            } else {
-                pieces_of[d] = cut_pieces(docs[d], lens[d], chunk_bytes, piece_ptr, piece_len);
-            }
-            if (kinds != nullptr) piece_kinds.resize(piece_ptr.size(), static_cast<uint8_t>(kind_of(d)));
+            const unsigned kind = kind_of(d);
+            pieces_of[d] = kind == 0 ? cut_pieces(docs[d], lens[d], chunk_bytes, piece_ptr, piece_len)
+                                     : cut_units(docs[d], kind, lens[d], chunk_bytes / utf8_bytes_per_unit(kind),
+                                                 piece_ptr, piece_len);
+            if (kinds != nullptr) piece_kinds.resize(piece_ptr.size(), static_cast<uint8_t>(kind));
         }
         if (piece_ptr.size() > nd) {
             std::vector<uint64_t> piece_offsets;

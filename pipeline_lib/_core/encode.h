@@ -174,8 +174,8 @@ public:
     // ids are concatenated in document order; offsets has docs+1 cumulative entries.
     // kinds, when given, has one entry per document: 0, the document is lens[d] bytes of UTF-8;
     // 1, 2 or 4, it is lens[d] code units of a Python str of that many bytes each, converted to
-    // UTF-8 by the thread that encodes it (utf8_units.h; throws SurrogateInText at a surrogate).
-    // Such a document is never cut into pieces: the caller keeps them short.
+    // UTF-8 by the thread that encodes it (utf8_units.h; throws SurrogateInText at a surrogate);
+    // a long one is cut into pieces for the threads between its units (cut_units).
     void encode_batch(const std::vector<const uint8_t*>& docs, const std::vector<size_t>& lens, int num_threads,
                       BatchIds& ids, std::vector<uint64_t>& offsets, const std::vector<uint8_t>* kinds = nullptr);
 

@@ -622,8 +622,8 @@ std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep) 
     return {reinterpret_cast<const uint8_t*>(utf8), size_t(size)};
 }
 
-// Whether the threads may make a str's UTF-8 (BatchTexts, str_segments): a non-ASCII str that
-// keeps none yet.
+// Whether the threads may make a str's UTF-8 (BatchTexts, str_to_text_threads): a non-ASCII str
+// that keeps none yet.
 bool utf8_left_to_threads(PyObject* t) {
 #ifdef Py_GIL_DISABLED
     (void)t;
@@ -656,14 +656,12 @@ void encode_units(Encoder& self, const std::vector<const uint8_t*>& ptrs, const 
 
 // The documents of a batch as encode_batch takes them. A bytes object or an ASCII str is read in
 // place, and so is the UTF-8 another str already keeps. The UTF-8 of the other strs is left to the
-// batch's threads (kinds), each making that of the documents it encodes, when the batch has more
-// than one thread and the str is short enough not to hold one up (long ones are cut into pieces
-// for the threads, which takes their bytes): made here, under the GIL, it was a pass of one thread
-// over all the batch's new non-ASCII text before any thread could start (16 ms of a 10 MB
-// multilingual batch that took 80-100 ms on two threads). Made by the threads, it is not kept
-// by the str: a batch of the same strs again converts them again, on its threads.
+// batch's threads (kinds), each making that of the documents (or pieces of a long one) it
+// encodes, when the batch has more than one thread: made here, under the GIL, it was a pass of one
+// thread over all the batch's new non-ASCII text before any thread could start (16 ms of a 10 MB
+// multilingual batch that took 80-100 ms on two threads). Made by the threads, it is not kept by
+// the str: a batch of the same strs again converts them again, on its threads.
 struct BatchTexts {
-    static constexpr Py_ssize_t kMaxThreadUnits = Py_ssize_t{1} << 16;
     // A reference to every document: the caller's list is not copied, and a Python thread that
     // empties it while the GIL is released must not free a document the threads are reading.
     std::vector<nb::object> keep;
@@ -679,7 +677,7 @@ struct BatchTexts {
             if (!PyBytes_Check(t) && !PyUnicode_Check(t))
                 throw nb::type_error((std::string(what) + "[" + std::to_string(k) + "] is not bytes or str").c_str());
             keep[k] = nb::borrow(t);
-            if (to_threads && utf8_left_to_threads(t) && PyUnicode_GET_LENGTH(t) <= kMaxThreadUnits) {
+            if (to_threads && utf8_left_to_threads(t)) {
                 if (kinds.empty()) kinds.assign(n, 0);
                 kinds[k] = static_cast<uint8_t>(PyUnicode_KIND(t));
                 ptrs[k] = static_cast<const uint8_t*>(PyUnicode_DATA(t));
@@ -698,37 +696,42 @@ struct BatchTexts {
     }
 };
 
-// A long str whose UTF-8 the threads may make (utf8_left_to_threads), cut at safe points into
-// segments of its code units for the encoder's text threads, as text_segments cuts UTF-8 (the
-// bytes counted as units x their size); false when it is not such a str, is short, has no safe
-// point, or the encoder has one text thread.
-bool str_segments(const Encoder& self, PyObject* t, std::vector<const uint8_t*>& ptrs, std::vector<size_t>& lens,
-                  std::vector<uint8_t>& kinds) {
-    const size_t threads = static_cast<size_t>(std::max(self.text_threads, 1));
-    if (threads == 1 || !utf8_left_to_threads(t)) return false;
-    const unsigned kind = PyUnicode_KIND(t);
-    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
-    if (n * kind < kThreadedTextBytes) return false;
-    const size_t target = std::max<size_t>(EncoderCore::chunk_bytes(n * kind, 1, threads) / kind, 1);
-    if (self.core->cut_units(PyUnicode_DATA(t), kind, n, target, ptrs, lens) <= 1) {
-        ptrs.clear();
-        lens.clear();
-        return false;
-    }
-    kinds.assign(ptrs.size(), static_cast<uint8_t>(kind));
-    return true;
+// Whether a text goes to the encoder's text threads as a str's code units, each thread making the
+// UTF-8 of the pieces it encodes (encode_batch cuts it between its units as text_segments cuts
+// UTF-8): a str as utf8_left_to_threads and as long as text_segments asks, its bytes counted as
+// units x their size.
+bool str_to_text_threads(const Encoder& self, PyObject* t) {
+    return self.text_threads > 1 && utf8_left_to_threads(t) &&
+           static_cast<size_t>(PyUnicode_GET_LENGTH(t)) * PyUnicode_KIND(t) >= kThreadedTextBytes;
 }
 
-nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::handle data) {
-    BatchIds out;
+// A str (str_to_text_threads) as the one document of encode_units' arguments.
+struct StrDocument {
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
     std::vector<uint8_t> kinds;
-    if (str_segments(self, data.ptr(), ptrs, lens, kinds)) {
+    std::vector<PyObject*> strs;
+    explicit StrDocument(PyObject* t)
+        : ptrs{static_cast<const uint8_t*>(PyUnicode_DATA(t))},
+          lens{static_cast<size_t>(PyUnicode_GET_LENGTH(t))},
+          kinds{static_cast<uint8_t>(PyUnicode_KIND(t))},
+          strs{t} {}
+
+    // Encoded on the encoder's text threads (encode_units).
+    void encode(Encoder& self, BatchIds& ids) const {
         std::vector<uint64_t> offsets;
-        encode_units(self, ptrs, lens, &kinds, self.text_threads, {data.ptr()}, out, offsets);
+        encode_units(self, ptrs, lens, &kinds, self.text_threads, strs, ids, offsets);
+    }
+};
+
+nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::handle data) {
+    BatchIds out;
+    if (str_to_text_threads(self, data.ptr())) {
+        StrDocument(data.ptr()).encode(self, out);
         return numpy_1d(std::move(out));
     }
+    std::vector<const uint8_t*> ptrs;
+    std::vector<size_t> lens;
     nb::object keep;
     const auto [p, n] = text_bytes(data, keep);
     const bool threaded = text_segments(self, p, n, ptrs, lens);
@@ -753,12 +756,7 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::
 nb::tuple encode_documents(Encoder& self, const std::vector<const uint8_t*>& ptrs, const std::vector<size_t>& lens, int num_threads) {
     BatchIds ids;
     std::vector<uint64_t> offsets;
-    CallScope scope;
-    {
-        nb::gil_scoped_release release;
-        cancel::Bind bind(&scope, true);
-        self.core->encode_batch(ptrs, lens, num_threads, ids, offsets);
-    }
+    encode_units(self, ptrs, lens, nullptr, num_threads, {}, ids, offsets);
     return nb::make_tuple(numpy_1d(std::move(ids)), numpy_1d(std::move(offsets)));
 }
 
@@ -785,23 +783,20 @@ nb::tuple encoder_encode_texts(Encoder& self, nb::handle docs, int num_threads) 
 }
 
 // The ids of a text's segments (text_segments), encoded and put in one list on the text threads.
-// `kinds` and `str` as encode_units takes them, when the segments are a str's code units (str_segments).
-nb::object segments_to_list(Encoder& self, const std::vector<const uint8_t*>& ptrs, const std::vector<size_t>& lens,
-                            const std::vector<uint8_t>* kinds = nullptr, PyObject* str = nullptr) {
+nb::object segments_to_list(Encoder& self, const std::vector<const uint8_t*>& ptrs, const std::vector<size_t>& lens) {
     BatchIds ids;
     std::vector<uint64_t> offsets;
-    std::vector<PyObject*> strs;
-    if (str != nullptr) strs.push_back(str);
-    encode_units(self, ptrs, lens, kinds, self.text_threads, strs, ids, offsets);
+    encode_units(self, ptrs, lens, nullptr, self.text_threads, {}, ids, offsets);
     return list_of_ids(self, ids.data(), ids.size(), EncoderCore::threads_for(self.text_threads));
 }
 
 // tiktoken's encode_ordinary: a list of Python ints straight from the core's ids.
 nb::object encoder_encode_list(Encoder& self, nb::handle text) {
-    std::vector<const uint8_t*> ptrs;
-    std::vector<size_t> lens;
-    std::vector<uint8_t> kinds;
-    if (str_segments(self, text.ptr(), ptrs, lens, kinds)) return segments_to_list(self, ptrs, lens, &kinds, text.ptr());
+    if (str_to_text_threads(self, text.ptr())) {
+        BatchIds ids;
+        StrDocument(text.ptr()).encode(self, ids);
+        return list_of_ids(self, ids.data(), ids.size(), EncoderCore::threads_for(self.text_threads));
+    }
     nb::object keep;
     const auto [p, n] = text_bytes(text, keep);
     if (n < 4096) {
@@ -816,6 +811,8 @@ nb::object encoder_encode_list(Encoder& self, nb::handle text) {
         self.core->release_cache(std::move(cache));
         return list_of_ids(self, scratch.data(), scratch.size(), 1);
     }
+    std::vector<const uint8_t*> ptrs;
+    std::vector<size_t> lens;
     if (text_segments(self, p, n, ptrs, lens)) return segments_to_list(self, ptrs, lens);
     std::vector<uint32_t> out;
     out.reserve(n / 4 + 16);

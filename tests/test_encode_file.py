@@ -235,3 +235,25 @@ def test_the_command_says_when_the_output_disk_is_full(tmp_path, multilingual_te
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--output" in err[0] and "no space left" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_each_block_of_ids_is_flushed_to_the_disk_as_it_is_written(tmp_path, multilingual_text, monkeypatch):
+    """The writer thread syncs every block of ids it writes, so the file's final fsync has only
+    the header left to wait for; the ids in the file are those of the whole text all the same."""
+    from pipeline_lib.tokenizer import core
+
+    path, out = tmp_path / "in.txt", tmp_path / "ids.npy"
+    path.write_text(multilingual_text[:20_000], encoding="utf-8")
+    synced: list[int] = []
+    real = core._fdatasync
+
+    def recording(fd: int) -> None:
+        synced.append(os.fstat(fd).st_size)
+        real(fd)
+
+    monkeypatch.setattr(core, "_fdatasync", recording)
+    tok = get_encoding("cl100k_base")
+    n = tok.encode_file_to_npy(str(path), str(out), round_bytes=2000, num_threads=2)
+    assert len(synced) >= 5 and synced == sorted(synced) and synced[-1] == out.stat().st_size
+    assert np.load(out).tolist() == tok.encode_ordinary(path.read_text(encoding="utf-8"))
+    assert n == len(np.load(out))

@@ -17,7 +17,7 @@ import io
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 import numpy as np
 import regex
@@ -809,9 +809,10 @@ class Tokenizer:
         cut_pattern = _SAFE_CUT_GPT2 if self.pattern == "gpt2" else _SAFE_CUT
         threads = num_threads if num_threads > 0 else (os.cpu_count() or 1)
         n_ids = 0
-        # Three stages overlap: the next block is read (and cut) and the last block's ids are
-        # written on two helper threads while the core encodes the current block; the reads,
-        # the writes and the core release the GIL. At most three blocks are held.
+        # Three stages overlap: the next block is read, cut and checked for UTF-8, and the last
+        # block's ids are written and flushed to the disk on two helper threads while the core
+        # encodes the current block; the reads, the check, the writes and the core release the
+        # GIL. At most three blocks are held.
         with (
             open(path, "rb") as f,
             atomic_user_file(out_path) as out,
@@ -820,14 +821,14 @@ class Tokenizer:
         ):
             _write_npy_header(out, 0)
             blocks = _safe_blocks(f, round_bytes, cut_pattern)
-            next_block = reader.submit(next, blocks, None)
-            written: Future[int] | None = None
-            while (data := next_block.result()) is not None:
-                next_block = reader.submit(next, blocks, None)
-                ids = self._encode_block(data, cut_pattern, threads, allowed)
+            next_block = reader.submit(_next_checked_block, blocks)
+            written: Future[None] | None = None
+            while (block := next_block.result()) is not None:
+                next_block = reader.submit(_next_checked_block, blocks)
+                ids = self._encode_block(*block, cut_pattern, threads, allowed)
                 if written is not None:
                     written.result()
-                written = writer.submit(out.write, ids.astype("<u4", copy=False).data)
+                written = writer.submit(_write_synced, out, ids.astype("<u4", copy=False).data)
                 n_ids += len(ids)
             if written is not None:
                 written.result()
@@ -836,11 +837,16 @@ class Tokenizer:
         return n_ids
 
     def _encode_block(
-        self, data: bytes | memoryview, cut_pattern: regex.Pattern, threads: int, allowed: frozenset[str]
+        self,
+        data: bytes | memoryview,
+        is_utf8: bool,
+        cut_pattern: regex.Pattern,
+        threads: int,
+        allowed: frozenset[str],
     ) -> Any:
         """The ids of `data` (whole lines, cut at a safe point), as a NumPy array."""
         text = None
-        if not _is_utf8(data):  # as the whole-text path: each invalid byte becomes U+FFFD
+        if not is_utf8:  # as the whole-text path: each invalid byte becomes U+FFFD
             text = str(data, "utf-8", "surrogateescape")
             data = ref.utf8(text)
         if allowed:
@@ -1085,6 +1091,23 @@ def _safe_blocks(f: io.BufferedIOBase, round_bytes: int, cut: regex.Pattern) -> 
         carry = bytes(memoryview(buf)[end:filled])
         yield memoryview(buf)[:end]
         turn ^= 1
+
+
+def _next_checked_block(blocks: Iterator[memoryview]) -> tuple[memoryview, bool] | None:
+    """The next block and whether it is valid UTF-8, or None at the end."""
+    block = next(blocks, None)
+    return None if block is None else (block, _is_utf8(block))
+
+
+def _write_synced(out: BinaryIO, data: memoryview) -> None:
+    """Write `data` and flush it to the disk: the file's fsync, once it is whole, then has only
+    its last block left to wait for (it waited ~0.15 s for 134 MB of ids at the end)."""
+    out.write(data)
+    out.flush()
+    _fdatasync(out.fileno())
+
+
+_fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 def _last_safe_cut(data: bytes | bytearray, cut: regex.Pattern, limit: int, after: int) -> int:

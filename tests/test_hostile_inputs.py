@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flows.cli import main
 from pipeline_lib import Tokenizer
@@ -100,6 +102,50 @@ def test_the_fast_ranks_parser_agrees_with_the_line_parser_and_names_bad_lines()
     ]:
         with pytest.raises(ValueError, match=message):
             parse_tiktoken_ranks(b"".join(lines[:2000] + [bad] + lines[2000:]), "r")
+
+
+_RANK_LINE_PARTS = st.sampled_from(
+    [b"QUJD", b"YQ==", b"YWE=", b"YR==", b"A===", b"YQ=", b"QU JD", b"====", b"Q!==", b"4oCc", b"/+8=", b"AAAA"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([b"", b" ", b"\t", b" \t"]),
+            _RANK_LINE_PARTS,
+            st.sampled_from([b" ", b"\t", b"  ", b"", b"\v"]),
+            st.sampled_from([b"0", b"7", b"007", b"4194303", b"4194304", b"99999999999999999999", b"+1", b"-1", b""]),
+            st.sampled_from([b"", b" ", b"\t "]),
+            st.sampled_from([b"\n", b"\r\n", b"\r", b"\n\n", b" \n", b"\n\r", b"x\n"]),
+        ),
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_the_cores_ranks_parser_accepts_what_the_python_parser_accepts(lines, drop_last_newline):
+    """The core's parse (the one every load takes) and the Python one give the same ranks, or
+    both refuse (None): then the line parser names the bad line."""
+    from pipeline_lib.tokenizer import native
+    from pipeline_lib.tokenizer.load import _parse_ranks_blocks
+
+    data = b"".join(b"".join(parts) for parts in lines)
+    if drop_last_newline:
+        data = data.rstrip(b"\n")
+    assert native._CORE.parse_ranks(data) == _parse_ranks_blocks(data), data
+
+
+def test_the_cores_ranks_parser_reads_the_published_files():
+    from pipeline_lib.tokenizer import native
+    from pipeline_lib.tokenizer.load import _parse_ranks_blocks
+
+    data = _ranks_file(70_000).replace(b"\n", b"\r\n", 300)
+    parsed = native._CORE.parse_ranks(data)
+    assert parsed is not None and parsed == _parse_ranks_blocks(data) and len(parsed) == 70_000
+    assert native._CORE.parse_ranks(data + b"dA== 5\n") is None  # "t" again: a token twice
+    assert native._CORE.parse_ranks(data.replace(b" 3\r\n", b" 3 \r\n", 1)) == parsed
+    assert native._CORE.parse_ranks(memoryview(data)) == parsed  # any bytes-like object
 
 
 def test_ids_from_a_loaded_ranks_file_decode():

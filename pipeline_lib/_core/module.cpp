@@ -37,6 +37,7 @@
 #include "encode.h"
 #include "pool.h"
 #include "pretokenize.h"
+#include "ranks_file.h"
 #include "scan.h"
 #include "sha256.h"
 #include "train.h"
@@ -1177,6 +1178,31 @@ NB_MODULE(_tokcore, m) {
         nb::arg("data"),
         "Code points in a bytes-like object if it is valid UTF-8 (as Python's strict codec sees it), "
         "else -1 (GIL released).");
+    m.def(
+        "parse_ranks",
+        [](nb::handle data_obj) -> nb::object {
+            std::string bytes;
+            std::vector<RankLine> lines;
+            {
+                ByteView data(data_obj);
+                nb::gil_scoped_release release;
+                bytes.reserve(data.size() / 2);
+                lines.reserve(data.size() / 12);
+                if (!parse_rank_lines(data.data(), data.size(), bytes, lines)) return nb::none();
+            }
+            nb::dict ranks;
+            for (const RankLine& line : lines) {
+                nb::object token = nb::steal(PyBytes_FromStringAndSize(bytes.data() + line.token_off, line.token_len));
+                if (!token.is_valid()) throw nb::python_error();
+                ranks[token] = nb::int_(line.rank);
+            }
+            if (ranks.size() != lines.size()) return nb::none();  // a token twice
+            return std::move(ranks);
+        },
+        nb::arg("data"),
+        "The {token: rank} of a tiktoken ranks file's `base64(token) rank` lines, or None if a line is "
+        "not one (strict base64, a rank below MAX_VOCAB_SIZE, a token of at most MAX_TOKEN_BYTES) or a "
+        "token comes twice: the caller then parses it line by line to name the line.");
     m.def("sha256_documents", &sha256_documents, nb::arg("data"), nb::arg("offsets"), nb::arg("portable") = false,
           "SHA-256 digest of each document data[offsets[k]:offsets[k + 1]], concatenated (32 bytes each; GIL "
           "released). portable: without the CPU's SHA instructions even where it has them (for tests).");

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline_lib.formats import gpt2_vocab
 from pipeline_lib.fsio import InputError, filesystem, read_bytes, write_bytes_atomic
 from pipeline_lib.patterns import check_pattern
+from pipeline_lib.tokenizer import native
 from pipeline_lib.tokenizer.limits import MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, UNITS, check_special, check_token_length
 
 if TYPE_CHECKING:
@@ -242,10 +243,21 @@ def parse_tiktoken_ranks(data: bytes, source: str) -> dict[bytes, int]:
     """Parse ``base64(token) rank`` lines, naming the file and line of any error.
 
     Ranks are decimal digits below MAX_VOCAB_SIZE; tokens at most MAX_TOKEN_BYTES long.
-    Linear in the file: well-formed blocks of lines are checked by one regex and converted
-    with C-level maps; a block that is not is parsed line by line (`_parse_ranks_lines`),
-    which names the bad line.
+    Linear in the file: the core parses a well-formed file in one pass (without the core,
+    blocks of lines are checked by one regex and converted with C-level maps); a file that is
+    not well formed is parsed line by line (`_parse_ranks_lines`), which names the bad line.
     """
+    parsed = native._CORE.parse_ranks(data) if native._CORE is not None else _parse_ranks_blocks(data)
+    if parsed is None:
+        return _parse_ranks_lines(data, source)
+    if not parsed:
+        raise InputError(f"{source}: no tokens in the file")
+    return parsed
+
+
+def _parse_ranks_blocks(data: bytes) -> dict[bytes, int] | None:
+    """The ranks of a well-formed file, a block of lines at a time, or None if it is not well
+    formed: the core's `parse_ranks` in Python."""
     ranks: dict[bytes, int] = {}
     if not data.endswith((b"\n", b"\r")):
         data += b"\n"
@@ -256,12 +268,12 @@ def parse_tiktoken_ranks(data: bytes, source: str) -> dict[bytes, int]:
         block = data[start:end]
         start = end
         if not _RANKS_BLOCK.fullmatch(block):
-            return _parse_ranks_lines(data, source)
+            return None
         fields = block.split()
         try:
             tokens = [binascii.a2b_base64(t, strict_mode=True) for t in fields[0::2]]
         except binascii.Error:
-            return _parse_ranks_lines(data, source)
+            return None
         ids = list(map(int, fields[1::2]))
         n_before = len(ranks)
         ranks.update(zip(tokens, ids))
@@ -270,9 +282,7 @@ def parse_tiktoken_ranks(data: bytes, source: str) -> dict[bytes, int]:
             or (ids and max(ids) >= MAX_VOCAB_SIZE)
             or max(map(len, tokens), default=0) > MAX_TOKEN_BYTES
         ):
-            return _parse_ranks_lines(data, source)
-    if not ranks:
-        raise InputError(f"{source}: no tokens in the file")
+            return None
     return ranks
 
 

@@ -666,3 +666,20 @@ def test_char_start_encoder_needs_bytes_or_an_unknown_id():
         tokcore.split(b"no split at all", tokcore.NO_SPLIT) == [b"no split at all"]
         and tokcore.split(b"", tokcore.NO_SPLIT) == []
     )
+
+
+@pytest.mark.parametrize("n_tokens", [300, 40_000])  # below and above the size whose tables fill on a second thread
+def test_the_core_refuses_a_vocabulary_with_a_token_twice_or_a_byte_missing(n_tokens):
+    def letters(i: int) -> bytes:  # "xaaaa", "xaaab", ...: a word of the pattern, as tiktoken looks it up whole
+        return b"x" + bytes(97 + (i // 26**k) % 26 for k in (3, 2, 1, 0))
+
+    tokens = [bytes([i]) for i in range(256)] + [letters(i) for i in range(n_tokens - 256)]
+    ranks = np.arange(len(tokens), dtype=np.uint32)
+    pattern = tokcore.PATTERN_IDS["cl100k"]
+    enc = tokcore.Encoder(tokens, ranks, pattern, False, None)
+    last = tokens[-1].decode()
+    assert enc.encode_ordinary_list(f"xaaah\n{last}".encode()) == [263, 10, len(tokens) - 1]
+    with pytest.raises(ValueError, match="duplicate token bytes"):
+        tokcore.Encoder([*tokens, tokens[-1]], np.arange(len(tokens) + 1, dtype=np.uint32), pattern, False, None)
+    with pytest.raises(ValueError, match="single byte 65 is not in the vocabulary"):
+        tokcore.Encoder(tokens[:65] + tokens[66:], ranks[:-1], pattern, False, None)

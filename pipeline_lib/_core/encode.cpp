@@ -7,6 +7,8 @@
 #include <exception>
 #include <optional>
 #include <stdexcept>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "cancel.h"
@@ -33,6 +35,8 @@ constexpr size_t kMaxPeriod = 64;
 constexpr size_t kParallelCopyIds = size_t{1} << 17;
 // The buffer a thread makes a str document's UTF-8 in is kept for its next one up to this size.
 constexpr size_t kKeptUtf8 = size_t{1} << 20;
+// A vocabulary of this many tokens or more fills its token tables on a second thread.
+constexpr size_t kParallelBuildTokens = size_t{1} << 14;
 }  // namespace
 
 namespace {
@@ -168,30 +172,53 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
         if (t.empty()) throw std::invalid_argument("empty token in the vocabulary");
         if (tok_len_[r] != kNone)
             throw std::invalid_argument("rank " + std::to_string(r) + " is given to two tokens");
-        bool inserted = false;
-        vocab_.get_or_insert(reinterpret_cast<const uint8_t*>(t.data()), t.size(), r, &inserted);
-        if (!inserted) throw std::invalid_argument("duplicate token bytes in the vocabulary");
         tok_off_[r] = tok_bytes_.size();
         tok_len_[r] = static_cast<uint32_t>(t.size());
         tok_bytes_ += t;
         max_token_len_ = std::max(max_token_len_, t.size());
     }
-    token_filter_.reset(tokens.size());
-    size_t n_short = 0;
-    for (const std::string& t : tokens) n_short += t.size() <= ShortKeyMap::kMaxKey;
-    short_tokens_.reset(n_short);
-    for (size_t k = 0; k < tokens.size(); ++k) {
-        const Key key(reinterpret_cast<const uint8_t*>(tokens[k].data()), tokens[k].size());
-        token_filter_.add(key.hash);
-        if (key.n <= ShortKeyMap::kMaxKey) short_tokens_.insert(key, ranks[k]);
+
+    // The tables of tokens (a third of the build) are filled on a thread of their own while
+    // this one finds the pairs below, which need only the token bytes.
+    bool duplicate = false;
+    auto fill_token_tables = [&] {
+        for (size_t k = 0; k < tokens.size() && !duplicate; ++k) {
+            bool inserted = false;
+            vocab_.get_or_insert(reinterpret_cast<const uint8_t*>(tokens[k].data()), tokens[k].size(), ranks[k],
+                                 &inserted);
+            duplicate = !inserted;
+        }
+        token_filter_.reset(tokens.size());
+        size_t n_short = 0;
+        for (const std::string& t : tokens) n_short += t.size() <= ShortKeyMap::kMaxKey;
+        short_tokens_.reset(n_short);
+        for (size_t k = 0; k < tokens.size(); ++k) {
+            const Key key(reinterpret_cast<const uint8_t*>(tokens[k].data()), tokens[k].size());
+            token_filter_.add(key.hash);
+            if (key.n <= ShortKeyMap::kMaxKey) short_tokens_.insert(key, ranks[k]);
+        }
+    };
+    std::optional<std::thread> token_tables;
+    std::exception_ptr tables_failed;  // e.g. bad_alloc on the thread, raised here once joined
+    if (tokens.size() >= kParallelBuildTokens) {
+        try {
+            token_tables.emplace([&] {
+                try {
+                    fill_token_tables();
+                } catch (...) {
+                    tables_failed = std::current_exception();
+                }
+            });
+        } catch (const std::system_error&) {  // no thread to be had: fill them here, first
+        }
     }
-    for (int b = 0; b < 256; ++b) {
-        const uint8_t byte = static_cast<uint8_t>(b);
-        const uint32_t* r = vocab_.find(&byte, 1);
-        if (!r && unknown_ == kNone)
-            throw std::invalid_argument("single byte " + std::to_string(b) + " is not in the vocabulary");
-        byte_rank_[b] = r ? *r : kNone;
-    }
+    if (!token_tables) fill_token_tables();
+    struct Joined {  // joins the thread however this scope is left (a stop, a bad vocabulary)
+        std::optional<std::thread>& t;
+        ~Joined() {
+            if (t && t->joinable()) t->join();
+        }
+    } joined{token_tables};
 
     // (left, right) -> merged for every token and cut where both halves are tokens: the cut
     // at d pairs a prefix token of length d with a suffix token of length n - d. The
@@ -238,6 +265,17 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
     }
     pair_filter_.reset(pairs_.size());
     pairs_.for_each([&](uint64_t key, uint32_t) { pair_filter_.add(hash_u64(key)); });
+
+    if (token_tables) token_tables->join();
+    if (tables_failed) std::rethrow_exception(tables_failed);
+    if (duplicate) throw std::invalid_argument("duplicate token bytes in the vocabulary");
+    for (int b = 0; b < 256; ++b) {
+        const uint8_t byte = static_cast<uint8_t>(b);
+        const uint32_t* r = vocab_.find(&byte, 1);
+        if (!r && unknown_ == kNone)
+            throw std::invalid_argument("single byte " + std::to_string(b) + " is not in the vocabulary");
+        byte_rank_[b] = r ? *r : kNone;
+    }
     byte_pairs_.assign(65536, kNone);
     for (int a = 0; a < 256; ++a)
         for (int b = 0; b < 256; ++b) {

@@ -62,7 +62,6 @@ def cmd_tokenizer_train(args) -> int:
 
 
 def cmd_tokenizer_encode(args) -> int:
-    _numpy_with_one_blas_thread()
     from pipeline_lib import lab
 
     tok = _load_tokenizer(args)
@@ -74,7 +73,7 @@ def cmd_tokenizer_encode(args) -> int:
         allowed = lab.check_special_tokens(tok, "", allow, f"--input {args.input}")
         output = args.output if args.output.endswith(".npy") else args.output + ".npy"  # as np.save names it
         try:
-            n = tok.encode_file_to_npy(args.input, output, allowed_special=allowed)
+            n, n_bytes, n_chars = tok.encode_file(args.input, output, allowed_special=allowed)
         except IsADirectoryError as e:
             flag = f"--input {args.input}" if e.filename == args.input else f"--output {output}"
             raise InputError(f"{flag}: is a directory, not a file") from None
@@ -92,10 +91,10 @@ def cmd_tokenizer_encode(args) -> int:
                 f"--output {output}: no space left on device (the file is left as it was): free space or choose "
                 "another --output"
             ) from None
-        n_bytes, n_chars = _utf8_extent(args.input)
         per_token = f": {n_chars / n:.2f} chars/token, {n_bytes / n:.2f} bytes/token" if n else ""
         print(f"{n} tokens -> {output} ({n_chars:,} characters, {n_bytes:,} bytes{per_token})")
         return 0
+    _numpy_with_one_blas_thread()  # not for a streamed file: its blocks' ids are written as the core gives them
     text = args.text if args.text is not None else _read_text(args.input, "--input")
     if args.special_as_text:  # tiktoken's encode(text, allowed_special=..., disallowed_special=())
         allowed = lab.check_special_tokens(tok, "", allow, "--text")
@@ -134,20 +133,6 @@ def cmd_tokenizer_encode(args) -> int:
     elif not args.show and not args.trace:
         print(" ".join(map(str, ids.tolist())))
     return 0
-
-
-def _utf8_extent(path: str, block: int = 16 << 20) -> tuple[int, int]:
-    """(bytes, characters) of a UTF-8 file, read a block at a time: every byte that does not
-    continue a character (10xxxxxx) starts one."""
-    import numpy as np
-
-    n_bytes = n_chars = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            data = np.frombuffer(chunk, dtype=np.uint8)
-            n_bytes += len(data)
-            n_chars += len(data) - int(np.count_nonzero((data & 0xC0) == 0x80))
-    return n_bytes, n_chars
 
 
 def cmd_tokenizer_merges(args) -> int:

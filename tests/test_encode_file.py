@@ -257,3 +257,19 @@ def test_each_block_of_ids_is_flushed_to_the_disk_as_it_is_written(tmp_path, mul
     assert len(synced) >= 5 and synced == sorted(synced) and synced[-1] == out.stat().st_size
     assert np.load(out).tolist() == tok.encode_ordinary(path.read_text(encoding="utf-8"))
     assert n == len(np.load(out))
+
+
+@pytest.mark.parametrize("pattern", ["cl100k", "none"])  # streamed in blocks, and read whole (no safe cuts)
+def test_encode_file_counts_the_bytes_and_characters_it_read(tmp_path, multilingual_text, pattern):
+    """Counted as the blocks are read (the command printed them after reading the file again):
+    a byte that is not UTF-8 counts as one character, as each becomes one U+FFFD."""
+    raw = multilingual_text[:30_000].encode() + b"\nbad \xff\xfe bytes \x80 and a cut \xe2\x82\n" + b"tail\n" * 500
+    path, out = tmp_path / "in.txt", tmp_path / "ids.npy"
+    path.write_bytes(raw)
+    g = get_encoding("cl100k_base")
+    tok = g if pattern == "cl100k" else Tokenizer(g.mergeable_ranks, pattern, {})
+    got = tok.encode_file(str(path), str(out), round_bytes=4000, num_threads=2)
+    data = np.frombuffer(raw, dtype=np.uint8)
+    assert got.bytes == len(raw)
+    assert got.characters == len(raw) - int(np.count_nonzero((data & 0xC0) == 0x80))
+    assert got.ids == len(np.load(out)) == tok.encode_file_to_npy(str(path), str(tmp_path / "again.npy"))

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -115,6 +116,14 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> numpy_1d(BatchIds&& ids) {
     auto* heap = new BatchIds(std::move(ids));
     nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<BatchIds*>(p); });
     return nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>>(const_cast<uint32_t*>(heap->data()), {heap->size()}, owner);
+}
+
+// A batch's ids as a memoryview of uint32, no NumPy needed (the file command's blocks).
+nb::ndarray<nb::memview, uint32_t, nb::ndim<1>> memview_1d(BatchIds&& ids) {
+    auto* heap = new BatchIds(std::move(ids));
+    nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<BatchIds*>(p); });
+    return nb::ndarray<nb::memview, uint32_t, nb::ndim<1>>(const_cast<uint32_t*>(heap->data()), {heap->size()},
+                                                           owner);
 }
 
 // Contiguous 1-d array of dtype `dtype` from any array-like (lists included), via NumPy.
@@ -555,6 +564,29 @@ nb::object list_of_ids(Encoder& self, const uint32_t* ids, size_t n, size_t thre
     return list;
 }
 
+// A list of ints as uint32 values without NumPy (Tokenizer passes its ranks so: `get_encoding`
+// and `encode` import no NumPy); anything else through numpy.ascontiguousarray.
+std::vector<uint32_t> uint32_values(nb::handle obj, const char* what) {
+    if (!PyList_Check(obj.ptr())) {
+        auto arr = as_array<uint32_t>(obj, "uint32", what);
+        return std::vector<uint32_t>(arr.data(), arr.data() + arr.shape(0));
+    }
+    const Py_ssize_t n = PyList_GET_SIZE(obj.ptr());
+    std::vector<uint32_t> values(static_cast<size_t>(n));
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        PyObject* item = PyList_GET_ITEM(obj.ptr(), k);
+        if (!PyLong_Check(item) || PyBool_Check(item))
+            throw nb::type_error((std::string(what) + " must be ints").c_str());
+        const unsigned long long v = PyLong_AsUnsignedLongLong(item);
+        if (PyErr_Occurred() || v > UINT32_MAX) {
+            PyErr_Clear();
+            throw nb::value_error((std::string(what) + " must be in [0, 2**32)").c_str());
+        }
+        values[static_cast<size_t>(k)] = static_cast<uint32_t>(v);
+    }
+    return values;
+}
+
 void encoder_init(Encoder* self, nb::handle tokens, nb::handle ranks_obj, int pattern, bool start_chars,
                   nb::object unknown) {
     check_pattern(pattern);
@@ -568,11 +600,10 @@ void encoder_init(Encoder* self, nb::handle tokens, nb::handle ranks_obj, int pa
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
     collect_bytes(tokens, keep, ptrs, lens, "tokens");
-    auto ranks = as_array<uint32_t>(ranks_obj, "uint32", "ranks");
-    if (ranks.shape(0) != ptrs.size()) throw nb::value_error("tokens and ranks must have the same length");
+    std::vector<uint32_t> rk = uint32_values(ranks_obj, "ranks");
+    if (rk.size() != ptrs.size()) throw nb::value_error("tokens and ranks must have the same length");
     std::vector<std::string> toks(ptrs.size());
     for (size_t k = 0; k < ptrs.size(); ++k) toks[k].assign(reinterpret_cast<const char*>(ptrs[k]), lens[k]);
-    std::vector<uint32_t> rk(ranks.data(), ranks.data() + ptrs.size());
     CallScope scope;
     new (self) Encoder();
     try {
@@ -991,6 +1022,36 @@ nb::tuple encoder_encode_buffer(Encoder& self, nb::handle data_obj, nb::handle o
     return encode_documents(self, ptrs, lens, num_threads);
 }
 
+// encode_ordinary_buffer's ids alone, its documents' bounds a list of ints: the file command's
+// call, whose blocks' ids go to the file as they are, with no NumPy to import.
+nb::object encoder_encode_buffer_ids(Encoder& self, nb::handle data_obj, nb::handle bounds_obj, int num_threads) {
+    ByteView data(data_obj);
+    if (!PyList_Check(bounds_obj.ptr())) throw nb::type_error("bounds must be a list of ints");
+    const size_t n = static_cast<size_t>(PyList_GET_SIZE(bounds_obj.ptr()));
+    if (n == 0) throw nb::value_error("bounds must hold len(documents) + 1 entries, at least one");
+    std::vector<size_t> bounds(n);
+    for (size_t k = 0; k < n; ++k) {
+        PyObject* item = PyList_GET_ITEM(bounds_obj.ptr(), static_cast<Py_ssize_t>(k));
+        const unsigned long long v = PyLong_Check(item) ? PyLong_AsUnsignedLongLong(item) : ~0ULL;
+        if (PyErr_Occurred()) PyErr_Clear();
+        if (v > data.size() || (k > 0 && v < bounds[k - 1]))
+            throw nb::value_error(("bounds must be non-decreasing ints within data (" + std::to_string(data.size()) +
+                                   " bytes): bounds[" + std::to_string(k) + "] is not")
+                                      .c_str());
+        bounds[k] = static_cast<size_t>(v);
+    }
+    std::vector<const uint8_t*> ptrs(n - 1);
+    std::vector<size_t> lens(n - 1);
+    for (size_t k = 0; k + 1 < n; ++k) {
+        ptrs[k] = data.data() + bounds[k];
+        lens[k] = bounds[k + 1] - bounds[k];
+    }
+    BatchIds ids;
+    std::vector<uint64_t> offsets;
+    encode_units(self, ptrs, lens, nullptr, num_threads, {}, ids, offsets);
+    return nb::cast(memview_1d(std::move(ids)));
+}
+
 nb::bytes sha256_documents(nb::handle data_obj, nb::handle offsets_obj, bool portable) {
     ByteView data(data_obj);
     auto off = doc_offsets(offsets_obj, data.size());
@@ -1162,6 +1223,12 @@ NB_MODULE(_tokcore, m) {
                                        nb::name("add_buffer"), nb::is_method(), nb::arg("data"), nb::arg("offsets"),
                                        "add_batch() for documents given as one buffer and their offsets (GIL released); "
                                        "ValueError on offsets that are not non-decreasing indices into data.");
+    nb::cpp_function_def<Encoder>(&encoder_encode_buffer_ids, nb::scope(nb::type<Encoder>()),
+                                  nb::name("encode_ordinary_buffer_ids"), nb::is_method(), nb::arg("data"),
+                                  nb::arg("bounds"), nb::arg("num_threads") = 0,
+                                  "encode_ordinary_buffer()'s ids alone, as a memoryview of uint32 (no NumPy), "
+                                  "the documents' bounds given as a list of ints; ValueError on bounds that are "
+                                  "not non-decreasing indices into data.");
     nb::cpp_function_def<Encoder>(&encoder_encode_buffer, nb::scope(nb::type<Encoder>()),
                                   nb::name("encode_ordinary_buffer"), nb::is_method(), nb::arg("data"),
                                   nb::arg("offsets"), nb::arg("num_threads") = 0,

@@ -12,18 +12,21 @@ Training, files and exports live beside this module (`train`, `load`, `export`);
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import io
 import os
+import sys
+import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, NamedTuple
 
-import numpy as np
 import regex
 
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.errors import InputError
+from pipeline_lib.lazy_numpy import LazyNumpy, is_integer, is_ndarray
 from pipeline_lib.patterns import NO_SPLIT, PATTERNS, check_pattern, is_custom, pattern_string
 from pipeline_lib.tokenizer import native
 from pipeline_lib.tokenizer.limits import (  # noqa: F401  (re-exported: the package's names, as before)
@@ -42,7 +45,11 @@ from pipeline_lib.tokenizer.limits import (  # noqa: F401  (re-exported: the pac
 from pipeline_lib.tokenizer.native import backend, backend_info  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from pipeline_lib.tokenizer.train import PieceTable
+else:
+    np = LazyNumpy(globals())  # `get_encoding`, `encode`, `decode` and lists need no NumPy
 
 # tiktoken runs its threads in Rust; ours are the native core's. Same default count.
 DEFAULT_THREADS = 8
@@ -63,7 +70,7 @@ def text_threads() -> int:
 def _id_list(ids: Iterable[int] | np.ndarray) -> list[int]:
     """Ids as a list of Python ints: an integer array converts at once, anything else
     must hold ints (NumPy integers included); floats, strings and bools raise TypeError."""
-    if isinstance(ids, np.ndarray):
+    if is_ndarray(ids):
         if ids.dtype.kind not in "iu":
             raise TypeError(f"token ids must be integers, got an array of {ids.dtype}")
         if ids.ndim != 1:
@@ -73,13 +80,13 @@ def _id_list(ids: Iterable[int] | np.ndarray) -> list[int]:
     if all(type(i) is int for i in out):
         return out
     for k, i in enumerate(out):
-        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+        if not is_integer(i):
             raise TypeError(f"token ids must be integers: ids[{k}] is {i!r} ({type(i).__name__})")
     return [int(i) for i in out]
 
 
 def _one_id(token: Any) -> int:
-    if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+    if not is_integer(token):
         raise TypeError(f"a token id must be an integer, got {token!r} ({type(token).__name__})")
     return int(token)
 
@@ -109,6 +116,38 @@ SpecialSet = Literal["all"] | Collection[str]
 # `encode`'s default allowed_special: told apart by identity on its fast path.
 _NONE_ALLOWED: frozenset[str] = frozenset()
 _SETS = (set, frozenset)
+
+
+class EncodedFile(NamedTuple):
+    """What `Tokenizer.encode_file` wrote and read."""
+
+    ids: int
+    bytes: int
+    characters: int
+
+
+# A vocabulary of this many tokens or more has its native encoder built on a second thread.
+_THREADED_BUILD_TOKENS = 1 << 14
+
+
+class _EncoderBuild(threading.Thread):
+    """A byte-level tokenizer's native encoder, built from its unchecked ranks while the
+    tokenizer checks them. Any failure leaves None: the tokenizer then builds it again from the
+    checked ranks, where the error (if any) is raised in the caller's thread."""
+
+    def __init__(self, tok: Tokenizer, tokens: list[bytes], ranks: list[int]):
+        super().__init__(name="tokenmill-encoder-build")
+        self._build = functools.partial(tok._new_encoder, tokens, ranks, None)
+        self._encoder: Any = None
+        self.start()
+
+    def run(self) -> None:
+        with contextlib.suppress(Exception):
+            self._encoder = self._build()
+
+    def result(self) -> Any:
+        self.join()
+        return self._encoder
 
 
 class Tokenizer:
@@ -196,10 +235,20 @@ class Tokenizer:
         self.merge_counts = [int(c) for c in merge_counts] if merge_counts is not None else None
         if self.merge_counts is not None and (self.merges is None or len(self.merge_counts) != len(self.merges)):
             raise InputError(f"merge_counts has {len(self.merge_counts)} entries for {len(self.merges or [])} merges")
-        self._validate()
-        # One id -> bytes table for the byte and char units (a few million entries at the file
-        # cap); the word unit also keeps its raw bytes, whose end-of-word symbol decodes as a space.
-        self._token_bytes: dict[int, bytes] = dict(zip(self.mergeable_ranks.values(), self.mergeable_ranks.keys()))
+        # Custom regexes and the word unit's words are split in Python; the core then encodes
+        # each piece as a whole (NO_SPLIT).
+        self._split_in_python = self.unit == "word" or is_custom(self.pattern)
+        # A large byte-level vocabulary's native encoder is built on a thread (the core releases
+        # the GIL) while the checks run: they took as long as the build (~40 ms each for cl100k).
+        build = None
+        if native._CORE is not None and self.unit == "byte" and len(self.mergeable_ranks) >= _THREADED_BUILD_TOKENS:
+            build = _EncoderBuild(self, list(self.mergeable_ranks), list(self.mergeable_ranks.values()))
+        try:
+            # One id -> bytes table for the byte and char units (a few million entries at the file cap);
+            # the word unit also keeps its raw bytes, whose end-of-word symbol decodes as a space.
+            self._token_bytes: dict[int, bytes] = self._validate()
+        finally:
+            built = build.result() if build is not None else None
         self._raw_bytes: dict[int, bytes] | None = None
         if self.unit == "word":  # the tutorials' decoders: </w> -> a space
             self._raw_bytes = self._token_bytes
@@ -225,26 +274,25 @@ class Tokenizer:
         self._special_prefix = _common_prefix(self._special_names) if self._special_names else None
         self._special_ids = frozenset(self.special_tokens.values())
         self._unknown_id = self.special_tokens[UNK] if self.unknown == "unk" else None
-        # Custom regexes and the word unit's words are split in Python; the core then encodes
-        # each piece as a whole (NO_SPLIT).
-        self._split_in_python = self.unit == "word" or is_custom(self.pattern)
         self._core, self._encoder = native._CORE, None
         if native._CORE is not None:
-            tokens = list(self.mergeable_ranks)
-            ranks = np.fromiter(self.mergeable_ranks.values(), dtype=np.uint32, count=len(tokens))
-            pattern_id = (
-                native._CORE.NO_SPLIT
-                if self._split_in_python or self.pattern == NO_SPLIT
-                else native._CORE.PATTERN_IDS[self.pattern]
+            self._encoder = built or self._new_encoder(
+                list(self.mergeable_ranks), list(self.mergeable_ranks.values()), self._unknown_id
             )
-            self._encoder = native._CORE.Encoder(tokens, ranks, pattern_id, self.unit != "byte", self._unknown_id)
             self._encoder.text_threads = text_threads()
         # text -> list (or array) of ids in one native call, where the core splits the text itself
         splitting = self._encoder if not self._split_in_python else None
         self._encode_list = splitting.encode_ordinary_list if splitting is not None else None
         self._encode_array = splitting.encode_ordinary if splitting is not None else None
 
-    def _validate(self) -> None:
+    def _new_encoder(self, tokens: list[bytes], ranks: list[int], unknown_id: int | None) -> Any:
+        core = native._CORE
+        split = self._split_in_python or self.pattern == NO_SPLIT
+        pattern_id = core.NO_SPLIT if split else core.PATTERN_IDS[self.pattern]
+        return core.Encoder(tokens, ranks, pattern_id, self.unit != "byte", unknown_id)
+
+    def _validate(self) -> dict[int, bytes]:
+        """Checks the vocabulary; returns its tokens by id."""
         ranks = self.mergeable_ranks
         # Whole-vocabulary checks at C speed first; the slow loops only name the culprit.
         if ranks and set(map(type, ranks)) != {bytes}:
@@ -252,10 +300,7 @@ class Tokenizer:
             raise InputError(f"mergeable_ranks: tokens must be bytes, got {bad!r} ({type(bad).__name__})")
         if ranks and set(map(type, ranks.values())) != {int}:
             self.mergeable_ranks = ranks = {t: check_id(i, f"mergeable_ranks[{t!r}]") for t, i in ranks.items()}
-        # One int64 array for the range and duplicate checks (a set of a few million ids
-        # cost ~130 MB at the ranks file cap).
-        ids = np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks))
-        if ids.size and not (0 <= ids.min() and ids.max() < MAX_VOCAB_SIZE):
+        if ranks and not (0 <= min(ranks.values()) and max(ranks.values()) < MAX_VOCAB_SIZE):
             t, i = next((t, i) for t, i in ranks.items() if not 0 <= i < MAX_VOCAB_SIZE)
             check_id(i, f"mergeable_ranks[{t!r}]")
         longest = max(map(len, ranks), default=0)
@@ -274,15 +319,16 @@ class Tokenizer:
         if missing:
             what = "not byte-level, cannot be lossless" if self.unit == "byte" else "byte fallback needs every byte"
             raise InputError(f"vocabulary lacks single-byte tokens for bytes {missing[:8]}...: {what}")
-        uses = np.bincount(ids) if ids.size else np.zeros(0, dtype=np.int64)
-        if ids.size and uses.max() > 1:
+        by_id = dict(zip(ranks.values(), ranks))  # the decoder's table, and the check for ids used twice
+        if len(by_id) != len(ranks):
             raise InputError("vocabulary has two tokens with the same id")
         specials = {}
         for tok, i in self.special_tokens.items():
             i = specials[tok] = check_special(tok, i)
-            if i < len(uses) and uses[i]:
+            if i in by_id:
                 raise InputError(f"special token {tok!r} has id {i}, which an ordinary token already uses")
         self.special_tokens = specials
+        return by_id
 
     # tiktoken's private attributes, which its README uses to extend an encoding
     @property
@@ -784,7 +830,8 @@ class Tokenizer:
         num_threads: int = 0,
         round_bytes: int = 16 << 20,
     ) -> int:
-        """Encode the text file `path` into the uint32 .npy `out_path`; returns the number of ids.
+        """Encode the text file `path` into the uint32 .npy `out_path`; returns the number of ids
+        (`encode_file` also gives the bytes and characters read).
 
         The ids equal ``encode_to_numpy(text, allowed_special=..., disallowed_special=())`` of
         the file read with ``errors="surrogateescape"`` (bytes that are not UTF-8 become U+FFFD).
@@ -796,23 +843,43 @@ class Tokenizer:
         length is written last, and the file takes `out_path`'s name only once whole (a failure
         leaves what was there).
         """
+        return self.encode_file(
+            path, out_path, allowed_special=allowed_special, num_threads=num_threads, round_bytes=round_bytes
+        ).ids
+
+    def encode_file(
+        self,
+        path: str,
+        out_path: str,
+        *,
+        allowed_special: SpecialSet = frozenset(),
+        num_threads: int = 0,
+        round_bytes: int = 16 << 20,
+    ) -> EncodedFile:
+        """`encode_file_to_npy`, returning the ids written and the bytes and characters read
+        (a byte that is not UTF-8 counts as a character), counted as the file is read."""
         from pipeline_lib.fsio import atomic_user_file  # lazy: fsspec, for this call alone
 
         allowed = self._special_names if allowed_special == "all" else frozenset(allowed_special) & self._special_names
         if not self.streams_files() or any("\n" in t for t in allowed):
-            with open(path, encoding="utf-8", errors="surrogateescape") as f:
-                ids = self.encode_to_numpy(f.read(), allowed_special=allowed, disallowed_special=())
+            with open(path, "rb") as f:
+                raw = f.read()
+            _, n_chars = _utf8_chars(raw)
+            text = str(raw, "utf-8", "surrogateescape")
+            n_bytes = len(raw)
+            del raw
+            ids = self.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
             with atomic_user_file(out_path) as out:
                 _write_npy_header(out, len(ids))
                 ids.astype("<u4", copy=False).tofile(out)
-            return len(ids)
+            return EncodedFile(len(ids), n_bytes, n_chars)
         cut_pattern = _SAFE_CUT_GPT2 if self.pattern == "gpt2" else _SAFE_CUT
         threads = num_threads if num_threads > 0 else (os.cpu_count() or 1)
-        n_ids = 0
-        # Three stages overlap: the next block is read, cut and checked for UTF-8, and the last
-        # block's ids are written and flushed to the disk on two helper threads while the core
-        # encodes the current block; the reads, the check, the writes and the core release the
-        # GIL. At most three blocks are held.
+        n_ids = n_bytes = n_chars = 0
+        # Three stages overlap: the next block is read, cut and checked for UTF-8 (its characters
+        # counted), and the last block's ids are written and flushed to the disk on two helper
+        # threads while the core encodes the current block; the reads, the check, the writes and
+        # the core release the GIL. At most three blocks are held.
         with (
             open(path, "rb") as f,
             atomic_user_file(out_path) as out,
@@ -825,16 +892,17 @@ class Tokenizer:
             written: Future[None] | None = None
             while (block := next_block.result()) is not None:
                 next_block = reader.submit(_next_checked_block, blocks)
-                ids = self._encode_block(*block, cut_pattern, threads, allowed)
+                data, is_utf8, chars = block
+                ids = self._encode_block(data, is_utf8, cut_pattern, threads, allowed)
                 if written is not None:
                     written.result()
-                written = writer.submit(_write_synced, out, ids.astype("<u4", copy=False).data)
-                n_ids += len(ids)
+                written = writer.submit(_write_synced, out, _little_endian_u4(ids))
+                n_ids, n_bytes, n_chars = n_ids + len(ids), n_bytes + len(data), n_chars + chars
             if written is not None:
                 written.result()
             out.seek(0)
             _write_npy_header(out, n_ids)
-        return n_ids
+        return EncodedFile(n_ids, n_bytes, n_chars)
 
     def _encode_block(
         self,
@@ -844,7 +912,8 @@ class Tokenizer:
         threads: int,
         allowed: frozenset[str],
     ) -> Any:
-        """The ids of `data` (whole lines, cut at a safe point), as a NumPy array."""
+        """The ids of `data` (whole lines, cut at a safe point): the core's memoryview of uint32 (an
+        array where special tokens are allowed)."""
         text = None
         if not is_utf8:  # as the whole-text path: each invalid byte becomes U+FFFD
             text = str(data, "utf-8", "surrogateescape")
@@ -865,7 +934,8 @@ class Tokenizer:
                     break
                 bounds.append(m.start() + len(m.group()))
             bounds.append(len(data))
-            ids, _ = self.encode_ordinary_buffer_to_numpy(data, np.array(bounds, dtype=np.int64), num_threads=threads)
+            assert self._encoder is not None  # streams_files()
+            ids = self._encoder.encode_ordinary_buffer_ids(data, bounds, threads)
         return ids
 
     def encode_bytes(self, data: bytes) -> list[int]:
@@ -1093,10 +1163,30 @@ def _safe_blocks(f: io.BufferedIOBase, round_bytes: int, cut: regex.Pattern) -> 
         turn ^= 1
 
 
-def _next_checked_block(blocks: Iterator[memoryview]) -> tuple[memoryview, bool] | None:
-    """The next block and whether it is valid UTF-8, or None at the end."""
+def _next_checked_block(blocks: Iterator[memoryview]) -> tuple[memoryview, bool, int] | None:
+    """The next block, whether it is valid UTF-8 and its characters (`_utf8_chars`), or None
+    at the end."""
     block = next(blocks, None)
-    return None if block is None else (block, _is_utf8(block))
+    return None if block is None else (block, *_utf8_chars(block))
+
+
+_CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
+
+
+def _utf8_chars(data: bytes | bytearray | memoryview) -> tuple[bool, int]:
+    """Whether `data` is valid UTF-8, and its characters: the bytes that do not continue one
+    (10xxxxxx), so that a byte that is not UTF-8 counts as one."""
+    if native._CORE is not None and (n := native._CORE.utf8_chars(data)) >= 0:
+        return True, n
+    valid = native._CORE is None and _is_utf8(data)
+    return valid, len(bytes(data).translate(None, _CONTINUATION_BYTES))
+
+
+def _little_endian_u4(ids: Any) -> memoryview:
+    """A block's ids (the core's memoryview of uint32, or an array) as the .npy's '<u4' bytes."""
+    if isinstance(ids, memoryview) and sys.byteorder == "little":
+        return ids
+    return np.asarray(ids, dtype=np.uint32).astype("<u4", copy=False).data
 
 
 def _write_synced(out: BinaryIO, data: memoryview) -> None:

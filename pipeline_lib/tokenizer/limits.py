@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.errors import InputError
+from pipeline_lib.lazy_numpy import is_integer
 
 # Every id (ordinary or special) is below MAX_VOCAB_SIZE: 4,194,304 ids, 20x o200k's. The
 # decoder's tables are per id, so this bounds what a file can make us allocate.
@@ -48,7 +47,7 @@ class UnknownTokenError(InputError, KeyError):
 
 def check_id(value: Any, what: str) -> int:
     """`value` as an id: an int (a NumPy integer too, never a bool or a float) in [0, MAX_VOCAB_SIZE)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not is_integer(value):
         raise InputError(f"{what}: ids must be integers, got {value!r} ({type(value).__name__})")
     if not 0 <= value < MAX_VOCAB_SIZE:
         raise InputError(f"{what}: id {value} is outside [0, {MAX_VOCAB_SIZE}) (MAX_VOCAB_SIZE)")

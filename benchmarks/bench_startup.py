@@ -10,6 +10,9 @@ command   `tokenmill tokenizer encode --tokenizer DIR --text hi` (DIR: a small t
           saved here first) and the same with `--tokenizer cl100k_base`, each a fresh
           process timed from spawn to exit: the median and the spread of --runs runs
           (`python -X importtime -m flows.cli tokenizer encode ...` says where the time goes)
+program   a program written for tiktoken, as a user runs it (``python -c``: the import, the
+          encoding's load, one `encode`): ``import pipeline_lib as tiktoken`` against the
+          peers installed (toktok-rs, gigatoken), interleaved, the median of --runs runs
 call      `encode`, `encode_ordinary`, `encode(allowed_special="all")` and the native
           `encode_ordinary_list` on --text with cl100k_base, in interleaved rounds of
           --calls calls: the median time per call in microseconds
@@ -39,6 +42,34 @@ def command_times(argv: list[str], runs: int) -> list[float]:
         start = time.perf_counter()
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env)
         times.append(time.perf_counter() - start)
+    return times
+
+
+def program_times(runs: int) -> dict[str, list[float]]:
+    """A fresh process per run of each program, interleaved (tokenmill, peer, ..., tokenmill, ...)."""
+    import importlib.util
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_encode_peers import ranks_file
+
+    programs = {"tokenmill": "import pipeline_lib as tiktoken; enc = tiktoken.get_encoding('cl100k_base')"}
+    if importlib.util.find_spec("toktok"):
+        programs["toktok-rs"] = "import toktok; enc = toktok._encoding('cl100k_base')"
+    if importlib.util.find_spec("gigatoken"):
+        programs["gigatoken"] = (
+            f"import gigatoken; enc = gigatoken.Tokenizer.from_tiktoken({ranks_file('cl100k_base')!r}, "
+            "pretokenizer='cl100k')"
+        )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    argv = {name: [sys.executable, "-c", code + "; enc.encode('hello world')"] for name, code in programs.items()}
+    for a in argv.values():
+        subprocess.run(a, check=True, env=env)  # writes the caches
+    times: dict[str, list[float]] = {name: [] for name in argv}
+    for _ in range(runs):
+        for name, a in argv.items():
+            start = time.perf_counter()
+            subprocess.run(a, check=True, env=env)
+            times[name].append(time.perf_counter() - start)
     return times
 
 
@@ -83,6 +114,14 @@ def main() -> None:
                 f"command  tokenizer encode --tokenizer <{name}>: median {statistics.median(times):.3f} s "
                 f"(min {min(times):.3f}, max {max(times):.3f}, {args.runs} runs)"
             )
+    programs = program_times(args.runs)
+    ours = statistics.median(programs["tokenmill"])
+    for name, times in programs.items():
+        median = statistics.median(times)
+        print(
+            f"program  {name:10s} import, get_encoding('cl100k_base'), encode: median {median:.3f} s "
+            f"(min {min(times):.3f}, max {max(times):.3f}; {median / ours:.2f}x tokenmill's)"
+        )
     for name, us in call_times(args.text, args.calls).items():
         print(f"call     {name:32s} {us:.3f} us")
     print(f"load average {os.getloadavg()[0]:.2f}")

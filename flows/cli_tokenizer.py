@@ -94,27 +94,27 @@ def cmd_tokenizer_encode(args) -> int:
         per_token = f": {n_chars / n:.2f} chars/token, {n_bytes / n:.2f} bytes/token" if n else ""
         print(f"{n} tokens -> {output} ({n_chars:,} characters, {n_bytes:,} bytes{per_token})")
         return 0
-    _numpy_with_one_blas_thread()  # not for a streamed file: its blocks' ids are written as the core gives them
     text = args.text if args.text is not None else _read_text(args.input, "--input")
     if args.special_as_text:  # tiktoken's encode(text, allowed_special=..., disallowed_special=())
         allowed = lab.check_special_tokens(tok, "", allow, "--text")
-        ids = tok.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
+        ids = tok.encode(text, allowed_special=allowed, disallowed_special=())
     else:
         allowed = lab.check_special_tokens(
             tok, text, allow, "--text" if args.text is not None else f"--input {args.input}"
         )
-        ids = tok.encode_to_numpy(text, allowed_special=allowed)
+        ids = tok.encode(text, allowed_special=allowed)
     if args.trace:
         print(lab.encode_trace_text(lab.encode_trace(tok, text)))
     if args.show:
         import shutil
 
         colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-        print(lab.show_tokens(tok, text, ids.tolist(), width=shutil.get_terminal_size().columns, colour=colour))
-    if args.output:
+        print(lab.show_tokens(tok, text, ids, width=shutil.get_terminal_size().columns, colour=colour))
+    if args.output:  # NumPy only here: printing the ids needs none
+        _numpy_with_one_blas_thread()
         import numpy as np
 
-        np.save(args.output, ids, allow_pickle=False)
+        np.save(args.output, np.array(ids, dtype=np.uint32), allow_pickle=False)
         ratio = ""
         if args.input is not None:
             c = lab.compression(text, len(ids))
@@ -124,14 +124,14 @@ def cmd_tokenizer_encode(args) -> int:
             )
         print(f"{len(ids)} tokens -> {args.output}{ratio}")
     elif args.input is not None and not args.show:
-        print(" ".join(map(str, ids.tolist())))
+        print(" ".join(map(str, ids)))
         c = lab.compression(text, len(ids))
         print(
             f"{c['tokens']:,} tokens for {c['chars']:,} characters ({c['bytes']:,} bytes): {c['chars_per_token']:.2f} "
             f"chars/token, {c['bytes_per_token']:.2f} bytes/token"
         )
     elif not args.show and not args.trace:
-        print(" ".join(map(str, ids.tolist())))
+        print(" ".join(map(str, ids)))
     return 0
 
 

@@ -159,9 +159,10 @@ for name in ("gpt2", "cl100k_base"):  # production encodings, from the files ins
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_tiktoken_calls_and_the_file_command_import_no_numpy(tmp_path):
+def test_tiktoken_calls_and_the_encode_command_import_no_numpy(tmp_path):
     """NumPy took ~0.12 s of a ~0.38 s program that loads cl100k and encodes one text: a program
-    written for tiktoken, and the command that encodes a file to a .npy, do without it."""
+    written for tiktoken, the command that encodes a file to a .npy and the one that prints a
+    text's ids do without it."""
     text = tmp_path / "in.txt"
     text.write_text("hello world\n" * 1000 + "héllo wörld 🙂\n", encoding="utf-8")
     argv = [
@@ -189,6 +190,9 @@ with contextlib.redirect_stdout(io.StringIO()) as printed:
     assert main({argv!r}) == 0
 assert "numpy" not in sys.modules, "the file command imported numpy"
 print(printed.getvalue().strip())
+with contextlib.redirect_stdout(io.StringIO()) as shown:
+    assert main(["tokenizer", "encode", "--tokenizer", "cl100k_base", "--text", "hello world"]) == 0
+assert shown.getvalue().split() == ["15339", "1917"] and "numpy" not in sys.modules, "--text imported numpy"
 """
     proc = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env(tmp_path / "h")

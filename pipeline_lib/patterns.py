@@ -16,10 +16,15 @@ A pattern is one of:
 from __future__ import annotations
 
 import functools
-
-import regex
+from typing import TYPE_CHECKING
 
 from pipeline_lib.errors import InputError
+from pipeline_lib.lazy import LazyModule
+
+if TYPE_CHECKING:
+    import regex
+else:  # for custom regexes and the pure-Python splitter: the core splits the named patterns
+    regex = LazyModule(globals(), "regex", "regex")
 
 GPT2 = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 

@@ -12,21 +12,17 @@ Training, files and exports live beside this module (`train`, `load`, `export`);
 from __future__ import annotations
 
 import bisect
-import contextlib
 import functools
 import io
 import os
+import re
 import sys
-import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, NamedTuple
-
-import regex
 
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.errors import InputError
-from pipeline_lib.lazy_numpy import LazyNumpy, is_integer, is_ndarray
+from pipeline_lib.lazy import LazyModule, is_integer, is_ndarray
 from pipeline_lib.patterns import NO_SPLIT, PATTERNS, check_pattern, is_custom, pattern_string
 from pipeline_lib.tokenizer import native
 from pipeline_lib.tokenizer.limits import (  # noqa: F401  (re-exported: the package's names, as before)
@@ -46,10 +42,12 @@ from pipeline_lib.tokenizer.native import backend, backend_info  # noqa: F401  (
 
 if TYPE_CHECKING:
     import numpy as np
+    import regex
 
     from pipeline_lib.tokenizer.train import PieceTable
-else:
-    np = LazyNumpy(globals())  # `get_encoding`, `encode`, `decode` and lists need no NumPy
+else:  # `get_encoding`, `encode`, `decode` and lists need neither
+    np = LazyModule(globals(), "np", "numpy")
+    regex = LazyModule(globals(), "regex", "regex")
 
 # tiktoken runs its threads in Rust; ours are the native core's. Same default count.
 DEFAULT_THREADS = 8
@@ -124,30 +122,6 @@ class EncodedFile(NamedTuple):
     ids: int
     bytes: int
     characters: int
-
-
-# A vocabulary of this many tokens or more has its native encoder built on a second thread.
-_THREADED_BUILD_TOKENS = 1 << 14
-
-
-class _EncoderBuild(threading.Thread):
-    """A byte-level tokenizer's native encoder, built from its unchecked ranks while the
-    tokenizer checks them. Any failure leaves None: the tokenizer then builds it again from the
-    checked ranks, where the error (if any) is raised in the caller's thread."""
-
-    def __init__(self, tok: Tokenizer, tokens: list[bytes], ranks: list[int]):
-        super().__init__(name="tokenmill-encoder-build")
-        self._build = functools.partial(tok._new_encoder, tokens, ranks, None)
-        self._encoder: Any = None
-        self.start()
-
-    def run(self) -> None:
-        with contextlib.suppress(Exception):
-            self._encoder = self._build()
-
-    def result(self) -> Any:
-        self.join()
-        return self._encoder
 
 
 class Tokenizer:
@@ -235,20 +209,9 @@ class Tokenizer:
         self.merge_counts = [int(c) for c in merge_counts] if merge_counts is not None else None
         if self.merge_counts is not None and (self.merges is None or len(self.merge_counts) != len(self.merges)):
             raise InputError(f"merge_counts has {len(self.merge_counts)} entries for {len(self.merges or [])} merges")
-        # Custom regexes and the word unit's words are split in Python; the core then encodes
-        # each piece as a whole (NO_SPLIT).
-        self._split_in_python = self.unit == "word" or is_custom(self.pattern)
-        # A large byte-level vocabulary's native encoder is built on a thread (the core releases
-        # the GIL) while the checks run: they took as long as the build (~40 ms each for cl100k).
-        build = None
-        if native._CORE is not None and self.unit == "byte" and len(self.mergeable_ranks) >= _THREADED_BUILD_TOKENS:
-            build = _EncoderBuild(self, list(self.mergeable_ranks), list(self.mergeable_ranks.values()))
-        try:
-            # One id -> bytes table for the byte and char units (a few million entries at the file cap);
-            # the word unit also keeps its raw bytes, whose end-of-word symbol decodes as a space.
-            self._token_bytes: dict[int, bytes] = self._validate()
-        finally:
-            built = build.result() if build is not None else None
+        # One id -> bytes table for the byte and char units (a few million entries at the file
+        # cap); the word unit also keeps its raw bytes, whose end-of-word symbol decodes as a space.
+        self._token_bytes: dict[int, bytes] = self._validate()
         self._raw_bytes: dict[int, bytes] | None = None
         if self.unit == "word":  # the tutorials' decoders: </w> -> a space
             self._raw_bytes = self._token_bytes
@@ -274,22 +237,25 @@ class Tokenizer:
         self._special_prefix = _common_prefix(self._special_names) if self._special_names else None
         self._special_ids = frozenset(self.special_tokens.values())
         self._unknown_id = self.special_tokens[UNK] if self.unknown == "unk" else None
+        # Custom regexes and the word unit's words are split in Python; the core then encodes
+        # each piece as a whole (NO_SPLIT).
+        self._split_in_python = self.unit == "word" or is_custom(self.pattern)
         self._core, self._encoder = native._CORE, None
         if native._CORE is not None:
-            self._encoder = built or self._new_encoder(
-                list(self.mergeable_ranks), list(self.mergeable_ranks.values()), self._unknown_id
+            split = self._split_in_python or self.pattern == NO_SPLIT
+            pattern_id = native._CORE.NO_SPLIT if split else native._CORE.PATTERN_IDS[self.pattern]
+            self._encoder = native._CORE.Encoder(
+                list(self.mergeable_ranks),
+                list(self.mergeable_ranks.values()),
+                pattern_id,
+                self.unit != "byte",
+                self._unknown_id,
             )
             self._encoder.text_threads = text_threads()
         # text -> list (or array) of ids in one native call, where the core splits the text itself
         splitting = self._encoder if not self._split_in_python else None
         self._encode_list = splitting.encode_ordinary_list if splitting is not None else None
         self._encode_array = splitting.encode_ordinary if splitting is not None else None
-
-    def _new_encoder(self, tokens: list[bytes], ranks: list[int], unknown_id: int | None) -> Any:
-        core = native._CORE
-        split = self._split_in_python or self.pattern == NO_SPLIT
-        pattern_id = core.NO_SPLIT if split else core.PATTERN_IDS[self.pattern]
-        return core.Encoder(tokens, ranks, pattern_id, self.unit != "byte", unknown_id)
 
     def _validate(self) -> dict[int, bytes]:
         """Checks the vocabulary; returns its tokens by id."""
@@ -858,7 +824,9 @@ class Tokenizer:
     ) -> EncodedFile:
         """`encode_file_to_npy`, returning the ids written and the bytes and characters read
         (a byte that is not UTF-8 counts as a character), counted as the file is read."""
-        from pipeline_lib.fsio import atomic_user_file  # lazy: fsspec, for this call alone
+        from concurrent.futures import Future, ThreadPoolExecutor  # for this call alone, as fsspec
+
+        from pipeline_lib.fsio import atomic_user_file
 
         allowed = self._special_names if allowed_special == "all" else frozenset(allowed_special) & self._special_names
         if not self.streams_files() or any("\n" in t for t in allowed):
@@ -908,7 +876,7 @@ class Tokenizer:
         self,
         data: bytes | memoryview,
         is_utf8: bool,
-        cut_pattern: regex.Pattern,
+        cut_pattern: re.Pattern,
         threads: int,
         allowed: frozenset[str],
     ) -> Any:
@@ -1116,8 +1084,8 @@ class Tokenizer:
 # goes on, so the text encodes as its two sides do (tests/test_encode_file.py checks it on any
 # text). cl100k and o200k also end a piece at "\r\n" ("\s*[\r\n]+"); GPT-2's pattern does not
 # ("\s+(?!\S)" gives "\r" and "\n" in the whole text, "\r\n" at its end).
-_SAFE_CUT = regex.compile(rb"[\x21-\x7e]\r?\n(?=[\x21-\x7e])")
-_SAFE_CUT_GPT2 = regex.compile(rb"[\x21-\x7e]\n(?=[\x21-\x7e])")
+_SAFE_CUT = re.compile(rb"[\x21-\x7e]\r?\n(?=[\x21-\x7e])")
+_SAFE_CUT_GPT2 = re.compile(rb"[\x21-\x7e]\n(?=[\x21-\x7e])")
 
 
 def safe_cuts(data: bytes, pattern: str) -> list[int]:
@@ -1126,7 +1094,7 @@ def safe_cuts(data: bytes, pattern: str) -> list[int]:
     return [m.end() for m in cut.finditer(data)]
 
 
-def _safe_blocks(f: io.BufferedIOBase, round_bytes: int, cut: regex.Pattern) -> Iterator[memoryview]:
+def _safe_blocks(f: io.BufferedIOBase, round_bytes: int, cut: re.Pattern) -> Iterator[memoryview]:
     """The file `f` in blocks of about `round_bytes` or more, each ending at a safe cut (a
     stretch with no safe point, e.g. one long line, grows its block until one comes).
 
@@ -1200,7 +1168,7 @@ def _write_synced(out: BinaryIO, data: memoryview) -> None:
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
-def _last_safe_cut(data: bytes | bytearray, cut: regex.Pattern, limit: int, after: int) -> int:
+def _last_safe_cut(data: bytes | bytearray, cut: re.Pattern, limit: int, after: int) -> int:
     """The last safe cut in `data[:limit]` with its newline at `after` or later, or -1; scans
     back from the end a line at a time."""
     end = limit

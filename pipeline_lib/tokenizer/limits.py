@@ -7,7 +7,7 @@ from typing import Any
 
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.errors import InputError
-from pipeline_lib.lazy_numpy import is_integer
+from pipeline_lib.lazy import is_integer
 
 # Every id (ordinary or special) is below MAX_VOCAB_SIZE: 4,194,304 ids, 20x o200k's. The
 # decoder's tables are per id, so this bounds what a file can make us allocate.

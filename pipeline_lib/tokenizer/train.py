@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib import cancel
 from pipeline_lib.errors import InputError
-from pipeline_lib.lazy_numpy import LazyNumpy
+from pipeline_lib.lazy import LazyModule
 from pipeline_lib.patterns import NO_SPLIT, check_pattern, is_custom
 from pipeline_lib.tokenizer import native as compiled
 from pipeline_lib.tokenizer.limits import ENDOFTEXT, MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, UNK, check_unit
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from pipeline_lib.tokenizer.core import Tokenizer
 else:
-    np = LazyNumpy(globals())  # for training and counting: loading a tokenizer needs none
+    np = LazyModule(globals(), "np", "numpy")  # for training and counting: loading a tokenizer needs none
 
 
 def native_pattern_id(pattern: str) -> int | None:

@@ -22,12 +22,13 @@ ENCODINGS = {"gpt2": "gpt2", "cl100k": "cl100k_base", "o200k": "o200k_base"}
 # the characters the split patterns treat apart: newlines, other spaces, letters of each case,
 # digits, punctuation, marks, contractions
 ALPHABET = st.sampled_from(
-    ["\n", "\r", " ", "\t", "\u00a0", "\u2028", "a", "B", "é", "Ω", "日", "1", "7", ".", "'", "s", "<", "\u0301", "🙂"]
+    ["\n", "\r", " ", "\t", "\u00a0", "\u2028", "\x85", "a", "B", "é", "Ω", "日", "1", "7", ".", "'", "s", "<", "/"]
+    + ["\u0301", "🙂", "\n\n", " \n", "}\n//", "'ll"]
 )
 TEXTS = st.lists(ALPHABET, max_size=60).map("".join)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(text=TEXTS, pattern=st.sampled_from(sorted(ENCODINGS)))
 def test_the_pieces_of_a_text_are_those_of_its_blocks(text, pattern):
     """Cut at every safe point, the blocks split (with the core and the regex) into exactly
@@ -42,17 +43,17 @@ def test_the_pieces_of_a_text_are_those_of_its_blocks(text, pattern):
 
 
 BLOCK_TEXTS = st.lists(
-    st.sampled_from(["ab", "x\n", "y\r\n", "\n", " ", "é", "z" * 40]), min_size=10, max_size=120
+    st.sampled_from(["ab", "x\n", "y\r\n", "\n", " ", "é", "z" * 40, "/"]), min_size=10, max_size=120
 ).map("".join)
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=BLOCK_TEXTS, round_bytes=st.integers(1, 64), pattern=st.sampled_from(["gpt2", "cl100k"]))
+@given(text=BLOCK_TEXTS, round_bytes=st.integers(1, 64), pattern=st.sampled_from(sorted(ENCODINGS)))
 def test_the_blocks_of_a_file_are_the_file_cut_at_safe_points(tmp_path_factory, text, round_bytes, pattern):
     """`_safe_blocks` (two buffers taken in turn): the blocks put together are the file, each ends
     at a safe cut or at the end, and a block is intact while the next one is read, as the
     command uses them (it encodes a block while the next is read)."""
-    from pipeline_lib.tokenizer.core import _SAFE_CUT, _SAFE_CUT_GPT2, _safe_blocks
+    from pipeline_lib.tokenizer.core import _SAFE_CUTS, _safe_blocks
 
     data = text.encode()
     path = tmp_path_factory.mktemp("blocks") / "f.txt"
@@ -60,7 +61,7 @@ def test_the_blocks_of_a_file_are_the_file_cut_at_safe_points(tmp_path_factory, 
     cuts = set(safe_cuts(data, pattern))
     got: list[bytes] = []
     with open(path, "rb") as f:
-        blocks = _safe_blocks(f, round_bytes, _SAFE_CUT_GPT2 if pattern == "gpt2" else _SAFE_CUT)
+        blocks = _safe_blocks(f, round_bytes, _SAFE_CUTS[pattern])
         held = next(blocks, None)
         while held is not None:
             before = bytes(held)
@@ -73,10 +74,14 @@ def test_the_blocks_of_a_file_are_the_file_cut_at_safe_points(tmp_path_factory, 
     assert all(e in cuts for e in ends[:-1]) and all(len(b) > 0 for b in got)
 
 
-def test_a_crlf_is_a_cut_for_cl100k_and_o200k_but_not_gpt2():
+def test_where_each_pattern_may_be_cut():
     assert safe_cuts(b"ab\r\ncd\nef", "cl100k") == [4, 7]
-    assert safe_cuts(b"ab\r\ncd\nef", "gpt2") == [7]
-    assert safe_cuts(b"a\n\nb a\n b", "o200k") == []
+    assert safe_cuts(b"ab\r\ncd\nef", "gpt2") == [7]  # GPT-2's pattern: "\r", "\n" in the text, "\r\n" at its end
+    # paragraphs: a blank line ends a piece before a letter, but not with GPT-2's pattern
+    assert safe_cuts(b"a\n\nb a\n b", "o200k") == safe_cuts(b"a\n\nb a\n b", "cl100k") == [3]
+    assert safe_cuts(b"a\n\nb a\n b", "gpt2") == []
+    # o200k's punctuation pieces take the newlines and slashes after them: "}\n//" is one piece
+    assert safe_cuts(b"}\n// c\nx", "o200k") == [7] and safe_cuts(b"}\n// c\nx", "cl100k") == [2, 7]
 
 
 @pytest.mark.parametrize("name", ["cl100k_base", "o200k_base", "gpt2"])

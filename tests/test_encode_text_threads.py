@@ -19,7 +19,9 @@ from pipeline_lib.tokenizer.core import THREADS_ENV, safe_cuts, text_threads
 ENCODINGS = {"gpt2": "gpt2", "cl100k": "cl100k_base", "o200k": "o200k_base"}
 THREADED = 1 << 19  # the core's kThreadedTextBytes
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALPHABET = st.sampled_from(["\n", "\r", "\r\n", " ", "\t", "\u00a0", "a", "B", "é", "日", "7", ".", "'s", "🙂"])
+ALPHABET = st.sampled_from(
+    ["\n", "\r", "\r\n", " ", "\t", "\u00a0", "a", "B", "é", "日", "7", ".", "'s", "🙂", "/", "}", "\n\n"]
+)
 
 
 def core_cuts(enc, data: bytes) -> list[int]:
@@ -61,6 +63,10 @@ def long_texts(shakespeare_text, multilingual_text) -> dict[str, str]:
         "lines": (lines * (2 * THREADED // len(lines.encode()) + 1)),
         "one line": ("word " * 30 + "日本語 ") * (THREADED // 150),
         "code": "def f(x):\n    return x  # 1\n" * (THREADED // 20),
+        # o200k's "}\n//" is one piece: cut there, two threads gave other ids than one
+        "c code": "int f(void) {\n  return 1;\n}\n// the next one\n/* a note */\n" * (THREADED // 50),
+        # a blank line between paragraphs, no single newline: cut only where a pattern allows it
+        "paragraphs": "A paragraph of a few words, ending here.\n\n" * (THREADED // 40),
     }
     assert all(len(t.encode()) > THREADED for t in texts.values())
     return texts
@@ -72,7 +78,8 @@ def test_a_long_text_on_threads_has_the_whole_texts_ids(name, long_texts):
     for kind, text in long_texts.items():
         data = text.encode()
         cuts = len(core_cuts(one, data))
-        assert cuts == 0 if kind == "one line" else cuts > 100
+        uncut = kind == "one line" or (kind == "paragraphs" and name == "gpt2")
+        assert cuts == 0 if uncut else cuts > 100, kind
         expected = one.encode_ordinary(text)
         assert expected == one.encode_to_numpy(text).tolist()
         for enc in (two, three):

@@ -1036,7 +1036,7 @@ template <class Unit>
 size_t safe_cut_in(const Unit* data, size_t n, size_t from, int pattern) {
     if (pattern != kGpt2 && pattern != kCl100k && pattern != kO200k) return n;
     const auto printable = [](uint32_t c) { return c >= 0x21 && c <= 0x7e; };
-    for (size_t at = std::max<size_t>(from, 1); at + 1 < n;) {
+    for (size_t at = from; at + 1 < n;) {
         size_t nl = at;  // a newline with a unit after it
         if constexpr (sizeof(Unit) == 1) {
             const void* found = std::memchr(data + at, '\n', n - 1 - at);
@@ -1046,10 +1046,11 @@ size_t safe_cut_in(const Unit* data, size_t n, size_t from, int pattern) {
             while (nl + 1 < n && data[nl] != '\n') ++nl;
             if (nl + 1 == n) break;
         }
-        if (printable(data[nl + 1]) &&
-            (printable(data[nl - 1]) ||
-             (pattern != kGpt2 && data[nl - 1] == '\r' && nl >= 2 && printable(data[nl - 2]))))
-            return nl + 1;
+        const uint32_t next = data[nl + 1];
+        const bool cut = pattern == kGpt2    ? printable(next) && nl >= 1 && printable(data[nl - 1])
+                         : pattern == kO200k ? printable(next) && next != '/'
+                                             : printable(next);
+        if (cut) return nl + 1;
         at = nl + 1;
     }
     return n;

@@ -180,11 +180,10 @@ public:
                       BatchIds& ids, std::vector<uint64_t>& offsets, const std::vector<uint8_t>* kinds = nullptr);
 
     // The first offset past `from` at which data[0:n] may be cut, its two sides encoding to the
-    // whole's ids; n when there is none. A cut follows a newline ("\n", or "\r\n" but with
-    // GPT-2's pattern) that lies between two printable ASCII characters other than space: no
-    // piece of the three patterns holds a newline followed by a non-space character, and the
-    // piece before ends at the newline whether or not the text goes on. Never with kNoSplit.
-    // The same cuts as pipeline_lib.tokenizer.core.safe_cuts.
+    // whole's ids; n when there is none. A cut follows a "\n" that a printable ASCII character
+    // other than space follows ("/" excepted with o200k, whose punctuation pieces take the
+    // newlines and slashes after them) and, with GPT-2's pattern, that one precedes. Never with
+    // kNoSplit. The same cuts as pipeline_lib.tokenizer.core.safe_cuts, which says why.
     size_t safe_cut(const uint8_t* data, size_t n, size_t from) const;
     // data[0:n] cut at safe points into pieces of about `target` bytes, appended to ptrs/lens (a
     // stretch of no more than 2 x target, or with no safe point, stays one piece; an empty text is

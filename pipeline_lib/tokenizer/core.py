@@ -841,7 +841,7 @@ class Tokenizer:
                 _write_npy_header(out, len(ids))
                 ids.astype("<u4", copy=False).tofile(out)
             return EncodedFile(len(ids), n_bytes, n_chars)
-        cut_pattern = _SAFE_CUT_GPT2 if self.pattern == "gpt2" else _SAFE_CUT
+        cut_pattern = _SAFE_CUTS[self.pattern]
         threads = num_threads if num_threads > 0 else (os.cpu_count() or 1)
         n_ids = n_bytes = n_chars = 0
         # Three stages overlap: the next block is read, cut and checked for UTF-8 (its characters
@@ -1070,20 +1070,25 @@ class Tokenizer:
         )
 
 
-# Safe cuts for the built-in split patterns: after a newline that lies between two printable
-# ASCII characters other than space. No piece of these patterns holds a newline followed by a
-# non-space character, and the piece before the cut ends at the newline whether or not the text
-# goes on, so the text encodes as its two sides do (tests/test_encode_file.py checks it on any
-# text). cl100k and o200k also end a piece at "\r\n" ("\s*[\r\n]+"); GPT-2's pattern does not
-# ("\s+(?!\S)" gives "\r" and "\n" in the whole text, "\r\n" at its end).
-_SAFE_CUT = re.compile(rb"[\x21-\x7e]\r?\n(?=[\x21-\x7e])")
-_SAFE_CUT_GPT2 = re.compile(rb"[\x21-\x7e]\n(?=[\x21-\x7e])")
+# Safe cuts for the built-in split patterns: after a "\n" that a printable ASCII character
+# other than space follows. No piece holds a newline and the non-space character after it (but
+# o200k's punctuation pieces, " ?[^\s\p{L}\p{N}]+[\r\n/]*", which take the newlines and
+# slashes after them: "}\n//" is one piece, so not before a "/"); a run of whitespace that ends
+# with a newline is one piece ("\s*[\r\n]", "\s*[\r\n]+"), whether or not the text goes on
+# ("\s++$" at its end). GPT-2's pattern ends such a run at its last newline only if the text
+# goes on ("\s+(?!\S)" gives "\n", "\n" before a letter, "\n\n" at the end): there a printable
+# character must precede the newline as well. So the text encodes as its two sides do
+# (tests/test_encode_file.py checks it on any text; the core's `safe_cut` cuts the same).
+_SAFE_CUTS = {
+    "gpt2": re.compile(rb"[\x21-\x7e]\n(?=[\x21-\x7e])"),
+    "cl100k": re.compile(rb"\n(?=[\x21-\x7e])"),
+    "o200k": re.compile(rb"\n(?=[\x21-\x2e\x30-\x7e])"),
+}
 
 
 def safe_cuts(data: bytes, pattern: str) -> list[int]:
     """Every offset at which `data` may be cut and its halves encoded apart with `pattern`."""
-    cut = _SAFE_CUT_GPT2 if pattern == "gpt2" else _SAFE_CUT
-    return [m.end() for m in cut.finditer(data)]
+    return [m.end() for m in _SAFE_CUTS[pattern].finditer(data)]
 
 
 def _safe_blocks(f: io.BufferedIOBase, round_bytes: int, cut: re.Pattern) -> Iterator[memoryview]:
@@ -1168,7 +1173,7 @@ def _last_safe_cut(data: bytes | bytearray, cut: re.Pattern, limit: int, after: 
         nl = data.rfind(b"\n", max(0, after), end)
         if nl < 0:
             return -1
-        for start in (nl - 1, nl - 2):  # "x\n" or "x\r\n"
+        for start in (nl, nl - 1):  # "\nx", or "x\ny" (GPT-2's pattern)
             if start >= 0 and (m := cut.match(data, start, min(nl + 2, limit))) is not None and m.end() == nl + 1:
                 return nl + 1
         end = nl

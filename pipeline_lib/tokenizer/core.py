@@ -783,35 +783,13 @@ class Tokenizer:
         return self._ordinary_batch([bytes(view[a:b]) for a, b in zip(bounds, bounds[1:])], num_threads)
 
     def streams_files(self) -> bool:
-        """Whether `encode_file_to_npy` can cut a file into blocks (a built-in split pattern
+        """Whether `encode_file` can cut a file into blocks (a built-in split pattern
         encoded by the core); otherwise it encodes the file as one text."""
         return self._encoder is not None and not self._split_in_python and self.pattern in PATTERNS
 
-    def encode_file_to_npy(
-        self,
-        path: str,
-        out_path: str,
-        *,
-        allowed_special: SpecialSet = frozenset(),
-        num_threads: int = 0,
-        round_bytes: int = 16 << 20,
-    ) -> int:
-        """Encode the text file `path` into the uint32 .npy `out_path`; returns the number of ids
-        (`encode_file` also gives the bytes and characters read).
-
-        The ids equal ``encode_to_numpy(text, allowed_special=..., disallowed_special=())`` of
-        the file read with ``errors="surrogateescape"`` (bytes that are not UTF-8 become U+FFFD).
-        Special tokens that are not allowed are encoded as text: refuse them before calling.
-        Where `streams_files`, the file is read `round_bytes` at a time, cut at safe points
-        (`safe_cut`), the blocks encoded on `num_threads` threads (0 = all cores) and their
-        ids appended to the file as they come, so memory stays flat with the file's size (a
-        stretch with no safe point, e.g. one long line, is held whole). The .npy header's
-        length is written last, and the file takes `out_path`'s name only once whole (a failure
-        leaves what was there).
-        """
-        return self.encode_file(
-            path, out_path, allowed_special=allowed_special, num_threads=num_threads, round_bytes=round_bytes
-        ).ids
+    def encode_file_to_npy(self, path: str, out_path: str, **options: Any) -> int:
+        """`encode_file`'s number of ids (the options are its own)."""
+        return self.encode_file(path, out_path, **options).ids
 
     def encode_file(
         self,
@@ -822,8 +800,19 @@ class Tokenizer:
         num_threads: int = 0,
         round_bytes: int = 16 << 20,
     ) -> EncodedFile:
-        """`encode_file_to_npy`, returning the ids written and the bytes and characters read
-        (a byte that is not UTF-8 counts as a character), counted as the file is read."""
+        """Encode the text file `path` into the uint32 .npy `out_path`; returns the number of ids
+        written and of the bytes and characters read (a byte that is not UTF-8 counts as one).
+
+        The ids equal ``encode_to_numpy(text, allowed_special=..., disallowed_special=())`` of
+        the file read with ``errors="surrogateescape"`` (bytes that are not UTF-8 become U+FFFD).
+        Special tokens that are not allowed are encoded as text: refuse them before calling.
+        Where `streams_files`, the file is read `round_bytes` at a time, cut at safe points
+        (`safe_cuts`), the blocks encoded on `num_threads` threads (0 = all cores) and their
+        ids appended to the file as they come, so memory stays flat with the file's size (a
+        stretch with no safe point, e.g. one long line, is held whole). The .npy header's
+        length is written last, and the file takes `out_path`'s name only once whole (a failure
+        leaves what was there).
+        """
         from concurrent.futures import Future, ThreadPoolExecutor  # for this call alone, as fsspec
 
         from pipeline_lib.fsio import atomic_user_file

@@ -278,3 +278,17 @@ def test_encode_file_counts_the_bytes_and_characters_it_read(tmp_path, multiling
     assert got.bytes == len(raw)
     assert got.characters == len(raw) - int(np.count_nonzero((data & 0xC0) == 0x80))
     assert got.ids == len(np.load(out)) == tok.encode_file_to_npy(str(path), str(tmp_path / "again.npy"))
+
+
+def test_the_cores_block_call_gives_a_memoryview_and_refuses_bad_bounds():
+    """`encode_ordinary_buffer_ids`, the file command's call: uint32 ids, no NumPy."""
+    tok = get_encoding("cl100k_base")
+    data = b"hello world\nsecond line\n"
+    ids = tok._encoder.encode_ordinary_buffer_ids(data, [0, 12, len(data)], 2)
+    assert isinstance(ids, memoryview) and ids.format == "I" and ids.itemsize == 4
+    assert ids.tolist() == tok.encode_ordinary(data.decode())
+    for bad in ([], [0, len(data) + 1], [5, 2], [-1, 3], [0, "3"]):
+        with pytest.raises(ValueError, match="bounds"):
+            tok._encoder.encode_ordinary_buffer_ids(data, bad, 2)
+    with pytest.raises(TypeError, match="list of ints"):
+        tok._encoder.encode_ordinary_buffer_ids(data, (0, 3), 2)

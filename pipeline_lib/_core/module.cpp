@@ -970,31 +970,47 @@ private:
     Py_buffer view_;
 };
 
-// Offsets of documents in a buffer of `size` bytes, checked: integers, one-dimensional, at
-// least one entry, non-decreasing, within the buffer.
+// Offsets of documents in a buffer of `size` bytes, checked: at least one entry, non-decreasing,
+// within the buffer. `what` names them in the errors.
+void check_doc_offsets(const int64_t* o, size_t n, size_t size, const std::string& what) {
+    if (n == 0) throw nb::value_error((what + " must hold len(documents) + 1 entries, at least one").c_str());
+    if (o[0] < 0)
+        throw nb::value_error((what + "[0] is " + std::to_string(o[0]) + ": " + what + " must be >= 0").c_str());
+    for (size_t k = 1; k < n; ++k)
+        if (o[k] < o[k - 1])
+            throw nb::value_error((what + " must be non-decreasing: " + what + "[" + std::to_string(k) + "] = " +
+                                   std::to_string(o[k]) + " < " + what + "[" + std::to_string(k - 1) +
+                                   "] = " + std::to_string(o[k - 1]))
+                                      .c_str());
+    if (static_cast<uint64_t>(o[n - 1]) > size)
+        throw nb::value_error((what + "[-1] = " + std::to_string(o[n - 1]) + " is past the end of data (" +
+                               std::to_string(size) + " bytes)")
+                                  .c_str());
+}
+
+// Offsets of documents in a buffer of `size` bytes, checked (check_doc_offsets): integers,
+// one-dimensional.
 nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> doc_offsets(nb::handle obj, size_t size) {
     nb::module_ np = nb::module_::import_("numpy");
     nb::object arr = np.attr("asarray")(obj);
     if (nb::cast<int>(arr.attr("ndim")) != 1) throw nb::value_error("offsets must be one-dimensional");
-    if (nb::cast<size_t>(arr.attr("size")) == 0)
-        throw nb::value_error("offsets must hold len(documents) + 1 entries, at least one");
+    if (nb::cast<size_t>(arr.attr("size")) == 0) check_doc_offsets(nullptr, 0, size, "offsets");  // before its dtype
     const std::string kind = nb::cast<std::string>(arr.attr("dtype").attr("kind"));
     if (kind != "i" && kind != "u") throw nb::type_error("offsets must be an array of integers");
     auto off = as_array<int64_t>(arr, "int64", "offsets");
-    const size_t n = off.shape(0);
-    const int64_t* o = off.data();
-    if (o[0] < 0) throw nb::value_error(("offsets[0] is " + std::to_string(o[0]) + ": offsets must be >= 0").c_str());
-    for (size_t k = 1; k < n; ++k)
-        if (o[k] < o[k - 1])
-            throw nb::value_error(("offsets must be non-decreasing: offsets[" + std::to_string(k) + "] = " +
-                                   std::to_string(o[k]) + " < offsets[" + std::to_string(k - 1) +
-                                   "] = " + std::to_string(o[k - 1]))
-                                      .c_str());
-    if (static_cast<uint64_t>(o[n - 1]) > size)
-        throw nb::value_error(("offsets[-1] = " + std::to_string(o[n - 1]) + " is past the end of data (" +
-                               std::to_string(size) + " bytes)")
-                                  .c_str());
+    check_doc_offsets(off.data(), off.shape(0), size, "offsets");
     return off;
+}
+
+// Documents data[o[k]:o[k + 1]] of a buffer as pointers and lengths.
+void buffer_documents(const ByteView& data, const int64_t* o, size_t n_docs, std::vector<const uint8_t*>& ptrs,
+                      std::vector<size_t>& lens) {
+    ptrs.resize(n_docs);
+    lens.resize(n_docs);
+    for (size_t k = 0; k < n_docs; ++k) {
+        ptrs[k] = data.data() + o[k];
+        lens[k] = static_cast<size_t>(o[k + 1] - o[k]);
+    }
 }
 
 void counter_add_buffer(PieceCounter& self, nb::handle data_obj, nb::handle offsets_obj) {
@@ -1011,14 +1027,9 @@ void counter_add_buffer(PieceCounter& self, nb::handle data_obj, nb::handle offs
 nb::tuple encoder_encode_buffer(Encoder& self, nb::handle data_obj, nb::handle offsets_obj, int num_threads) {
     ByteView data(data_obj);
     auto off = doc_offsets(offsets_obj, data.size());
-    const int64_t* o = off.data();
-    const size_t n_docs = off.shape(0) - 1;
-    std::vector<const uint8_t*> ptrs(n_docs);
-    std::vector<size_t> lens(n_docs);
-    for (size_t k = 0; k < n_docs; ++k) {
-        ptrs[k] = data.data() + o[k];
-        lens[k] = static_cast<size_t>(o[k + 1] - o[k]);
-    }
+    std::vector<const uint8_t*> ptrs;
+    std::vector<size_t> lens;
+    buffer_documents(data, off.data(), off.shape(0) - 1, ptrs, lens);
     return encode_documents(self, ptrs, lens, num_threads);
 }
 
@@ -1028,24 +1039,20 @@ nb::object encoder_encode_buffer_ids(Encoder& self, nb::handle data_obj, nb::han
     ByteView data(data_obj);
     if (!PyList_Check(bounds_obj.ptr())) throw nb::type_error("bounds must be a list of ints");
     const size_t n = static_cast<size_t>(PyList_GET_SIZE(bounds_obj.ptr()));
-    if (n == 0) throw nb::value_error("bounds must hold len(documents) + 1 entries, at least one");
-    std::vector<size_t> bounds(n);
+    std::vector<int64_t> bounds(n);
     for (size_t k = 0; k < n; ++k) {
         PyObject* item = PyList_GET_ITEM(bounds_obj.ptr(), static_cast<Py_ssize_t>(k));
-        const unsigned long long v = PyLong_Check(item) ? PyLong_AsUnsignedLongLong(item) : ~0ULL;
-        if (PyErr_Occurred()) PyErr_Clear();
-        if (v > data.size() || (k > 0 && v < bounds[k - 1]))
-            throw nb::value_error(("bounds must be non-decreasing ints within data (" + std::to_string(data.size()) +
-                                   " bytes): bounds[" + std::to_string(k) + "] is not")
-                                      .c_str());
-        bounds[k] = static_cast<size_t>(v);
+        const long long v = PyLong_Check(item) ? PyLong_AsLongLong(item) : -1;
+        if (!PyLong_Check(item) || PyErr_Occurred()) {
+            PyErr_Clear();
+            throw nb::value_error(("bounds[" + std::to_string(k) + "] is not an int of 64 bits").c_str());
+        }
+        bounds[k] = static_cast<int64_t>(v);
     }
-    std::vector<const uint8_t*> ptrs(n - 1);
-    std::vector<size_t> lens(n - 1);
-    for (size_t k = 0; k + 1 < n; ++k) {
-        ptrs[k] = data.data() + bounds[k];
-        lens[k] = bounds[k + 1] - bounds[k];
-    }
+    check_doc_offsets(bounds.data(), n, data.size(), "bounds");
+    std::vector<const uint8_t*> ptrs;
+    std::vector<size_t> lens;
+    buffer_documents(data, bounds.data(), n - 1, ptrs, lens);
     BatchIds ids;
     std::vector<uint64_t> offsets;
     encode_units(self, ptrs, lens, nullptr, num_threads, {}, ids, offsets);

@@ -361,3 +361,28 @@ def test_windows_without_avx2_give_the_same_pieces_and_ids():
     )
     assert len(here.stdout) > 100_000
     assert here.stdout == without.stdout
+
+
+def test_pieces_of_other_scripts_in_the_words_table_give_tiktoken_ids(real_encodings):
+    """Pieces of 2..15 bytes that are not ASCII (words of other scripts, marks, emoji; one token,
+    several ids, more ids than a word-table entry holds) are keyed in the words table like ASCII
+    ones: each seen many times, in one text, at its very end (fewer than 8 bytes after a piece's
+    start: not keyed) and in a batch."""
+    rng = random.Random(11)
+    letters = "абвгдежзиклмнопрстуфхцчшщыэюяαβγδεζηθικλμνξοπρστυφχψωçéèêëîïôûüñßøåæ한국어문장日本語中文字"
+    invented = ["".join(rng.choice(letters) for _ in range(rng.randint(1, 7))) for _ in range(400)]
+    for ours, theirs in real_encodings:
+        assert any(len(theirs.encode_ordinary(" " + w)) > 3 for w in invented)
+        vocab = []
+        for token in ours._mergeable_ranks:
+            if 2 <= len(token) <= 15 and not token.isascii():
+                try:
+                    vocab.append(token.decode())
+                except UnicodeDecodeError:
+                    continue
+        words = rng.sample(vocab, 3000)
+        text = "".join(rng.choice(["", " "]) + rng.choice(invented + words) for _ in range(20_000))
+        for tail in ("", " " + invented[0], invented[1], "é", " 日本"):
+            assert ours.encode_ordinary(text + tail) == theirs.encode_ordinary(text + tail)
+        parts = [text[:3000], text[3000:9000], text]
+        assert ours.encode_ordinary_batch(parts, num_threads=1) == [theirs.encode_ordinary(p) for p in parts]

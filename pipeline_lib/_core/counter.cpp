@@ -25,9 +25,9 @@ void PieceCounterCore::add(const uint8_t* data, size_t n) {
         if constexpr (decltype(ascii)::value) {
             const uint8_t* p = data + b;
             const size_t len = e - b;
-            const uint64_t head = detail::read64(p) & pretok::kAsciiKeyMasks.head[len];
-            const uint64_t tail = detail::read64(p + (len > 8 ? len - 8 : 0)) & pretok::kAsciiKeyMasks.tail[len];
-            Recent& r = recent[pretok::ascii_key_slot(head, tail, kRecentBits)];
+            const uint64_t head = detail::read64(p) & pretok::kWordKeyMasks.head[len];
+            const uint64_t tail = detail::read64(p + (len > 8 ? len - 8 : 0)) & pretok::kWordKeyMasks.tail[len];
+            Recent& r = recent[pretok::word_key_slot(head, tail, kRecentBits)];
             if (r.len == len && r.head == head && r.tail == tail) {
                 ++map_.entries()[r.entry].value;
                 return;

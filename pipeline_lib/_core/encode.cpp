@@ -648,8 +648,8 @@ void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint3
     bpe(piece, n, out, periodic);
 }
 
-// An ASCII piece of <= 15 bytes that the words table did not hold (its slot `w`): a token (most
-// of them), or ids from the BPE cache; then kept in the slot. The recent-piece tables are skipped:
+// A piece of the words table (of <= 15 bytes) that its slot `w` did not hold: a token (most of
+// them), or ids from the BPE cache; then kept in the slot. The recent-piece tables are skipped:
 // the words table is these pieces' cache, and each table looked at is one more line to fetch for
 // a word met the first time. Out of line: the loop over the pieces keeps its registers.
 void EncoderCore::word_miss(const uint8_t* p, size_t len, uint64_t head, uint64_t tail, PieceCache::Word* w,
@@ -722,8 +722,8 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
     };
     cancel::Poll& poll = cancel::current();
     PieceCache::Word* const words = cache != nullptr && !start_chars_ ? cache->words.data() : nullptr;
-    // A piece the scanner found. An ASCII piece of <= 15 bytes (with 16 readable bytes at its
-    // start) is keyed in the words table by its bytes as loaded, those past the piece masked off.
+    // A piece the scanner found. A piece of the words table is keyed by its bytes as loaded,
+    // those past the piece masked off.
     struct Found {
         size_t b, len;
         uint64_t head, tail;     // other pieces: their Key's head and hash
@@ -760,16 +760,24 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
         if (found >= kAhead) look_up(f);
         ++found;
         const size_t len = e - b;
+        auto keyed = [&]() __attribute__((always_inline)) {
+            const uint8_t* p = data + b;
+            const uint64_t head = detail::read64(p) & pretok::kWordKeyMasks.head[len];
+            const uint64_t tail = detail::read64(p + (len > 8 ? len - 8 : 0)) & pretok::kWordKeyMasks.tail[len];
+            PieceCache::Word* w = &words[pretok::word_key_slot(head, tail, PieceCache::kWordBits)];
+            __builtin_prefetch(w);
+            f = Found{b, len, head, tail, w};
+        };
         if constexpr (decltype(ascii)::value) {
             if (words != nullptr) {
-                const uint8_t* p = data + b;
-                const uint64_t head = detail::read64(p) & pretok::kAsciiKeyMasks.head[len];
-                const uint64_t tail = detail::read64(p + (len > 8 ? len - 8 : 0)) & pretok::kAsciiKeyMasks.tail[len];
-                PieceCache::Word* w = &words[pretok::ascii_key_slot(head, tail, PieceCache::kWordBits)];
-                __builtin_prefetch(w);
-                f = Found{b, len, head, tail, w};
+                keyed();
                 return;
             }
+        } else if (words != nullptr && len - 2 <= 13 && b + 8 <= n) {
+            // A piece of 2..15 bytes of another script (most words of 2-7 letters), or a general
+            // function's, keyed the same way: its bytes as loaded, 8 of them readable at its start.
+            keyed();
+            return;
         }
         const Key key(data + b, len);
         if (cache != nullptr) {

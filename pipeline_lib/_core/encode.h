@@ -77,10 +77,12 @@ struct alignas(64) PieceCache {
     static constexpr size_t kPairMemo = size_t{1} << kPairMemoBits;
     std::vector<PairMemo> pair_memo = std::vector<PairMemo>(kPairMemo, PairMemo{~uint64_t{0}, 0});
 
-    // ASCII pieces (of <= 15 bytes, found by pretok::ascii_piece_end): (first 8 bytes, last 8
-    // bytes, length) -> up to kWordIds ids, keyed by the bytes as loaded (a piece of < 8 bytes is
-    // its bytes zero-extended). Most pieces of English text and source code are one of these, and
-    // a hit costs a load, a multiply and a compare where the general path hashes the piece.
+    // Pieces of <= 15 bytes (ASCII ones of the scanners; others of 2..15 bytes with 8 bytes
+    // readable at their start): (first 8 bytes, last 8 bytes, length) -> up to kWordIds ids, keyed
+    // by the bytes as loaded (a piece of < 8 bytes is its bytes zero-extended). Most pieces of
+    // any text are one of these, and a hit costs a load, a multiply and a compare where the
+    // general path hashes the piece (and, for a piece of other scripts, looked in the recent-piece
+    // tables, which hold the ids of pieces of <= 8 bytes only when they are one token).
     // 32,768 entries (1 MiB): 2 MB of English holds tens of thousands of distinct words, and with
     // 8,192 entries a tenth of its pieces missed even on a second pass (a second pass over the
     // same text, o200k: 17-20% faster than with 8,192; 65,536 no faster than 32,768).

@@ -707,25 +707,26 @@ inline WindowStarts window_starts(const uint8_t* p) {
     return {starts, high ? top_bit(high) + 1 : 0};
 }
 
-// Callers key an ASCII piece of n <= 15 bytes by two words loaded at its start and at its end:
+// Callers key a piece of n <= 15 bytes (an ASCII piece of the scanners, or any with 8 bytes
+// readable at its start) by two words loaded at its start and at its end:
 // head = first 8 bytes & head[n] (the bytes past the piece masked off), tail = last 8 bytes &
 // tail[n] (0 for n <= 8); with n they name the piece. The masks come from a table and the tail's
 // address from a conditional move: lengths vary from piece to piece, and a branch on them is
 // often mispredicted.
-struct AsciiKeyMasks {
+struct WordKeyMasks {
     uint64_t head[16], tail[16];
-    constexpr AsciiKeyMasks() : head{}, tail{} {
+    constexpr WordKeyMasks() : head{}, tail{} {
         for (int n = 0; n < 16; ++n) {
             head[n] = n >= 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * n)) - 1;
             tail[n] = n > 8 ? ~uint64_t{0} : 0;
         }
     }
 };
-inline constexpr AsciiKeyMasks kAsciiKeyMasks{};
+inline constexpr WordKeyMasks kWordKeyMasks{};
 
 // Slot of such a key in a direct-mapped table of 2^bits entries: the top bits of a
 // multiplicative hash.
-inline size_t ascii_key_slot(uint64_t head, uint64_t tail, unsigned bits) {
+inline size_t word_key_slot(uint64_t head, uint64_t tail, unsigned bits) {
     return static_cast<size_t>(((head ^ (tail * 0xC2B2AE3D27D4EB4Full)) * 0x9E3779B97F4A7C15ull) >> (64 - bits));
 }
 

@@ -12,8 +12,10 @@ within a row, not the absolute figures.
 Rows: per corpus (default: pipeline_lib/data's English and multilingual text; documents are
 its blank-line separated paragraphs) and vocabulary (cl100k, o200k): one whole text (list
 out), one whole text to NumPy (the encoder without the list; peers that have such a call), one
-call per document (lists out), batch to NumPy, batch with 2 threads; then the
-worst cases: a 1 MB line without spaces, 1 MB of one repeated character, 1 MB of spaces
+call per document (lists out), batch to NumPy, batch with 2 threads (with --stream MB, in
+their place: the first MB of each corpus read once in calls of 400,000 characters by one
+encoder, MB per CPU-second: a large corpus encoded in pieces, caches filled by the earlier
+calls); then the worst cases: a 1 MB line without spaces, 1 MB of one repeated character, 1 MB of spaces
 (--no-worst skips them).
 """
 
@@ -373,6 +375,49 @@ def row_unseen(title: str, parts: list[tuple[dict[str, Callable[[], Any]], list[
         print(f"  {p:<12} not ranked: {why}")
 
 
+def row_stream(title: str, vocab: str, text: str, part_chars: int, repeat: int, expected: list[list[int]]) -> None:
+    """A long corpus read once, `part_chars` characters a call, by one encoder per peer (its
+    NumPy call where it has one, else its list call): what encoding a large corpus in pieces
+    costs once each encoder's caches hold what its earlier calls met, and where they fill up.
+    Every repetition makes every peer anew (a second pass would find the corpus cached); the
+    peers take turns within a repetition, the order turning; every part's ids are checked after
+    the timing against `expected` (the reference's, part by part)."""
+    parts = [text[i : i + part_chars] for i in range(0, len(text), part_chars)]
+    nbytes = len(text.encode())
+    rates: dict[str, list[tuple[float, float]]] = {}
+    not_ranked: dict[str, str] = {}
+    for r in range(repeat):
+        peers = [p for p in peers_for(vocab, fresh=True)[0] if p.name not in not_ranked]
+        turn = r % max(1, len(peers))
+        for peer in peers[turn:] + peers[:turn]:
+            call = peer.numpy_whole or peer.whole
+            try:
+                call("warm up")
+                w, c = time.perf_counter(), time.process_time()
+                outs = [call(part) for part in parts]
+                w, c = time.perf_counter() - w, time.process_time() - c
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:  # a peer's Rust panic arrives as a BaseException
+                not_ranked[peer.name] = f"failed: {type(e).__name__}"
+                continue
+            if any(flat_ids(out) != want for out, want in zip(outs, expected)):
+                not_ranked[peer.name] = "ids differ from tiktoken's"
+                continue
+            rates.setdefault(peer.name, []).append((nbytes / 1e6 / w, nbytes / 1e6 / max(c, 1e-9)))
+    med = {
+        p: (statistics.median(m for m, _ in r), statistics.median(c for _, c in r))
+        for p, r in rates.items()
+        if p not in not_ranked
+    }
+    best = max((c for _, c in med.values()), default=1.0)
+    print(f"\n{title} ({nbytes / 1e6:.1f} MB read once in {len(parts)} calls of {part_chars:,} characters)")
+    for p, (m, c) in sorted(med.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {p:<12} {m:9.1f} MB/s  {c:8.1f} MB/CPU-s  {c / best:5.2f}x of fastest per CPU-s")
+    for p, why in not_ranked.items():
+        print(f"  {p:<12} not ranked: {why}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -398,6 +443,16 @@ def main() -> None:
     ap.add_argument(
         "--budget", type=float, default=30.0, help="worst cases: seconds a peer's first call may take (default 30)"
     )
+    ap.add_argument(
+        "--stream",
+        type=float,
+        default=0.0,
+        metavar="MB",
+        help="instead of the other rows, read the first MB of each corpus once in calls of --stream-part "
+        "characters, one encoder per peer made anew for each repetition (a large corpus encoded in pieces); "
+        "0: not (default)",
+    )
+    ap.add_argument("--stream-part", type=int, default=400_000, help="characters a call for --stream (400,000)")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}, {os.cpu_count()} CPUs")
     worst = {
@@ -416,6 +471,18 @@ def main() -> None:
                 text = f.read()
             docs = [d for d in text.split("\n\n") if d]
             label, nbytes = os.path.basename(path), len(text.encode())
+            if args.stream > 0:
+                streamed = text[: int(args.stream * 1e6)]
+                cuts = range(0, len(streamed), args.stream_part)
+                row_stream(
+                    f"{label}, {vocab}, a corpus read once",
+                    vocab,
+                    streamed,
+                    args.stream_part,
+                    args.repeat,
+                    [reference.whole(streamed[i : i + args.stream_part]) for i in cuts],
+                )
+                continue
             if args.unseen:
                 rows = [
                     ("whole", "one whole text (list out)", None),

@@ -361,29 +361,39 @@ def row_unseen(title: str, parts: list[tuple[dict[str, Callable[[], Any]], list[
                 not_ranked[q] = "ids differ from tiktoken's on a later part"
                 continue
             rates[q].append((nbytes / 1e6 / w, nbytes / 1e6 / max(c, 1e-9)))
+    size = sum(n for _, _, n in timed_parts) / max(1, len(timed_parts))
+    print_rates(f"{title} (unseen text: {len(timed_parts)} timed parts of ~{size / 1e6:.2f} MB)", rates, not_ranked)
+
+
+def print_rates(
+    header: str, rates: dict[str, list[tuple[float, float]]], not_ranked: dict[str, str], per_cpu: bool = False
+) -> None:
+    """Each ranked peer's median MB/s and MB per CPU-second over its runs (`rates`), fastest
+    first, with its ratio to the fastest by wall time (or, `per_cpu`, per CPU-second); then the
+    peers not ranked and why."""
     med = {
         p: (statistics.median(m for m, _ in r), statistics.median(c for _, c in r))
         for p, r in rates.items()
         if r and p not in not_ranked
     }
-    best = max((m for m, _ in med.values()), default=1.0)
-    size = sum(n for _, _, n in timed_parts) / max(1, len(timed_parts))
-    print(f"\n{title} (unseen text: {len(timed_parts)} timed parts of ~{size / 1e6:.2f} MB)")
-    for p, (m, c) in sorted(med.items(), key=lambda kv: -kv[1][0]):
-        print(f"  {p:<12} {m:9.1f} MB/s  {c:8.1f} MB/CPU-s  {m / best:5.2f}x of fastest")
+    k = 1 if per_cpu else 0  # the figure ranked: MB/s or MB per CPU-second
+    best = max((v[k] for v in med.values()), default=1.0)
+    by = " per CPU-s" if per_cpu else ""
+    print(f"\n{header}")
+    for p, v in sorted(med.items(), key=lambda kv: -kv[1][k]):
+        print(f"  {p:<12} {v[0]:9.1f} MB/s  {v[1]:8.1f} MB/CPU-s  {v[k] / best:5.2f}x of fastest{by}")
     for p, why in not_ranked.items():
         print(f"  {p:<12} not ranked: {why}")
 
 
-def row_stream(title: str, vocab: str, text: str, part_chars: int, repeat: int, expected: list[list[int]]) -> None:
-    """A long corpus read once, `part_chars` characters a call, by one encoder per peer (its
-    NumPy call where it has one, else its list call): what encoding a large corpus in pieces
-    costs once each encoder's caches hold what its earlier calls met, and where they fill up.
-    Every repetition makes every peer anew (a second pass would find the corpus cached); the
-    peers take turns within a repetition, the order turning; every part's ids are checked after
-    the timing against `expected` (the reference's, part by part)."""
-    parts = [text[i : i + part_chars] for i in range(0, len(text), part_chars)]
-    nbytes = len(text.encode())
+def row_stream(title: str, vocab: str, parts: list[str], repeat: int, expected: list[list[int]]) -> None:
+    """A long corpus read once, a call per part, by one encoder per peer (its NumPy call where
+    it has one, else its list call): what encoding a large corpus in pieces costs once each
+    encoder's caches hold what its earlier calls met, and where they fill up. Every repetition
+    makes every peer anew (a second pass would find the corpus cached); the peers take turns
+    within a repetition, the order turning; every part's ids are checked after the timing
+    against `expected` (the reference's, part by part)."""
+    nbytes = sum(len(part.encode()) for part in parts)
     rates: dict[str, list[tuple[float, float]]] = {}
     not_ranked: dict[str, str] = {}
     for r in range(repeat):
@@ -405,17 +415,9 @@ def row_stream(title: str, vocab: str, text: str, part_chars: int, repeat: int, 
                 not_ranked[peer.name] = "ids differ from tiktoken's"
                 continue
             rates.setdefault(peer.name, []).append((nbytes / 1e6 / w, nbytes / 1e6 / max(c, 1e-9)))
-    med = {
-        p: (statistics.median(m for m, _ in r), statistics.median(c for _, c in r))
-        for p, r in rates.items()
-        if p not in not_ranked
-    }
-    best = max((c for _, c in med.values()), default=1.0)
-    print(f"\n{title} ({nbytes / 1e6:.1f} MB read once in {len(parts)} calls of {part_chars:,} characters)")
-    for p, (m, c) in sorted(med.items(), key=lambda kv: -kv[1][1]):
-        print(f"  {p:<12} {m:9.1f} MB/s  {c:8.1f} MB/CPU-s  {c / best:5.2f}x of fastest per CPU-s")
-    for p, why in not_ranked.items():
-        print(f"  {p:<12} not ranked: {why}")
+    chars = max(len(part) for part in parts)
+    header = f"{title} ({nbytes / 1e6:.1f} MB read once in {len(parts)} calls of {chars:,} characters)"
+    print_rates(header, rates, not_ranked, per_cpu=True)
 
 
 def main() -> None:
@@ -473,15 +475,9 @@ def main() -> None:
             label, nbytes = os.path.basename(path), len(text.encode())
             if args.stream > 0:
                 streamed = text[: int(args.stream * 1e6)]
-                cuts = range(0, len(streamed), args.stream_part)
-                row_stream(
-                    f"{label}, {vocab}, a corpus read once",
-                    vocab,
-                    streamed,
-                    args.stream_part,
-                    args.repeat,
-                    [reference.whole(streamed[i : i + args.stream_part]) for i in cuts],
-                )
+                calls_in = [streamed[i : i + args.stream_part] for i in range(0, len(streamed), args.stream_part)]
+                expected_in = [reference.whole(part) for part in calls_in]
+                row_stream(f"{label}, {vocab}, a corpus read once", vocab, calls_in, args.repeat, expected_in)
                 continue
             if args.unseen:
                 rows = [

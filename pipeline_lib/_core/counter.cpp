@@ -25,8 +25,7 @@ void PieceCounterCore::add(const uint8_t* data, size_t n) {
         if constexpr (decltype(ascii)::value) {
             const uint8_t* p = data + b;
             const size_t len = e - b;
-            const uint64_t head = detail::read64(p) & pretok::kWordKeyMasks.head[len];
-            const uint64_t tail = detail::read64(p + (len > 8 ? len - 8 : 0)) & pretok::kWordKeyMasks.tail[len];
+            const auto [head, tail] = pretok::word_key(p, len);
             Recent& r = recent[pretok::word_key_slot(head, tail, kRecentBits)];
             if (r.len == len && r.head == head && r.tail == tail) {
                 ++map_.entries()[r.entry].value;

@@ -761,12 +761,10 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
         ++found;
         const size_t len = e - b;
         auto keyed = [&]() __attribute__((always_inline)) {
-            const uint8_t* p = data + b;
-            const uint64_t head = detail::read64(p) & pretok::kWordKeyMasks.head[len];
-            const uint64_t tail = detail::read64(p + (len > 8 ? len - 8 : 0)) & pretok::kWordKeyMasks.tail[len];
-            PieceCache::Word* w = &words[pretok::word_key_slot(head, tail, PieceCache::kWordBits)];
+            const pretok::WordKey k = pretok::word_key(data + b, len);
+            PieceCache::Word* w = &words[pretok::word_key_slot(k.head, k.tail, PieceCache::kWordBits)];
             __builtin_prefetch(w);
-            f = Found{b, len, head, tail, w};
+            f = Found{b, len, k.head, k.tail, w};
         };
         if constexpr (decltype(ascii)::value) {
             if (words != nullptr) {

@@ -22,6 +22,7 @@
 #define TOKCORE_AVX2_WINDOW 1
 #endif
 
+#include "hashing.h"
 #include "unicode.h"
 
 namespace tokcore {
@@ -723,6 +724,13 @@ struct WordKeyMasks {
     }
 };
 inline constexpr WordKeyMasks kWordKeyMasks{};
+
+struct WordKey {
+    uint64_t head, tail;
+};
+[[gnu::always_inline]] inline WordKey word_key(const uint8_t* p, size_t n) {
+    return {detail::read64(p) & kWordKeyMasks.head[n], detail::read64(p + (n > 8 ? n - 8 : 0)) & kWordKeyMasks.tail[n]};
+}
 
 // Slot of such a key in a direct-mapped table of 2^bits entries: the top bits of a
 // multiplicative hash.

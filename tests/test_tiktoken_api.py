@@ -215,6 +215,43 @@ def test_registry_refuses_a_file_that_is_not_the_published_one(tmp_path):
         get_encoding("o200k_base", path=_cl100k_gz())
 
 
+def test_a_published_file_builds_its_encoder_without_the_token_tables(cl100k):
+    """A ranks file's bytes go to the core as they are: encoding makes no {token: id} dict, and
+    the tables made later (the dict, the decoder's bytes by id) equal a dict-built tokenizer's."""
+    theirs = cl100k[1]
+    specials = dict(theirs._special_tokens)
+    data = _local_bytes("cl100k_base.tiktoken")
+    from_file = Tokenizer(core.RanksFile(data), "cl100k", specials, name="cl100k_base")
+    from_dict = Tokenizer(core.RanksFile(data).parse(), "cl100k", specials, name="cl100k_base")
+    for text in TEXTS:
+        assert from_file.encode(text) == from_dict.encode(text) == theirs.encode(text)
+        assert from_file.encode_to_numpy(text).tolist() == theirs.encode(text)
+    assert from_file.encode_ordinary_batch(TEXTS) == [theirs.encode_ordinary(t) for t in TEXTS]
+    assert from_file._ranks is None and from_file._bytes_by_id is None  # nothing made yet
+    assert (from_file.n_vocab, from_file.max_token_value) == (theirs.n_vocab, theirs.max_token_value)
+    assert from_file.encode("<|endoftext|>", allowed_special="all") == [theirs.eot_token]
+    ids = theirs.encode("caf\u00e9 \u4e2d\u6587 <|endoftext|>", allowed_special="all")
+    assert from_file.decode(ids) == theirs.decode(ids)  # the decoder's table, made now
+    assert from_file._token_bytes == from_dict._token_bytes
+    assert from_file.mergeable_ranks == from_dict.mergeable_ranks == theirs._mergeable_ranks
+    assert pickle.loads(pickle.dumps(from_file)).encode(TEXTS[2]) == theirs.encode(TEXTS[2])
+
+
+def test_a_ranks_file_the_core_refuses_is_named_as_a_dict_would_be():
+    """Faults the core's build finds (two tokens with one id, a missing byte, a special token on
+    an ordinary id) come out as the same InputError the general path gives."""
+    lines = [base64.b64encode(bytes([b])) + b" %d" % b for b in range(256)] + [b"aGk= 256"]  # "hi"
+    good = b"\n".join(lines) + b"\n"
+    assert Tokenizer(core.RanksFile(good), "cl100k").encode("hi hi") == [256, 32, 256]
+    with pytest.raises(InputError, match="two tokens with the same id"):
+        Tokenizer(core.RanksFile(good + b"aG8= 256\n"), "cl100k")
+    with pytest.raises(InputError, match="lacks single-byte tokens"):
+        Tokenizer(core.RanksFile(b"\n".join(lines[1:]) + b"\n"), "cl100k")
+    with pytest.raises(InputError, match="special token '<|x|>' has id 256, which an ordinary token already uses"):
+        Tokenizer(core.RanksFile(good), "cl100k", {"<|x|>": 256})
+    assert Tokenizer(core.RanksFile(good), "cl100k", {"<|x|>": 257}).encode("<|x|>", allowed_special="all") == [257]
+
+
 def test_gpt2_and_r50k_from_gpt2s_files_or_a_ranks_file(tmp_path, ours, monkeypatch):
     d = tmp_path / "gpt2"
     d.mkdir()

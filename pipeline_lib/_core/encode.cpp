@@ -161,6 +161,7 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
         total += tokens[k].size();
     }
     vocab_size_ = tokens.empty() ? 0 : static_cast<size_t>(max_rank) + 1;
+    token_count_ = tokens.size();
     tok_off_.assign(vocab_size_, 0);
     tok_len_.assign(vocab_size_, kNone);
     tok_bytes_.reserve(total);

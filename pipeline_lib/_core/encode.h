@@ -160,6 +160,8 @@ public:
 
     int pattern() const { return pattern_; }
     size_t vocab_size() const { return vocab_size_; }
+    size_t token_count() const { return token_count_; }  // ordinary tokens (ranks), not counting gaps
+    bool has_id(size_t id) const { return id < tok_len_.size() && tok_len_[id] != kNone; }
 
     // Append the ids of `data` (split + BPE) to `out`. Flattened: the vector's push_back and
     // whatever else the per-piece loop calls is inlined into it (the noinline helpers apart).
@@ -271,6 +273,7 @@ private:
     bool start_chars_ = false;
     uint32_t unknown_ = kNone;
     size_t vocab_size_ = 0;
+    size_t token_count_ = 0;
     size_t max_token_len_ = 0;           // longer pieces skip the whole-piece lookup
     BytesMap<uint32_t> vocab_;           // token bytes -> rank
     ShortKeyMap short_tokens_;           // the tokens of <= 16 bytes again: one cache miss a lookup, not three

@@ -970,6 +970,53 @@ private:
     Py_buffer view_;
 };
 
+// An Encoder made from a tiktoken ranks file's bytes, parsed here (parse_ranks' rules) with the
+// GIL released: no Python object per token (building {token: rank} and handing its keys to
+// encoder_init took twice as long as the encoder's own build for cl100k). None where
+// parse_ranks would give None: the caller then parses the file in Python, which names the bad
+// line.
+nb::object encoder_from_ranks_file(nb::handle data_obj, int pattern) {
+    check_pattern(pattern);
+    std::vector<std::string> tokens;
+    std::vector<uint32_t> ranks;
+    bool parsed;
+    {
+        ByteView data(data_obj);
+        nb::gil_scoped_release release;
+        std::string bytes;
+        std::vector<RankLine> lines;
+        bytes.reserve(data.size() / 2);
+        lines.reserve(data.size() / 12);
+        parsed = parse_rank_lines(data.data(), data.size(), bytes, lines);
+        if (parsed) {
+            tokens.reserve(lines.size());
+            ranks.reserve(lines.size());
+            for (const RankLine& line : lines) {
+                tokens.emplace_back(bytes.data() + line.token_off, line.token_len);
+                ranks.push_back(line.rank);
+            }
+        }
+    }
+    if (!parsed) return nb::none();
+    nb::object made = nb::inst_alloc(nb::type<Encoder>());
+    Encoder* self = nb::inst_ptr<Encoder>(made);
+    CallScope scope;
+    new (self) Encoder();
+    try {
+        nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
+        self->core = std::make_unique<EncoderCore>(tokens, ranks, pattern, false, EncoderCore::kNone);
+    } catch (const std::invalid_argument& e) {
+        self->~Encoder();
+        throw nb::value_error(e.what());
+    } catch (...) {
+        self->~Encoder();
+        throw;
+    }
+    nb::inst_mark_ready(made);
+    return made;
+}
+
 // Offsets of documents in a buffer of `size` bytes, checked: at least one entry, non-decreasing,
 // within the buffer. `what` names them in the errors.
 void check_doc_offsets(const int64_t* o, size_t n, size_t size, const std::string& what) {
@@ -1223,7 +1270,15 @@ NB_MODULE(_tokcore, m) {
         .def("encode_piece", &encoder_encode_piece, nb::arg("piece"), nb::arg("periodic") = true,
              "BPE of one piece (no splitting); periodic=False: without the shortcut for long repeating pieces.")
         .def("decode", &encoder_decode, nb::arg("ids"), "Bytes of the ids; ValueError on an unknown id.")
-        .def_prop_ro("vocab_size", [](Encoder& self) { return self.core->vocab_size(); });
+        .def_prop_ro("vocab_size", [](Encoder& self) { return self.core->vocab_size(); })
+        .def_prop_ro("token_count", [](Encoder& self) { return self.core->token_count(); },
+                     "The ordinary tokens (vocab_size counts the gaps between their ids too).")
+        .def("has_id", [](Encoder& self, size_t id) { return self.core->has_id(id); }, nb::arg("id"),
+             "Whether `id` is an ordinary token's.")
+        .def_static("from_ranks_file", &encoder_from_ranks_file, nb::arg("data"), nb::arg("pattern"),
+                    "A byte-level Encoder from a tiktoken ranks file's bytes (`base64(token) rank` lines), "
+                    "parsed without Python objects; None where parse_ranks() gives None. ValueError on a "
+                    "vocabulary the encoder refuses (two tokens with one id, a byte with no token).");
 
     // Documents as one buffer and int64 offsets (document k is data[offsets[k]:offsets[k + 1]]).
     nb::cpp_function_def<PieceCounter>(&counter_add_buffer, nb::scope(nb::type<PieceCounter>()),

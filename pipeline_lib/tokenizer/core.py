@@ -11,6 +11,7 @@ Training, files and exports live beside this module (`train`, `load`, `export`);
 
 from __future__ import annotations
 
+import binascii
 import bisect
 import functools
 import io
@@ -116,6 +117,28 @@ _NONE_ALLOWED: frozenset[str] = frozenset()
 _SETS = (set, frozenset)
 
 
+class RanksFile:
+    """A tiktoken ranks file's bytes (`base64(token) rank` lines) as `Tokenizer`'s ranks, its
+    sha256 checked by the caller (`get_encoding`): the core parses it and builds the encoder
+    from it with no Python object per token, and the ``{token: id}`` dict, which a program that
+    only encodes never reads, is made on first use (building it, checking it and handing it to
+    the core took cl100k's load ~70 ms of ~170)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def parse(self) -> dict[bytes, int]:
+        """The ``{token: id}`` of the lines. They are known to be well formed, so without the
+        core they are split, not validated again."""
+        parsed = native._CORE.parse_ranks(self.data) if native._CORE is not None else None
+        if parsed is not None:
+            return parsed
+        fields = self.data.split()
+        return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2])))
+
+
 class EncodedFile(NamedTuple):
     """What `Tokenizer.encode_file` wrote and read."""
 
@@ -164,12 +187,12 @@ class Tokenizer:
 
     def __init__(
         self,
-        ranks_or_name: Mapping[bytes, int] | str | None = None,
+        ranks_or_name: Mapping[bytes, int] | RanksFile | str | None = None,
         /,
         pattern: str = "cl100k",
         special_tokens: Mapping[str, int] | None = None,
         *,
-        mergeable_ranks: Mapping[bytes, int] | None = None,
+        mergeable_ranks: Mapping[bytes, int] | RanksFile | None = None,
         merges: Sequence[tuple[int, int, int]] | None = None,
         merge_counts: Sequence[int] | None = None,
         name: str | None = None,
@@ -201,7 +224,6 @@ class Tokenizer:
         self.unit = check_unit(unit)
         self.unknown = unknown if unit != "byte" else None
         self.lowercase = bool(lowercase)
-        self.mergeable_ranks: dict[bytes, int] = dict(mergeable_ranks)
         self.special_tokens: dict[str, int] = dict(special_tokens or {})
         self.merges: list[tuple[int, int, int]] | None = (
             [(a, b, x) for a, b, x in merges] if merges is not None else None
@@ -209,25 +231,34 @@ class Tokenizer:
         self.merge_counts = [int(c) for c in merge_counts] if merge_counts is not None else None
         if self.merge_counts is not None and (self.merges is None or len(self.merge_counts) != len(self.merges)):
             raise InputError(f"merge_counts has {len(self.merge_counts)} entries for {len(self.merges or [])} merges")
+        self._ranks_file: RanksFile | None = None
+        self._ranks: dict[bytes, int] | None = None
         # One id -> bytes table for the byte and char units (a few million entries at the file
         # cap); the word unit also keeps its raw bytes, whose end-of-word symbol decodes as a space.
-        self._token_bytes: dict[int, bytes] = self._validate()
+        self._bytes_by_id: dict[int, bytes] | None = None
         self._raw_bytes: dict[int, bytes] | None = None
-        if self.unit == "word":  # the tutorials' decoders: </w> -> a space
-            self._raw_bytes = self._token_bytes
-            self._token_bytes = {i: b.replace(ref.END_OF_WORD, b" ") for i, b in self._raw_bytes.items()}
-        for tok, i in self.special_tokens.items():
-            self._token_bytes.setdefault(i, tok.encode("utf-8"))  # a shared id decodes to its first name
-        self.max_token_value = max(self._token_bytes)
+        encoder = self._encoder_from_file(mergeable_ranks) if isinstance(mergeable_ranks, RanksFile) else None
+        if encoder is not None:  # the tables by token are made on first use (`mergeable_ranks`)
+            assert isinstance(mergeable_ranks, RanksFile)
+            self._ranks_file = mergeable_ranks
+            self._check_specials(encoder.has_id)
+            n_ordinary, largest_ordinary = encoder.token_count, encoder.vocab_size - 1
+        else:
+            self.mergeable_ranks = (
+                mergeable_ranks.parse() if isinstance(mergeable_ranks, RanksFile) else dict(mergeable_ranks)
+            )
+            self._bytes_by_id = self._validate()
+            if self.unit == "word":  # the tutorials' decoders: </w> -> a space
+                self._raw_bytes = self._bytes_by_id
+                self._bytes_by_id = {i: b.replace(ref.END_OF_WORD, b" ") for i, b in self._raw_bytes.items()}
+            self._add_special_bytes(self._bytes_by_id)
+            n_ordinary, largest_ordinary = len(self.mergeable_ranks), max(self.mergeable_ranks.values(), default=-1)
+        self.max_token_value = max(largest_ordinary, *self.special_tokens.values(), 0)
         self.vocab_size = self.max_token_value + 1
         if explicit_n_vocab:
-            if (
-                len(self.mergeable_ranks) + len(self.special_tokens) != explicit_n_vocab
-                or self.vocab_size != explicit_n_vocab
-            ):
+            if n_ordinary + len(self.special_tokens) != explicit_n_vocab or self.vocab_size != explicit_n_vocab:
                 raise InputError(
-                    f"explicit_n_vocab={explicit_n_vocab}, but the vocabulary has {len(self.mergeable_ranks)} "
-                    "ordinary and"
+                    f"explicit_n_vocab={explicit_n_vocab}, but the vocabulary has {n_ordinary} ordinary and"
                     f" {len(self.special_tokens)} special tokens, the largest id {self.max_token_value}"
                 )
         self._special_names = frozenset(self.special_tokens)
@@ -240,8 +271,8 @@ class Tokenizer:
         # Custom regexes and the word unit's words are split in Python; the core then encodes
         # each piece as a whole (NO_SPLIT).
         self._split_in_python = self.unit == "word" or is_custom(self.pattern)
-        self._core, self._encoder = native._CORE, None
-        if native._CORE is not None:
+        self._core, self._encoder = native._CORE, encoder
+        if native._CORE is not None and encoder is None:
             split = self._split_in_python or self.pattern == NO_SPLIT
             pattern_id = native._CORE.NO_SPLIT if split else native._CORE.PATTERN_IDS[self.pattern]
             self._encoder = native._CORE.Encoder(
@@ -288,13 +319,55 @@ class Tokenizer:
         by_id = dict(zip(ranks.values(), ranks))  # the decoder's table, and the check for ids used twice
         if len(by_id) != len(ranks):
             raise InputError("vocabulary has two tokens with the same id")
+        self._check_specials(by_id.__contains__)
+        return by_id
+
+    def _check_specials(self, is_ordinary_id: Callable[[int], bool]) -> None:
         specials = {}
         for tok, i in self.special_tokens.items():
             i = specials[tok] = check_special(tok, i)
-            if i in by_id:
+            if is_ordinary_id(i):
                 raise InputError(f"special token {tok!r} has id {i}, which an ordinary token already uses")
         self.special_tokens = specials
-        return by_id
+
+    def _add_special_bytes(self, by_id: dict[int, bytes]) -> None:
+        for tok, i in self.special_tokens.items():
+            by_id.setdefault(i, tok.encode("utf-8"))  # a shared id decodes to its first name
+
+    def _encoder_from_file(self, ranks: RanksFile) -> Any:
+        """The core's encoder built from the file's bytes, or None: no core, a vocabulary this
+        path does not take, or a file the core refuses (the general path then names the fault)."""
+        if native._CORE is None or self.unit != "byte" or is_custom(self.pattern) or self.pattern == NO_SPLIT:
+            return None
+        try:
+            encoder = native._CORE.Encoder.from_ranks_file(ranks.data, native._CORE.PATTERN_IDS[self.pattern])
+        except ValueError:
+            return None
+        if encoder is not None:
+            encoder.text_threads = text_threads()
+        return encoder
+
+    # The tables by token, made on first use when the ranks came as a file.
+    @property
+    def mergeable_ranks(self) -> dict[bytes, int]:
+        """Token bytes -> id of the ordinary tokens."""
+        if self._ranks is None:
+            assert self._ranks_file is not None
+            self._ranks = self._ranks_file.parse()
+        return self._ranks
+
+    @mergeable_ranks.setter
+    def mergeable_ranks(self, ranks: dict[bytes, int]) -> None:
+        self._ranks = ranks
+
+    @property
+    def _token_bytes(self) -> dict[int, bytes]:
+        if self._bytes_by_id is None:
+            ranks = self.mergeable_ranks
+            by_id = dict(zip(ranks.values(), ranks))
+            self._add_special_bytes(by_id)
+            self._bytes_by_id = by_id
+        return self._bytes_by_id
 
     # tiktoken's private attributes, which its README uses to extend an encoding
     @property

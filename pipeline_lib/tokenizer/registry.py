@@ -23,7 +23,6 @@ ranks: GPT-2's two files give exactly ``r50k_base.tiktoken``.
 
 from __future__ import annotations
 
-import binascii
 import hashlib
 import importlib.util
 import json
@@ -36,8 +35,7 @@ from typing import Any
 from pipeline_lib.errors import InputError
 from pipeline_lib.formats import gpt2_ranks
 from pipeline_lib.fsio import filesystem, plain_local_path, read_bytes
-from pipeline_lib.tokenizer import native
-from pipeline_lib.tokenizer.core import ENDOFTEXT, Tokenizer
+from pipeline_lib.tokenizer.core import ENDOFTEXT, RanksFile, Tokenizer
 from pipeline_lib.tokenizer.load import MAX_VOCAB_FILE_BYTES
 
 ENV_DIR = "TOKENMILL_ENCODINGS_DIR"
@@ -273,7 +271,7 @@ def _env_names(encoding_name: str) -> list[str]:
 
 def _find_ranks(
     name: str, ranks: _Ranks, path: str | None, env_names: list[str], storage_options: dict[str, Any]
-) -> dict[bytes, int]:
+) -> dict[bytes, int] | RanksFile:
     if path is not None:
         return _ranks_at(path, ranks, f"path={path!r}", storage_options)
     for var in env_names:
@@ -317,7 +315,7 @@ def _package_dir(package: str) -> str | None:
 
 def _ranks_at(
     url: str, ranks: _Ranks, where: str, storage_options: dict[str, Any], directory: bool = False
-) -> dict[bytes, int]:
+) -> dict[bytes, int] | RanksFile:
     """The ranks at `url`: a ranks file, or a directory holding one (or GPT-2's two files)."""
     local = plain_local_path(url, storage_options)
     if local is None:
@@ -342,21 +340,12 @@ def _ranks_at(
     raise InputError(f"{url} ({where}): no {expected} in this directory")
 
 
-def _checked_ranks_file(url: str, ranks: _Ranks, storage_options: dict[str, Any]) -> dict[bytes, int]:
+def _checked_ranks_file(url: str, ranks: _Ranks, storage_options: dict[str, Any]) -> RanksFile:
+    """The file's bytes, their sha256 checked: published, so its lines are known to be well
+    formed, and `Tokenizer` builds the encoder from them in the core."""
     data = read_bytes(url, MAX_VOCAB_FILE_BYTES, **storage_options)
     _check_sha256(data, ranks.sha256, url, ranks.file)
-    return _published_ranks(data)
-
-
-def _published_ranks(data: bytes) -> dict[bytes, int]:
-    """The ranks of a published file, its sha256 checked: its lines are known to be well formed,
-    so without the core they are split, not validated again (`parse_tiktoken_ranks` in Python:
-    ~90 ms for cl100k; this ~35; the core's parse, which checks them, ~20)."""
-    parsed = native._CORE.parse_ranks(data) if native._CORE is not None else None
-    if parsed is not None:
-        return parsed
-    fields = data.split()
-    return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2])))
+    return RanksFile(data)
 
 
 def _check_sha256(data: bytes, expected: str, url: str, what: str) -> None:

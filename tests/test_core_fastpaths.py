@@ -164,7 +164,7 @@ AFTER = [
     "\u0085",
     "中",
 ]
-FAST_PATTERNS = ["cl100k", "o200k"]
+FAST_PATTERNS = ["cl100k", "o200k", "gpt2"]  # GPT-2 has windows, not the 16-byte scanner
 
 
 def test_ascii_pieces_end_at_every_position_of_the_window():
@@ -292,6 +292,11 @@ WINDOW_CASES = [
     "\t!word\x0bword \x0c's",
     "x.\n'd \n\n_",
     "end   \u2003 \u00e9'LL",
+    # GPT-2: a joined space before letters, digits and punctuation, case-sensitive contractions
+    # (not after a joined space, not inside a punctuation run), digit runs not cut
+    "it's 'sam 'S x 's !'s ''s \"'ll'\" 're're",
+    " 12345678901234 x1 !! (x) 'd'm't",
+    "a \n b\t\tc \n\n d  \t e  ",
 ]
 FILLER = "ab cd, ef. "
 
@@ -324,9 +329,9 @@ def test_windows_without_avx2_give_the_same_pieces_and_ids():
         "from pipeline_lib import _tokcore as t\n"
         "from pipeline_lib.tokenizer import get_encoding\n"
         "data = sys.stdin.buffer.read()\n"
-        "for name in ('cl100k', 'o200k'):\n"
+        "for name in ('cl100k', 'o200k', 'gpt2'):\n"
         "    sys.stdout.buffer.write(b'\\0'.join(t.split(data, t.PATTERN_IDS[name])) + b'\\1')\n"
-        "    ids = get_encoding(name + '_base').encode_ordinary(data.decode())\n"
+        "    ids = get_encoding(name if name == 'gpt2' else name + '_base').encode_ordinary(data.decode())\n"
         "    sys.stdout.buffer.write(np.asarray(ids, np.uint32).tobytes())\n"
     )
     rng = random.Random(3)

@@ -607,6 +607,14 @@ inline unsigned ascii_contraction(const uint8_t* p) {
     return 0;
 }
 
+// GPT-2's contractions are case-sensitive: 's 'd 'm 't: 2; 'll 've 're: 3; else 0.
+inline unsigned gpt2_contraction(const uint8_t* p) {
+    const uint8_t x = p[1], y = p[2];
+    if (x == 's' || x == 'd' || x == 'm' || x == 't') return 2;
+    if ((x == 'l' && y == 'l') || (x == 'v' && y == 'e') || (x == 'r' && y == 'e')) return 3;
+    return 0;
+}
+
 struct WindowStarts {
     uint64_t starts;  // bit k (1..62): a piece starts at byte k
     unsigned skip;    // past the window's last non-ASCII byte (0: none): the pieces up to there
@@ -636,6 +644,26 @@ inline WindowStarts window_starts(const uint8_t* p) {
     const Masks64 m = classify64(p);
 #endif
     const uint64_t letter = m.upper | m.lower;
+    if constexpr (Pattern == kGpt2) {
+        // ` ?` joins one space to the letter, digit or punctuation run after it (digit runs are
+        // not cut); a whitespace run before any other byte leaves its last byte to the piece
+        // after it (`\s+(?!\S)`); an apostrophe that starts a piece (not after a joined space)
+        // takes the letters of a contraction, case-sensitive.
+        const uint64_t ws = m.space | m.tabs | m.crlf;
+        const uint64_t other = ~(letter | m.digit | ws | high);
+        const uint64_t run_start = (letter & ~(letter << 1)) | (m.digit & ~(m.digit << 1)) | (other & ~(other << 1));
+        const uint64_t joined = run_start & (m.space << 1);
+        uint64_t starts = (run_start & ~joined) | (joined >> 1) | (ws & ~(ws << 1)) | (ws & ((letter | m.digit | other) >> 1));
+        for (uint64_t a = m.apostrophe & run_start & ~joined; a; a &= a - 1) {
+            const unsigned k = static_cast<unsigned>(ctz64(a));
+            const unsigned c = gpt2_contraction(p + k);
+            if (c == 0 || k > 61) continue;  // from 62 on, what it changes is past `last`
+            starts &= ~(((uint64_t{1} << (c - 1)) - 1) << (k + 1));  // no start inside it
+            starts |= uint64_t{1} << (k + c);                       // the letters after it start one
+        }
+        starts &= ((uint64_t{2} << last) - 1) & ~uint64_t{1};
+        return {starts, high ? top_bit(high) + 1 : 0};
+    }
     const uint64_t other = ~(letter | m.digit | m.space | m.tabs | m.crlf | high);
     // o200k: a contraction after letters belongs to the letters' piece (the apostrophe starts
     // none), unless those letters are another contraction's
@@ -800,11 +828,14 @@ template <int Pattern, class Emit>
                 continue;
             }
         }
-        size_t e = ascii_piece_end<Pattern>(s + i);
-        if (e != 0) {
-            emit_piece(emit, i, i + e, true);
-            i += e;
-            continue;
+        size_t e = 0;
+        if constexpr (Pattern != kGpt2) {  // GPT-2 has windows only
+            e = ascii_piece_end<Pattern>(s + i);
+            if (e != 0) {
+                emit_piece(emit, i, i + e, true);
+                i += e;
+                continue;
+            }
         }
         e = piece_end<Pattern>(s, n, i);
         emit_piece(emit, i, e, false);
@@ -820,7 +851,8 @@ template <int Pattern, class Emit>
     std::memcpy(pad, s + i, r);
     std::memset(pad + r, 0x80, sizeof pad - r);
     for (size_t j = 0; j < r;) {
-        size_t e = ascii_piece_end<Pattern>(pad + j);
+        size_t e = 0;
+        if constexpr (Pattern != kGpt2) e = ascii_piece_end<Pattern>(pad + j);
         e = e != 0 ? i + j + e : piece_end<Pattern>(s, n, i + j);
         emit_piece(emit, i + j, e, false);
         j = e - i;
@@ -831,7 +863,10 @@ template <class Emit>
 inline void split_with(const uint8_t* s, size_t n, int pattern, Emit&& emit, bool ascii_first = true) {
     switch (pattern) {
         case kGpt2:
-            split_general<kGpt2>(s, n, emit);
+            if (ascii_first)
+                split_ascii_first<kGpt2>(s, n, emit);
+            else
+                split_general<kGpt2>(s, n, emit);
             break;
         case kCl100k:
             if (ascii_first)

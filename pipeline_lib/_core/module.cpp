@@ -985,7 +985,6 @@ nb::object encoder_from_ranks_file(nb::handle data_obj, int pattern) {
         nb::gil_scoped_release release;
         std::string bytes;
         std::vector<RankLine> lines;
-        bytes.reserve(data.size() / 2);
         lines.reserve(data.size() / 12);
         parsed = parse_rank_lines(data.data(), data.size(), bytes, lines);
         if (parsed) {
@@ -1315,7 +1314,6 @@ NB_MODULE(_tokcore, m) {
             {
                 ByteView data(data_obj);
                 nb::gil_scoped_release release;
-                bytes.reserve(data.size() / 2);
                 lines.reserve(data.size() / 12);
                 if (!parse_rank_lines(data.data(), data.size(), bytes, lines)) return nb::none();
             }

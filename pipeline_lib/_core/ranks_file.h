@@ -22,37 +22,55 @@ struct RankLine {
 
 namespace detail {
 
-inline int base64_value(uint8_t c) {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-}
+// Each byte's base64 value, -1 for a byte that is none.
+struct Base64Values {
+    int8_t v[256];
+    constexpr Base64Values() : v{} {
+        for (int c = 0; c < 256; ++c) v[c] = -1;
+        for (int k = 0; k < 26; ++k) v['A' + k] = static_cast<int8_t>(k), v['a' + k] = static_cast<int8_t>(k + 26);
+        for (int k = 0; k < 10; ++k) v['0' + k] = static_cast<int8_t>(k + 52);
+        v['+'] = 62;
+        v['/'] = 63;
+    }
+};
+inline constexpr Base64Values kBase64{};
+
+inline int base64_value(uint8_t c) { return kBase64.v[c]; }
 
 inline bool is_blank(uint8_t c) { return c == ' ' || c == '\t'; }
 
-// Strict base64 (binascii.a2b_base64(strict_mode=True)) of p[0:n], appended to out: groups
-// of four, at most two '=' and only at the end. As CPython, leftover bits are not checked.
-inline bool decode_base64(const uint8_t* p, size_t n, std::string& out) {
-    if (n == 0 || n % 4 != 0) return false;
+// Strict base64 (binascii.a2b_base64(strict_mode=True)) of p[0:n], written at out (room for
+// n * 3 / 4 bytes), whose end it returns, or nullptr: groups of four, at most two '=' and only
+// at the end. As CPython, leftover bits are not checked.
+inline char* decode_base64(const uint8_t* p, size_t n, char* out) {
+    if (n == 0 || n % 4 != 0) return nullptr;
     size_t pad = 0;
     while (pad < 2 && p[n - 1 - pad] == '=') ++pad;
     const size_t chars = n - pad;
+    size_t i = 0;
+    for (; i + 4 <= chars; i += 4) {
+        const int a = base64_value(p[i]), b = base64_value(p[i + 1]), c = base64_value(p[i + 2]),
+                  d = base64_value(p[i + 3]);
+        if ((a | b | c | d) < 0) return nullptr;
+        const uint32_t v = static_cast<uint32_t>(a) << 18 | static_cast<uint32_t>(b) << 12 |
+                           static_cast<uint32_t>(c) << 6 | static_cast<uint32_t>(d);
+        *out++ = static_cast<char>(v >> 16);
+        *out++ = static_cast<char>(v >> 8);
+        *out++ = static_cast<char>(v);
+    }
     uint32_t acc = 0;
     int bits = 0;
-    for (size_t i = 0; i < chars; ++i) {
+    for (; i < chars; ++i) {
         const int v = base64_value(p[i]);
-        if (v < 0) return false;
+        if (v < 0) return nullptr;
         acc = (acc << 6) | static_cast<uint32_t>(v);
         bits += 6;
         if (bits >= 8) {
             bits -= 8;
-            out.push_back(static_cast<char>((acc >> bits) & 0xFF));
+            *out++ = static_cast<char>((acc >> bits) & 0xFF);
         }
     }
-    return true;
+    return out;
 }
 
 }  // namespace detail
@@ -61,6 +79,17 @@ inline bool decode_base64(const uint8_t* p, size_t n, std::string& out) {
 // `[ \t]*base64[ \t]+digits[ \t]*` or blank, a token is longer than kMaxTokenBytes or a rank
 // is not below kMaxVocabSize. Lines end with \n, \r\n or \r; the last may end the data.
 inline bool parse_rank_lines(const uint8_t* p, size_t n, std::string& bytes, std::vector<RankLine>& lines) {
+    // Decoded in place of a buffer as long as the text (a token's bytes are 3/4 of its base64),
+    // cut to what was written at the end.
+    const size_t base = bytes.size();
+    bytes.resize(base + n);
+    char* const start = bytes.data();
+    char* w = start + base;
+    struct Cut {
+        std::string& bytes;
+        char*& w;
+        ~Cut() { bytes.resize(static_cast<size_t>(w - bytes.data())); }
+    } cut{bytes, w};
     size_t i = 0;
     while (i < n) {
         while (i < n && detail::is_blank(p[i])) ++i;
@@ -90,10 +119,10 @@ inline bool parse_rank_lines(const uint8_t* p, size_t n, std::string& bytes, std
             else if (p[i] == '\n') ++i;
             else return false;
         }
-        const size_t off = bytes.size();
-        if (!detail::decode_base64(p + token_start, token_end - token_start, bytes)) return false;
-        if (bytes.size() - off > kMaxTokenBytes) return false;
-        lines.push_back(RankLine{off, static_cast<uint32_t>(bytes.size() - off), static_cast<uint32_t>(rank)});
+        char* const end = detail::decode_base64(p + token_start, token_end - token_start, w);
+        if (end == nullptr || static_cast<size_t>(end - w) > kMaxTokenBytes) return false;
+        lines.push_back(RankLine{static_cast<size_t>(w - start), static_cast<uint32_t>(end - w), static_cast<uint32_t>(rank)});
+        w = end;
     }
     return true;
 }

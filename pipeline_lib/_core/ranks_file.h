@@ -79,10 +79,10 @@ inline char* decode_base64(const uint8_t* p, size_t n, char* out) {
 // `[ \t]*base64[ \t]+digits[ \t]*` or blank, a token is longer than kMaxTokenBytes or a rank
 // is not below kMaxVocabSize. Lines end with \n, \r\n or \r; the last may end the data.
 inline bool parse_rank_lines(const uint8_t* p, size_t n, std::string& bytes, std::vector<RankLine>& lines) {
-    // Decoded in place of a buffer as long as the text (a token's bytes are 3/4 of its base64),
-    // cut to what was written at the end.
+    // Decoded into a buffer sized once (a token's bytes are at most 3/4 of its base64), cut to
+    // what was written at the end.
     const size_t base = bytes.size();
-    bytes.resize(base + n);
+    bytes.resize(base + n / 4 * 3 + 3);
     char* const start = bytes.data();
     char* w = start + base;
     struct Cut {

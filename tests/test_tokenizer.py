@@ -174,12 +174,30 @@ def test_vocab_larger_than_corpus_warns_and_stops_cleanly():
 def test_save_load_roundtrip(tmp_path, trained):
     trained.save(str(tmp_path / "tok"))
     back = Tokenizer.load(str(tmp_path / "tok"))
+    text = "Thou art a villain, sirrah! 123"
+    assert back.encode(text) == trained.encode(text)
+    assert back._ranks is None  # the core built the encoder from the file: no dict made to encode
+    assert back.decode(back.encode(text)) == text
     assert back.mergeable_ranks == trained.mergeable_ranks
     assert back.special_tokens == trained.special_tokens
     assert back.pattern == trained.pattern
     assert back.merges == trained.merges and back.merge_counts == trained.merge_counts
+
+
+def test_a_tiktoken_file_loads_from_its_bytes_and_a_bad_line_is_named(tmp_path, trained):
     text = "Thou art a villain, sirrah! 123"
-    assert back.encode(text) == trained.encode(text)
+    path = tmp_path / "mine.tiktoken"
+    lines = [base64.b64encode(t) + b" %d" % i for t, i in sorted(trained.mergeable_ranks.items(), key=lambda kv: kv[1])]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    back = Tokenizer.from_tiktoken(str(path), pattern=trained.pattern)
+    assert back.encode_ordinary(text) == trained.encode_ordinary(text) and back._ranks is None
+    assert back.mergeable_ranks == trained.mergeable_ranks
+    path.write_bytes(b"\n".join([*lines[:300], b"not base64! 300", *lines[301:]]) + b"\n")
+    with pytest.raises(InputError, match=r"mine\.tiktoken:301: "):
+        Tokenizer.from_tiktoken(str(path), pattern=trained.pattern)
+    path.write_bytes(b"\n".join(lines[:97] + lines[98:]) + b"\n")  # byte 97 ("a") has no token
+    with pytest.raises(InputError, match="lacks single-byte tokens"):
+        Tokenizer.from_tiktoken(str(path), pattern=trained.pattern)
 
 
 def test_merge_counts_are_the_pair_counts_and_old_files_load(tmp_path, trained, shakespeare_text):

@@ -118,20 +118,28 @@ _SETS = (set, frozenset)
 
 
 class RanksFile:
-    """A tiktoken ranks file's bytes (`base64(token) rank` lines) as `Tokenizer`'s ranks, its
-    sha256 checked by the caller (`get_encoding`): the core parses it and builds the encoder
-    from it with no Python object per token, and the ``{token: id}`` dict, which a program that
-    only encodes never reads, is made on first use (building it, checking it and handing it to
-    the core took cl100k's load ~70 ms of ~170)."""
+    """A tiktoken ranks file's bytes (`base64(token) rank` lines) as `Tokenizer`'s ranks: the
+    core parses it and builds the encoder from it with no Python object per token, and the
+    ``{token: id}`` dict, which a program that only encodes never reads, is made on first use
+    (building it, checking it and handing it to the core took cl100k's load ~70 ms of ~170).
 
-    __slots__ = ("data",)
+    `source` names the file in the errors of a file that is not well formed; None for a
+    published file whose sha256 the caller checked (`get_encoding`), whose lines are known to
+    be well formed."""
 
-    def __init__(self, data: bytes) -> None:
+    __slots__ = ("data", "source")
+
+    def __init__(self, data: bytes, source: str | None = None) -> None:
         self.data = data
+        self.source = source
 
     def parse(self) -> dict[bytes, int]:
-        """The ``{token: id}`` of the lines. They are known to be well formed, so without the
-        core they are split, not validated again."""
+        """The ``{token: id}`` of the lines (`load.parse_tiktoken_ranks`, which names a bad line;
+        for a published file without the core, the lines split, not validated again)."""
+        if self.source is not None:
+            from pipeline_lib.tokenizer.load import parse_tiktoken_ranks
+
+            return parse_tiktoken_ranks(self.data, self.source)
         parsed = native._CORE.parse_ranks(self.data) if native._CORE is not None else None
         if parsed is not None:
             return parsed

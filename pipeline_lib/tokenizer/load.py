@@ -30,6 +30,7 @@ from pipeline_lib.formats import gpt2_vocab
 from pipeline_lib.fsio import InputError, filesystem, read_bytes, write_bytes_atomic
 from pipeline_lib.patterns import check_pattern
 from pipeline_lib.tokenizer import native
+from pipeline_lib.tokenizer.core import RanksFile
 from pipeline_lib.tokenizer.limits import MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, UNITS, check_special, check_token_length
 
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ def load(cls: type[Tokenizer], url: str, **storage_options: Any) -> Tokenizer:
         if not meta.get("merge_counts", True):
             merge_counts = None
     return cls(
-        parse_tiktoken_ranks(data, ranks_url),
+        RanksFile(data, ranks_url),
         meta["pattern"],
         specials,
         name=meta.get("name", "tokenmill"),
@@ -210,7 +211,7 @@ def from_tiktoken(
     """Load a ``.tiktoken`` ranks file (optionally ``.gz``), e.g. cl100k_base or o200k_base."""
     data = read_bytes(path_or_url, MAX_VOCAB_FILE_BYTES, **storage_options)
     name = os.path.basename(path_or_url).split(".")[0]
-    return cls(parse_tiktoken_ranks(data, path_or_url), pattern, special_tokens, name=name)
+    return cls(RanksFile(data, path_or_url), pattern, special_tokens, name=name)
 
 
 def from_gpt2(

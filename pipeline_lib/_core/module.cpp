@@ -587,6 +587,25 @@ std::vector<uint32_t> uint32_values(nb::handle obj, const char* what) {
     return values;
 }
 
+// Constructs the Encoder at `self` (nanobind's memory for it) with the GIL released; a
+// vocabulary the core refuses is a ValueError, and leaves `self` unconstructed.
+void construct_encoder(Encoder* self, const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks,
+                       int pattern, bool start_chars, uint32_t unknown_id) {
+    CallScope scope;
+    new (self) Encoder();
+    try {
+        nb::gil_scoped_release release;
+        cancel::Bind bind(&scope, true);
+        self->core = std::make_unique<EncoderCore>(tokens, ranks, pattern, start_chars, unknown_id);
+    } catch (const std::invalid_argument& e) {
+        self->~Encoder();
+        throw nb::value_error(e.what());
+    } catch (...) {
+        self->~Encoder();
+        throw;
+    }
+}
+
 void encoder_init(Encoder* self, nb::handle tokens, nb::handle ranks_obj, int pattern, bool start_chars,
                   nb::object unknown) {
     check_pattern(pattern);
@@ -604,19 +623,7 @@ void encoder_init(Encoder* self, nb::handle tokens, nb::handle ranks_obj, int pa
     if (rk.size() != ptrs.size()) throw nb::value_error("tokens and ranks must have the same length");
     std::vector<std::string> toks(ptrs.size());
     for (size_t k = 0; k < ptrs.size(); ++k) toks[k].assign(reinterpret_cast<const char*>(ptrs[k]), lens[k]);
-    CallScope scope;
-    new (self) Encoder();
-    try {
-        nb::gil_scoped_release release;
-        cancel::Bind bind(&scope, true);
-        self->core = std::make_unique<EncoderCore>(toks, rk, pattern, start_chars, unknown_id);
-    } catch (const std::invalid_argument& e) {
-        self->~Encoder();
-        throw nb::value_error(e.what());
-    } catch (...) {
-        self->~Encoder();
-        throw;
-    }
+    construct_encoder(self, toks, rk, pattern, start_chars, unknown_id);
 }
 
 // A text of this many bytes or more is encoded on the encoder's text threads. Each thread has its
@@ -998,20 +1005,7 @@ nb::object encoder_from_ranks_file(nb::handle data_obj, int pattern) {
     }
     if (!parsed) return nb::none();
     nb::object made = nb::inst_alloc(nb::type<Encoder>());
-    Encoder* self = nb::inst_ptr<Encoder>(made);
-    CallScope scope;
-    new (self) Encoder();
-    try {
-        nb::gil_scoped_release release;
-        cancel::Bind bind(&scope, true);
-        self->core = std::make_unique<EncoderCore>(tokens, ranks, pattern, false, EncoderCore::kNone);
-    } catch (const std::invalid_argument& e) {
-        self->~Encoder();
-        throw nb::value_error(e.what());
-    } catch (...) {
-        self->~Encoder();
-        throw;
-    }
+    construct_encoder(nb::inst_ptr<Encoder>(made), tokens, ranks, pattern, false, EncoderCore::kNone);
     nb::inst_mark_ready(made);
     return made;
 }

@@ -11,7 +11,6 @@ Training, files and exports live beside this module (`train`, `load`, `export`);
 
 from __future__ import annotations
 
-import binascii
 import bisect
 import functools
 import io
@@ -39,6 +38,7 @@ from pipeline_lib.tokenizer.limits import (  # noqa: F401  (re-exported: the pac
     check_token_length,
     check_unit,
 )
+from pipeline_lib.tokenizer.load import RanksFile
 from pipeline_lib.tokenizer.native import backend, backend_info  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
@@ -115,36 +115,6 @@ SpecialSet = Literal["all"] | Collection[str]
 # `encode`'s default allowed_special: told apart by identity on its fast path.
 _NONE_ALLOWED: frozenset[str] = frozenset()
 _SETS = (set, frozenset)
-
-
-class RanksFile:
-    """A tiktoken ranks file's bytes (`base64(token) rank` lines) as `Tokenizer`'s ranks: the
-    core parses it and builds the encoder from it with no Python object per token, and the
-    ``{token: id}`` dict, which a program that only encodes never reads, is made on first use
-    (building it, checking it and handing it to the core took cl100k's load ~70 ms of ~170).
-
-    `source` names the file in the errors of a file that is not well formed; None for a
-    published file whose sha256 the caller checked (`get_encoding`), whose lines are known to
-    be well formed."""
-
-    __slots__ = ("data", "source")
-
-    def __init__(self, data: bytes, source: str | None = None) -> None:
-        self.data = data
-        self.source = source
-
-    def parse(self) -> dict[bytes, int]:
-        """The ``{token: id}`` of the lines (`load.parse_tiktoken_ranks`, which names a bad line;
-        for a published file without the core, the lines split, not validated again)."""
-        if self.source is not None:
-            from pipeline_lib.tokenizer.load import parse_tiktoken_ranks
-
-            return parse_tiktoken_ranks(self.data, self.source)
-        parsed = native._CORE.parse_ranks(self.data) if native._CORE is not None else None
-        if parsed is not None:
-            return parsed
-        fields = self.data.split()
-        return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2])))
 
 
 class EncodedFile(NamedTuple):

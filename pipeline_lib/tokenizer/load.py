@@ -30,7 +30,6 @@ from pipeline_lib.formats import gpt2_vocab
 from pipeline_lib.fsio import InputError, filesystem, read_bytes, write_bytes_atomic
 from pipeline_lib.patterns import check_pattern
 from pipeline_lib.tokenizer import native
-from pipeline_lib.tokenizer.core import RanksFile
 from pipeline_lib.tokenizer.limits import MAX_TOKEN_BYTES, MAX_VOCAB_SIZE, UNITS, check_special, check_token_length
 
 if TYPE_CHECKING:
@@ -232,6 +231,34 @@ def from_gpt2(
         specials,
         name="gpt2" if pattern == "gpt2" else os.path.basename(os.path.dirname(encoder_json)) or "tokenmill",
     )
+
+
+class RanksFile:
+    """A tiktoken ranks file's bytes (`base64(token) rank` lines) as `Tokenizer`'s ranks: the
+    core parses it and builds the encoder from it with no Python object per token, and the
+    ``{token: id}`` dict, which a program that only encodes never reads, is made on first use
+    (building it, checking it and handing it to the core took cl100k's load ~70 ms of ~170).
+
+    `source` names the file in the errors of a file that is not well formed; None for a
+    published file whose sha256 the caller checked (`get_encoding`), whose lines are known to
+    be well formed."""
+
+    __slots__ = ("data", "source")
+
+    def __init__(self, data: bytes, source: str | None = None) -> None:
+        self.data = data
+        self.source = source
+
+    def parse(self) -> dict[bytes, int]:
+        """The ``{token: id}`` of the lines (`parse_tiktoken_ranks`, which names a bad line;
+        for a published file without the core, the lines split, not validated again)."""
+        if self.source is not None:
+            return parse_tiktoken_ranks(self.data, self.source)
+        parsed = native._CORE.parse_ranks(self.data) if native._CORE is not None else None
+        if parsed is not None:
+            return parsed
+        fields = self.data.split()
+        return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2])))
 
 
 # A block of well-formed ranks lines: what the fast path of `parse_tiktoken_ranks` takes whole.

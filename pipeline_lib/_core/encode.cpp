@@ -41,27 +41,24 @@ constexpr size_t kParallelBuildTokens = size_t{1} << 14;
 
 namespace {
 
-// Proper prefixes (or, reversed, suffixes) of each token that are tokens themselves.
-// Calls visit(rank, length, stack) once per token, where stack lists them as
-// (length, rank), shortest first; ahead(r8, r4) names the tokens visited 8 and 4 later
-// (to prefetch what visit will read). Token r's bytes are arena[off[r] .. off[r] + length).
+// Proper prefixes (or, reversed, suffixes) of each token that are tokens themselves: the tokens
+// sorted (read in that direction) by `AffixOrder::sorted`, then walked by `visit_affixes`, which
+// calls visit(rank, length, stack) once per token, where stack lists them as (length, rank),
+// shortest first; ahead(r8, r4) names the tokens visited 8 and 4 later (to prefetch what visit
+// will read). Token r's bytes are arena[off[r] .. off[r] + length).
 //
-// The tokens are visited in sorted order (read in that direction). A token's prefixes
-// then come before it, and all of them are prefixes of its predecessor in the order too,
-// so a stack of "the tokens that are prefixes of the previous token" is all it takes:
-// pop the entries longer than the common prefix of the previous token and this one, and
-// what is left are this token's prefixes. O(total bytes) besides the sort; trying every
-// cut of every token against a hash map instead hashes every prefix, O(length^2) per
-// token (minutes for a 1 MB token).
+// In sorted order a token's prefixes come before it, and all of them are prefixes of its
+// predecessor in the order too, so a stack of "the tokens that are prefixes of the previous
+// token" is all it takes: pop the entries longer than the common prefix of the previous token
+// and this one, and what is left are this token's prefixes. O(total bytes) besides the sort;
+// trying every cut of every token against a hash map instead hashes every prefix,
+// O(length^2) per token (minutes for a 1 MB token).
 struct Affix {
     uint32_t len;
     uint32_t rank;
 };
 
-template <class Visit, class Ahead>
-void visit_affixes(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks, const char* arena,
-                   const std::vector<uint64_t>& off, bool reversed, Visit&& visit, Ahead&& ahead) {
-    cancel::Poll& poll = cancel::current();
+struct AffixOrder {
     // The first 8 bytes as a big-endian key (short tokens padded with zeros) decide most
     // comparisons and common prefixes without touching the bytes.
     struct Item {
@@ -69,41 +66,47 @@ void visit_affixes(const std::vector<std::string>& tokens, const std::vector<uin
         uint32_t rank;
         uint32_t len;
     };
-    auto byte_at = [&](const Item& x, size_t i) -> uint8_t {
+    const char* arena;
+    const std::vector<uint64_t>& off;
+    bool reversed;
+
+    uint8_t byte_at(const Item& x, size_t i) const {
         return static_cast<uint8_t>(arena[off[x.rank] + (reversed ? x.len - 1 - i : i)]);
-    };
-    std::vector<Item> items(tokens.size());
-    for (size_t k = 0; k < tokens.size(); ++k) {
-        const std::string& t = tokens[k];
-        const size_t n = t.size();
-        uint64_t key = 0;
-        if (n >= 8) {
-            // little-endian loads: the first 8 bytes byte-swapped, or the last 8 as they are
-            std::memcpy(&key, t.data() + (reversed ? n - 8 : 0), 8);
-            if (!reversed) key = __builtin_bswap64(key);
-        } else {
-            for (size_t i = 0; i < 8; ++i)
-                key = (key << 8) | (i < n ? static_cast<uint8_t>(t[reversed ? n - 1 - i : i]) : 0);
-        }
-        items[k] = Item{key, ranks[k], static_cast<uint32_t>(n)};
     }
     // Equal keys: a token of <= 8 bytes is then a prefix of the other one.
-    auto common_prefix = [&](const Item& x, const Item& y) -> size_t {
+    size_t common_prefix(const Item& x, const Item& y) const {
         const size_t m = std::min(x.len, y.len);
         if (x.key != y.key) return std::min<size_t>(static_cast<size_t>(__builtin_clzll(x.key ^ y.key)) / 8, m);
         size_t i = std::min<size_t>(8, m);
         while (i < m && byte_at(x, i) == byte_at(y, i)) ++i;
         return i;
-    };
-    auto less = [&](const Item& x, const Item& y) {
+    }
+    bool less(const Item& x, const Item& y) const {
         if (x.key != y.key) return x.key < y.key;
         const size_t i = common_prefix(x, y);
         if (i == std::min(x.len, y.len)) return x.len < y.len;
         return byte_at(x, i) < byte_at(y, i);
-    };
-    // Radix sort by key (least significant byte first, so stable), then runs of equal keys
-    // by their bytes: a few times faster than comparison sorting the whole vocabulary.
-    {
+    }
+
+    std::vector<Item> sorted(const std::vector<std::string>& tokens, const std::vector<uint32_t>& ranks) const {
+        cancel::Poll& poll = cancel::current();
+        std::vector<Item> items(tokens.size());
+        for (size_t k = 0; k < tokens.size(); ++k) {
+            const std::string& t = tokens[k];
+            const size_t n = t.size();
+            uint64_t key = 0;
+            if (n >= 8) {
+                // little-endian loads: the first 8 bytes byte-swapped, or the last 8 as they are
+                std::memcpy(&key, t.data() + (reversed ? n - 8 : 0), 8);
+                if (!reversed) key = __builtin_bswap64(key);
+            } else {
+                for (size_t i = 0; i < 8; ++i)
+                    key = (key << 8) | (i < n ? static_cast<uint8_t>(t[reversed ? n - 1 - i : i]) : 0);
+            }
+            items[k] = Item{key, ranks[k], static_cast<uint32_t>(n)};
+        }
+        // Radix sort by key (least significant byte first, so stable), then runs of equal keys
+        // by their bytes: a few times faster than comparison sorting the whole vocabulary.
         std::vector<std::array<size_t, 256>> count(8);
         for (auto& c : count) c.fill(0);
         for (const Item& it : items)
@@ -122,17 +125,24 @@ void visit_affixes(const std::vector<std::string>& tokens, const std::vector<uin
             for (j = i + 1; j < items.size() && items[j].key == items[i].key;) ++j;
             if (j - i > 1) {
                 poll.tick(16 * (j - i));  // ~n log n comparisons
-                std::sort(items.begin() + i, items.begin() + j, less);
+                std::sort(items.begin() + i, items.begin() + j,
+                          [this](const Item& x, const Item& y) { return less(x, y); });
             }
         }
+        return items;
     }
+};
 
+template <class Visit, class Ahead>
+void visit_affixes(const AffixOrder& order, const std::vector<AffixOrder::Item>& items, Visit&& visit,
+                   Ahead&& ahead) {
+    cancel::Poll& poll = cancel::current();
     std::vector<Affix> stack;
     for (size_t j = 0; j < items.size(); ++j) {
-        const Item& it = items[j];
+        const AffixOrder::Item& it = items[j];
         poll.tick(it.len);
         if (j + 8 < items.size()) ahead(items[j + 8].rank, items[j + 4].rank);
-        const size_t lcp = j > 0 ? common_prefix(items[j - 1], it) : 0;
+        const size_t lcp = j > 0 ? order.common_prefix(items[j - 1], it) : 0;
         while (!stack.empty() && stack.back().len > lcp) stack.pop_back();
         visit(it.rank, it.len, stack);
         stack.push_back(Affix{it.len, it.rank});
@@ -231,8 +241,32 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
     std::vector<Prefixes> prefixes(vocab_size_);  // by rank
     std::vector<Affix> pre;
     pre.reserve(tokens.size() * 4);
+    // The tokens sorted from their ends on a thread of their own while this one sorts them from
+    // their starts and walks them: the two walks were half the build, on this thread alone.
+    const AffixOrder forward{tok_bytes_.data(), tok_off_, false}, backward{tok_bytes_.data(), tok_off_, true};
+    std::vector<AffixOrder::Item> by_ends;
+    std::optional<std::thread> sort_ends;
+    std::exception_ptr sort_failed;
+    if (token_tables) {  // a vocabulary large enough for threads, which were to be had
+        try {
+            sort_ends.emplace([&] {
+                try {
+                    by_ends = backward.sorted(tokens, ranks);
+                } catch (...) {
+                    sort_failed = std::current_exception();
+                }
+            });
+        } catch (const std::system_error&) {
+        }
+    }
+    struct JoinedSort {
+        std::optional<std::thread>& t;
+        ~JoinedSort() {
+            if (t && t->joinable()) t->join();
+        }
+    } joined_sort{sort_ends};
     visit_affixes(
-        tokens, ranks, tok_bytes_.data(), tok_off_, false,
+        forward, forward.sorted(tokens, ranks),
         [&](uint32_t r, uint32_t, const std::vector<Affix>& stack) {
             prefixes[r] = Prefixes{pre.size(), stack.size()};
             pre.insert(pre.end(), stack.begin(), stack.end());
@@ -240,8 +274,14 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
         [](uint32_t, uint32_t) {});
     std::vector<std::pair<uint64_t, uint32_t>> found;  // (left << 32 | right, merged)
     found.reserve(tokens.size() * 2);
+    if (sort_ends) {
+        sort_ends->join();
+        if (sort_failed) std::rethrow_exception(sort_failed);
+    } else {
+        by_ends = backward.sorted(tokens, ranks);
+    }
     visit_affixes(
-        tokens, ranks, tok_bytes_.data(), tok_off_, true,
+        backward, by_ends,
         [&](uint32_t r, uint32_t n, const std::vector<Affix>& suf) {
             const Prefixes& pr = prefixes[r];
             size_t s = suf.size();  // walks down from the longest suffix

@@ -4,6 +4,7 @@ is cut at safe points and encoded in blocks, with the ids of the whole text, in 
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import os
 import subprocess
@@ -243,26 +244,88 @@ def test_the_command_says_when_the_output_disk_is_full(tmp_path, multilingual_te
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
 
 
-def test_each_block_of_ids_is_flushed_to_the_disk_as_it_is_written(tmp_path, multilingual_text, monkeypatch):
-    """The writer thread syncs every block of ids it writes, so the file's final fsync has only
-    the header left to wait for; the ids in the file are those of the whole text all the same."""
+def _takes_o_direct(directory) -> bool:
+    """Whether a file in `directory` can be opened with O_DIRECT (the file system takes it)."""
+    try:
+        fd = os.open(directory / "probe", os.O_WRONLY | os.O_CREAT | getattr(os, "O_DIRECT", 0), 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(directory / "probe")
+    return hasattr(os, "O_DIRECT")
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_the_ids_go_to_the_file_in_whole_pages_as_the_blocks_come(tmp_path, multilingual_text, monkeypatch, direct):
+    """The writer thread writes the pages that each block's ids complete: with O_DIRECT where the
+    file system takes it (whole pages, at page offsets, from page-aligned buffers); through the
+    page cache otherwise, each block's pages flushed to the disk as written, so that the file's
+    final fsync has little left to wait for. Then the last bytes and the header. The ids in the
+    file are those of the whole text all the same."""
     from pipeline_lib.tokenizer import core
 
     path, out = tmp_path / "in.txt", tmp_path / "ids.npy"
-    path.write_text(multilingual_text[:20_000], encoding="utf-8")
+    path.write_text(multilingual_text[:60_000], encoding="utf-8")
+    if not direct:
+        monkeypatch.setattr(core, "_set_direct", lambda fd, on: False)
+    writes: list[tuple[int, int, bool]] = []  # offset, length, with O_DIRECT
     synced: list[int] = []
-    real = core._fdatasync
+    real_write, real_sync = core._pwrite_all, core._fdatasync
 
-    def recording(fd: int) -> None:
+    def recording_write(fd: int, data: memoryview, at: int) -> None:
+        writes.append((at, len(data), bool(fcntl.fcntl(fd, fcntl.F_GETFL) & getattr(os, "O_DIRECT", 0))))
+        real_write(fd, data, at)
+
+    def recording_sync(fd: int) -> None:
         synced.append(os.fstat(fd).st_size)
-        real(fd)
+        real_sync(fd)
 
-    monkeypatch.setattr(core, "_fdatasync", recording)
+    monkeypatch.setattr(core, "_pwrite_all", recording_write)
+    monkeypatch.setattr(core, "_fdatasync", recording_sync)
     tok = get_encoding("cl100k_base")
-    n = tok.encode_file_to_npy(str(path), str(out), round_bytes=2000, num_threads=2)
-    assert len(synced) >= 5 and synced == sorted(synced) and synced[-1] == out.stat().st_size
+    n = tok.encode_file_to_npy(str(path), str(out), round_bytes=8000, num_threads=2)
     assert np.load(out).tolist() == tok.encode_ordinary(path.read_text(encoding="utf-8"))
     assert n == len(np.load(out))
+    pages, (tail_at, tail_len, _), (header_at, header_len, header_direct) = writes[:-2], *writes[-2:]
+    assert len(pages) >= 5 and all(length > 0 and length % 4096 == 0 for _, length, _ in pages)
+    assert [at for at, _, _ in pages] == [0] + [at + length for at, length, _ in pages[:-1]]
+    assert pages[-1][0] + pages[-1][1] == tail_at and tail_at + tail_len == out.stat().st_size
+    assert (header_at, header_len, header_direct) == (0, 128, False)
+    expect_direct = direct and _takes_o_direct(tmp_path)
+    assert all(d == expect_direct for _, _, d in pages)
+    if expect_direct:
+        assert synced == []
+    else:
+        assert len(synced) == len(pages) and synced == sorted(synced)
+
+
+def test_a_file_system_that_refuses_a_direct_write_gets_the_page_cache(tmp_path, multilingual_text, monkeypatch):
+    """O_DIRECT set, then EINVAL from a write (a file system that takes the flag but not the
+    alignment): that write and those after go through the page cache, the ids unchanged."""
+    from pipeline_lib.tokenizer import core
+
+    path, out = tmp_path / "in.txt", tmp_path / "ids.npy"
+    path.write_text(multilingual_text[:40_000], encoding="utf-8")
+    real_write, refused, flag = core._pwrite_all, [], {"on": False}
+    synced: list[int] = []
+
+    def setting(fd: int, on: bool) -> bool:  # the flag taken, as far as the file knows
+        flag["on"] = on
+        return on
+
+    def refusing(fd: int, data: memoryview, at: int) -> None:
+        if flag["on"]:
+            refused.append(at)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_write(fd, data, at)
+
+    monkeypatch.setattr(core, "_set_direct", setting)
+    monkeypatch.setattr(core, "_pwrite_all", refusing)
+    monkeypatch.setattr(core, "_fdatasync", synced.append)
+    tok = get_encoding("cl100k_base")
+    tok.encode_file_to_npy(str(path), str(out), round_bytes=8000, num_threads=2)
+    assert np.load(out).tolist() == tok.encode_ordinary(path.read_text(encoding="utf-8"))
+    assert refused == [0] and len(synced) >= 3  # the first write refused, then the page cache's
 
 
 @pytest.mark.parametrize("pattern", ["cl100k", "none"])  # streamed in blocks, and read whole (no safe cuts)
@@ -297,8 +360,8 @@ def test_the_cores_block_call_gives_a_memoryview_and_refuses_bad_bounds():
 
 def test_the_cores_block_call_writes_the_ids_into_a_buffer_with_room(multilingual_text):
     """With `out`, the ids go to its start and the memoryview is of it (the file command's two
-    buffers, used again block after block); with too little room, or one thread, they go to a
-    buffer of their own; a buffer that cannot be written is refused."""
+    buffers, used again block after block); with too little room they go to a buffer of their
+    own; a buffer that cannot be written is refused."""
     tok = get_encoding("o200k_base")
     data = (multilingual_text[:60_000] + "English words, line after line\n" * 2000).encode()
     want = tok.encode_ordinary(data.decode())
@@ -309,9 +372,10 @@ def test_the_cores_block_call_writes_the_ids_into_a_buffer_with_room(multilingua
     again = tok._encoder.encode_ordinary_buffer_ids(data[:40_000], [0, 40_000], 2, out)
     assert again.obj is out and again.tolist() == tok.encode_ordinary(data[:40_000].decode())
     small = bytearray(4 * (len(want) - 1))
-    for room, threads in ((small, 2), (out, 1)):
-        ids = tok._encoder.encode_ordinary_buffer_ids(data, [0, len(data)], threads, room)
-        assert ids.obj is not room and ids.tolist() == want
+    ids = tok._encoder.encode_ordinary_buffer_ids(data, [0, len(data)], 2, small)
+    assert ids.obj is not small and ids.tolist() == want
+    ids = tok._encoder.encode_ordinary_buffer_ids(data, [0, len(data)], 1, out)  # one thread's, copied there
+    assert ids.obj is out and ids.tolist() == want
     with pytest.raises(TypeError, match="writable"):
         tok._encoder.encode_ordinary_buffer_ids(data, [0, len(data)], 2, bytes(4 * len(data)))
 

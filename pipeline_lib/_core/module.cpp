@@ -1108,11 +1108,14 @@ nb::object encoder_encode_buffer_ids(Encoder& self, nb::handle data_obj, nb::han
     std::vector<size_t> lens;
     buffer_documents(data, bounds.data(), n - 1, ptrs, lens);
     BatchIds ids;
-    if (place.obj != nullptr && reinterpret_cast<uintptr_t>(place.buf) % alignof(uint32_t) == 0)
-        ids.place_in(static_cast<uint32_t*>(place.buf), static_cast<size_t>(place.len) / sizeof(uint32_t));
+    const bool room = place.obj != nullptr && reinterpret_cast<uintptr_t>(place.buf) % alignof(uint32_t) == 0;
+    const size_t capacity = room ? static_cast<size_t>(place.len) / sizeof(uint32_t) : 0;
+    if (room) ids.place_in(static_cast<uint32_t*>(place.buf), capacity);
     std::vector<uint64_t> offsets;
     encode_units(self, ptrs, lens, nullptr, num_threads, {}, ids, offsets);
-    if (!ids.placed()) return nb::cast(memview_1d(std::move(ids)));
+    if (!ids.placed() && (!room || ids.size() > capacity)) return nb::cast(memview_1d(std::move(ids)));
+    if (!ids.placed())  // one thread's ids, made in a vector of their own
+        std::memcpy(place.buf, ids.data(), ids.size() * sizeof(uint32_t));
     nb::object view = nb::steal(PyMemoryView_FromObject(out.ptr()));
     if (!view.is_valid()) throw nb::python_error();
     const size_t n_bytes = ids.size() * sizeof(uint32_t);

@@ -395,3 +395,13 @@ def test_the_file_command_reads_and_places_ids_in_two_buffers_each(tmp_path, mon
     n = tok.encode_file_to_npy(str(path), str(out), round_bytes=50_000, num_threads=2)
     assert np.array_equal(np.load(out), tok.encode_to_numpy(text, disallowed_special=())) and n > 0
     assert len(path.read_bytes()) // 50_000 >= 8 and len(made) == 4
+
+
+def test_a_system_without_pwrite_writes_the_same_file(tmp_path, multilingual_text, monkeypatch):
+    """Where `os` has no pwrite (Windows), the pages go by a seek and writes: the same ids."""
+    path, out = tmp_path / "in.txt", tmp_path / "ids.npy"
+    path.write_text(multilingual_text[:40_000], encoding="utf-8")
+    monkeypatch.delattr(os, "pwrite")
+    tok = get_encoding("cl100k_base")
+    n = tok.encode_file_to_npy(str(path), str(out), round_bytes=8000, num_threads=2)
+    assert np.load(out).tolist() == tok.encode_ordinary(path.read_text(encoding="utf-8")) and n > 1000

@@ -1311,6 +1311,11 @@ def _set_direct(fd: int, on: bool) -> bool:
 
 
 def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
+    if not hasattr(os, "pwrite"):  # Windows: one writer at a time, so a seek then writes
+        os.lseek(fd, at, os.SEEK_SET)
+        while data:
+            data = data[os.write(fd, data) :]
+        return
     while data:
         n = os.pwrite(fd, data, at)
         data, at = data[n:], at + n

@@ -1,6 +1,7 @@
 """The file command of two installs against each other: which encodes a file to `.npy` faster.
 
     python benchmarks/ab_file.py FILE A/bin/tokenmill B/bin/tokenmill [--runs 8] [--encoding cl100k_base]
+    python benchmarks/ab_file.py FILE A.so B.so ...  (two builds of the core, this checkout's Python)
 
 Runs `tokenmill tokenizer encode --tokenizer ENC --input FILE --output OUT --special-as-text` of
 each install in fresh processes, in turn (A, B, then B, A, ...), the outputs in a temporary
@@ -8,7 +9,9 @@ directory, and prints each one's median wall and CPU seconds (user + system
 of the process and its children) and the median of the pairwise ratios A/B by wall and by CPU
 (above 1: B is faster), which the machine's drift from minute to minute moves the least; the load
 average before and after. The two outputs are checked equal once. Two installs: e.g. a clean
-clone of the commit before with its own virtual environment, and this one.
+clone of the commit before with its own virtual environment, and this one. Two `.so` files (the
+`Prof` build of docs/performance.md, one per change): each run loads one as the core, as
+`ab_core.py` does, and calls `Tokenizer.encode_file` (what the command calls) in a fresh process.
 """
 
 from __future__ import annotations
@@ -23,13 +26,29 @@ import sys
 import tempfile
 import time
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WITH_BUILD = r"""
+import importlib.util, sys
+sys.path.insert(0, sys.argv[5])
+spec = importlib.util.spec_from_file_location("pipeline_lib._tokcore", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules["pipeline_lib._tokcore"] = module
+spec.loader.exec_module(module)
+from pipeline_lib.tokenizer import get_encoding
+get_encoding(sys.argv[4]).encode_file(sys.argv[2], sys.argv[3])
+"""
+
 
 def run(tokenmill: str, path: str, out: str, encoding: str) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one run of the command."""
+    """(wall seconds, CPU seconds) of one run of the command (or of a build's encode_file)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    command = [tokenmill, "tokenizer", "encode", "--tokenizer", encoding, "--input", path, "--output", out]
-    subprocess.run([*command, "--special-as-text"], check=True, stdout=subprocess.DEVNULL)
+    if tokenmill.endswith(".so"):
+        command = [sys.executable, "-c", WITH_BUILD, tokenmill, path, out, encoding, ROOT]
+    else:
+        command = [tokenmill, "tokenizer", "encode", "--tokenizer", encoding, "--input", path, "--output", out]
+        command.append("--special-as-text")
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
@@ -38,8 +57,8 @@ def run(tokenmill: str, path: str, out: str, encoding: str) -> tuple[float, floa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file")
-    parser.add_argument("a", help="install A's tokenmill executable")
-    parser.add_argument("b", help="install B's tokenmill executable")
+    parser.add_argument("a", help="install A's tokenmill executable, or a build of the core (.so)")
+    parser.add_argument("b", help="install B's tokenmill executable, or a build of the core (.so)")
     parser.add_argument("--runs", type=int, default=8, help="runs of each (default 8)")
     parser.add_argument("--encoding", default="cl100k_base")
     args = parser.parse_args(argv)

@@ -27,14 +27,20 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("whole", "docs", "numpy")
 
-WORKER = r"""
-import importlib.util, json, sys, time
-import numpy as np
+# A worker's first lines: the build at argv[1] loaded as the core of the checkout at argv[5].
+LOAD_BUILD = r"""
+import importlib.util, sys
 sys.path.insert(0, sys.argv[5])
 spec = importlib.util.spec_from_file_location("pipeline_lib._tokcore", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 sys.modules["pipeline_lib._tokcore"] = module
 spec.loader.exec_module(module)
+"""
+WORKER = (
+    LOAD_BUILD
+    + r"""
+import json, time
+import numpy as np
 import pipeline_lib as tm
 
 base = tm.get_encoding(sys.argv[2])
@@ -72,6 +78,7 @@ for line in sys.stdin:
     del out
     print(json.dumps(sizes[k] / max(seconds, 1e-9)), flush=True)
 """
+)
 
 
 def main() -> None:

@@ -26,17 +26,15 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WITH_BUILD = r"""
-import importlib.util, sys
-sys.path.insert(0, sys.argv[5])
-spec = importlib.util.spec_from_file_location("pipeline_lib._tokcore", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-sys.modules["pipeline_lib._tokcore"] = module
-spec.loader.exec_module(module)
+from ab_core import LOAD_BUILD, ROOT
+
+WITH_BUILD = (
+    LOAD_BUILD
+    + r"""
 from pipeline_lib.tokenizer import get_encoding
 get_encoding(sys.argv[4]).encode_file(sys.argv[2], sys.argv[3])
 """
+)
 
 
 def run(tokenmill: str, path: str, out: str, encoding: str) -> tuple[float, float]:

@@ -861,7 +861,8 @@ class Tokenizer:
         Special tokens that are not allowed are encoded as text: refuse them before calling.
         Where `streams_files`, the file is read `round_bytes` at a time, cut at safe points
         (`safe_cuts`), the blocks encoded on `num_threads` threads (0 = all cores) and their
-        ids appended to the file as they come, so memory stays flat with the file's size (a
+        ids appended to the file as they come, a page at a time and past the page cache where
+        the file system allows (`_IdPages`), so memory stays flat with the file's size (a
         stretch with no safe point, e.g. one long line, is held whole). The .npy header's
         length is written last, and the file takes `out_path`'s name only once whole (a failure
         leaves what was there).

@@ -1,13 +1,12 @@
 """Hostile input to the tokenizer: runaway custom regexes, huge ranks files, special tokens
 deep in big files. Each ends in one clear error naming the flag to change, or costs time
-linear in the input (growth of thread CPU time between two sizes, never seconds)."""
+linear in the input (tests/growth_check.py: the growth of CPU time between two sizes, never seconds)."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
 import os
-import statistics
 import threading
 import time
 
@@ -31,18 +30,6 @@ CATASTROPHIC = [
     (r"(?:a|aa|aaa)+$", "a" * 60 + "b"),
     (r"(\w|\w\w)+$", "a" * 60 + "!"),
 ]
-
-
-def _growth(small_fn, big_fn, repeats: int = 5) -> float:
-    """Median thread CPU time of big_fn over small_fn's, the two run alternately."""
-    small_fn(), big_fn()
-    small, big = [], []
-    for _ in range(repeats):
-        for fn, times in ((small_fn, small), (big_fn, big)):
-            t0 = time.thread_time()
-            fn()
-            times.append(time.thread_time() - t0)
-    return statistics.median(big) / statistics.median(small)
 
 
 @pytest.mark.parametrize(("pattern", "text"), CATASTROPHIC)
@@ -71,7 +58,8 @@ def test_a_sound_custom_regex_stays_linear_and_within_its_budget(multilingual_te
     tok = Tokenizer(BYTE_RANKS, r"\w+|[^\w\s]+|\s+", {})
     text = multilingual_text * 2
     assert tok.decode(tok.encode(text)) == text
-    assert _growth(lambda: tok.encode(text), lambda: tok.encode(text * 2)) <= 3.0
+    twice = growth(lambda: tok.encode(text), lambda: tok.encode(text * 2), "a custom regex, 2x the text", limit=3.0)
+    assert twice <= 3.0
 
 
 def _ranks_file(n: int) -> bytes:

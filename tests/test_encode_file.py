@@ -405,3 +405,16 @@ def test_a_system_without_pwrite_writes_the_same_file(tmp_path, multilingual_tex
     tok = get_encoding("cl100k_base")
     n = tok.encode_file_to_npy(str(path), str(out), round_bytes=8000, num_threads=2)
     assert np.load(out).tolist() == tok.encode_ordinary(path.read_text(encoding="utf-8")) and n > 1000
+
+
+def test_ids_that_are_not_placed_are_copied_to_the_pages(tmp_path, multilingual_text, monkeypatch):
+    """A block too long for an id buffer (past `_MAX_ID_BUFFER`: a line with no safe point) gets
+    its ids in a buffer of the core's own, which the pages copy after the carried bytes."""
+    from pipeline_lib.tokenizer import core
+
+    path, out = tmp_path / "in.txt", tmp_path / "ids.npy"
+    path.write_text(multilingual_text[:40_000], encoding="utf-8")
+    monkeypatch.setattr(core, "_MAX_ID_BUFFER", 1 << 14)  # blocks of 8000+ bytes: none placed
+    tok = get_encoding("cl100k_base")
+    n = tok.encode_file_to_npy(str(path), str(out), round_bytes=8000, num_threads=2)
+    assert np.load(out).tolist() == tok.encode_ordinary(path.read_text(encoding="utf-8")) and n > 1000

@@ -1,5 +1,6 @@
 """Other tokenizer file formats: GPT-2's encoder.json + vocab.bpe (HF's vocab.json +
-merges.txt) in and out, HF tokenizer.json out; the same ids, special tokens included.
+merges.txt) in and out, HF tokenizer.json out; the same ids, special tokens included. And the
+header of the `.npy` files of ids that are written before their length is known.
 
 GPT-2 stores tokens as printable "byte-encoder" strings (each byte mapped to a visible
 character); `byte_to_unicode` is that mapping, shared by both directions.
@@ -14,6 +15,20 @@ from typing import Any, Protocol, cast
 
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.fsio import InputError
+
+# A .npy of ids written as they come has a header of a fixed length, rewritten with the count at
+# the end (the token shards, the file command's output).
+NPY_HEADER_LEN = 128
+
+
+def npy_header(descr: str, n: int) -> bytes:
+    """A .npy (version 1.0) header of a 1-d array of `n` items of dtype `descr` (e.g. '<u4'),
+    always NPY_HEADER_LEN bytes long."""
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': (%d,), }" % (descr, n)
+    body = header.ljust(NPY_HEADER_LEN - 10 - 1) + "\n"
+    out = b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body.encode("ascii")
+    assert len(out) == NPY_HEADER_LEN
+    return out
 
 
 class Tokenizer(Protocol):

@@ -24,7 +24,6 @@ from pipeline_lib.token_files import DEFAULT_VAL_FRACTION, check_version_file, p
 TOKENS_KIND = "tokens"
 TOKENS_FORMAT = "tokenmill.tokens/1"
 MAX_SHARD_TOKENS = (1 << 31) - 1  # int32-indexable loaders (and the DESIGN's limit)
-_HEADER_LEN = 128  # fixed .npy header size, so the shape can be filled in after streaming
 _MAX_HEADER_LEN = 1 << 16
 _CHECK_CHUNK = 1 << 24
 DOC_TABLE_SCHEMA = pa.schema(

@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline_lib.config import STRICT, doc
+from pipeline_lib.formats import npy_header
 from pipeline_lib.fsio import InputError
 from pipeline_lib.token_checks import check_shards
 from pipeline_lib.token_exports import (
@@ -66,7 +67,6 @@ from pipeline_lib.token_files import (
 )
 from pipeline_lib.token_reads import (
     _CHECK_CHUNK,
-    _HEADER_LEN,
     DOC_TABLE_SCHEMA,
     MAX_SHARD_TOKENS,
     TOKENS_FORMAT,
@@ -160,21 +160,13 @@ class EncodeConfig:
         return p
 
 
-def _npy_header(dtype: np.dtype, n: int) -> bytes:
-    header = "{'descr': '%s', 'fortran_order': False, 'shape': (%d,), }" % (dtype.str, n)
-    body = header.ljust(_HEADER_LEN - 10 - 1) + "\n"
-    out = b"\x93NUMPY\x01\x00" + (len(body)).to_bytes(2, "little") + body.encode("latin1")
-    assert len(out) == _HEADER_LEN
-    return out
-
-
 class NpyStreamWriter:
     """Append 1-D chunks to a `.npy` file whose length is unknown until the end."""
 
     def __init__(self, path: str, dtype: np.dtype):
         self.path, self.dtype, self.n = path, np.dtype(dtype), 0
         self.f = open(path, "wb")
-        self.f.write(_npy_header(self.dtype, 0))
+        self.f.write(npy_header(self.dtype.str, 0))
 
     def write(self, arr: np.ndarray) -> None:
         arr = np.ascontiguousarray(arr, dtype=self.dtype)
@@ -185,7 +177,7 @@ class NpyStreamWriter:
         if self.f.closed:
             return
         self.f.seek(0)
-        self.f.write(_npy_header(self.dtype, self.n))
+        self.f.write(npy_header(self.dtype.str, self.n))
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()

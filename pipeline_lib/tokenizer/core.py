@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pipeline_lib import bpe_reference as ref
 from pipeline_lib.errors import InputError
+from pipeline_lib.formats import npy_header
 from pipeline_lib.lazy import LazyModule, is_integer, is_ndarray
 from pipeline_lib.patterns import NO_SPLIT, PATTERNS, check_pattern, is_custom, pattern_string
 from pipeline_lib.tokenizer import native
@@ -881,7 +882,7 @@ class Tokenizer:
             del raw
             ids = self.encode_to_numpy(text, allowed_special=allowed, disallowed_special=())
             with atomic_user_file(out_path) as out:
-                _write_npy_header(out, len(ids))
+                out.write(npy_header("<u4", len(ids)))
                 ids.astype("<u4", copy=False).tofile(out)
             return EncodedFile(len(ids), n_bytes, n_chars)
         cut_pattern = _SAFE_CUTS[self.pattern]
@@ -1248,7 +1249,7 @@ class _IdPages:
         self._fd = fd
         self.direct = _set_direct(fd, True)
         self._written = 0  # the file's whole pages written, in bytes
-        self._tail = _npy_header(0)  # the bytes after them
+        self._tail = npy_header("<u4", 0)  # the bytes after them
 
     def place(self, buffer: mmap.mmap | None) -> memoryview | None:
         """Where in `buffer` the next block's ids are to go (the pages' bytes are little-endian)."""
@@ -1292,7 +1293,7 @@ class _IdPages:
         """Writes the last bytes, then the header with the number of ids."""
         self.direct = self.direct and _set_direct(self._fd, False)
         _pwrite_all(self._fd, memoryview(self._tail), self._written)
-        _pwrite_all(self._fd, memoryview(_npy_header(n_ids)), 0)
+        _pwrite_all(self._fd, memoryview(npy_header("<u4", n_ids)), 0)
 
 
 def _set_direct(fd: int, on: bool) -> bool:
@@ -1358,17 +1359,6 @@ def _is_utf8(data: bytes | bytearray | memoryview, window: int = 1 << 20) -> boo
             return False
         start = end
     return True
-
-
-def _write_npy_header(out: Any, n: int) -> None:
-    out.write(_npy_header(n))
-
-
-def _npy_header(n: int) -> bytes:
-    """A .npy (version 1.0) header of a 1-d little-endian uint32 array of `n` ids, always 128
-    bytes long: the ids can be written after it before `n` is known."""
-    header = "{'descr': '<u4', 'fortran_order': False, 'shape': (%d,), }" % n
-    return b"\x93NUMPY\x01\x00" + (118).to_bytes(2, "little") + header.ljust(117).encode("ascii") + b"\n"
 
 
 def _last_utf8_char(data: bytes) -> bytes | None:

@@ -1155,11 +1155,11 @@ def _safe_blocks(f: io.BufferedIOBase, round_bytes: int, cut: re.Pattern) -> Ite
     read into: a `bytearray` of that size wrote every byte first, and one sized for the block
     alone was made again for its first tail (a third of the page faults of 139 MB, 96 MB set to
     zero)."""
-    buffers = [_fresh_buffer(2 * round_bytes), None]
+    buffers: list[mmap.mmap | None] = [None, None]  # the second made for the second block
     turn, carry = 0, b""
     while True:
-        buf, filled = buffers[turn] or _fresh_buffer(2 * round_bytes), 0
-        buffers[turn] = buf
+        buf = buffers[turn] = buffers[turn] or _fresh_buffer(2 * round_bytes)
+        filled = 0
         while True:
             need = filled + len(carry) + round_bytes
             if len(buf) < need:  # a new buffer, never a resize: the other block may be in use

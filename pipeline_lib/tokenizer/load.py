@@ -240,8 +240,7 @@ class RanksFile:
     (building it, checking it and handing it to the core took cl100k's load ~70 ms of ~170).
 
     `source` names the file in the errors of a file that is not well formed; None for a
-    published file whose sha256 the caller checked (`get_encoding`), whose lines are known to
-    be well formed."""
+    published file whose sha256 the caller checked (`get_encoding`)."""
 
     __slots__ = ("data", "source")
 
@@ -250,15 +249,8 @@ class RanksFile:
         self.source = source
 
     def parse(self) -> dict[bytes, int]:
-        """The ``{token: id}`` of the lines (`parse_tiktoken_ranks`, which names a bad line;
-        for a published file without the core, the lines split, not validated again)."""
-        if self.source is not None:
-            return parse_tiktoken_ranks(self.data, self.source)
-        parsed = native._CORE.parse_ranks(self.data) if native._CORE is not None else None
-        if parsed is not None:
-            return parsed
-        fields = self.data.split()
-        return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2])))
+        """The ``{token: id}`` of the lines (`parse_tiktoken_ranks`, which names a bad line)."""
+        return parse_tiktoken_ranks(self.data, self.source or "the ranks file")
 
 
 # A block of well-formed ranks lines: what the fast path of `parse_tiktoken_ranks` takes whole.

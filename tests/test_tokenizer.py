@@ -187,7 +187,7 @@ def test_save_load_roundtrip(tmp_path, trained):
 def test_a_tiktoken_file_loads_from_its_bytes_and_a_bad_line_is_named(tmp_path, trained):
     text = "Thou art a villain, sirrah! 123"
     path = tmp_path / "mine.tiktoken"
-    lines = [base64.b64encode(t) + b" %d" % i for t, i in sorted(trained.mergeable_ranks.items(), key=lambda kv: kv[1])]
+    lines = trained.ranks_text().splitlines()
     path.write_bytes(b"\n".join(lines) + b"\n")
     back = Tokenizer.from_tiktoken(str(path), pattern=trained.pattern)
     assert back.encode_ordinary(text) == trained.encode_ordinary(text) and back._ranks is None

@@ -133,6 +133,41 @@ struct AffixOrder {
     }
 };
 
+// `work` on a thread of its own, when `wanted` and a thread is to be had (started()): joined
+// however the scope that holds it is left (a stop, a bad vocabulary); join() rethrows what the
+// work threw (e.g. bad_alloc).
+class SideThread {
+public:
+    template <class Work>
+    SideThread(bool wanted, Work&& work) {
+        if (!wanted) return;
+        try {
+            thread_.emplace([this, work = std::forward<Work>(work)]() mutable {
+                try {
+                    work();
+                } catch (...) {
+                    failed_ = std::current_exception();
+                }
+            });
+        } catch (const std::system_error&) {  // no thread to be had: the caller does the work
+        }
+    }
+    SideThread(const SideThread&) = delete;
+    SideThread& operator=(const SideThread&) = delete;
+    ~SideThread() {
+        if (thread_ && thread_->joinable()) thread_->join();
+    }
+    bool started() const { return thread_.has_value(); }
+    void join() {
+        if (thread_ && thread_->joinable()) thread_->join();
+        if (failed_) std::rethrow_exception(failed_);
+    }
+
+private:
+    std::optional<std::thread> thread_;
+    std::exception_ptr failed_;
+};
+
 template <class Visit, class Ahead>
 void visit_affixes(const AffixOrder& order, const std::vector<AffixOrder::Item>& items, Visit&& visit,
                    Ahead&& ahead) {
@@ -209,27 +244,8 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
             if (key.n <= ShortKeyMap::kMaxKey) short_tokens_.insert(key, ranks[k]);
         }
     };
-    std::optional<std::thread> token_tables;
-    std::exception_ptr tables_failed;  // e.g. bad_alloc on the thread, raised here once joined
-    if (tokens.size() >= kParallelBuildTokens) {
-        try {
-            token_tables.emplace([&] {
-                try {
-                    fill_token_tables();
-                } catch (...) {
-                    tables_failed = std::current_exception();
-                }
-            });
-        } catch (const std::system_error&) {  // no thread to be had: fill them here, first
-        }
-    }
-    if (!token_tables) fill_token_tables();
-    struct Joined {  // joins the thread however this scope is left (a stop, a bad vocabulary)
-        std::optional<std::thread>& t;
-        ~Joined() {
-            if (t && t->joinable()) t->join();
-        }
-    } joined{token_tables};
+    SideThread token_tables(tokens.size() >= kParallelBuildTokens, fill_token_tables);
+    if (!token_tables.started()) fill_token_tables();
 
     // (left, right) -> merged for every token and cut where both halves are tokens: the cut
     // at d pairs a prefix token of length d with a suffix token of length n - d. The
@@ -245,26 +261,7 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
     // their starts and walks them: the two walks were half the build, on this thread alone.
     const AffixOrder forward{tok_bytes_.data(), tok_off_, false}, backward{tok_bytes_.data(), tok_off_, true};
     std::vector<AffixOrder::Item> by_ends;
-    std::optional<std::thread> sort_ends;
-    std::exception_ptr sort_failed;
-    if (token_tables) {  // a vocabulary large enough for threads, which were to be had
-        try {
-            sort_ends.emplace([&] {
-                try {
-                    by_ends = backward.sorted(tokens, ranks);
-                } catch (...) {
-                    sort_failed = std::current_exception();
-                }
-            });
-        } catch (const std::system_error&) {
-        }
-    }
-    struct JoinedSort {
-        std::optional<std::thread>& t;
-        ~JoinedSort() {
-            if (t && t->joinable()) t->join();
-        }
-    } joined_sort{sort_ends};
+    SideThread sort_ends(token_tables.started(), [&] { by_ends = backward.sorted(tokens, ranks); });
     visit_affixes(
         forward, forward.sorted(tokens, ranks),
         [&](uint32_t r, uint32_t, const std::vector<Affix>& stack) {
@@ -274,9 +271,8 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
         [](uint32_t, uint32_t) {});
     std::vector<std::pair<uint64_t, uint32_t>> found;  // (left << 32 | right, merged)
     found.reserve(tokens.size() * 2);
-    if (sort_ends) {
-        sort_ends->join();
-        if (sort_failed) std::rethrow_exception(sort_failed);
+    if (sort_ends.started()) {
+        sort_ends.join();
     } else {
         by_ends = backward.sorted(tokens, ranks);
     }
@@ -307,8 +303,7 @@ EncoderCore::EncoderCore(const std::vector<std::string>& tokens, const std::vect
     pair_filter_.reset(pairs_.size());
     pairs_.for_each([&](uint64_t key, uint32_t) { pair_filter_.add(hash_u64(key)); });
 
-    if (token_tables) token_tables->join();
-    if (tables_failed) std::rethrow_exception(tables_failed);
+    token_tables.join();
     if (duplicate) throw std::invalid_argument("duplicate token bytes in the vocabulary");
     for (int b = 0; b < 256; ++b) {
         const uint8_t byte = static_cast<uint8_t>(b);

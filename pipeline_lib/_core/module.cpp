@@ -26,6 +26,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -960,10 +961,14 @@ nb::bytes encoder_decode(Encoder& self, nb::handle ids_obj) {
 // buffer that another thread writes meanwhile gives meaningless results, nothing worse).
 class ByteView {
 public:
-    explicit ByteView(nb::handle obj) {
-        if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) {
+    // flags = PyBUF_WRITABLE: a buffer to write into (writable_data); `refused`: the TypeError
+    // where obj has no such buffer.
+    explicit ByteView(nb::handle obj, int flags = PyBUF_SIMPLE,
+                      const char* refused = "data must be a contiguous bytes-like object (bytes, memoryview, "
+                                            "uint8 array)") {
+        if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) {
             PyErr_Clear();
-            throw nb::type_error("data must be a contiguous bytes-like object (bytes, memoryview, uint8 array)");
+            throw nb::type_error(refused);
         }
     }
     ~ByteView() { PyBuffer_Release(&view_); }
@@ -971,6 +976,7 @@ public:
     ByteView& operator=(const ByteView&) = delete;
 
     const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
+    uint8_t* writable_data() const { return static_cast<uint8_t*>(view_.buf); }  // PyBUF_WRITABLE's
     size_t size() const { return static_cast<size_t>(view_.len); }
 
 private:
@@ -1080,17 +1086,8 @@ nb::tuple encoder_encode_buffer(Encoder& self, nb::handle data_obj, nb::handle o
 nb::object encoder_encode_buffer_ids(Encoder& self, nb::handle data_obj, nb::handle bounds_obj, int num_threads,
                                      nb::handle out) {
     ByteView data(data_obj);
-    Py_buffer place{};
-    if (!out.is_none() && PyObject_GetBuffer(out.ptr(), &place, PyBUF_WRITABLE) != 0) {
-        PyErr_Clear();
-        throw nb::type_error("out must be a writable contiguous buffer");
-    }
-    struct Release {
-        Py_buffer* view;
-        ~Release() {
-            if (view->obj != nullptr) PyBuffer_Release(view);
-        }
-    } release_place{&place};
+    std::optional<ByteView> place;
+    if (!out.is_none()) place.emplace(out, PyBUF_WRITABLE, "out must be a writable contiguous buffer");
     if (!PyList_Check(bounds_obj.ptr())) throw nb::type_error("bounds must be a list of ints");
     const size_t n = static_cast<size_t>(PyList_GET_SIZE(bounds_obj.ptr()));
     std::vector<int64_t> bounds(n);
@@ -1108,14 +1105,14 @@ nb::object encoder_encode_buffer_ids(Encoder& self, nb::handle data_obj, nb::han
     std::vector<size_t> lens;
     buffer_documents(data, bounds.data(), n - 1, ptrs, lens);
     BatchIds ids;
-    const bool room = place.obj != nullptr && reinterpret_cast<uintptr_t>(place.buf) % alignof(uint32_t) == 0;
-    const size_t capacity = room ? static_cast<size_t>(place.len) / sizeof(uint32_t) : 0;
-    if (room) ids.place_in(static_cast<uint32_t*>(place.buf), capacity);
+    const bool room = place && reinterpret_cast<uintptr_t>(place->data()) % alignof(uint32_t) == 0;
+    const size_t capacity = room ? place->size() / sizeof(uint32_t) : 0;
+    if (room) ids.place_in(reinterpret_cast<uint32_t*>(place->writable_data()), capacity);
     std::vector<uint64_t> offsets;
     encode_units(self, ptrs, lens, nullptr, num_threads, {}, ids, offsets);
     if (!ids.placed() && (!room || ids.size() > capacity)) return nb::cast(memview_1d(std::move(ids)));
     if (!ids.placed())  // one thread's ids, made in a vector of their own
-        std::memcpy(place.buf, ids.data(), ids.size() * sizeof(uint32_t));
+        std::memcpy(place->writable_data(), ids.data(), ids.size() * sizeof(uint32_t));
     nb::object view = nb::steal(PyMemoryView_FromObject(out.ptr()));
     if (!view.is_valid()) throw nb::python_error();
     const size_t n_bytes = ids.size() * sizeof(uint32_t);

@@ -29,12 +29,14 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "cancel.h"
+#include "contains.h"
 #include "counter.h"
 #include "encode.h"
 #include "pool.h"
@@ -764,16 +766,53 @@ struct StrDocument {
     }
 };
 
-nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::handle data) {
+// The UTF-8 of `unless`, the text an encoding call returns None for instead of encoding (the
+// special tokens' common prefix, which Python then looks for the tokens behind); None: none.
+std::optional<std::string_view> unless_utf8(nb::handle unless) {
+    if (unless.is_none()) return std::nullopt;
+    if (!PyUnicode_Check(unless.ptr())) throw nb::type_error("unless must be a str or None");
+    Py_ssize_t size = 0;
+    const char* s = PyUnicode_AsUTF8AndSize(unless.ptr(), &size);
+    if (s == nullptr) throw nb::python_error();
+    return std::string_view(s, static_cast<size_t>(size));
+}
+
+// Whether the str `t`'s code units (a StrDocument's, read in place) hold the str `unless`.
+bool units_hold(PyObject* t, PyObject* unless) {
+    const size_t m = static_cast<size_t>(PyUnicode_GET_LENGTH(unless));
+    std::vector<uint32_t> points(m);
+    for (size_t k = 0; k < m; ++k) points[k] = PyUnicode_READ_CHAR(unless, static_cast<Py_ssize_t>(k));
+    const void* data = PyUnicode_DATA(t);
+    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+    switch (PyUnicode_KIND(t)) {
+        case PyUnicode_1BYTE_KIND: {
+            std::string latin1;
+            for (uint32_t c : points) {
+                if (c > 0xFF) return false;
+                latin1.push_back(static_cast<char>(c));
+            }
+            return contains_bytes(static_cast<const uint8_t*>(data), n, latin1);
+        }
+        case PyUnicode_2BYTE_KIND:
+            return contains_units(static_cast<const uint16_t*>(data), n, points.data(), m);
+        default:
+            return contains_units(static_cast<const uint32_t*>(data), n, points.data(), m);
+    }
+}
+
+nb::object encoder_encode(Encoder& self, nb::handle data, nb::handle unless) {
+    const std::optional<std::string_view> needle = unless_utf8(unless);
     BatchIds out;
     if (str_to_text_threads(self, data.ptr())) {
+        if (needle && units_hold(data.ptr(), unless.ptr())) return nb::none();
         StrDocument(data.ptr()).encode(self, out);
-        return numpy_1d(std::move(out));
+        return nb::cast(numpy_1d(std::move(out)));
     }
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
     nb::object keep;
     const auto [p, n] = text_bytes(data, keep);
+    if (needle && contains_bytes(p, n, *needle)) return nb::none();
     const bool threaded = text_segments(self, p, n, ptrs, lens);
     CallScope scope;
     {
@@ -789,7 +828,7 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<1>> encoder_encode(Encoder& self, nb::
             self.core->release_cache(std::move(cache));
         }
     }
-    return numpy_1d(std::move(out));
+    return nb::cast(numpy_1d(std::move(out)));
 }
 
 // The documents at `ptrs`/`lens` encoded on `num_threads` threads (GIL released): (flat ids, offsets).
@@ -831,14 +870,17 @@ nb::object segments_to_list(Encoder& self, const std::vector<const uint8_t*>& pt
 }
 
 // tiktoken's encode_ordinary: a list of Python ints straight from the core's ids.
-nb::object encoder_encode_list(Encoder& self, nb::handle text) {
+nb::object encoder_encode_list(Encoder& self, nb::handle text, nb::handle unless) {
+    const std::optional<std::string_view> needle = unless_utf8(unless);
     if (str_to_text_threads(self, text.ptr())) {
+        if (needle && units_hold(text.ptr(), unless.ptr())) return nb::none();
         BatchIds ids;
         StrDocument(text.ptr()).encode(self, ids);
         return list_of_ids(self, ids.data(), ids.size(), EncoderCore::threads_for(self.text_threads));
     }
     nb::object keep;
     const auto [p, n] = text_bytes(text, keep);
+    if (needle && contains_bytes(p, n, *needle)) return nb::none();
     if (n < 4096) {
         // A short text (a chat message, a paragraph): microseconds under the GIL, so no
         // cancellation scope (its clock read and counters cost a tenth of encoding a sentence) and
@@ -1261,8 +1303,9 @@ NB_MODULE(_tokcore, m) {
              nb::arg("start_chars") = false, nb::arg("unknown") = nb::none(),
              "start_chars: BPE starts from UTF-8 characters; a character that is no token becomes `unknown` "
              "(an id) or, when None, its single-byte tokens.")
-        .def("encode_ordinary", &encoder_encode, nb::arg("data"),
-             "Encode a str (its UTF-8) or bytes (no special tokens).")
+        .def("encode_ordinary", &encoder_encode, nb::arg("data"), nb::arg("unless") = nb::none(),
+             "Encode a str (its UTF-8) or bytes (no special tokens) to a uint32 array; None, without encoding, "
+             "when the text holds the str `unless`.")
         .def("encode_ordinary_batch", &encoder_encode_batch, nb::arg("docs"), nb::arg("num_threads") = 0,
              "Encode documents on threads: (ids uint32, offsets uint64 of len(docs) + 1).")
         .def("encode_ordinary_texts", &encoder_encode_texts, nb::arg("docs"), nb::arg("num_threads") = 0,
@@ -1276,8 +1319,8 @@ NB_MODULE(_tokcore, m) {
             },
             nb::arg("data"), nb::arg("start"),
             "The first offset past `start` at which the text threads may cut `data`, else len(data).")
-        .def("encode_ordinary_list", &encoder_encode_list, nb::arg("text"),
-             "encode_ordinary() of a str (UTF-8) or bytes as a list of ints.")
+        .def("encode_ordinary_list", &encoder_encode_list, nb::arg("text"), nb::arg("unless") = nb::none(),
+             "encode_ordinary() of a str (UTF-8) or bytes as a list of ints (None when it holds `unless`).")
         .def("encode_ordinary_batch_lists", &encoder_encode_batch_lists, nb::arg("texts"), nb::arg("num_threads") = 0,
              "encode_ordinary_batch() of str (UTF-8) or bytes texts as lists of ints, on threads.")
         .def("encode_piece", &encoder_encode_piece, nb::arg("piece"), nb::arg("periodic") = true,

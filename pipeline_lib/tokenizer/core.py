@@ -600,6 +600,19 @@ class Tokenizer:
                     raise _disallowed_error(found.group(), found.start())
         return allowed
 
+    @staticmethod
+    def _plain_policy(text: object, allowed_special: SpecialSet, disallowed_special: SpecialSet) -> bool:
+        """Whether `text` is a str that, holding no special token's common prefix, encodes as
+        ordinary text under these policies with none to work out: those that cannot raise (every
+        special disallowed or none, the allowed ones "all" or a set). The encoder's calls look
+        for the prefix in the bytes they read (`unless`), where Python's `in` was a pass of its
+        own over the text: a quarter of `encode_to_numpy`'s time on English."""
+        return (
+            type(text) is str
+            and (disallowed_special == "all" or disallowed_special == ())
+            and (allowed_special is _NONE_ALLOWED or type(allowed_special) in _SETS or allowed_special == "all")
+        )
+
     def _parts(self, text: str, allowed: frozenset[str]) -> list[str | int]:
         """`text` cut around the allowed special tokens: ordinary strings and special ids."""
         parts: list[str | int] = []
@@ -639,22 +652,23 @@ class Tokenizer:
         Raises:
             ValueError: the text contains a disallowed special token.
         """
-        # A text without the special tokens' prefix holds none of them: whatever they allow, it
-        # encodes as ordinary text, with no policy to work out (policies that cannot raise only:
-        # every special disallowed or none, the allowed ones "all" or a set).
+        # _plain_policy, written out: a method call costs a short text's call a tenth
         if (
             type(text) is str
             and (disallowed_special == "all" or disallowed_special == ())
             and (allowed_special is _NONE_ALLOWED or type(allowed_special) in _SETS or allowed_special == "all")
-            and ((prefix := self._special_prefix) is None or prefix not in text)
         ):
+            prefix = self._special_prefix
             encode_list = self._encode_list
             if encode_list is not None:
                 try:
-                    return encode_list(text)
+                    ids = encode_list(text, prefix)  # None: the text holds the prefix
                 except UnicodeEncodeError:  # lone surrogates: encode_ordinary replaces them
-                    pass
-            return self.encode_ordinary(text)
+                    ids = None if prefix is not None and prefix in text else self.encode_ordinary(text)
+                if ids is not None:
+                    return ids
+            elif prefix is None or prefix not in text:
+                return self.encode_ordinary(text)
         allowed = self._allowed(text, allowed_special, disallowed_special)
         if not allowed:
             return self.encode_ordinary(text)
@@ -747,6 +761,14 @@ class Tokenizer:
         self, text: str, *, allowed_special: SpecialSet = frozenset(), disallowed_special: SpecialSet = "all"
     ) -> np.ndarray:
         """`encode`, as a uint32 array (no list of Python ints is made)."""
+        encode_array = self._encode_array
+        if encode_array is not None and self._plain_policy(text, allowed_special, disallowed_special):
+            try:
+                ids = encode_array(text, self._special_prefix)  # None: the text holds the prefix
+            except UnicodeEncodeError:  # lone surrogates: replaced below, as tiktoken does
+                ids = None
+            if ids is not None:
+                return ids
         allowed = self._allowed(text, allowed_special, disallowed_special)
         if not allowed:
             encode_array = self._encode_array

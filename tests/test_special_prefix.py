@@ -137,3 +137,39 @@ def test_encode_raises_or_encodes_as_tiktoken_at_any_length(size, where):
             assert list(got) == theirs.encode(text), (call, inserted, where)
         assert list(ours.encode(text, allowed_special="all")) == theirs.encode(text, allowed_special="all")
         assert list(ours.encode_to_numpy(text, disallowed_special=())) == theirs.encode(text, disallowed_special=())
+
+
+def test_a_batch_is_searched_for_the_prefix_in_every_text(encoder):
+    """`encode_batch` with the default policies hands the prefix to the core's batch call: None
+    when any text holds it (ASCII, UTF-8 kept by its str, a str's units left to the threads,
+    bytes), the lists otherwise."""
+    texts = ["plain", "naïve café", "日本語のテキスト", "🙂 emoji", b"bytes too"]
+    for threads in (1, 2):
+        lists = encoder.encode_ordinary_batch_lists(texts, threads, unless="<|")
+        assert lists == encoder.encode_ordinary_batch_lists(texts, threads)
+        for k in range(len(texts)):
+            for where in ("<|" + "x", "x" + "<|"):
+                held = list(texts)
+                held[k] = "".join([where, "日本" if k == 2 else ""]) if k != 4 else where.encode()
+                # a fresh str, its UTF-8 not yet made: left to the threads as units
+                assert encoder.encode_ordinary_batch_lists(held, threads, unless="<|") is None, (k, where)
+
+
+def test_encode_batch_raises_or_encodes_as_tiktoken():
+    ours = threaded_encoding()
+    theirs = tiktoken.Encoding(
+        name="cl100k_base",
+        pat_str=ours._pat_str,
+        mergeable_ranks=ours._mergeable_ranks,
+        special_tokens=ours._special_tokens,
+    )
+    texts = ["plain words", "日本語 and é", "x" * 5000]
+    assert ours.encode_batch(texts, num_threads=2) == theirs.encode_batch(texts, num_threads=2)
+    for inserted in ("<|not a token|>", "<|"):
+        held = [*texts, "text " + inserted]
+        assert ours.encode_batch(held, num_threads=2) == theirs.encode_batch(held, num_threads=2)
+    with pytest.raises(ValueError, match="special token"):
+        ours.encode_batch([*texts, "end <|endoftext|>"], num_threads=2)
+    held = [*texts, "end <|endoftext|>"]
+    for kwargs in ({"allowed_special": "all"}, {"disallowed_special": ()}):
+        assert ours.encode_batch(held, num_threads=2, **kwargs) == theirs.encode_batch(held, num_threads=2, **kwargs)

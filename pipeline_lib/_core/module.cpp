@@ -696,6 +696,39 @@ void encode_units(Encoder& self, const std::vector<const uint8_t*>& ptrs, const 
     }
 }
 
+// The UTF-8 of `unless`, the text an encoding call returns None for instead of encoding (the
+// special tokens' common prefix, which Python then looks for the tokens behind); None: none.
+std::optional<std::string_view> unless_utf8(nb::handle unless) {
+    if (unless.is_none()) return std::nullopt;
+    if (!PyUnicode_Check(unless.ptr())) throw nb::type_error("unless must be a str or None");
+    Py_ssize_t size = 0;
+    const char* s = PyUnicode_AsUTF8AndSize(unless.ptr(), &size);
+    if (s == nullptr) throw nb::python_error();
+    return std::string_view(s, static_cast<size_t>(size));
+}
+
+// Whether n code units of `kind` bytes each (a str's, read in place by the text threads) hold the
+// str `unless`.
+bool units_hold(const void* data, size_t n, unsigned kind, PyObject* unless) {
+    const size_t m = static_cast<size_t>(PyUnicode_GET_LENGTH(unless));
+    std::vector<uint32_t> points(m);
+    for (size_t k = 0; k < m; ++k) points[k] = PyUnicode_READ_CHAR(unless, static_cast<Py_ssize_t>(k));
+    switch (kind) {
+        case PyUnicode_1BYTE_KIND: {
+            std::string latin1;
+            for (uint32_t c : points) {
+                if (c > 0xFF) return false;
+                latin1.push_back(static_cast<char>(c));
+            }
+            return contains_bytes(static_cast<const uint8_t*>(data), n, latin1);
+        }
+        case PyUnicode_2BYTE_KIND:
+            return contains_units(static_cast<const uint16_t*>(data), n, points.data(), m);
+        default:
+            return contains_units(static_cast<const uint32_t*>(data), n, points.data(), m);
+    }
+}
+
 // The documents of a batch as encode_batch takes them. A bytes object or an ASCII str is read in
 // place, and so is the UTF-8 another str already keeps. The UTF-8 of the other strs is left to the
 // batch's threads (kinds), each making that of the documents (or pieces of a long one) it
@@ -732,6 +765,16 @@ struct BatchTexts {
         }
     }
 
+    // Whether a document holds the str `unless` (its UTF-8 `needle`).
+    bool hold(PyObject* unless, std::string_view needle) const {
+        for (size_t k = 0; k < ptrs.size(); ++k) {
+            const bool held = kinds.empty() || kinds[k] == 0 ? contains_bytes(ptrs[k], lens[k], needle)
+                                                             : units_hold(ptrs[k], lens[k], kinds[k], unless);
+            if (held) return true;
+        }
+        return false;
+    }
+
     // Encoded on `num_threads` threads (encode_units).
     void encode(Encoder& self, int num_threads, BatchIds& ids, std::vector<uint64_t>& offsets) {
         encode_units(self, ptrs, lens, kinds.empty() ? nullptr : &kinds, num_threads, strs, ids, offsets);
@@ -766,45 +809,13 @@ struct StrDocument {
     }
 };
 
-// The UTF-8 of `unless`, the text an encoding call returns None for instead of encoding (the
-// special tokens' common prefix, which Python then looks for the tokens behind); None: none.
-std::optional<std::string_view> unless_utf8(nb::handle unless) {
-    if (unless.is_none()) return std::nullopt;
-    if (!PyUnicode_Check(unless.ptr())) throw nb::type_error("unless must be a str or None");
-    Py_ssize_t size = 0;
-    const char* s = PyUnicode_AsUTF8AndSize(unless.ptr(), &size);
-    if (s == nullptr) throw nb::python_error();
-    return std::string_view(s, static_cast<size_t>(size));
-}
-
-// Whether the str `t`'s code units (a StrDocument's, read in place) hold the str `unless`.
-bool units_hold(PyObject* t, PyObject* unless) {
-    const size_t m = static_cast<size_t>(PyUnicode_GET_LENGTH(unless));
-    std::vector<uint32_t> points(m);
-    for (size_t k = 0; k < m; ++k) points[k] = PyUnicode_READ_CHAR(unless, static_cast<Py_ssize_t>(k));
-    const void* data = PyUnicode_DATA(t);
-    const size_t n = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
-    switch (PyUnicode_KIND(t)) {
-        case PyUnicode_1BYTE_KIND: {
-            std::string latin1;
-            for (uint32_t c : points) {
-                if (c > 0xFF) return false;
-                latin1.push_back(static_cast<char>(c));
-            }
-            return contains_bytes(static_cast<const uint8_t*>(data), n, latin1);
-        }
-        case PyUnicode_2BYTE_KIND:
-            return contains_units(static_cast<const uint16_t*>(data), n, points.data(), m);
-        default:
-            return contains_units(static_cast<const uint32_t*>(data), n, points.data(), m);
-    }
-}
-
 nb::object encoder_encode(Encoder& self, nb::handle data, nb::handle unless) {
     const std::optional<std::string_view> needle = unless_utf8(unless);
     BatchIds out;
     if (str_to_text_threads(self, data.ptr())) {
-        if (needle && units_hold(data.ptr(), unless.ptr())) return nb::none();
+        if (needle && units_hold(PyUnicode_DATA(data.ptr()), static_cast<size_t>(PyUnicode_GET_LENGTH(data.ptr())),
+                                 PyUnicode_KIND(data.ptr()), unless.ptr()))
+            return nb::none();
         StrDocument(data.ptr()).encode(self, out);
         return nb::cast(numpy_1d(std::move(out)));
     }
@@ -873,7 +884,9 @@ nb::object segments_to_list(Encoder& self, const std::vector<const uint8_t*>& pt
 nb::object encoder_encode_list(Encoder& self, nb::handle text, nb::handle unless) {
     const std::optional<std::string_view> needle = unless_utf8(unless);
     if (str_to_text_threads(self, text.ptr())) {
-        if (needle && units_hold(text.ptr(), unless.ptr())) return nb::none();
+        if (needle && units_hold(PyUnicode_DATA(text.ptr()), static_cast<size_t>(PyUnicode_GET_LENGTH(text.ptr())),
+                                 PyUnicode_KIND(text.ptr()), unless.ptr()))
+            return nb::none();
         BatchIds ids;
         StrDocument(text.ptr()).encode(self, ids);
         return list_of_ids(self, ids.data(), ids.size(), EncoderCore::threads_for(self.text_threads));
@@ -910,12 +923,14 @@ nb::object encoder_encode_list(Encoder& self, nb::handle text, nb::handle unless
 }
 
 // tiktoken's encode_ordinary_batch: one list of ints per text, encoded and filled on `num_threads` threads.
-nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_threads) {
+nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_threads, nb::handle unless) {
+    const std::optional<std::string_view> needle = unless_utf8(unless);
     nb::object fast = nb::steal(PySequence_Fast(texts.ptr(), "expected a sequence of str or bytes"));
     if (!fast.is_valid()) throw nb::python_error();
     const size_t n_docs = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
     PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
     BatchTexts batch(items, n_docs, num_threads, "texts");
+    if (needle && batch.hold(unless.ptr(), *needle)) return nb::none();
     BatchIds ids;
     std::vector<uint64_t> offsets;
     batch.encode(self, num_threads, ids, offsets);
@@ -1322,7 +1337,9 @@ NB_MODULE(_tokcore, m) {
         .def("encode_ordinary_list", &encoder_encode_list, nb::arg("text"), nb::arg("unless") = nb::none(),
              "encode_ordinary() of a str (UTF-8) or bytes as a list of ints (None when it holds `unless`).")
         .def("encode_ordinary_batch_lists", &encoder_encode_batch_lists, nb::arg("texts"), nb::arg("num_threads") = 0,
-             "encode_ordinary_batch() of str (UTF-8) or bytes texts as lists of ints, on threads.")
+             nb::arg("unless") = nb::none(),
+             "encode_ordinary_batch() of str (UTF-8) or bytes texts as lists of ints, on threads (None when one "
+             "holds `unless`).")
         .def("encode_piece", &encoder_encode_piece, nb::arg("piece"), nb::arg("periodic") = true,
              "BPE of one piece (no splitting); periodic=False: without the shortcut for long repeating pieces.")
         .def("decode", &encoder_decode, nb::arg("ids"), "Bytes of the ids; ValueError on an unknown id.")

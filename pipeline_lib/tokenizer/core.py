@@ -601,16 +601,14 @@ class Tokenizer:
         return allowed
 
     @staticmethod
-    def _plain_policy(text: object, allowed_special: SpecialSet, disallowed_special: SpecialSet) -> bool:
-        """Whether `text` is a str that, holding no special token's common prefix, encodes as
-        ordinary text under these policies with none to work out: those that cannot raise (every
-        special disallowed or none, the allowed ones "all" or a set). The encoder's calls look
-        for the prefix in the bytes they read (`unless`), where Python's `in` was a pass of its
-        own over the text: a quarter of `encode_to_numpy`'s time on English."""
-        return (
-            type(text) is str
-            and (disallowed_special == "all" or disallowed_special == ())
-            and (allowed_special is _NONE_ALLOWED or type(allowed_special) in _SETS or allowed_special == "all")
+    def _plain_policy(allowed_special: SpecialSet, disallowed_special: SpecialSet) -> bool:
+        """Whether a text without the special tokens' common prefix encodes as ordinary text
+        under these policies with nothing to work out: those that cannot raise (every special
+        disallowed or none, the allowed ones "all" or a set). The encoder's calls look for the
+        prefix in the bytes they read (`unless`), where Python's `in` was a pass of its own over
+        the text: a quarter of `encode_to_numpy`'s time on English."""
+        return (disallowed_special == "all" or disallowed_special == ()) and (
+            allowed_special is _NONE_ALLOWED or type(allowed_special) in _SETS or allowed_special == "all"
         )
 
     def _parts(self, text: str, allowed: frozenset[str]) -> list[str | int]:
@@ -762,7 +760,7 @@ class Tokenizer:
     ) -> np.ndarray:
         """`encode`, as a uint32 array (no list of Python ints is made)."""
         encode_array = self._encode_array
-        if encode_array is not None and self._plain_policy(text, allowed_special, disallowed_special):
+        if encode_array is not None and type(text) is str and self._plain_policy(allowed_special, disallowed_special):
             try:
                 ids = encode_array(text, self._special_prefix)  # None: the text holds the prefix
             except UnicodeEncodeError:  # lone surrogates: replaced below, as tiktoken does
@@ -793,6 +791,17 @@ class Tokenizer:
         disallowed_special: SpecialSet = "all",
     ) -> list[list[int]]:
         """`encode` for many texts, on `num_threads` native threads; raises as `encode`."""
+        if (
+            self._encoder is not None
+            and not self._split_in_python
+            and self._plain_policy(allowed_special, disallowed_special)
+        ):
+            try:  # None: a text holds the special tokens' prefix
+                lists = self._encoder.encode_ordinary_batch_lists(text, num_threads, self._special_prefix)
+            except UnicodeEncodeError:  # lone surrogates: replaced below, as tiktoken does
+                lists = None
+            if lists is not None:
+                return lists
         allowed = self._allowed(text, allowed_special, disallowed_special)
         if not allowed:
             return self.encode_ordinary_batch(text, num_threads=num_threads)

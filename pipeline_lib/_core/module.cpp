@@ -696,38 +696,49 @@ void encode_units(Encoder& self, const std::vector<const uint8_t*>& ptrs, const 
     }
 }
 
-// The UTF-8 of `unless`, the text an encoding call returns None for instead of encoding (the
-// special tokens' common prefix, which Python then looks for the tokens behind); None: none.
-std::optional<std::string_view> unless_utf8(nb::handle unless) {
-    if (unless.is_none()) return std::nullopt;
-    if (!PyUnicode_Check(unless.ptr())) throw nb::type_error("unless must be a str or None");
-    Py_ssize_t size = 0;
-    const char* s = PyUnicode_AsUTF8AndSize(unless.ptr(), &size);
-    if (s == nullptr) throw nb::python_error();
-    return std::string_view(s, static_cast<size_t>(size));
-}
-
-// Whether n code units of `kind` bytes each (a str's, read in place by the text threads) hold the
-// str `unless`.
-bool units_hold(const void* data, size_t n, unsigned kind, PyObject* unless) {
-    const size_t m = static_cast<size_t>(PyUnicode_GET_LENGTH(unless));
-    std::vector<uint32_t> points(m);
-    for (size_t k = 0; k < m; ++k) points[k] = PyUnicode_READ_CHAR(unless, static_cast<Py_ssize_t>(k));
-    switch (kind) {
-        case PyUnicode_1BYTE_KIND: {
-            std::string latin1;
-            for (uint32_t c : points) {
-                if (c > 0xFF) return false;
-                latin1.push_back(static_cast<char>(c));
-            }
-            return contains_bytes(static_cast<const uint8_t*>(data), n, latin1);
+// `unless`: the text an encoding call returns None for instead of encoding (the special tokens'
+// common prefix, which Python then looks for the tokens behind), made once a call in the forms it
+// is looked for in: UTF-8 and a str's code units.
+class Unless {
+public:
+    // None: nothing to look for (std::nullopt).
+    static std::optional<Unless> of(nb::handle unless) {
+        if (unless.is_none()) return std::nullopt;
+        if (!PyUnicode_Check(unless.ptr())) throw nb::type_error("unless must be a str or None");
+        Py_ssize_t size = 0;
+        const char* utf8 = PyUnicode_AsUTF8AndSize(unless.ptr(), &size);
+        if (utf8 == nullptr) throw nb::python_error();
+        Unless u;
+        u.utf8_ = std::string_view(utf8, static_cast<size_t>(size));
+        const Py_ssize_t m = PyUnicode_GET_LENGTH(unless.ptr());
+        for (Py_ssize_t k = 0; k < m; ++k) {
+            const uint32_t c = PyUnicode_READ_CHAR(unless.ptr(), k);
+            u.points_.push_back(c);
+            if (c > 0xFF) u.latin1_fits_ = false;
+            u.latin1_.push_back(static_cast<char>(c));
         }
-        case PyUnicode_2BYTE_KIND:
-            return contains_units(static_cast<const uint16_t*>(data), n, points.data(), m);
-        default:
-            return contains_units(static_cast<const uint32_t*>(data), n, points.data(), m);
+        return u;
     }
-}
+    // In UTF-8 (or bytes).
+    bool in_bytes(const uint8_t* p, size_t n) const { return contains_bytes(p, n, utf8_); }
+    // In n code units of `kind` bytes each (a str's, read in place by the text threads).
+    bool in_units(const void* data, size_t n, unsigned kind) const {
+        switch (kind) {
+            case PyUnicode_1BYTE_KIND:
+                return latin1_fits_ && contains_bytes(static_cast<const uint8_t*>(data), n, latin1_);
+            case PyUnicode_2BYTE_KIND:
+                return contains_units(static_cast<const uint16_t*>(data), n, points_.data(), points_.size());
+            default:
+                return contains_units(static_cast<const uint32_t*>(data), n, points_.data(), points_.size());
+        }
+    }
+
+private:
+    std::string_view utf8_;  // kept by the str
+    std::vector<uint32_t> points_;
+    std::string latin1_;  // the code points as bytes, where each fits one (latin1_fits_)
+    bool latin1_fits_ = true;
+};
 
 // The documents of a batch as encode_batch takes them. A bytes object or an ASCII str is read in
 // place, and so is the UTF-8 another str already keeps. The UTF-8 of the other strs is left to the
@@ -765,11 +776,11 @@ struct BatchTexts {
         }
     }
 
-    // Whether a document holds the str `unless` (its UTF-8 `needle`).
-    bool hold(PyObject* unless, std::string_view needle) const {
+    // Whether a document holds `unless`.
+    bool hold(const Unless& unless) const {
         for (size_t k = 0; k < ptrs.size(); ++k) {
-            const bool held = kinds.empty() || kinds[k] == 0 ? contains_bytes(ptrs[k], lens[k], needle)
-                                                             : units_hold(ptrs[k], lens[k], kinds[k], unless);
+            const bool held = kinds.empty() || kinds[k] == 0 ? unless.in_bytes(ptrs[k], lens[k])
+                                                             : unless.in_units(ptrs[k], lens[k], kinds[k]);
             if (held) return true;
         }
         return false;
@@ -802,6 +813,9 @@ struct StrDocument {
           kinds{static_cast<uint8_t>(PyUnicode_KIND(t))},
           strs{t} {}
 
+    // Whether the str holds `unless`.
+    bool holds(const Unless& unless) const { return unless.in_units(ptrs[0], lens[0], kinds[0]); }
+
     // Encoded on the encoder's text threads (encode_units).
     void encode(Encoder& self, BatchIds& ids) const {
         std::vector<uint64_t> offsets;
@@ -809,21 +823,20 @@ struct StrDocument {
     }
 };
 
-nb::object encoder_encode(Encoder& self, nb::handle data, nb::handle unless) {
-    const std::optional<std::string_view> needle = unless_utf8(unless);
+nb::object encoder_encode(Encoder& self, nb::handle data, nb::handle unless_obj) {
+    const std::optional<Unless> unless = Unless::of(unless_obj);
     BatchIds out;
     if (str_to_text_threads(self, data.ptr())) {
-        if (needle && units_hold(PyUnicode_DATA(data.ptr()), static_cast<size_t>(PyUnicode_GET_LENGTH(data.ptr())),
-                                 PyUnicode_KIND(data.ptr()), unless.ptr()))
-            return nb::none();
-        StrDocument(data.ptr()).encode(self, out);
+        const StrDocument doc(data.ptr());
+        if (unless && doc.holds(*unless)) return nb::none();
+        doc.encode(self, out);
         return nb::cast(numpy_1d(std::move(out)));
     }
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
     nb::object keep;
     const auto [p, n] = text_bytes(data, keep);
-    if (needle && contains_bytes(p, n, *needle)) return nb::none();
+    if (unless && unless->in_bytes(p, n)) return nb::none();
     const bool threaded = text_segments(self, p, n, ptrs, lens);
     CallScope scope;
     {
@@ -881,19 +894,18 @@ nb::object segments_to_list(Encoder& self, const std::vector<const uint8_t*>& pt
 }
 
 // tiktoken's encode_ordinary: a list of Python ints straight from the core's ids.
-nb::object encoder_encode_list(Encoder& self, nb::handle text, nb::handle unless) {
-    const std::optional<std::string_view> needle = unless_utf8(unless);
+nb::object encoder_encode_list(Encoder& self, nb::handle text, nb::handle unless_obj) {
+    const std::optional<Unless> unless = Unless::of(unless_obj);
     if (str_to_text_threads(self, text.ptr())) {
-        if (needle && units_hold(PyUnicode_DATA(text.ptr()), static_cast<size_t>(PyUnicode_GET_LENGTH(text.ptr())),
-                                 PyUnicode_KIND(text.ptr()), unless.ptr()))
-            return nb::none();
+        const StrDocument doc(text.ptr());
+        if (unless && doc.holds(*unless)) return nb::none();
         BatchIds ids;
-        StrDocument(text.ptr()).encode(self, ids);
+        doc.encode(self, ids);
         return list_of_ids(self, ids.data(), ids.size(), EncoderCore::threads_for(self.text_threads));
     }
     nb::object keep;
     const auto [p, n] = text_bytes(text, keep);
-    if (needle && contains_bytes(p, n, *needle)) return nb::none();
+    if (unless && unless->in_bytes(p, n)) return nb::none();
     if (n < 4096) {
         // A short text (a chat message, a paragraph): microseconds under the GIL, so no
         // cancellation scope (its clock read and counters cost a tenth of encoding a sentence) and
@@ -923,14 +935,14 @@ nb::object encoder_encode_list(Encoder& self, nb::handle text, nb::handle unless
 }
 
 // tiktoken's encode_ordinary_batch: one list of ints per text, encoded and filled on `num_threads` threads.
-nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_threads, nb::handle unless) {
-    const std::optional<std::string_view> needle = unless_utf8(unless);
+nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_threads, nb::handle unless_obj) {
+    const std::optional<Unless> unless = Unless::of(unless_obj);
     nb::object fast = nb::steal(PySequence_Fast(texts.ptr(), "expected a sequence of str or bytes"));
     if (!fast.is_valid()) throw nb::python_error();
     const size_t n_docs = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
     PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
     BatchTexts batch(items, n_docs, num_threads, "texts");
-    if (needle && batch.hold(unless.ptr(), *needle)) return nb::none();
+    if (unless && batch.hold(*unless)) return nb::none();
     BatchIds ids;
     std::vector<uint64_t> offsets;
     batch.encode(self, num_threads, ids, offsets);

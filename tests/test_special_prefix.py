@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import tiktoken
+from growth_check import FACTOR, LIMIT, growth
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -173,3 +174,31 @@ def test_encode_batch_raises_or_encodes_as_tiktoken():
     held = [*texts, "end <|endoftext|>"]
     for kwargs in ({"allowed_special": "all"}, {"disallowed_special": ()}):
         assert ours.encode_batch(held, num_threads=2, **kwargs) == theirs.encode_batch(held, num_threads=2, **kwargs)
+
+
+def test_texts_dense_with_the_needle_s_first_characters_are_searched_in_linear_time(encoder):
+    """Pathological texts for the search, the needle at their very end: every other byte starts
+    it ("<|<|..." against "<|endoftext|>": the first two bytes match at every other place, the
+    rest is compared there), and a str of 2-byte units full of "<" read by the text threads: 8x
+    the text, at most 16x the time (growth_check)."""
+    needle = "<|endoftext|>"
+    small, big = b"<|" * 100_000 + needle.encode(), b"<|" * (100_000 * FACTOR) + needle.encode()
+    assert encoder.encode_ordinary(big, unless=needle) is None
+    ratio = growth(
+        lambda: encoder.encode_ordinary(small, unless=needle),
+        lambda: encoder.encode_ordinary(big, unless=needle),
+        "bytes dense with the needle's first bytes",
+    )
+    assert ratio <= LIMIT
+    threaded = threaded_encoding()._encoder
+
+    def units(n: int) -> str:  # a fresh str of 2-byte units (its UTF-8 not made)
+        return "".join(["日", "<" * n, "<|"])
+
+    assert threaded.encode_ordinary_list(units(THREADED * FACTOR), unless="<|") is None
+    ratio = growth(
+        lambda: threaded.encode_ordinary_list(units(THREADED), unless="<|"),
+        lambda: threaded.encode_ordinary_list(units(THREADED * FACTOR), unless="<|"),
+        "2-byte units dense with the needle's first character",
+    )
+    assert ratio <= LIMIT

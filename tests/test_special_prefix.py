@@ -182,7 +182,7 @@ def test_texts_dense_with_the_needle_s_first_characters_are_searched_in_linear_t
     rest is compared there), and a str of 2-byte units full of "<" read by the text threads: 8x
     the text, at most 16x the time (growth_check)."""
     needle = "<|endoftext|>"
-    small, big = b"<|" * 100_000 + needle.encode(), b"<|" * (100_000 * FACTOR) + needle.encode()
+    small, big = b"<|" * 2_000_000 + needle.encode(), b"<|" * (2_000_000 * FACTOR) + needle.encode()
     assert encoder.encode_ordinary(big, unless=needle) is None
     ratio = growth(
         lambda: encoder.encode_ordinary(small, unless=needle),
@@ -195,10 +195,10 @@ def test_texts_dense_with_the_needle_s_first_characters_are_searched_in_linear_t
     def units(n: int) -> str:  # a fresh str of 2-byte units (its UTF-8 not made)
         return "".join(["日", "<" * n, "<|"])
 
-    assert threaded.encode_ordinary_list(units(THREADED * FACTOR), unless="<|") is None
+    assert threaded.encode_ordinary_list(units(2 * THREADED * FACTOR), unless="<|") is None
     ratio = growth(
-        lambda: threaded.encode_ordinary_list(units(THREADED), unless="<|"),
-        lambda: threaded.encode_ordinary_list(units(THREADED * FACTOR), unless="<|"),
+        lambda: threaded.encode_ordinary_list(units(2 * THREADED), unless="<|"),
+        lambda: threaded.encode_ordinary_list(units(2 * THREADED * FACTOR), unless="<|"),
         "2-byte units dense with the needle's first character",
     )
     assert ratio <= LIMIT

@@ -697,8 +697,9 @@ void encode_units(Encoder& self, const std::vector<const uint8_t*>& ptrs, const 
 }
 
 // `unless`: the text an encoding call returns None for instead of encoding (the special tokens'
-// common prefix, which Python then looks for the tokens behind), made once a call in the forms it
-// is looked for in: UTF-8 and a str's code units.
+// common prefix, which Python then looks for the tokens behind), in the forms it is looked for in:
+// UTF-8, and the code points that a str's units are compared with, made at the first such
+// comparison of a call (most calls read UTF-8 alone, and a short text's call paid an allocation).
 class Unless {
 public:
     // None: nothing to look for (std::nullopt).
@@ -708,21 +709,13 @@ public:
         Py_ssize_t size = 0;
         const char* utf8 = PyUnicode_AsUTF8AndSize(unless.ptr(), &size);
         if (utf8 == nullptr) throw nb::python_error();
-        Unless u;
-        u.utf8_ = std::string_view(utf8, static_cast<size_t>(size));
-        const Py_ssize_t m = PyUnicode_GET_LENGTH(unless.ptr());
-        for (Py_ssize_t k = 0; k < m; ++k) {
-            const uint32_t c = PyUnicode_READ_CHAR(unless.ptr(), k);
-            u.points_.push_back(c);
-            if (c > 0xFF) u.latin1_fits_ = false;
-            u.latin1_.push_back(static_cast<char>(c));
-        }
-        return u;
+        return Unless(unless.ptr(), std::string_view(utf8, static_cast<size_t>(size)));
     }
     // In UTF-8 (or bytes).
     bool in_bytes(const uint8_t* p, size_t n) const { return contains_bytes(p, n, utf8_); }
     // In n code units of `kind` bytes each (a str's, read in place by the text threads).
     bool in_units(const void* data, size_t n, unsigned kind) const {
+        if (!units_made_) make_units();
         switch (kind) {
             case PyUnicode_1BYTE_KIND:
                 return latin1_fits_ && contains_bytes(static_cast<const uint8_t*>(data), n, latin1_);
@@ -734,10 +727,24 @@ public:
     }
 
 private:
+    Unless(PyObject* str, std::string_view utf8) : str_(str), utf8_(utf8) {}
+    void make_units() const {
+        const Py_ssize_t m = PyUnicode_GET_LENGTH(str_);
+        for (Py_ssize_t k = 0; k < m; ++k) {
+            const uint32_t c = PyUnicode_READ_CHAR(str_, k);
+            points_.push_back(c);
+            latin1_fits_ = latin1_fits_ && c <= 0xFF;
+            if (latin1_fits_) latin1_.push_back(static_cast<char>(c));
+        }
+        units_made_ = true;
+    }
+
+    PyObject* str_;          // borrowed: the caller's argument, alive for the call
     std::string_view utf8_;  // kept by the str
-    std::vector<uint32_t> points_;
-    std::string latin1_;  // the code points as bytes, where each fits one (latin1_fits_)
-    bool latin1_fits_ = true;
+    mutable std::vector<uint32_t> points_;
+    mutable std::string latin1_;  // the code points as bytes, when each fits one (latin1_fits_)
+    mutable bool latin1_fits_ = true;
+    mutable bool units_made_ = false;
 };
 
 // The documents of a batch as encode_batch takes them. A bytes object or an ASCII str is read in

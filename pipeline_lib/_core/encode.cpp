@@ -727,7 +727,7 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
         }
         PieceCache::Recent* recent = nullptr;
         if (cache != nullptr && len <= 8) {
-            recent = &cache->recent[key.hash & (PieceCache::kRecent - 1)];
+            recent = &cache->recent()[key.hash & (PieceCache::kRecent - 1)];
             if (recent->len == len && recent->head == key.head) {
                 if (recent->id != kNone) {
                     out.push_back(recent->id);
@@ -738,7 +738,7 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
             }
         } else if (cache != nullptr && len <= PieceCache::kMaxPieceBytes) {
             if (len <= 16) {
-                const PieceCache::RecentLong& hit = cache->recent_long[key.hash & (PieceCache::kRecentLong - 1)];
+                const PieceCache::RecentLong& hit = cache->recent_long()[key.hash & (PieceCache::kRecentLong - 1)];
                 if (hit.len == len && hit.head == key.head && hit.tail == detail::read64(p + len - 8) &&
                     hit.count != 0) {
                     for (size_t k = 0; k < hit.count; ++k) out.push_back(hit.ids[k]);
@@ -757,7 +757,7 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
         encode_merged(key, out, cache);
     };
     cancel::Poll& poll = cancel::current();
-    PieceCache::Word* const words = cache != nullptr && !start_chars_ ? cache->words.data() : nullptr;
+    PieceCache::Word* const words = cache != nullptr && !start_chars_ ? cache->words() : nullptr;
     // A piece the scanner found. A piece of the words table is keyed by its bytes as loaded,
     // those past the piece masked off.
     struct Found {
@@ -816,9 +816,9 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
         const Key key(data + b, len);
         if (cache != nullptr) {
             if (len <= 8) {
-                __builtin_prefetch(&cache->recent[key.hash & (PieceCache::kRecent - 1)]);
+                __builtin_prefetch(&cache->recent()[key.hash & (PieceCache::kRecent - 1)]);
             } else if (len <= 16) {
-                __builtin_prefetch(&cache->recent_long[key.hash & (PieceCache::kRecentLong - 1)]);
+                __builtin_prefetch(&cache->recent_long()[key.hash & (PieceCache::kRecentLong - 1)]);
             }
         }
         f = Found{b, len, key.head, key.hash, nullptr};
@@ -874,7 +874,7 @@ void EncoderCore::encode_long(const Key& key, std::vector<uint32_t>& out, PieceC
         cache_ids(key, at, out, before, cache);
     }
     if (key.n > 16) return;
-    PieceCache::RecentLong& slot = cache->recent_long[key.hash & (PieceCache::kRecentLong - 1)];
+    PieceCache::RecentLong& slot = cache->recent_long()[key.hash & (PieceCache::kRecentLong - 1)];
     const size_t count = out.size() - before;
     slot.head = key.head;
     slot.tail = detail::read64(key.p + key.n - 8);

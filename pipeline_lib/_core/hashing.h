@@ -9,15 +9,22 @@
 //                        key of <= 8 bytes -- most pre-tokenized pieces -- compares within the
 //                        entry and never reads the arena: one cache miss fewer per lookup.
 //   U64Map<V>         -- uint64 key -> V, linear probing; key ~0 is reserved (empty).
+//   BigVector<T>      -- a std::vector whose buffer, from 1 MiB up, is whole huge pages.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace tokcore {
 
@@ -76,6 +83,52 @@ inline uint64_t hash_bytes(const uint8_t* p, size_t n, uint64_t head) {
     return mix(kP1 ^ n, mix(a ^ kP1, b ^ seed));
 }
 inline uint64_t hash_bytes(const uint8_t* p, size_t n) { return hash_bytes(p, n, head_word(p, n)); }
+
+// Buffers of 1 MiB or more in whole 2 MiB pages, aligned to them and marked for transparent huge
+// pages (Linux, where the system leaves them to madvise, its default): a lookup in a table of
+// megabytes, which misses the cache anyway, then seldom misses the TLB too. With 4 KiB pages a
+// core's TLB covers a few MiB, against the encoder's tens (the vocabulary's maps, each thread's
+// caches). Smaller buffers come from the usual allocator.
+template <class T>
+struct HugePageAllocator {
+    using value_type = T;
+    static constexpr size_t kHugePage = size_t{2} << 20;
+    static constexpr size_t kFrom = size_t{1} << 20;
+
+    HugePageAllocator() = default;
+    template <class U>
+    HugePageAllocator(const HugePageAllocator<U>&) {}
+
+    T* allocate(size_t n) {
+        if (n > (SIZE_MAX - kHugePage) / sizeof(T)) throw std::bad_alloc();
+        const size_t bytes = n * sizeof(T);
+        if (bytes < kFrom) return std::allocator<T>().allocate(n);
+        const size_t rounded = (bytes + kHugePage - 1) & ~(kHugePage - 1);
+        void* p = std::aligned_alloc(kHugePage, rounded);
+        if (p == nullptr) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+        madvise(p, rounded, MADV_HUGEPAGE);  // a hint: no huge page to be had leaves 4 KiB ones
+#endif
+        return static_cast<T*>(p);
+    }
+    void deallocate(T* p, size_t n) {
+        if (n * sizeof(T) < kFrom) {
+            std::allocator<T>().deallocate(p, n);
+        } else {
+            std::free(p);
+        }
+    }
+    template <class U>
+    bool operator==(const HugePageAllocator<U>&) const {
+        return true;
+    }
+    template <class U>
+    bool operator!=(const HugePageAllocator<U>&) const {
+        return false;
+    }
+};
+template <class T>
+using BigVector = std::vector<T, HugePageAllocator<T>>;
 
 // A byte string to look up, with its head word and hash computed once for any number of maps.
 struct Key {
@@ -238,7 +291,7 @@ private:
     void grow() {
         const size_t cap = slots_.size() * 2;
         if (cap > (size_t{1} << 32)) throw std::length_error("a map of more than 2^31 keys");
-        std::vector<Slot> old(cap, Slot{0, 0});
+        BigVector<Slot> old(cap, Slot{0, 0});
         old.swap(slots_);
         mask_ = cap - 1;
         for (const Slot& s : old) {
@@ -249,7 +302,7 @@ private:
         }
     }
 
-    std::vector<Slot> slots_;
+    BigVector<Slot> slots_;
     std::vector<Entry> entries_;
     Arena arena_;
     size_t mask_ = 0;
@@ -318,7 +371,7 @@ private:
     };
 
     void grow() {
-        std::vector<Slot> old;
+        BigVector<Slot> old;
         old.swap(slots_);
         const size_t cap = old.size() * 2;
         slots_.assign(cap, Slot{kEmpty, V{}});
@@ -331,7 +384,7 @@ private:
         }
     }
 
-    std::vector<Slot> slots_;
+    BigVector<Slot> slots_;
     size_t mask_ = 0;
     size_t size_ = 0;
 };
@@ -405,7 +458,7 @@ private:
     static uint64_t pack(uint64_t key) { return (key >> 32) << kBits | (key & 0xFFFFFFFFu); }
 
     bool packed_ = true;
-    std::vector<uint64_t> slots_;
+    BigVector<uint64_t> slots_;
     uint64_t mask_ = 0;
     size_t size_ = 0;
     U64Map<uint32_t> wide_;
@@ -455,7 +508,7 @@ private:
     // (up to 2^24 slots: vocabularies have fewer than 2^22 tokens)
     size_t index(uint64_t h) const { return static_cast<size_t>(h >> 40) & mask_; }
 
-    std::vector<Slot> slots_;
+    BigVector<Slot> slots_;
     uint64_t mask_ = 0;
 };
 

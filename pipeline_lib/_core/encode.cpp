@@ -703,6 +703,7 @@ void EncoderCore::word_miss(const uint8_t* p, size_t len, uint64_t head, uint64_
     }
     const size_t count = out.size() - before;
     if (count <= PieceCache::kWordIds) {
+        w[1] = w[0];  // the set's older word moves to its second way, the new one first
         w->head = head;
         w->tail = tail;
         w->len = static_cast<uint16_t>(len);
@@ -777,6 +778,13 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
             for (size_t k = 1; k < w->count; ++k) out.push_back(w->ids[k]);
             return;
         }
+        PieceCache::Word* const second = w + 1;  // the set's other way, in the same cache line
+        if (second->len == len && second->head == f.head && second->tail == f.tail) {
+            std::swap(*w, *second);  // the word met last first
+            out.push_back(w->ids[0]);
+            for (size_t k = 1; k < w->count; ++k) out.push_back(w->ids[k]);
+            return;
+        }
         word_miss(data + f.b, len, f.head, f.tail, w, out, cache);
     };
     // Each piece is looked up kAhead pieces after the scanner finds it, and its slot in the words
@@ -799,7 +807,7 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
         const size_t len = e - b;
         auto keyed = [&]() __attribute__((always_inline)) {
             const pretok::WordKey k = pretok::word_key(data + b, len);
-            PieceCache::Word* w = &words[pretok::word_key_slot(k.head, k.tail, PieceCache::kWordBits)];
+            PieceCache::Word* w = &words[2 * pretok::word_key_slot(k.head, k.tail, PieceCache::kWordBits - 1)];
             __builtin_prefetch(w);
             f = Found{b, len, k.head, k.tail, w};
         };

@@ -772,26 +772,22 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
             piece(Key(data + f.b, f.len, f.head, f.tail));
             return;
         }
-        const size_t len = f.len;
-        if (w->len == len && w->head == f.head && w->tail == f.tail) {
-            out.push_back(w->ids[0]);
-            for (size_t k = 1; k < w->count; ++k) out.push_back(w->ids[k]);
-            return;
+        auto holds = [&](const PieceCache::Word& x) { return x.len == f.len && x.head == f.head && x.tail == f.tail; };
+        if (!holds(w[0])) {
+            if (!holds(w[1])) {  // the set's other way, in the same cache line
+                word_miss(data + f.b, f.len, f.head, f.tail, w, out, cache);
+                return;
+            }
+            std::swap(w[0], w[1]);  // the word met last first
         }
-        PieceCache::Word* const second = w + 1;  // the set's other way, in the same cache line
-        if (second->len == len && second->head == f.head && second->tail == f.tail) {
-            std::swap(*w, *second);  // the word met last first
-            out.push_back(w->ids[0]);
-            for (size_t k = 1; k < w->count; ++k) out.push_back(w->ids[k]);
-            return;
-        }
-        word_miss(data + f.b, len, f.head, f.tail, w, out, cache);
+        out.push_back(w->ids[0]);
+        for (size_t k = 1; k < w->count; ++k) out.push_back(w->ids[k]);
     };
     // Each piece is looked up kAhead pieces after the scanner finds it, and its slot in the words
     // table or a recent-piece table is prefetched when found: those tables (2 MiB) are out of the
     // cache when a call starts after other work, and a word's first lookup in a call then waits
-    // for memory. 16 pieces (~0.3-0.5 us of the loop) cover that wait where 8 did not: unseen
-    // English 5% faster, code 2-6%, a second pass 2-11% (32: no faster than 16).
+    // for memory. 16 pieces cover that wait where 8 did not: unseen English 5% faster, code 2-6%,
+    // a second pass 2-11% (32: no faster than 16).
     constexpr size_t kAhead = 16;
     Found ahead[kAhead];
     size_t found = 0;

@@ -6,9 +6,9 @@ The corpus is cut into parts of ~250,000 characters at line ends; part 0 warms e
 For parts 1-8, one call each: the part unseen (new words, tables out of the cache), the same part
 again (every word met, its lines in the cache), and again after 64 MB have been written (every
 word met, the lines in memory). Printed: the median CPU milliseconds of each, per peer, run in
-fresh processes taking turns (tokenmill, gigatoken, tokenmill, ...). unseen - again is what the
-new words cost with the cache's help; evicted - again what the tables' lines cost from memory.
-gigatoken is skipped when it is not installed.
+fresh processes taking turns (tokenmill, gigatoken, tokenmill, ...), and the ratios of the two.
+unseen - again is what the new words cost with the cache's help; evicted - again what the
+tables' lines cost from memory. gigatoken is skipped when it is not installed.
 """
 
 from __future__ import annotations
@@ -82,12 +82,17 @@ def main() -> None:
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
             runs[peer].append([float(x) for x in out])
     print(f"{os.path.basename(args.corpus)}, {args.encoding}, load {os.getloadavg()[0]:.2f}: CPU ms per part")
-    for peer, rows in runs.items():
-        unseen, again, evicted = (statistics.median(r[k] for r in rows) for k in range(3))
+    medians = {peer: [statistics.median(r[k] for r in rows) for k in range(3)] for peer, rows in runs.items()}
+    for peer, (unseen, again, evicted) in medians.items():
         print(
             f"  {peer:<10} unseen {unseen:6.2f}  again {again:6.2f}  evicted {evicted:6.2f}"
             f"  | unseen - again {unseen - again:5.2f}  evicted - again {evicted - again:5.2f}"
         )
+    if "gigatoken" in medians:
+        kinds = ("unseen", "again", "evicted")
+        pairs = zip(kinds, medians["tokenmill"], medians["gigatoken"])
+        ratios = "  ".join(f"{kind} {peer_ms / ours_ms:.2f}x" for kind, ours_ms, peer_ms in pairs)
+        print(f"  tokenmill's speed over gigatoken's: {ratios}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ against tiktoken (cl100k / o200k vocabularies from the packaged files).
 
 The encoder keeps the ids of recent pieces of 9..16 bytes in a direct-mapped table (up to three
 ids inline, more in the piece map) and looks pieces longer than 8 bytes up in its piece map
-before the vocabulary. One encoder is reused across the examples here, so later texts meet
+before the vocabulary; pieces of its words table (<= 15 bytes) that are no token are kept in its
+word store. One encoder is reused across the examples here, so later texts meet
 entries written by earlier ones: overwritten slots, pieces with more ids than fit inline, and a
 piece map that fills and is cleared.
 """
@@ -133,6 +134,22 @@ def test_piece_map_refills_after_it_is_cleared(name):
     assert native_ids(native, text) == expected
     tail = " ".join(words[-3000:] + words[:3000])
     assert native_ids(native, tail) == reference.encode_ordinary(tail)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_words_the_words_table_lost_come_back_from_the_word_store(name):
+    """Pieces of <= 15 bytes that are no token: the words table (65,536 of them) keeps the last
+    met, the word store every one. 150,000 distinct words, most of more than three ids (kept
+    apart from the table's entry), met in one order and again in another: the second meeting of
+    most is through the store, and all keep tiktoken's ids."""
+    native, reference = encoders(name)
+    rnd = random.Random(13)
+    words = list({" " + "".join(rnd.choices("bcdfghjklmnpqrstvwxzy", k=rnd.randint(7, 14))) for _ in range(150_000)})
+    assert sum(len(reference.encode_ordinary(w)) > 3 for w in words[:1000]) > 500
+    shuffled = words[:]
+    rnd.shuffle(shuffled)
+    text = "".join(words) + "".join(shuffled)
+    assert native_ids(native, text) == reference.encode_ordinary(text)
 
 
 def test_str_input_reads_the_strings_utf8():

@@ -684,32 +684,39 @@ void EncoderCore::encode_piece(const uint8_t* piece, size_t n, std::vector<uint3
     bpe(piece, n, out, periodic);
 }
 
-// A piece of the words table (of <= 15 bytes) that its slot `w` did not hold: a token (most of
-// them), or ids from the BPE cache; then kept in the slot. The recent-piece tables are skipped:
-// the words table is these pieces' cache, and each table looked at is one more line to fetch for
-// a word met the first time. Out of line: the loop over the pieces keeps its registers.
+// A piece of the words table (of <= 15 bytes) that its set `w` did not hold: a token (most of
+// them), a word of the word store, or a new word, BPE'd and kept in the store; then kept in the
+// set too, the word met last first. The recent-piece tables and the cache's map are skipped: each
+// table looked at is one more line to fetch for a word met the first time. Out of line: the loop
+// over the pieces keeps its registers.
 void EncoderCore::word_miss(const uint8_t* p, size_t len, uint64_t head, uint64_t tail, PieceCache::Word* w,
                             std::vector<uint32_t>& out, PieceCache* cache) const {
-    const size_t before = out.size();
-    if (len == 1) {
-        out.push_back(byte_rank_[*p]);  // a byte-level vocabulary: every byte is a token
+    PieceCache::Word word{head, tail, static_cast<uint16_t>(len), 1, {0, 0, 0}};
+    const uint32_t* token = len == 1 ? &byte_rank_[*p] : token_of(Key(p, len));  // byte-level: every byte is a token
+    if (token != nullptr) {
+        word.ids[0] = *token;
+        out.push_back(*token);
+    } else if (const PieceCache::Word* known = cache->word_store.find(head, tail, len)) {
+        word = *known;
+        const uint32_t* ids = word.count > PieceCache::kWordIds ? cache->ids.data() + word.ids[0] : word.ids;
+        for (size_t k = 0; k < word.count; ++k) out.push_back(ids[k]);
     } else {
-        const Key key(p, len);
-        if (const uint32_t* r = token_of(key)) {
-            out.push_back(*r);
+        const size_t before = out.size();
+        bpe(p, len, out, true, cache);
+        const size_t count = out.size() - before;
+        if (cache->word_store.size() >= PieceCache::kMaxEntries || cache->ids.size() + count > PieceCache::kMaxIds)
+            cache->clear();
+        word.count = static_cast<uint16_t>(count);
+        if (count > PieceCache::kWordIds) {
+            word.ids[0] = static_cast<uint32_t>(cache->ids.size());
+            cache->ids.insert(cache->ids.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
         } else {
-            encode_merged(key, out, cache);
+            for (size_t k = 0; k < count; ++k) word.ids[k] = out[before + k];
         }
+        cache->word_store.insert(word);
     }
-    const size_t count = out.size() - before;
-    if (count <= PieceCache::kWordIds) {
-        w[1] = w[0];  // the set's older word moves to its second way, the new one first
-        w->head = head;
-        w->tail = tail;
-        w->len = static_cast<uint16_t>(len);
-        w->count = static_cast<uint16_t>(count);
-        for (size_t k = 0; k < count; ++k) w->ids[k] = out[before + k];
-    }
+    w[1] = w[0];  // the set's older word moves to its second way
+    w[0] = word;
 }
 
 void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const {
@@ -780,8 +787,13 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
             }
             std::swap(w[0], w[1]);  // the word met last first
         }
-        out.push_back(w->ids[0]);
-        for (size_t k = 1; k < w->count; ++k) out.push_back(w->ids[k]);
+        if (w->count <= PieceCache::kWordIds) {
+            out.push_back(w->ids[0]);
+            for (size_t k = 1; k < w->count; ++k) out.push_back(w->ids[k]);
+        } else {
+            for (const uint32_t *id = cache->ids.data() + w->ids[0], *end = id + w->count; id != end; ++id)
+                out.push_back(*id);
+        }
     };
     // Each piece is looked up kAhead pieces after the scanner finds it, and its slot in the words
     // table or a recent-piece table is prefetched when found: those tables (2 MiB) are out of the

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -86,16 +87,68 @@ struct alignas(64) PieceCache {
     // set, the two entries of one cache line, the word met last first: direct-mapped, two words
     // of a text in one slot took it from each other at every meeting (a second pass over English
     // 12-15% faster with the two ways).
+    // A word of more ids (up to 15, one a byte) has them in `ids` above, from ids[0] on.
     static constexpr size_t kWordIds = 3;
     struct Word {
         uint64_t head;
         uint64_t tail;   // 0 for pieces of <= 8 bytes
         uint16_t len;    // 0: empty
-        uint16_t count;  // ids in `ids`
-        uint32_t ids[kWordIds];
+        uint16_t count;  // its ids
+        uint32_t ids[kWordIds];  // count > kWordIds: ids[0] is their offset in `ids`
     };
     static_assert(sizeof(Word) == 32);
     static constexpr unsigned kWordBits = 15;
+
+    // The words table's second level: every word of it met that is no token, until the cache is
+    // emptied. Open addressing, at most half full; an entry is a Word, its whole key and its ids
+    // (or their place in `ids`) in one 32-byte slot. A word looked up here costs one line fetched,
+    // where `map` (which holds the other pieces) costs three: its slot, its entry, its key's bytes.
+    class WordStore {
+    public:
+        WordStore() { reset(); }
+        void reset() {
+            slots_.assign(kInitial, Word{});
+            mask_ = kInitial - 1;
+            size_ = 0;
+        }
+        size_t size() const { return size_; }
+        // The word's entry, or nullptr.
+        const Word* find(uint64_t head, uint64_t tail, size_t len) const {
+            for (size_t i = index(head, tail, len);; i = (i + 1) & mask_) {
+                const Word& w = slots_[i];
+                if (w.len == len && w.head == head && w.tail == tail) return &w;
+                if (w.len == 0) return nullptr;
+            }
+        }
+        // A word find() did not find.
+        void insert(const Word& word) {
+            if (2 * (size_ + 1) > slots_.size()) grow();
+            place(word);
+            ++size_;
+        }
+
+    private:
+        static constexpr size_t kInitial = size_t{1} << 12;
+        size_t index(uint64_t head, uint64_t tail, size_t len) const {
+            return static_cast<size_t>(hash_u64(head ^ (tail * 0x9E3779B97F4A7C15ull) ^ (uint64_t{len} << 59))) & mask_;
+        }
+        void place(const Word& word) {
+            size_t i = index(word.head, word.tail, word.len);
+            while (slots_[i].len != 0) i = (i + 1) & mask_;
+            slots_[i] = word;
+        }
+        void grow() {
+            BigVector<Word> old(2 * slots_.size(), Word{});
+            old.swap(slots_);
+            mask_ = slots_.size() - 1;
+            for (const Word& w : old)
+                if (w.len != 0) place(w);
+        }
+        BigVector<Word> slots_;
+        size_t mask_ = 0;
+        size_t size_ = 0;
+    };
+    WordStore word_store;
 
     // The four tables above in one buffer of 1.875 MiB: one huge page (BigVector), so that the
     // lookups of a piece met in the text cost no page walk (with the tables of the vocabulary in
@@ -120,9 +173,13 @@ struct alignas(64) PieceCache {
     static constexpr size_t kMaxIds = size_t{1} << 23;
     static constexpr size_t kMaxPieceBytes = 256;
 
+    // Empties `map`, `ids`, the word store and the words table (whose words of more than kWordIds
+    // ids point into `ids`).
     void clear() {
         map.reset(1 << 12);
         ids.clear();
+        word_store.reset();
+        std::memset(static_cast<void*>(words()), 0, sizeof(Tables::words));
     }
 };
 

@@ -101,6 +101,8 @@ struct alignas(64) PieceCache {
     };
     static_assert(sizeof(Word) == 32);
     static constexpr unsigned kWordBits = 15;
+    // Where a word's `count` ids are: in its entry, or in `ids`.
+    const uint32_t* ids_of(const Word& w) const { return w.count > kWordIds ? ids.data() + w.ids[0] : w.ids; }
 
     // The words table's second level: every word of it met that is no token, until the cache is
     // emptied. Open addressing, at most half full; an entry is a Word, its whole key and its ids
@@ -132,6 +134,8 @@ struct alignas(64) PieceCache {
 
     private:
         static constexpr size_t kInitial = size_t{1} << 12;
+        // Not the words table's slot (the top bits of a product of the key): the words that one
+        // set of the table lost, which share those bits, would crowd the same run of slots here.
         size_t index(uint64_t head, uint64_t tail, size_t len) const {
             return static_cast<size_t>(hash_u64(head ^ (tail * 0x9E3779B97F4A7C15ull) ^ (uint64_t{len} << 59))) & mask_;
         }

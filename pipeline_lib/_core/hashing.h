@@ -414,8 +414,10 @@ public:
         mask_ = cap - 1;
     }
     size_t size() const { return packed_ ? size_ : wide_.size(); }
-    void prefetch(uint64_t key) const {
-        if (packed_) __builtin_prefetch(&slots_[hash_u64(key) & mask_]);
+    void prefetch(uint64_t key) const { prefetch_hashed(hash_u64(key)); }
+    // h: hash_u64(key).
+    void prefetch_hashed(uint64_t h) const {
+        if (packed_) __builtin_prefetch(&slots_[h & mask_]);
     }
     // A key already present keeps its rank.
     void insert(uint64_t key, uint32_t rank) {
@@ -523,6 +525,7 @@ public:
         mask_ = words - 1;
     }
     void add(uint64_t h) { words_[(h >> 12) & mask_] |= bits(h); }
+    void prefetch(uint64_t h) const { __builtin_prefetch(&words_[(h >> 12) & mask_]); }
     bool maybe(uint64_t h) const {
         const uint64_t b = bits(h);
         return (words_[(h >> 12) & mask_] & b) == b;

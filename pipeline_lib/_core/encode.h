@@ -351,7 +351,7 @@ private:
         // The memo's slot from one multiply (Fibonacci hashing). A third of the lookups of new
         // words of other scripts miss the memo, and then waited for the filter's word and the
         // map's slot one after the other: the filter's word is fetched with the memo's line, the
-        // map's slot with the filter's (multilingual o200k 4-8% faster, English 0-6%).
+        // map's slot as soon as the memo has missed (docs/performance.md, eighteenth pass).
         PieceCache::PairMemo& m = memo->pair_memo()[(key * 0x9E3779B97F4A7C15ull) >> (64 - PieceCache::kPairMemoBits)];
         const uint64_t h = hash_u64(key);
         pair_filter_.prefetch(h);

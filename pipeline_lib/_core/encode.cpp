@@ -705,7 +705,7 @@ void EncoderCore::word_miss(const uint8_t* p, size_t len, uint64_t head, uint64_
     } else if (const PieceCache::Word* known = cache->word_store.find(head, tail, len)) {
         word = *known;
         const uint32_t* ids = cache->ids_of(word);
-        for (size_t k = 0; k < word.count; ++k) out.push_back(ids[k]);
+        append_ids(out, ids, ids + word.count);
     } else {
         const size_t before = out.size();
         bpe(p, len, out, true, cache);
@@ -860,8 +860,7 @@ void EncoderCore::encode_merged(const Key& key, std::vector<uint32_t>& out, Piec
     }
     size_t at;
     if (const PieceCache::Span* s = cache->map.find(key, at)) {
-        // a few ids: a loop, not vector::insert's call to memmove
-        for (const uint32_t *id = cache->ids.data() + s->off, *end = id + s->len; id != end; ++id) out.push_back(*id);
+        append_ids(out, cache->ids.data() + s->off, cache->ids.data() + s->off + s->len);
         return;
     }
     const size_t before = out.size();
@@ -889,7 +888,7 @@ void EncoderCore::encode_long(const Key& key, std::vector<uint32_t>& out, PieceC
     const size_t before = out.size();
     size_t at;
     if (const PieceCache::Span* s = cache->map.find(key, at)) {
-        for (const uint32_t *id = cache->ids.data() + s->off, *end = id + s->len; id != end; ++id) out.push_back(*id);
+        append_ids(out, cache->ids.data() + s->off, cache->ids.data() + s->off + s->len);
     } else {
         if (const uint32_t* r = token_of(key)) {
             out.push_back(*r);

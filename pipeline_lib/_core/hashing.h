@@ -524,14 +524,15 @@ public:
         words_.assign(words, 0);
         mask_ = words - 1;
     }
-    void add(uint64_t h) { words_[(h >> 12) & mask_] |= bits(h); }
-    void prefetch(uint64_t h) const { __builtin_prefetch(&words_[(h >> 12) & mask_]); }
+    void add(uint64_t h) { words_[word_of(h)] |= bits(h); }
+    void prefetch(uint64_t h) const { __builtin_prefetch(&words_[word_of(h)]); }
     bool maybe(uint64_t h) const {
         const uint64_t b = bits(h);
-        return (words_[(h >> 12) & mask_] & b) == b;
+        return (words_[word_of(h)] & b) == b;
     }
 
 private:
+    size_t word_of(uint64_t h) const { return static_cast<size_t>(h >> 12) & mask_; }
     static uint64_t bits(uint64_t h) { return (uint64_t{1} << (h & 63)) | (uint64_t{1} << ((h >> 6) & 63)); }
     std::vector<uint64_t> words_;
     uint64_t mask_ = 0;

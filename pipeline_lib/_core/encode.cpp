@@ -726,12 +726,7 @@ void EncoderCore::word_miss(const uint8_t* p, size_t len, uint64_t head, uint64_
 }
 
 void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& out, PieceCache* cache) const {
-    // The poll hears of the bytes in steps of >= kPollBytes rather than per piece: once a piece
-    // ends at next_poll or later. One compare a piece, seldom taken (checked every kAhead pieces
-    // instead, the check mispredicted nearly every time it ran: 56k of the 318k mispredictions
-    // of 2 MB of English).
-    size_t next_poll = pretok::kPollBytes;
-    // Inlined into the split loop: most pieces are one token, found by one lookup.
+    // Inlined into the slow path below: most pieces it gets are one token, found by one lookup.
     auto piece = [&](const Key& key) __attribute__((always_inline)) {
         const uint8_t* p = key.p;
         const size_t len = key.n;
@@ -772,54 +767,62 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
     };
     cancel::Poll& poll = cancel::current();
     PieceCache::Word* const words = cache != nullptr && !start_chars_ ? cache->words() : nullptr;
-    // A piece the scanner found. A piece of the words table is keyed by its bytes as loaded,
-    // those past the piece masked off.
+    // The scanner finds kChunk pieces, then they are looked up in order: the scanner's loop keeps
+    // its registers, and each piece's set in the words table, prefetched when the piece was
+    // found, has had the rest of the chunk's scanning to arrive (the tables, 2 MiB, are out of the
+    // cache when a call starts after other work). Against a lookup 16 pieces after each find, in
+    // one loop: unseen text 2-9% faster (docs/performance.md, nineteenth pass).
+    // A piece of the words table is keyed by its bytes as loaded, those past the piece masked
+    // off; any other piece points at kNoWord, a set whose length 0 no piece has: the lookup's
+    // first compare sends it on without a branch of its own.
+    static constexpr PieceCache::Word kNoWord[2]{};
     struct Found {
         size_t b, len;
-        uint64_t head, tail;     // other pieces: their Key's head and hash
-        PieceCache::Word* word;  // its slot in the words table; nullptr: not such a piece
+        uint64_t head, tail;           // other pieces: their Key's head and hash
+        const PieceCache::Word* word;  // its set in the words table, or kNoWord
     };
-    auto look_up = [&](const Found& f) __attribute__((always_inline)) {
-        PieceCache::Word* const w = f.word;
-        if (w == nullptr) {
+    constexpr size_t kChunk = 64;
+    Found found[kChunk];
+    size_t count = 0;
+    size_t next_poll = pretok::kPollBytes;
+    // A piece the words table did not hold (word_miss), or any other piece. Out of line, as is
+    // the loop over a chunk: the scanner's loop keeps its registers.
+    auto look_up = [&](const Found& f) __attribute__((noinline)) {
+        if (f.word == kNoWord) {
             piece(Key(data + f.b, f.len, f.head, f.tail));
-            return;
-        }
-        auto holds = [&](const PieceCache::Word& x) { return x.len == f.len && x.head == f.head && x.tail == f.tail; };
-        if (!holds(w[0])) {
-            if (!holds(w[1])) {  // the set's other way, in the same cache line
-                word_miss(data + f.b, f.len, f.head, f.tail, w, out, cache);
-                return;
-            }
-            std::swap(w[0], w[1]);  // the word met last first
-        }
-        // PieceCache::ids_of written out: a branch the loop predicts, where the select of
-        // ids_of made the whole loop 2-6% slower on unseen English (ab_core.py, both orders).
-        if (w->count <= PieceCache::kWordIds) {
-            out.push_back(w->ids[0]);
-            for (size_t k = 1; k < w->count; ++k) out.push_back(w->ids[k]);
-        } else {
-            for (const uint32_t *id = cache->ids.data() + w->ids[0], *end = id + w->count; id != end; ++id)
-                out.push_back(*id);
+        } else {  // the table's own set (Found holds it as const for kNoWord's sake)
+            word_miss(data + f.b, f.len, f.head, f.tail, const_cast<PieceCache::Word*>(f.word), out, cache);
         }
     };
-    // Each piece is looked up kAhead pieces after the scanner finds it, and its slot in the words
-    // table or a recent-piece table is prefetched when found: those tables (2 MiB) are out of the
-    // cache when a call starts after other work, and a word's first lookup in a call then waits
-    // for memory. 16 pieces cover that wait where 8 did not: unseen English 5% faster, code 2-6%,
-    // a second pass 2-11% (32: no faster than 16).
-    constexpr size_t kAhead = 16;
-    Found ahead[kAhead];
-    size_t found = 0;
-    pretok::split_with(data, n, pattern_, [&](size_t b, size_t e, auto ascii) __attribute__((always_inline)) {
-        const size_t slot = found % kAhead;
-        if (e >= next_poll) {
-            poll.tick(e + pretok::kPollBytes - next_poll);
-            next_poll = e + pretok::kPollBytes;
+    // The first `pieces` of `found`; the poll hears of their bytes once a chunk.
+    auto look_up_chunk = [&](size_t pieces) __attribute__((noinline)) {
+        for (size_t i = 0; i < pieces; ++i) {
+            const Found& f = found[i];
+            PieceCache::Word* const w = const_cast<PieceCache::Word*>(f.word);
+            auto holds = [&](const PieceCache::Word& x) { return x.len == f.len && x.head == f.head && x.tail == f.tail; };
+            if (!holds(w[0])) {
+                if (f.word == kNoWord || !holds(w[1])) {
+                    look_up(f);
+                    continue;
+                }
+                std::swap(w[0], w[1]);  // the word met last first
+            }
+            if (w->count <= PieceCache::kWordIds) {
+                out.push_back(w->ids[0]);
+                for (size_t k = 1; k < w->count; ++k) out.push_back(w->ids[k]);
+            } else {
+                const uint32_t* ids = cache->ids.data() + w->ids[0];
+                append_ids(out, ids, ids + w->count);
+            }
         }
-        Found& f = ahead[slot];
-        if (found >= kAhead) look_up(f);
-        ++found;
+        const size_t end = found[pieces - 1].b + found[pieces - 1].len;
+        if (end >= next_poll) {
+            poll.tick(end + pretok::kPollBytes - next_poll);
+            next_poll = end + pretok::kPollBytes;
+        }
+    };
+    pretok::split_with(data, n, pattern_, [&](size_t b, size_t e, auto ascii) __attribute__((always_inline)) {
+        Found& f = found[count];
         const size_t len = e - b;
         auto keyed = [&]() __attribute__((always_inline)) {
             const pretok::WordKey k = pretok::word_key(data + b, len);
@@ -830,25 +833,31 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
         if constexpr (decltype(ascii)::value) {
             if (words != nullptr) {
                 keyed();
-                return;
+            } else {
+                const Key key(data + b, len);
+                f = Found{b, len, key.head, key.hash, kNoWord};
             }
         } else if (words != nullptr && len - 2 <= 13 && b + 8 <= n) {
             // A piece of 2..15 bytes of another script (most words of 2-7 letters), or a general
             // function's, keyed the same way: its bytes as loaded, 8 of them readable at its start.
             keyed();
-            return;
-        }
-        const Key key(data + b, len);
-        if (cache != nullptr) {
-            if (len <= 8) {
-                __builtin_prefetch(&cache->recent()[key.hash & (PieceCache::kRecent - 1)]);
-            } else if (len <= 16) {
-                __builtin_prefetch(&cache->recent_long()[key.hash & (PieceCache::kRecentLong - 1)]);
+        } else {
+            const Key key(data + b, len);
+            if (cache != nullptr) {
+                if (len <= 8) {
+                    __builtin_prefetch(&cache->recent()[key.hash & (PieceCache::kRecent - 1)]);
+                } else if (len <= 16) {
+                    __builtin_prefetch(&cache->recent_long()[key.hash & (PieceCache::kRecentLong - 1)]);
+                }
             }
+            f = Found{b, len, key.head, key.hash, kNoWord};
         }
-        f = Found{b, len, key.head, key.hash, nullptr};
+        if (++count == kChunk) {
+            look_up_chunk(count);
+            count = 0;
+        }
     });
-    for (size_t k = found > kAhead ? found - kAhead : 0; k < found; ++k) look_up(ahead[k % kAhead]);
+    if (count != 0) look_up_chunk(count);
     poll.tick(n + pretok::kPollBytes - next_poll);
 }
 

@@ -108,7 +108,9 @@ def main() -> None:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
-                env={**os.environ, "TOKENMILL_NUM_THREADS": "1"},  # one whole text on one thread
+                # one whole text on one thread; no BLAS threads (NumPy's spin for a while after its
+                # import, on the process's CPU clock)
+                env={**os.environ, "TOKENMILL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
             )
             for name, path in (("A", args.a), ("B", args.b))
         }

@@ -68,8 +68,12 @@ def run_both_builds(tmp_path, code: str, main: str) -> list[int]:
     (tmp_path / "swar.cpp").write_text(code.replace("NAME", "swar"))
     (tmp_path / "main.cpp").write_text(main)
     flags = ["-O1", "-std=c++17", f"-I{CORE}"]
-    subprocess.run([cxx, *flags, "-c", "simd.cpp"], cwd=tmp_path, check=True)
-    subprocess.run([cxx, *flags, "-DTOKCORE_NO_SIMD", "-c", "swar.cpp"], cwd=tmp_path, check=True)
+    # Each build's own namespace: the headers' inline functions, not inlined, would otherwise be
+    # one definition for the linker, which keeps either build's for both.
+    subprocess.run([cxx, *flags, "-Dtokcore=tokcore_simd", "-c", "simd.cpp"], cwd=tmp_path, check=True)
+    subprocess.run(
+        [cxx, *flags, "-DTOKCORE_NO_SIMD", "-Dtokcore=tokcore_swar", "-c", "swar.cpp"], cwd=tmp_path, check=True
+    )
     subprocess.run([cxx, *flags, "main.cpp", "simd.o", "swar.o", "-o", "compare"], cwd=tmp_path, check=True)
     return ints_printed(tmp_path / "compare")
 
@@ -227,3 +231,78 @@ def test_avx2_and_sse2_window_masks_agree(tmp_path):
         pytest.skip("this CPU has no AVX2: the core uses the 16-byte masks only")
     assert windows == 100_000
     assert mismatches == 0
+
+
+UTF8_UNITS = """
+#include "utf8_units.h"
+size_t NAME_utf8(const void* units, size_t n, unsigned kind, uint8_t* out) {
+    return tokcore::utf8_from_units(units, n, kind, out);
+}
+"""
+
+UTF8_MAIN = r"""
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+size_t simd_utf8(const void*, size_t, unsigned, uint8_t*); size_t swar_utf8(const void*, size_t, unsigned, uint8_t*);
+// the plain encoding, code point by code point; SIZE_MAX at a surrogate
+size_t plain(const uint32_t* cp, size_t n, uint8_t* o) {
+    uint8_t* start = o;
+    for (size_t i = 0; i < n; ++i) {
+        const uint32_t c = cp[i];
+        if (c >= 0xD800 && c < 0xE000) return SIZE_MAX;
+        const int len = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+        const uint8_t lead[] = {0, 0x00, 0xC0, 0xE0, 0xF0};
+        for (int k = len - 1; k >= 1; --k) o[k] = uint8_t(0x80 | (c >> (6 * (len - 1 - k)) & 63));
+        o[0] = uint8_t(lead[len] | c >> (6 * (len - 1)));
+        o += len;
+    }
+    return size_t(o - start);
+}
+int main() {
+    std::mt19937 rng(5);
+    long converted = 0, refused = 0, wrong = 0;
+    for (int it = 0; it < 60000; ++it) {
+        const unsigned kind = 1u << (rng() % 3);
+        const size_t n = rng() % 80;
+        const uint32_t top = kind == 1 ? 0xFF : kind == 2 ? 0xFFFF : 0x10FFFF;
+        // mostly ASCII, with other code points (edges of each UTF-8 length, surrogates) now and then
+        const uint32_t edges[] = {0x7F,   0x80,   0xFF,   0x7FF,  0x800,   0xD7FF,
+                                  0xD800, 0xDFFF, 0xE000, 0xFFFF, 0x10000, 0x10FFFF};
+        std::vector<uint32_t> cp(n);
+        const unsigned rate = 1 + rng() % 40;
+        for (auto& c : cp) {
+            c = rng() % rate != 0 ? rng() % 0x80 : (rng() % 2 ? edges[rng() % 12] : rng() % (top + 1));
+            if (c > top) c = top;
+            if (kind == 4 && c >= 0xD800 && c < 0xE000 && rng() % 4 != 0) c = 'x';
+        }
+        std::vector<uint8_t> units(n * kind + 16);
+        for (size_t i = 0; i < n; ++i) std::memcpy(&units[i * kind], &cp[i], kind);  // little-endian
+        std::vector<uint8_t> want(4 * n + 1), a(4 * n + 1), b(4 * n + 1);
+        const size_t w = plain(cp.data(), n, want.data());
+        const size_t x = simd_utf8(units.data(), n, kind, a.data()), y = swar_utf8(units.data(), n, kind, b.data());
+        if (w == SIZE_MAX) {
+            ++refused;
+            wrong += x != SIZE_MAX || y != SIZE_MAX;
+            continue;
+        }
+        ++converted;
+        wrong += x != w || y != w || std::memcmp(a.data(), want.data(), w) != 0 ||
+                 std::memcmp(b.data(), want.data(), w) != 0;
+    }
+    std::printf("%ld %ld %ld\n", converted, refused, wrong);
+    return 0;
+}
+"""
+
+
+def test_str_units_to_utf8_agree_with_a_plain_encoding(tmp_path):
+    """A str's code units of 1, 2 and 4 bytes made UTF-8 (utf8_units.h: ASCII 16 bytes of units
+    at a time), in the SSE2 build and the plain one, against the plain encoding of each code
+    point: runs of ASCII broken at every offset, each UTF-8 length's edges, surrogates refused."""
+    converted, refused, wrong = run_both_builds(tmp_path, UTF8_UNITS, UTF8_MAIN)
+    assert converted > 30_000 and refused > 1_000
+    assert wrong == 0

@@ -153,9 +153,8 @@ def test_words_the_words_table_lost_come_back_from_the_word_store(name):
 
 
 def test_str_input_reads_the_strings_utf8():
-    """A non-ASCII str is read through its UTF-8 form, which the str keeps: encoding it again,
-    or a str equal to it, gives the same ids; a lone surrogate still takes tiktoken's path of
-    replacing it."""
+    """A non-ASCII str is read through its UTF-8 form: encoding it again, or a str equal to it,
+    gives the same ids; a lone surrogate still takes tiktoken's path of replacing it."""
     enc = get_encoding("o200k_base")
     _, reference = encoders("o200k")
     text = "Всеобщая декларация прав человека 世界人权宣言 Ḍ̇ 𝐀𝐁𝐂 " * 50

@@ -1,7 +1,8 @@
-"""A batch's non-ASCII str documents converted to UTF-8 by the threads that encode them (the
-core's utf8_units.h), from the str's own code units of 1, 2 or 4 bytes: the same ids as the
-conversion CPython makes, surrogates refused as CPython refuses them, and the str left as it was
-(CPython's conversion keeps the UTF-8 in the str, which sys.getsizeof shows)."""
+"""A non-ASCII str converted to UTF-8 by the core (utf8_units.h), from the str's own code units of
+1, 2 or 4 bytes: a batch's documents by the threads that encode them, one text by the call that
+encodes it. The same ids as the conversion CPython makes, surrogates refused as CPython refuses
+them, and the str left as it was (CPython's conversion keeps the UTF-8 in the str, which
+sys.getsizeof shows)."""
 
 from __future__ import annotations
 
@@ -96,6 +97,41 @@ def test_a_surrogate_is_replaced_as_tiktoken_replaces_it():
     assert enc.encode_ordinary_batch([fresh(t) for t in texts], num_threads=2) == want
     got, _ = enc.encode_ordinary_batch_to_numpy([fresh(t) for t in texts], num_threads=2)
     assert got.tolist() == [i for w in want for i in w]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.one_of(LATIN1, BMP, ANY), st.integers(min_value=0, max_value=90))
+def test_one_text_converted_by_the_call_gives_cpythons_ids(text, ascii_before):
+    """One text (encode_ordinary, encode_to_numpy, encode), its non-ASCII code points anywhere
+    among runs of ASCII (the conversion copies ASCII 16 bytes of units at a time): tiktoken's ids,
+    and the str keeps no UTF-8. Short texts are made on the stack, a longer one in a buffer."""
+    enc = get_encoding("cl100k_base")
+    ref = reference("cl100k_base")
+    for body in (text, text * 300):
+        whole = "x" * ascii_before + body + " tail"
+        want = ref.encode_ordinary(whole)
+        doc = fresh(whole)
+        size = sys.getsizeof(doc)
+        assert enc.encode_ordinary(doc) == want
+        assert enc.encode_to_numpy(doc).tolist() == want
+        assert enc.encode(doc) == want
+        assert sys.getsizeof(doc) == size
+
+
+def test_one_text_with_a_surrogate_or_kept_utf8_is_read_as_before():
+    """A str that holds a surrogate goes CPython's way (tiktoken's replacement); a str that keeps
+    its UTF-8 is read from it."""
+    enc = get_encoding("o200k_base")
+    ref = reference("o200k_base")
+    for text in ("bad \ud800 here ✓", "astral 😀 \udfff " * 400):
+        assert enc.encode_ordinary(fresh(text)) == ref.encode_ordinary(text)
+        assert enc.encode_to_numpy(fresh(text)).tolist() == ref.encode_ordinary(text)
+    kept = fresh("Всеобщая декларация прав человека 世界人权宣言 " * 40)
+    want = ref.encode_ordinary(kept)  # tiktoken's reading keeps the UTF-8 in the str
+    size = sys.getsizeof(kept)
+    assert enc.encode_ordinary(kept) == want
+    assert enc.encode_to_numpy(kept).tolist() == want
+    assert sys.getsizeof(kept) == size
 
 
 def text_threads_encoding(name: str, threads: int):

@@ -45,6 +45,7 @@
 #include "scan.h"
 #include "sha256.h"
 #include "train.h"
+#include "utf8_units.h"
 
 namespace nb = nanobind;
 using namespace tokcore;
@@ -646,27 +647,9 @@ bool text_segments(const Encoder& self, const uint8_t* p, size_t n, std::vector<
     return self.core->cut_pieces(p, n, EncoderCore::chunk_bytes(n, 1, threads), ptrs, lens) > 1;
 }
 
-// UTF-8 of a str or the bytes of a bytes object, kept alive by `keep`. An ASCII str is read in
-// place; any other str's UTF-8 is made once and kept by the str (below). A str with lone
-// surrogates raises UnicodeEncodeError (the Python caller replaces them as tiktoken does).
-std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep) {
-    PyObject* t = text.ptr();
-    if (PyBytes_Check(t)) return {reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(t)), size_t(PyBytes_GET_SIZE(t))};
-    if (!PyUnicode_Check(t)) throw nb::type_error("text must be str or bytes");
-    if (PyUnicode_IS_ASCII(t))
-        return {static_cast<const uint8_t*>(PyUnicode_DATA(t)), size_t(PyUnicode_GET_LENGTH(t))};
-    // The str keeps its UTF-8 form (as tiktoken's reading of a str does): encoding the same
-    // text again skips the conversion, a third of the work for non-Latin scripts.
-    Py_ssize_t size = 0;
-    const char* utf8 = PyUnicode_AsUTF8AndSize(t, &size);
-    if (utf8 == nullptr) throw nb::python_error();
-    keep = nb::borrow(text);
-    return {reinterpret_cast<const uint8_t*>(utf8), size_t(size)};
-}
-
-// Whether the threads may make a str's UTF-8 (BatchTexts, str_to_text_threads): a non-ASCII str
-// that keeps none yet.
-bool utf8_left_to_threads(PyObject* t) {
+// Whether a str is non-ASCII and keeps no UTF-8: the core may make its UTF-8 (MadeUtf8, or a
+// batch's threads, BatchTexts), which the str then does not keep.
+bool utf8_not_kept(PyObject* t) {
 #ifdef Py_GIL_DISABLED
     (void)t;
     return false;  // a str's fields are not read without its lock there
@@ -674,6 +657,56 @@ bool utf8_left_to_threads(PyObject* t) {
     return PyUnicode_Check(t) && !PyUnicode_IS_ASCII(t) && PyUnicode_IS_COMPACT(t) &&
            reinterpret_cast<PyCompactUnicodeObject*>(t)->utf8 == nullptr;
 #endif
+}
+
+// The UTF-8 of such a str, made for a call that encodes one text by the core's conversion
+// (utf8_units.h): 2-3x the speed of CPython's on other scripts, 5x on English whose str is of
+// 2-byte units for a curly quote or a dash now and then, where CPython's took a tenth of the
+// time of encoding the text. Up to 4 KiB on the stack, longer in a buffer of the call's sized for
+// the units' worst case (so up to kMadeUtf8Bytes of it; CPython converts longer strs).
+class MadeUtf8 {
+public:
+    static constexpr size_t kMadeUtf8Bytes = size_t{1} << 26;
+    // t's UTF-8, here; {nullptr, 0} when t is too long or holds a surrogate (UTF-8 has none).
+    std::pair<const uint8_t*, size_t> make(PyObject* t) {
+        const unsigned kind = PyUnicode_KIND(t);
+        const size_t units = static_cast<size_t>(PyUnicode_GET_LENGTH(t));
+        const size_t need = units * utf8_bytes_per_unit(kind);
+        if (need > kMadeUtf8Bytes) return {nullptr, 0};
+        uint8_t* buffer = stack_;
+        if (need > sizeof stack_) {
+            heap_.reset(new uint8_t[need]);
+            buffer = heap_.get();
+        }
+        const size_t n = utf8_from_units(PyUnicode_DATA(t), units, kind, buffer);
+        if (n == SIZE_MAX) return {nullptr, 0};
+        return {buffer, n};
+    }
+
+private:
+    uint8_t stack_[4096];
+    std::unique_ptr<uint8_t[]> heap_;
+};
+
+// UTF-8 of a str or the bytes of a bytes object, kept alive by `keep` (and `made`). An ASCII str
+// is read in place, and so is the UTF-8 a str keeps; another str's UTF-8 is made in `made` when
+// one is given, else by CPython, and kept by the str (as tiktoken's reading of a str does). A str
+// with lone surrogates raises UnicodeEncodeError (the Python caller replaces them as tiktoken does).
+std::pair<const uint8_t*, size_t> text_bytes(nb::handle text, nb::object& keep, MadeUtf8* made = nullptr) {
+    PyObject* t = text.ptr();
+    if (PyBytes_Check(t)) return {reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(t)), size_t(PyBytes_GET_SIZE(t))};
+    if (!PyUnicode_Check(t)) throw nb::type_error("text must be str or bytes");
+    if (PyUnicode_IS_ASCII(t))
+        return {static_cast<const uint8_t*>(PyUnicode_DATA(t)), size_t(PyUnicode_GET_LENGTH(t))};
+    if (made != nullptr && utf8_not_kept(t)) {
+        const auto bytes = made->make(t);
+        if (bytes.first != nullptr) return bytes;
+    }
+    Py_ssize_t size = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(t, &size);
+    if (utf8 == nullptr) throw nb::python_error();
+    keep = nb::borrow(text);
+    return {reinterpret_cast<const uint8_t*>(utf8), size_t(size)};
 }
 
 // encode_batch (the GIL released) of documents of which some are strs' code units (`kinds`); when
@@ -750,10 +783,11 @@ private:
 // The documents of a batch as encode_batch takes them. A bytes object or an ASCII str is read in
 // place, and so is the UTF-8 another str already keeps. The UTF-8 of the other strs is left to the
 // batch's threads (kinds), each making that of the documents (or pieces of a long one) it
-// encodes, when the batch has more than one thread: made here, under the GIL, it was a pass of one
-// thread over all the batch's new non-ASCII text before any thread could start (16 ms of a 10 MB
-// multilingual batch that took 80-100 ms on two threads). Made by the threads, it is not kept by
-// the str: a batch of the same strs again converts them again, on its threads.
+// encodes: made here, under the GIL, it was a pass of one thread over all the batch's new
+// non-ASCII text before any thread could start (16 ms of a 10 MB multilingual batch that took
+// 80-100 ms on two threads), and on one thread CPython's conversion is the slower one (MadeUtf8).
+// Made by the threads, it is not kept by the str: a batch of the same strs again converts them
+// again, on its threads.
 struct BatchTexts {
     // A reference to every document: the caller's list is not copied, and a Python thread that
     // empties it while the GIL is released must not free a document the threads are reading.
@@ -763,14 +797,13 @@ struct BatchTexts {
     std::vector<uint8_t> kinds;  // empty when every document is UTF-8 already
     std::vector<PyObject*> strs;  // the strs left to the threads
 
-    BatchTexts(PyObject* const* items, size_t n, int num_threads, const char* what) : keep(n), ptrs(n), lens(n) {
-        const bool to_threads = EncoderCore::threads_for(num_threads) > 1;
+    BatchTexts(PyObject* const* items, size_t n, const char* what) : keep(n), ptrs(n), lens(n) {
         for (size_t k = 0; k < n; ++k) {
             PyObject* t = items[k];
             if (!PyBytes_Check(t) && !PyUnicode_Check(t))
                 throw nb::type_error((std::string(what) + "[" + std::to_string(k) + "] is not bytes or str").c_str());
             keep[k] = nb::borrow(t);
-            if (to_threads && utf8_left_to_threads(t)) {
+            if (utf8_not_kept(t)) {
                 if (kinds.empty()) kinds.assign(n, 0);
                 kinds[k] = static_cast<uint8_t>(PyUnicode_KIND(t));
                 ptrs[k] = static_cast<const uint8_t*>(PyUnicode_DATA(t));
@@ -801,10 +834,10 @@ struct BatchTexts {
 
 // Whether a text goes to the encoder's text threads as a str's code units, each thread making the
 // UTF-8 of the pieces it encodes (encode_batch cuts it between its units as text_segments cuts
-// UTF-8): a str as utf8_left_to_threads and as long as text_segments asks, its bytes counted as
+// UTF-8): a str as utf8_not_kept and as long as text_segments asks, its bytes counted as
 // units x their size.
 bool str_to_text_threads(const Encoder& self, PyObject* t) {
-    return self.text_threads > 1 && utf8_left_to_threads(t) &&
+    return self.text_threads > 1 && utf8_not_kept(t) &&
            static_cast<size_t>(PyUnicode_GET_LENGTH(t)) * PyUnicode_KIND(t) >= kThreadedTextBytes;
 }
 
@@ -842,7 +875,8 @@ nb::object encoder_encode(Encoder& self, nb::handle data, nb::handle unless_obj)
     std::vector<const uint8_t*> ptrs;
     std::vector<size_t> lens;
     nb::object keep;
-    const auto [p, n] = text_bytes(data, keep);
+    MadeUtf8 made;
+    const auto [p, n] = text_bytes(data, keep, &made);
     if (unless && unless->in_bytes(p, n)) return nb::none();
     const bool threaded = text_segments(self, p, n, ptrs, lens);
     CallScope scope;
@@ -885,7 +919,7 @@ nb::tuple encoder_encode_texts(Encoder& self, nb::handle docs, int num_threads) 
     if (!fast.is_valid()) throw nb::python_error();
     const size_t n_docs = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
     PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
-    BatchTexts texts(items, n_docs, num_threads, "docs");
+    BatchTexts texts(items, n_docs, "docs");
     BatchIds ids;
     std::vector<uint64_t> offsets;
     texts.encode(self, num_threads, ids, offsets);
@@ -911,7 +945,8 @@ nb::object encoder_encode_list(Encoder& self, nb::handle text, nb::handle unless
         return list_of_ids(self, ids.data(), ids.size(), EncoderCore::threads_for(self.text_threads));
     }
     nb::object keep;
-    const auto [p, n] = text_bytes(text, keep);
+    MadeUtf8 made;
+    const auto [p, n] = text_bytes(text, keep, &made);
     if (unless && unless->in_bytes(p, n)) return nb::none();
     if (n < 4096) {
         // A short text (a chat message, a paragraph): microseconds under the GIL, so no
@@ -948,7 +983,7 @@ nb::object encoder_encode_batch_lists(Encoder& self, nb::handle texts, int num_t
     if (!fast.is_valid()) throw nb::python_error();
     const size_t n_docs = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
     PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
-    BatchTexts batch(items, n_docs, num_threads, "texts");
+    BatchTexts batch(items, n_docs, "texts");
     if (unless && batch.hold(*unless)) return nb::none();
     BatchIds ids;
     std::vector<uint64_t> offsets;

@@ -4,9 +4,14 @@
 // text went through one thread before any other could start.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#if defined(__SSE2__) && !defined(TOKCORE_NO_SIMD)
+#include <emmintrin.h>
+#endif
 
 namespace tokcore {
 
@@ -35,30 +40,55 @@ inline uint8_t* put_utf8(uint32_t c, uint8_t* o) {
     return o;
 }
 
+// Whether the 16 bytes of units at u are all ASCII, then their bytes stored at o (16 / sizeof(Unit)
+// of them). SSE2 where the compiler has it (TOKCORE_NO_SIMD forces the words below;
+// tests/test_core_swar.py compares the two builds).
 template <class Unit>
-size_t utf8_from(const Unit* u, size_t n, uint8_t* out) {
-    // Runs of ASCII (most of the text in many languages: spaces, digits, punctuation, markup)
-    // eight bytes of units at a time: a word whose units are all below 0x80.
-    constexpr size_t kPerWord = 8 / sizeof(Unit);
+inline bool ascii_block(const Unit* u, uint8_t* o) {
+#if defined(__SSE2__) && !defined(TOKCORE_NO_SIMD)
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+    if constexpr (sizeof(Unit) == 1) {
+        if (_mm_movemask_epi8(v) != 0) return false;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(o), v);
+    } else if constexpr (sizeof(Unit) == 2) {
+        // units <= 0x7F are those that subtracting 0x7F (saturated at 0) leaves 0
+        const __m128i over = _mm_subs_epu16(v, _mm_set1_epi16(0x7F));
+        if (_mm_movemask_epi8(_mm_cmpeq_epi16(over, _mm_setzero_si128())) != 0xFFFF) return false;
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(o), _mm_packus_epi16(v, v));
+    } else {
+        // code points are < 0x110000: a signed compare orders them
+        if (_mm_movemask_epi8(_mm_cmpgt_epi32(v, _mm_set1_epi32(0x7F))) != 0) return false;
+        const __m128i halves = _mm_packs_epi32(v, v);
+        const uint32_t four = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm_packus_epi16(halves, halves)));
+        std::memcpy(o, &four, 4);
+    }
+    return true;
+#else
     constexpr uint64_t kHigh = sizeof(Unit) == 1   ? 0x8080808080808080ull
                                : sizeof(Unit) == 2 ? 0xFF80FF80FF80FF80ull
                                                    : 0xFFFFFF80FFFFFF80ull;
+    uint64_t w[2];
+    std::memcpy(w, u, 16);
+    if (((w[0] | w[1]) & kHigh) != 0) return false;
+    for (size_t k = 0; k < 16 / sizeof(Unit); ++k) o[k] = static_cast<uint8_t>(u[k]);
+    return true;
+#endif
+}
+
+template <class Unit>
+size_t utf8_from(const Unit* u, size_t n, uint8_t* out) {
+    // Runs of ASCII (most of the text in many languages: spaces, digits, punctuation, markup) 16
+    // bytes of units at a time; the units of a block that is not all ASCII one by one.
+    constexpr size_t kPerBlock = 16 / sizeof(Unit);
     uint8_t* o = out;
     size_t i = 0;
     while (i < n) {
-        if (i + kPerWord <= n) {
-            uint64_t w;
-            std::memcpy(&w, u + i, 8);
-            if ((w & kHigh) == 0) {
-                for (size_t k = 0; k < kPerWord; ++k) o[k] = static_cast<uint8_t>(u[i + k]);
-                o += kPerWord;
-                i += kPerWord;
-                continue;
-            }
+        for (; i + kPerBlock <= n && ascii_block(u + i, o); i += kPerBlock) o += kPerBlock;
+        for (const size_t stop = std::min(i + kPerBlock, n); i < stop; ++i) {
+            const uint32_t c = u[i];
+            if (sizeof(Unit) > 1 && (c & 0xFFFFF800u) == 0xD800) return SIZE_MAX;
+            o = put_utf8(c, o);
         }
-        const uint32_t c = u[i++];
-        if (sizeof(Unit) > 1 && (c & 0xFFFFF800u) == 0xD800) return SIZE_MAX;
-        o = put_utf8(c, o);
     }
     return static_cast<size_t>(o - out);
 }

@@ -7,7 +7,8 @@ skipped. Every peer's ids are checked against tiktoken's on each row first; a pe
 ids is reported as such and not ranked. Runs are interleaved (ours, peer, ours, peer, ...) and
 the median is printed as MB/s of input, CPU-seconds per run (all threads) and the ratio to the
 fastest peer of the row. The load average is printed: on a shared machine read the ratios
-within a row, not the absolute figures.
+within a row, not the absolute figures. Every timed call reads its own copy of its text: a str
+keeps the UTF-8 that CPython's conversion makes for it, and a text a user encodes arrives new.
 
 Rows: per corpus (default: pipeline_lib/data's English and multilingual text; documents are
 its blank-line separated paragraphs) and vocabulary (cl100k, o200k; gpt2 on request): one whole
@@ -231,9 +232,32 @@ def flat_ids(out: Any) -> list[int]:
     return [int(i) for i in out]
 
 
+def fresh(text: Any) -> Any:
+    """An equal copy of a str (or of each str of a list) that no call has read yet. A str keeps the
+    UTF-8 that CPython's conversion makes (the conversion most peers ask for), so a peer given the
+    str another one read before would skip that part of its work: a user's text arrives new."""
+    if isinstance(text, str):
+        return (text + "!")[:-1]
+    if isinstance(text, list):
+        return [fresh(t) for t in text]
+    return text
+
+
+def anew(call: Callable[[], Any]) -> Callable[[], Any]:
+    """The call of `calls` again, on a fresh copy of its arguments (made before it is timed)."""
+    if isinstance(call, functools.partial):
+        return functools.partial(call.func, *(fresh(a) for a in call.args))
+    return call
+
+
 def calls(peers: list[Peer], kind: str, *args: Any) -> dict[str, Callable[[], Any]]:
-    """name -> a no-argument call of each peer's `kind` call (peers without one left out)."""
-    return {p.name: functools.partial(getattr(p, kind), *args) for p in peers if getattr(p, kind) is not None}
+    """name -> a no-argument call of each peer's `kind` call (peers without one left out), each on
+    its own copy of the arguments (fresh)."""
+    return {
+        p.name: functools.partial(getattr(p, kind), *(fresh(a) for a in args))
+        for p in peers
+        if getattr(p, kind) is not None
+    }
 
 
 def _probe(vocab: str, text: str, names: list[str], done: Any) -> None:
@@ -326,9 +350,9 @@ def row(
             calls = {p: fn for p, fn in fresh().items() if p in calls}
         for p in others or ["tokenmill"]:
             if "tokenmill" in calls:
-                runs["tokenmill"].append(timed(calls["tokenmill"])[:2])
+                runs["tokenmill"].append(timed(anew(calls["tokenmill"]))[:2])
             if p != "tokenmill":
-                runs[p].append(timed(calls[p])[:2])
+                runs[p].append(timed(anew(calls[p]))[:2])
     med = {p: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r)) for p, r in runs.items() if r}
     best = min(w for w, _ in med.values()) if med else 1.0
     print(f"\n{title} ({nbytes / 1e6:.2f} MB)")

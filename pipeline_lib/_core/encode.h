@@ -117,6 +117,10 @@ struct alignas(64) PieceCache {
             size_ = 0;
         }
         size_t size() const { return size_; }
+        // The line find() reads first.
+        void prefetch(uint64_t head, uint64_t tail, size_t len) const {
+            __builtin_prefetch(&slots_[index(head, tail, len)]);
+        }
         // The word's entry, or nullptr.
         const Word* find(uint64_t head, uint64_t tail, size_t len) const {
             for (size_t i = index(head, tail, len);; i = (i + 1) & mask_) {
@@ -363,6 +367,11 @@ private:
     }
     uint32_t merged_key(uint64_t key, uint64_t h) const {
         return pair_filter_.maybe(h) ? pairs_.find(key, h) : kNone;
+    }
+    // The lines token_of(k) reads, for a piece of <= ShortKeyMap::kMaxKey bytes.
+    void prefetch_token(const Key& k) const {
+        token_filter_.prefetch(k.hash);
+        short_tokens_.prefetch(k);
     }
     // The rank of the piece if it is a token, else nullptr: tokens of up to 16 bytes from
     // short_tokens_ (one cache miss), longer ones from vocab_. Most pieces that reach this from

@@ -1,7 +1,8 @@
 // UTF-8 of a Python str's storage: its code units of 1 (Latin-1), 2 (UCS-2) or 4 (UCS-4) bytes.
 // encode_batch's threads convert a batch's str documents themselves, each the documents it
 // encodes: converted by the caller (CPython's PyUnicode_AsUTF8AndSize, under the GIL) the batch's
-// text went through one thread before any other could start.
+// text went through one thread before any other could start. The calls that encode one text
+// convert it here too (module.cpp's MadeUtf8): 2-5x CPython's conversion.
 #pragma once
 
 #include <algorithm>

@@ -837,23 +837,20 @@ void EncoderCore::encode(const uint8_t* data, size_t n, std::vector<uint32_t>& o
     pretok::split_with(data, n, pattern_, [&](size_t b, size_t e, auto ascii) __attribute__((always_inline)) {
         Found& f = found[count];
         const size_t len = e - b;
-        auto keyed = [&]() __attribute__((always_inline)) {
+        // A piece of the ASCII scanners, or one of 2..15 bytes of another script (most words of
+        // 2-7 letters) or of a general function, keyed the same way: its bytes as loaded, 8 of
+        // them readable at its start.
+        bool in_words;
+        if constexpr (decltype(ascii)::value) {
+            in_words = words != nullptr;
+        } else {
+            in_words = words != nullptr && len - 2 <= 13 && b + 8 <= n;
+        }
+        if (in_words) {
             const pretok::WordKey k = pretok::word_key(data + b, len);
             PieceCache::Word* w = &words[2 * pretok::word_key_slot(k.head, k.tail, PieceCache::kWordBits - 1)];
             __builtin_prefetch(w);
             f = Found{b, len, k.head, k.tail, w};
-        };
-        if constexpr (decltype(ascii)::value) {
-            if (words != nullptr) {
-                keyed();
-            } else {
-                const Key key(data + b, len);
-                f = Found{b, len, key.head, key.hash, kNoWord};
-            }
-        } else if (words != nullptr && len - 2 <= 13 && b + 8 <= n) {
-            // A piece of 2..15 bytes of another script (most words of 2-7 letters), or a general
-            // function's, keyed the same way: its bytes as loaded, 8 of them readable at its start.
-            keyed();
         } else {
             const Key key(data + b, len);
             if (cache != nullptr) {

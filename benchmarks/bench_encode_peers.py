@@ -232,29 +232,29 @@ def flat_ids(out: Any) -> list[int]:
     return [int(i) for i in out]
 
 
-def fresh(text: Any) -> Any:
+def unread_copy(text: Any) -> Any:
     """An equal copy of a str (or of each str of a list) that no call has read yet. A str keeps the
     UTF-8 that CPython's conversion makes (the conversion most peers ask for), so a peer given the
     str another one read before would skip that part of its work: a user's text arrives new."""
     if isinstance(text, str):
         return (text + "!")[:-1]
     if isinstance(text, list):
-        return [fresh(t) for t in text]
+        return [unread_copy(t) for t in text]
     return text
 
 
 def anew(call: Callable[[], Any]) -> Callable[[], Any]:
-    """The call of `calls` again, on a fresh copy of its arguments (made before it is timed)."""
+    """The call of `calls` again, on an unread copy of its arguments (made before it is timed)."""
     if isinstance(call, functools.partial):
-        return functools.partial(call.func, *(fresh(a) for a in call.args))
+        return functools.partial(call.func, *(unread_copy(a) for a in call.args))
     return call
 
 
 def calls(peers: list[Peer], kind: str, *args: Any) -> dict[str, Callable[[], Any]]:
     """name -> a no-argument call of each peer's `kind` call (peers without one left out), each on
-    its own copy of the arguments (fresh)."""
+    its own copy of the arguments (unread_copy)."""
     return {
-        p.name: functools.partial(getattr(p, kind), *(fresh(a) for a in args))
+        p.name: functools.partial(getattr(p, kind), *(unread_copy(a) for a in args))
         for p in peers
         if getattr(p, kind) is not None
     }
